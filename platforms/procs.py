@@ -1,0 +1,37 @@
+"""Process control: where a job runs and at what priority.
+
+The live implementation (psutil, every thread of the job's process tree) and the simulator's
+implement the same interface, so the actuator cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class ProcessGone(Exception):
+    """The pid no longer exists."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        super().__init__(f"process {pid} no longer exists")
+
+
+class ProcessControl(ABC):
+    @abstractmethod
+    def alive(self, pid: int) -> bool: ...
+
+    @abstractmethod
+    def set_affinity(self, pid: int, cpus: tuple[int, ...]) -> None:
+        """Confine every thread of ``pid``'s process tree to ``cpus``; ProcessGone if gone."""
+
+    @abstractmethod
+    def get_affinity(self, pid: int) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def set_priority(self, pid: int, rt_priority: int = 0, nice: int = 0) -> None:
+        """``rt_priority`` 1..99 selects SCHED_FIFO; 0 selects SCHED_OTHER with ``nice``."""
+
+    @abstractmethod
+    def cpu_time(self, pid: int) -> float:
+        """CPU seconds used so far by the process tree."""

@@ -1,0 +1,373 @@
+"""Board specs: one YAML per board in ``platforms/boards/``, loaded into frozen dataclasses.
+
+A spec names the board, how to detect it, its clusters (frequency domains), thermal zones and
+power rails, plus the ``sim`` parameters the plant simulator reads (parsed by
+``platforms.sim.params``). ``hidvfs probe`` builds the same structure from a live or fake tree,
+so an unknown board still works. A malformed spec fails with the file, the key and what was
+expected (:class:`SpecError`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from platforms.errors import SpecError, UnknownBoard
+
+BOARDS_DIR = Path(__file__).with_name("boards")
+CPUFREQ = "devices/system/cpu/cpufreq"
+CPU = "devices/system/cpu"
+THERMAL = "class/thermal"
+
+ZONE_ROLES = ("cpu", "gpu", "soc", "board", "other", "ignore")
+ZONE_QUIRKS = ("blank", "stuck100", "eagain", "not-temperature")
+TRIP_TYPES = ("passive", "active", "hot", "critical")
+RAIL_ROLES = ("total", "cpu", "sub")
+RAIL_DRIVERS = ("iio", "hwmon")
+
+
+@dataclass(frozen=True)
+class Trip:
+    temp_mc: int
+    type: str
+    hyst_mc: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """One cpufreq policy (frequency domain)."""
+
+    name: str
+    policy: int
+    cpus: tuple[int, ...]
+    core_type: str
+    #: compute speed per Hz relative to the board's reference core (capacity-dmips-mhz ratio)
+    capacity: float
+    freqs_khz: tuple[int, ...]
+    transition_latency_ns: int
+    governors: tuple[str, ...]
+    default_governor: str
+    #: governors that appear only after ``modprobe`` (RUBIK Pi: powersave, conservative)
+    modular_governors: tuple[str, ...] = ()
+    scaling_driver: str = "cpufreq-dt"
+    #: CPUs that the board's default power mode takes offline (TX2 Denver, Orin NX cpu4-7)
+    offline_by_default: tuple[int, ...] = ()
+
+    @property
+    def policy_dir(self) -> str:
+        return f"{CPUFREQ}/policy{self.policy}"
+
+    @property
+    def fmin_khz(self) -> int:
+        return self.freqs_khz[0]
+
+    @property
+    def fmax_khz(self) -> int:
+        return self.freqs_khz[-1]
+
+
+@dataclass(frozen=True)
+class ZoneSpec:
+    type: str
+    role: str
+    clusters: tuple[str, ...] = ()
+    trips: tuple[Trip, ...] = ()
+    quirk: str | None = None
+
+    @property
+    def is_temperature(self) -> bool:
+        return self.quirk != "not-temperature" and self.role != "ignore"
+
+    @property
+    def passive_trip_mc(self) -> int | None:
+        temps = [t.temp_mc for t in self.trips if t.type == "passive"]
+        return min(temps) if temps else None
+
+
+@dataclass(frozen=True)
+class RailSpec:
+    """A power rail. ``device`` is the sensor's folder relative to the root.
+
+    ``iio``: ``device`` is the ``iio:deviceN`` folder, values are ``in_powerN_input`` (mW).
+    ``hwmon``: ``device`` is the folder holding ``hwmon/hwmonN`` (N varies), the rail is found by
+    its ``inN_label``; mW = mV * mA / 1000.
+    """
+
+    name: str
+    role: str
+    driver: str
+    device: str
+    channel: int
+    unit: str = "mW"
+
+
+@dataclass(frozen=True)
+class BoardSpec:
+    name: str
+    title: str
+    compatible: tuple[str, ...]
+    model: tuple[str, ...]
+    clusters: tuple[ClusterSpec, ...]
+    zones: tuple[ZoneSpec, ...]
+    rails: tuple[RailSpec, ...]
+    sim: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    source: str = ""
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(sorted(c for cl in self.clusters for c in cl.cpus))
+
+    @property
+    def ncpus(self) -> int:
+        return len(self.cpus)
+
+    def cluster(self, name: str) -> ClusterSpec:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(f"board {self.name} has no cluster {name!r}")
+
+    def cluster_of_cpu(self, cpu: int) -> ClusterSpec:
+        for c in self.clusters:
+            if cpu in c.cpus:
+                return c
+        raise KeyError(f"board {self.name} has no cpu {cpu}")
+
+    def zone(self, type_: str) -> ZoneSpec:
+        for z in self.zones:
+            if z.type == type_:
+                return z
+        raise KeyError(f"board {self.name} has no thermal zone {type_!r}")
+
+    @property
+    def total_rail(self) -> RailSpec | None:
+        return next((r for r in self.rails if r.role == "total"), None)
+
+    @property
+    def cpu_rail(self) -> RailSpec | None:
+        return next((r for r in self.rails if r.role == "cpu"), None)
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing with precise errors
+
+
+class _Reader:
+    """Typed access into a YAML mapping that raises SpecError naming file and key path."""
+
+    def __init__(self, file: str):
+        self.file = file
+
+    def req(self, d: Any, key: str, where: str, typ: type | tuple[type, ...], desc: str) -> Any:
+        if not isinstance(d, dict):
+            raise SpecError(self.file, where or "<top>", "a mapping", d)
+        path = f"{where}.{key}" if where else key
+        if key not in d:
+            raise SpecError(self.file, path, f"{desc} (missing)")
+        return self.check(d[key], path, typ, desc)
+
+    def opt(self, d: dict, key: str, where: str, typ, desc: str, default: Any) -> Any:
+        if key not in d or d[key] is None:
+            return default
+        path = f"{where}.{key}" if where else key
+        return self.check(d[key], path, typ, desc)
+
+    def check(self, v: Any, path: str, typ, desc: str) -> Any:
+        if typ is float and isinstance(v, int) and not isinstance(v, bool):
+            return float(v)
+        if isinstance(v, bool) and typ is not bool:
+            raise SpecError(self.file, path, desc, v)
+        if not isinstance(v, typ):
+            raise SpecError(self.file, path, desc, v)
+        return v
+
+    def int_list(self, d: dict, key: str, where: str, desc: str, required: bool = True) -> tuple[int, ...]:
+        path = f"{where}.{key}"
+        if key not in d:
+            if required:
+                raise SpecError(self.file, path, f"{desc} (missing)")
+            return ()
+        v = d[key]
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise SpecError(self.file, path, desc, v)
+        return tuple(v)
+
+    def str_list(self, d: dict, key: str, where: str, desc: str, required: bool = True) -> tuple[str, ...]:
+        path = f"{where}.{key}" if where else key
+        if key not in d:
+            if required:
+                raise SpecError(self.file, path, f"{desc} (missing)")
+            return ()
+        v = d[key]
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise SpecError(self.file, path, desc, v)
+        return tuple(v)
+
+
+def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
+    """Build a :class:`BoardSpec` from a parsed YAML mapping, validating every key."""
+    r = _Reader(file)
+    if not isinstance(data, dict):
+        raise SpecError(file, "<top>", "a mapping with name, clusters, thermal, power", data)
+    name = r.req(data, "name", "", str, "a board name (string)")
+    title = r.opt(data, "title", "", str, "a string", name)
+    detect = r.opt(data, "detect", "", dict, "a mapping with compatible/model lists", {})
+    compatible = r.str_list(detect, "compatible", "detect", "a list of strings", required=False)
+    model = r.str_list(detect, "model", "detect", "a list of strings", required=False)
+
+    raw_clusters = r.req(data, "clusters", "", list, "a non-empty list of clusters")
+    if not raw_clusters:
+        raise SpecError(file, "clusters", "a non-empty list of clusters", raw_clusters)
+    clusters = []
+    seen_cpus: set[int] = set()
+    for i, c in enumerate(raw_clusters):
+        w = f"clusters[{i}]"
+        cname = r.req(c, "name", w, str, "a cluster name")
+        policy = r.req(c, "policy", w, int, "the policy number (int)")
+        cpus = r.int_list(c, "cpus", w, "a list of CPU ids")
+        if not cpus:
+            raise SpecError(file, f"{w}.cpus", "at least one CPU id", list(cpus))
+        if policy not in cpus:
+            raise SpecError(file, f"{w}.policy", f"the first CPU of the domain (one of {list(cpus)})", policy)
+        dup = seen_cpus.intersection(cpus)
+        if dup:
+            raise SpecError(file, f"{w}.cpus", "CPU ids not used by another cluster", sorted(dup))
+        seen_cpus.update(cpus)
+        freqs = r.int_list(c, "freqs_khz", w, "a list of frequencies in kHz")
+        if not freqs or list(freqs) != sorted(set(freqs)) or freqs[0] <= 0:
+            raise SpecError(file, f"{w}.freqs_khz", "a strictly increasing list of positive kHz values", list(freqs))
+        governors = r.str_list(c, "governors", w, "a list of governor names")
+        default_gov = r.req(c, "default_governor", w, str, "a governor name")
+        modular = r.str_list(c, "modular_governors", w, "a list of governor names", required=False)
+        if default_gov not in governors:
+            raise SpecError(file, f"{w}.default_governor", f"one of {list(governors)}", default_gov)
+        offline = r.int_list(c, "offline_by_default", w, "a list of CPU ids", required=False)
+        if not set(offline) <= set(cpus):
+            raise SpecError(file, f"{w}.offline_by_default", f"CPU ids of this cluster {list(cpus)}", list(offline))
+        capacity = r.req(c, "capacity", w, float, "relative speed per Hz (number > 0)")
+        if capacity <= 0:
+            raise SpecError(file, f"{w}.capacity", "a number > 0", capacity)
+        clusters.append(
+            ClusterSpec(
+                name=cname,
+                policy=policy,
+                cpus=tuple(sorted(cpus)),
+                core_type=r.req(c, "core_type", w, str, "a core type name"),
+                capacity=capacity,
+                freqs_khz=freqs,
+                transition_latency_ns=r.req(c, "transition_latency_ns", w, int, "nanoseconds (int)"),
+                governors=governors,
+                default_governor=default_gov,
+                modular_governors=modular,
+                scaling_driver=r.opt(c, "scaling_driver", w, str, "a driver name", "cpufreq-dt"),
+                offline_by_default=offline,
+            )
+        )
+    cluster_names = [c.name for c in clusters]
+    if len(set(cluster_names)) != len(cluster_names):
+        raise SpecError(file, "clusters", "unique cluster names", cluster_names)
+
+    thermal = r.req(data, "thermal", "", dict, "a mapping with a 'zones' list")
+    raw_zones = r.req(thermal, "zones", "thermal", list, "a list of zones")
+    zones = []
+    for i, z in enumerate(raw_zones):
+        w = f"thermal.zones[{i}]"
+        role = r.req(z, "role", w, str, f"one of {ZONE_ROLES}")
+        if role not in ZONE_ROLES:
+            raise SpecError(file, f"{w}.role", f"one of {ZONE_ROLES}", role)
+        quirk = r.opt(z, "quirk", w, str, f"one of {ZONE_QUIRKS}", None)
+        if quirk is not None and quirk not in ZONE_QUIRKS:
+            raise SpecError(file, f"{w}.quirk", f"one of {ZONE_QUIRKS}", quirk)
+        zcl = r.str_list(z, "clusters", w, "a list of cluster names", required=False)
+        for cn in zcl:
+            if cn not in cluster_names:
+                raise SpecError(file, f"{w}.clusters", f"cluster names from {cluster_names}", cn)
+        trips = []
+        for j, t in enumerate(r.opt(z, "trips", w, list, "a list of trips", [])):
+            tw = f"{w}.trips[{j}]"
+            ttype = r.req(t, "type", tw, str, f"one of {TRIP_TYPES}")
+            if ttype not in TRIP_TYPES:
+                raise SpecError(file, f"{tw}.type", f"one of {TRIP_TYPES}", ttype)
+            trips.append(
+                Trip(
+                    temp_mc=r.req(t, "temp_mc", tw, int, "a temperature in m°C (int)"),
+                    type=ttype,
+                    hyst_mc=r.opt(t, "hyst_mc", tw, int, "m°C (int)", 0),
+                )
+            )
+        zones.append(
+            ZoneSpec(
+                type=r.req(z, "type", w, str, "the zone's type string"),
+                role=role,
+                clusters=zcl,
+                trips=tuple(trips),
+                quirk=quirk,
+            )
+        )
+
+    power = r.opt(data, "power", "", dict, "a mapping with a 'rails' list", {})
+    rails = []
+    for i, p in enumerate(r.opt(power, "rails", "power", list, "a list of rails", [])):
+        w = f"power.rails[{i}]"
+        role = r.req(p, "role", w, str, f"one of {RAIL_ROLES}")
+        if role not in RAIL_ROLES:
+            raise SpecError(file, f"{w}.role", f"one of {RAIL_ROLES}", role)
+        driver = r.req(p, "driver", w, str, f"one of {RAIL_DRIVERS}")
+        if driver not in RAIL_DRIVERS:
+            raise SpecError(file, f"{w}.driver", f"one of {RAIL_DRIVERS}", driver)
+        rails.append(
+            RailSpec(
+                name=r.req(p, "name", w, str, "the rail label"),
+                role=role,
+                driver=driver,
+                device=r.req(p, "device", w, str, "the sensor folder relative to the root"),
+                channel=r.req(p, "channel", w, int, "the channel number (int)"),
+                unit=r.opt(p, "unit", w, str, "a unit string", "mW"),
+            )
+        )
+    if sum(1 for x in rails if x.role == "total") > 1:
+        raise SpecError(file, "power.rails", "at most one rail with role 'total'")
+    sim = r.opt(data, "sim", "", dict, "a mapping of simulator parameters", {})
+    return BoardSpec(
+        name=name,
+        title=title,
+        compatible=compatible,
+        model=model,
+        clusters=tuple(sorted(clusters, key=lambda c: c.policy)),
+        zones=tuple(zones),
+        rails=tuple(rails),
+        sim=sim,
+        source=file,
+    )
+
+
+def load_board_file(path: str | os.PathLike[str]) -> BoardSpec:
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as err:
+        raise SpecError(path, "<file>", f"a readable YAML file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise SpecError(path, "<file>", f"valid YAML ({err})") from None
+    return parse_board(data, path)
+
+
+def board_names() -> list[str]:
+    return sorted(p.stem for p in BOARDS_DIR.glob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def load_board(name: str) -> BoardSpec:
+    """Load a shipped board spec by name (``tx2``, ``orin-nx``, ``rubikpi3``)."""
+    path = BOARDS_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise UnknownBoard(f"unknown board {name!r}; known boards: {', '.join(board_names())}")
+    return load_board_file(path)
