@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -364,7 +364,7 @@ def board_names() -> list[str]:
     return sorted(p.stem for p in BOARDS_DIR.glob("*.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_board(name: str) -> BoardSpec:
     """Load a shipped board spec by name (``tx2``, ``orin-nx``, ``rubikpi3``)."""
     path = BOARDS_DIR / f"{name}.yaml"

@@ -1,0 +1,267 @@
+"""Soft deadlines from a measured reference cost, and the two-point scaling the gate uses.
+
+A job's reference cost is a :class:`~platforms.observation.JobProfile`: work C and span L in
+seconds at ``ref_khz`` on the board's reference core type (capacity 1.0), the memory-bound
+fraction beta, and the makespan measured at a fixed reference configuration. Its time on
+another operating point follows the two-point model of reference/models.md 1.2 and 6:
+
+    phi(f, kappa) = (1 - beta) * f_ref / (kappa * f) + beta,   C(f) = C * phi,   L(f) = L * phi
+
+(uniform beta; with per-node beta the critical path could change with f, so L(f) is an
+approximation there). The soft deadline is ``D = slack * ref_makespan`` with slack >= 1
+(models.md 8), and must leave the critical path room at the fastest point: D >= L(f_max).
+
+Profiles are frozen and versioned per (job name, board) in a small JSON store; the only I/O of
+this module is :func:`load` and :func:`save`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+
+from platforms.dag import DAG
+from platforms.errors import SpecError
+from platforms.observation import JobProfile
+from platforms.spec import BoardSpec, ClusterSpec
+
+STORE_FORMAT = "hidvfs-profiles"
+STORE_VERSION = 1
+_FIELDS = ("name", "work_s", "span_s", "beta", "ref_makespan_s", "ref_khz", "ref_cores", "version")
+
+
+# --------------------------------------------------------------------------------------------
+# Two-point scaling (pure)
+
+
+def slowdown(beta: float, ref_khz: float, khz: float, capacity: float = 1.0) -> float:
+    """phi: time at (khz, capacity) divided by time at (ref_khz, capacity 1.0)."""
+    return (1.0 - beta) * ref_khz / (capacity * khz) + beta
+
+
+def work_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float = 1.0) -> float:
+    """C(f): remaining sequential work in seconds at ``khz`` on a core of ``capacity``."""
+    return remaining * p.work_s * slowdown(p.beta, p.ref_khz, khz, capacity)
+
+
+def span_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float = 1.0) -> float:
+    """L(f): remaining critical path, bounded by the remaining work (a span never exceeds it).
+
+    How much of the critical path is done is unknown mid-run, so the full span is kept unless
+    the remaining work is smaller (min(L, r*C) is an upper bound on the remaining span).
+    """
+    return min(p.span_s, remaining * p.work_s) * slowdown(p.beta, p.ref_khz, khz, capacity)
+
+
+def check_profile(p: JobProfile, where: str = "profile") -> JobProfile:
+    """Validate a profile's values; raises ValueError naming the field and the value."""
+
+    def bad(key: str, expected: str, got: object) -> ValueError:
+        return ValueError(f"{where} {p.name!r}: '{key}' must be {expected}, got {got!r}")
+
+    if not (isinstance(p.name, str) and p.name):
+        raise bad("name", "a non-empty string", p.name)
+    for key in ("work_s", "span_s", "ref_makespan_s"):
+        v = getattr(p, key)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise bad(key, "a finite number > 0 (seconds)", v)
+    if p.span_s > p.work_s * (1 + 1e-9):
+        raise bad("span_s", f"<= work_s ({p.work_s})", p.span_s)
+    if not (isinstance(p.beta, (int, float)) and 0.0 <= p.beta <= 1.0):
+        raise bad("beta", "a memory-bound fraction in [0, 1]", p.beta)
+    for key in ("ref_khz", "ref_cores", "version"):
+        v = getattr(p, key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise bad(key, "an integer >= 1", v)
+    return p
+
+
+def soft_deadline(p: JobProfile, slack: float, fmax_khz: float, capacity: float = 1.0) -> float:
+    """``D = slack * ref_makespan``, checked against the span at the fastest point.
+
+    ``fmax_khz`` and ``capacity`` describe the fastest cluster the job may use. Raises
+    ValueError when slack < 1 or when D < L(f_max): no frequency or core count could meet it.
+    """
+    if not (math.isfinite(slack) and slack >= 1.0):
+        raise ValueError(f"slack for job {p.name!r} must be a finite number >= 1, got {slack!r}")
+    deadline = slack * p.ref_makespan_s
+    l_fast = span_at(p, fmax_khz, capacity)
+    if deadline < l_fast:
+        raise ValueError(
+            f"deadline {deadline:.6g} s for job {p.name!r} (slack {slack} x reference makespan "
+            f"{p.ref_makespan_s:.6g} s) is shorter than its critical path at the fastest point, "
+            f"L({fmax_khz:.0f} kHz, capacity {capacity}) = {l_fast:.6g} s"
+        )
+    return deadline
+
+
+def profile_from_dag(
+    dag: DAG,
+    spec: BoardSpec,
+    cluster: str | ClusterSpec,
+    cores: int,
+    ref_khz: int,
+    measured_makespan_s: float,
+    *,
+    name: str | None = None,
+    version: int = 1,
+) -> JobProfile:
+    """C, L and beta of ``dag`` at ``ref_khz`` on the reference core, with its measured makespan.
+
+    ``cluster`` and ``cores`` name the reference configuration the makespan was measured on;
+    C and L are normalised to capacity 1.0 so that the gate can rescale them to any cluster.
+    """
+    cl = spec.cluster(cluster) if isinstance(cluster, str) else cluster
+    if ref_khz not in cl.freqs_khz:
+        raise ValueError(
+            f"reference frequency {ref_khz} kHz is not in the table of {spec.name}/{cl.name}: {list(cl.freqs_khz)}"
+        )
+    if not 1 <= cores <= len(cl.cpus):
+        raise ValueError(f"reference core count {cores} is outside 1..{len(cl.cpus)} for {spec.name}/{cl.name}")
+    if not (math.isfinite(measured_makespan_s) and measured_makespan_s > 0):
+        raise ValueError(f"measured makespan for {dag.name!r} must be > 0 s, got {measured_makespan_s!r}")
+    work, span = dag.work_span(ref_khz * 1e3, 1.0)
+    if not work > 0:
+        raise ValueError(f"DAG {dag.name!r} has no work (C = {work})")
+    beta = float(dag.mem_s.sum()) / work
+    profile = JobProfile(
+        name=name or dag.name,
+        work_s=work,
+        span_s=min(span, work),
+        beta=min(max(beta, 0.0), 1.0),
+        ref_makespan_s=float(measured_makespan_s),
+        ref_khz=int(ref_khz),
+        ref_cores=int(cores),
+        version=version,
+    )
+    return check_profile(profile)
+
+
+# --------------------------------------------------------------------------------------------
+# Versioned store
+
+
+@dataclass
+class ProfileStore:
+    """Reference profiles keyed by (job name, board). Frozen: a change needs ``replace=True``."""
+
+    profiles: dict[tuple[str, str], JobProfile] = field(default_factory=dict)
+
+    def find(self, name: str, board: str) -> JobProfile | None:
+        return self.profiles.get((name, board))
+
+    def get(self, name: str, board: str) -> JobProfile:
+        p = self.profiles.get((name, board))
+        if p is None:
+            known = ", ".join(f"{n}@{b}" for n, b in sorted(self.profiles)) or "none"
+            raise KeyError(f"no reference profile for job {name!r} on board {board!r} (known: {known})")
+        return p
+
+    def put(self, board: str, profile: JobProfile, *, replace_existing: bool = False) -> JobProfile:
+        """Add a profile; replacing a different one bumps its version and needs consent."""
+        check_profile(profile)
+        key = (profile.name, board)
+        old = self.profiles.get(key)
+        if old is not None and _same_cost(old, profile):
+            return old
+        if old is not None:
+            if not replace_existing:
+                raise ValueError(
+                    f"reference profile {profile.name!r} on {board!r} is frozen at version {old.version}; "
+                    "pass replace_existing=True to record a new version"
+                )
+            profile = replace(profile, version=max(old.version + 1, profile.version))
+        self.profiles[key] = profile
+        return profile
+
+    def __len__(self) -> int:
+        return len(self.profiles)
+
+    def __iter__(self) -> Iterator[tuple[str, JobProfile]]:
+        """(board, profile) pairs in a stable order."""
+        for (_, board), p in sorted(self.profiles.items()):
+            yield board, p
+
+
+def _same_cost(a: JobProfile, b: JobProfile) -> bool:
+    return all(getattr(a, k) == getattr(b, k) for k in _FIELDS if k != "version")
+
+
+def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> ProfileStore:
+    """Read a store; an absent file is an empty store only with ``missing_ok``."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        if missing_ok:
+            return ProfileStore()
+        raise SpecError(path, "<file>", "an existing profile store (file not found)") from None
+    except OSError as err:
+        raise SpecError(path, "<file>", f"a readable profile store ({err.strerror})") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(path, "<file>", f"valid JSON ({err.msg} at line {err.lineno})") from None
+    return _parse(data, path)
+
+
+def _parse(data: object, path: str) -> ProfileStore:
+    if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
+        raise SpecError(path, "format", f"{STORE_FORMAT!r}", data.get("format") if isinstance(data, dict) else data)
+    if data.get("version") != STORE_VERSION:
+        raise SpecError(path, "version", f"store version {STORE_VERSION} (this hidvfs cannot read others)", data.get("version"))
+    rows = data.get("profiles")
+    if not isinstance(rows, list):
+        raise SpecError(path, "profiles", "a list of profiles", rows)
+    store = ProfileStore()
+    for i, row in enumerate(rows):
+        where = f"profiles[{i}]"
+        if not isinstance(row, dict):
+            raise SpecError(path, where, "a mapping", row)
+        missing = [k for k in ("board", *_FIELDS) if k not in row]
+        if missing:
+            raise SpecError(path, f"{where}.{missing[0]}", "a value (missing)")
+        try:
+            p = check_profile(JobProfile(**{k: row[k] for k in _FIELDS}), where)
+        except (TypeError, ValueError) as err:
+            raise SpecError(path, where, f"a valid profile ({err})") from None
+        board = row["board"]
+        if not isinstance(board, str) or not board:
+            raise SpecError(path, f"{where}.board", "a board name", board)
+        if (p.name, board) in store.profiles:
+            raise SpecError(path, where, f"one profile per (job, board); {p.name!r}@{board!r} repeats")
+        store.profiles[(p.name, board)] = p
+    return store
+
+
+def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
+    """Write atomically (temporary file + rename) so a crash never leaves half a store."""
+    path = os.fspath(path)
+    rows = [{"board": board, **asdict(p)} for board, p in store]
+    text = json.dumps({"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}, indent=1)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = [
+    "ProfileStore",
+    "load",
+    "save",
+    "slowdown",
+    "work_at",
+    "span_at",
+    "soft_deadline",
+    "check_profile",
+    "profile_from_dag",
+]

@@ -1,0 +1,804 @@
+"""Federated schedulability gate: enough cores and frequency for every deadline job.
+
+Model (reference/models.md 1.1-1.3, one-shot jobs with a remaining deadline D). At the
+frequency f of its cluster (capacity kappa), a job needs, with the two-point scaling of
+:mod:`agents.deadlines` (C(f), L(f) of the remaining work):
+
+* **light** when C(f) <= D: it runs as one sequential job on the cluster's shared light cores;
+* **heavy** when C(f) > D and L(f) < D: n = ceil((C(f) - L(f)) / (D - L(f))) dedicated cores
+  inside ONE cluster (a greedy schedule then gives R <= L + (C - L)/n <= D);
+* **impossible** at that point otherwise.
+
+Light-job test (the adaptation of the ``n_low > 2 sum u`` test to one-shot jobs released now):
+light jobs that share a core set run sequentially in deadline order on those cores, as a
+non-preemptive EDF list schedule (each job starts on the first core to free up); the group
+passes when every job of it finishes by its deadline. Light groups with different core sets
+must be disjoint. For up to three light jobs per cluster this test is exact for partitioned
+sequential execution; beyond that it is a sufficient test. It assumes deadline-ordered
+execution: give light jobs of one pool priorities in deadline order, or one job per core.
+
+Heavy cores are exclusive: no other job of the decision (deadline or best-effort) may use them.
+
+Repair of an infeasible proposal, cheapest change first:
+
+1. Clusters whose own jobs are already fine are kept untouched.
+2. Every other cluster with deadline jobs gets the cheapest point (f, cores) with f >= the
+   proposed f: raising the frequency one or more OPPs or adding cores, whichever the cost
+   model rates lower. Jobs stay on the cluster holding more than half of their proposed
+   cores; a job without such a cluster (e.g. spread over all CPUs) goes where it costs least.
+3. If that fails, jobs may move between clusters (every job-to-cluster map is tried, the
+   cheapest wins, fewest moves on a tie), so the gate finds a feasible point whenever one
+   exists: feasibility is monotone in f (C, L and n(f) never grow with f), so the raise-only
+   restriction loses none.
+4. If no point is feasible: the safest point (every cluster at its maximum, each job in
+   deadline order on the largest/fastest cluster that still fits it) and ``feasible=False``.
+
+Cost model (:func:`default_cost`): sum over clusters of active_cores * capacity * f^3 (f in
+GHz), a monotone stand-in for dynamic power; any ``cost(cluster, khz, ncores)`` callable that
+is non-decreasing in khz and ncores may replace it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from agents.deadlines import slowdown
+from agents.policy import Decision, JobSetting
+from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
+
+LIGHT, HEAVY, IMPOSSIBLE = 0, 1, 2
+_KIND = {LIGHT: "light", HEAVY: "heavy"}
+#: ceil() tolerance so that 2.0000000001 cores (float noise) is 2, not 3
+_EPS = 1e-9
+#: above this many job-to-cluster maps the move stage assigns jobs greedily (deadline order)
+MAX_MAPS = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class GateCluster:
+    """A DVFS domain as the gate sees it: online CPUs, allowed OPPs (ascending), capacity."""
+
+    name: str
+    cpus: tuple[int, ...]
+    freqs_khz: tuple[int, ...]
+    capacity: float
+
+    @property
+    def fmax_khz(self) -> int:
+        return self.freqs_khz[-1]
+
+    @classmethod
+    def from_obs(cls, cl: ClusterObs) -> GateCluster:
+        """Online CPUs, and the table entries inside the observed scaling limits."""
+        table = tuple(sorted(set(cl.freqs_khz)))
+        if not table:
+            table = tuple(sorted({f for f in (cl.min_khz, cl.max_khz) if f}))
+        hi = cl.max_khz if cl.max_khz is not None else (table[-1] if table else 0)
+        lo = min(cl.min_khz if cl.min_khz is not None else 0, hi)
+        allowed = tuple(f for f in table if lo <= f <= hi)
+        if not allowed and table:
+            below = [f for f in table if f <= hi]
+            allowed = (below[-1] if below else table[0],)
+        return cls(cl.name, tuple(sorted(cl.online)), allowed, float(cl.capacity))
+
+
+@dataclass(frozen=True)
+class GateJob:
+    """A deadline job: reference profile, remaining deadline (s), remaining work fraction."""
+
+    pid: int
+    profile: JobProfile
+    remaining_s: float
+    remaining_work: float = 1.0
+
+    @classmethod
+    def from_obs(cls, job: JobObs) -> GateJob | None:
+        """None for a job without a deadline or without a reference profile (best effort)."""
+        if job.profile is None or job.deadline_s is None:
+            return None
+        rem = 1.0 if job.progress is None else min(max(1.0 - job.progress, 0.0), 1.0)
+        return cls(job.pid, job.profile, float(job.remaining_s), rem)
+
+
+def jobs_from_obs(obs: Observation) -> tuple[GateJob, ...]:
+    return tuple(g for g in (GateJob.from_obs(j) for j in obs.jobs) if g is not None)
+
+
+def clusters_from_obs(obs: Observation) -> tuple[GateCluster, ...]:
+    return tuple(GateCluster.from_obs(c) for c in obs.clusters)
+
+
+def default_cost(cluster: GateCluster, khz: int, ncores: int) -> float:
+    """active cores * capacity * f^3 (GHz): monotone in f and cores, ~dynamic power."""
+    g = khz * 1e-6
+    return ncores * cluster.capacity * g * g * g
+
+
+CostFn = Callable[[GateCluster, int, int], float]
+
+
+# --------------------------------------------------------------------------------------------
+# The analysis (pure)
+
+
+def requirement(job: GateJob, cluster: GateCluster, khz: int) -> tuple[int, int, float]:
+    """(kind, cores, C(f)) of ``job`` at ``khz`` on ``cluster``: LIGHT needs 1 shared core."""
+    d = job.remaining_s
+    if not d > 0:
+        return IMPOSSIBLE, 0, math.inf
+    p = job.profile
+    phi = slowdown(p.beta, p.ref_khz, khz, cluster.capacity)
+    c = job.remaining_work * p.work_s * phi
+    if c <= d:
+        return LIGHT, 1, c
+    span = min(p.span_s, job.remaining_work * p.work_s) * phi
+    if span >= d:
+        return IMPOSSIBLE, 0, c
+    return HEAVY, max(1, math.ceil((c - span) / (d - span) - _EPS)), c
+
+
+def min_cores(profile: JobProfile, f: int, capacity: float, D: float, remaining: float = 1.0) -> int | None:
+    """Cores the job needs at frequency ``f`` (kHz) on ``capacity`` with deadline ``D``.
+
+    1 for a light job (C(f) <= D, one sequential core), n_i for a heavy one, None when no
+    core count can meet ``D`` (L(f) >= D).
+    """
+    kind, n, _ = requirement(GateJob(-1, profile, D, remaining), GateCluster("", (), (f,), capacity), f)
+    return None if kind == IMPOSSIBLE else n
+
+
+def edf_fits(jobs: Sequence[tuple[float, float]], m: int) -> bool:
+    """Do sequential jobs ``(deadline, work)``, sorted by deadline, fit on ``m`` cores?
+
+    Non-preemptive EDF list schedule of jobs released together: each starts on the first
+    core to free up. Exact for <= 3 jobs; sufficient beyond.
+    """
+    if m <= 0:
+        return not jobs
+    if m >= len(jobs):
+        return all(c <= d for d, c in jobs)
+    free = [0.0] * m
+    for d, c in jobs:
+        end = heapq.heappop(free) + c
+        if end > d:
+            return False
+        heapq.heappush(free, end)
+    return True
+
+
+def light_pool_size(jobs: Sequence[tuple[float, float]], limit: int) -> int | None:
+    """Fewest cores (<= ``limit``) on which the light jobs pass :func:`edf_fits`."""
+    for m in range(1, min(len(jobs), limit) + 1):
+        if edf_fits(jobs, m):
+            return m
+    return 0 if not jobs else None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A point to check: per-cluster frequency and per-deadline-job core set.
+
+    ``others`` are the core sets of the decision's jobs without a deadline (best effort); they
+    may not touch heavy cores.
+    """
+
+    clusters: tuple[GateCluster, ...]
+    jobs: tuple[GateJob, ...]
+    freq_khz: Mapping[str, int]
+    cpus: Mapping[int, tuple[int, ...]]
+    others: tuple[tuple[int, ...], ...] = ()
+
+
+class JobAlloc(NamedTuple):
+    """What the analysis made of one deadline job."""
+
+    pid: int
+    cluster: str | None
+    cpus: tuple[int, ...]
+    kind: str  # "heavy" | "light" | "invalid"
+    need: int  # heavy: n_i; light: cores of its pool the EDF test needs; else 0
+
+
+class _Analysis(NamedTuple):
+    reasons: list[str]
+    alloc: dict[int, JobAlloc]
+    bad_pids: set[int]  # deadline jobs involved in a violation (best-effort overlaps aside)
+    bad_clusters: set[str]  # clusters whose frequency is not an allowed OPP
+
+
+def analyse(a: Assignment) -> tuple[list[str], dict[int, JobAlloc]]:
+    """Violations of ``a`` (empty when feasible) and the per-job classification."""
+    r = _analyse(a, {c: k for k in a.clusters for c in k.cpus})
+    return r.reasons, r.alloc
+
+
+def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
+    reasons: list[str] = []
+    alloc: dict[int, JobAlloc] = {}
+    bad_pids: set[int] = set()
+    bad_clusters: set[str] = set()
+    freq = a.freq_khz
+    for k in a.clusters:
+        f = freq.get(k.name)
+        if f is not None and f not in k.freqs_khz:
+            reasons.append(f"{k.name}: {f} kHz is not an allowed OPP {list(k.freqs_khz)}")
+            bad_clusters.add(k.name)
+    heavy: list[tuple[int, frozenset[int]]] = []
+    sets: list[tuple[int, frozenset[int]]] = []
+    groups: dict[tuple[str, tuple[int, ...]], list[tuple[float, float, int]]] = {}
+    for j in a.jobs:
+        pid = j.pid
+        raw = a.cpus.get(pid, ())
+        cpus = tuple(sorted(set(raw))) if len(raw) > 1 else tuple(raw)
+        k = where.get(cpus[0]) if cpus else None
+        bad = None
+        if k is None:
+            bad = f"pid {pid}: no cores" if not cpus else f"pid {pid}: core {cpus[0]} is not online"
+        else:
+            for c in cpus:
+                kc = where.get(c)
+                if kc is not k:
+                    bad = (
+                        f"pid {pid}: core {c} is not online"
+                        if kc is None
+                        else f"pid {pid}: cores {list(cpus)} span clusters {k.name} and {kc.name}"
+                    )
+                    break
+            else:
+                if k.name in bad_clusters or k.name not in freq:
+                    bad = f"pid {pid}: cluster {k.name} has no valid frequency"
+        if bad is not None:
+            reasons.append(bad)
+            bad_pids.add(pid)
+            alloc[pid] = JobAlloc(pid, None, cpus, "invalid", 0)
+            continue
+        f = freq[k.name]
+        kind, n, c = requirement(j, k, f)
+        fs = frozenset(cpus)
+        sets.append((pid, fs))
+        if kind == HEAVY:
+            if len(cpus) < n:
+                reasons.append(f"pid {pid}: heavy, needs {n} cores on {k.name} at {f} kHz, has {len(cpus)}")
+                bad_pids.add(pid)
+            heavy.append((pid, fs))
+            alloc[pid] = JobAlloc(pid, k.name, cpus, "heavy", n)
+        elif kind == LIGHT:
+            groups.setdefault((k.name, cpus), []).append((j.remaining_s, c, pid))
+        else:
+            reasons.append(f"pid {pid}: no core count meets D={j.remaining_s:.4g} s on {k.name} at {f} kHz")
+            bad_pids.add(pid)
+            alloc[pid] = JobAlloc(pid, k.name, cpus, "invalid", 0)
+    if heavy:
+        heavy_pids = {pid for pid, _ in heavy}
+        for pid, hs in heavy:
+            for pid2, s2 in sets:
+                if pid2 == pid or (pid2 in heavy_pids and pid2 < pid):
+                    continue  # each heavy-heavy pair once
+                if not hs.isdisjoint(s2):
+                    reasons.append(f"pid {pid}: heavy cores {sorted(hs & s2)} shared with pid {pid2}")
+                    bad_pids.update((pid, pid2))
+            for other in a.others:
+                if not hs.isdisjoint(other):
+                    reasons.append(f"pid {pid}: heavy cores {sorted(hs.intersection(other))} shared with a best-effort job")
+    if groups:
+        keys = list(groups)
+        for i, key in enumerate(keys):
+            members = groups[key]
+            for key2 in keys[i + 1 :]:
+                if key[0] == key2[0] and not set(key[1]).isdisjoint(key2[1]):
+                    reasons.append(f"{key[0]}: light jobs on overlapping but different core sets {list(key[1])}, {list(key2[1])}")
+                    bad_pids.update(m[2] for m in members)
+                    bad_pids.update(m[2] for m in groups[key2])
+            lights = sorted((d, c) for d, c, _ in members)
+            pool = light_pool_size(lights, len(key[1]))
+            if pool is None:
+                reasons.append(f"{key[0]}: light jobs {[m[2] for m in members]} miss a deadline sequentially on {len(key[1])} core(s)")
+                bad_pids.update(m[2] for m in members)
+                pool = len(key[1])
+            for _, _, pid in members:
+                alloc[pid] = JobAlloc(pid, key[0], key[1], "light", pool)
+    return _Analysis(reasons, alloc, bad_pids, bad_clusters)
+
+
+def violations(a: Assignment) -> list[str]:
+    return analyse(a)[0]
+
+
+def feasible(a: Assignment) -> bool:
+    """True when every deadline job of ``a`` meets its deadline under the federated model."""
+    return not analyse(a)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The gate
+
+
+@dataclass
+class GateResult:
+    decision: Decision
+    feasible: bool
+    events: list[str] = field(default_factory=list)
+    alloc: dict[int, JobAlloc] = field(default_factory=dict)
+    cost: float = 0.0  # estimated power of the deadline jobs' cores (cost model units)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.events)
+
+
+@dataclass
+class _Point:
+    cost: float
+    fi: int  # index in the cluster's table
+    heavy: int  # dedicated cores
+    pool: int  # shared light cores
+
+
+class FederatedGate:
+    """Checks and repairs decisions for one set of clusters (rebuild when the limits change)."""
+
+    def __init__(self, clusters: Sequence[GateCluster], cost: CostFn | None = None):
+        self.clusters = tuple(clusters)
+        self.cost = cost
+        self._where = {c: i for i, k in enumerate(self.clusters) for c in k.cpus}
+        self._kwhere = {c: k for k in self.clusters for c in k.cpus}
+        self._online = tuple(c for k in self.clusters for c in k.cpus)
+        # "largest/fastest" first: throughput of the whole cluster, then per-core speed
+        self._ranking = sorted(
+            (i for i, k in enumerate(self.clusters) if k.cpus and k.freqs_khz),
+            key=lambda i: (
+                -self.clusters[i].capacity * self.clusters[i].fmax_khz * len(self.clusters[i].cpus),
+                -self.clusters[i].capacity * self.clusters[i].fmax_khz,
+                i,
+            ),
+        )
+
+    @classmethod
+    def from_observation(cls, obs: Observation, cost: CostFn | None = None) -> FederatedGate:
+        return cls(clusters_from_obs(obs), cost)
+
+    # -- public
+
+    def check(self, decision: Decision, jobs: Sequence[GateJob]) -> tuple[list[str], dict[int, JobAlloc]]:
+        """Violations of ``decision`` (empty when feasible) and the per-job classification."""
+        r = _analyse(self._assignment(decision, self._order(jobs)), self._kwhere)
+        return r.reasons, r.alloc
+
+    def repair(self, decision: Decision, jobs: Sequence[GateJob]) -> GateResult:
+        """The proposal itself when feasible, else the cheapest feasible repair, else safest."""
+        jobs = self._order(jobs)
+        r = _analyse(self._assignment(decision, jobs), self._kwhere)
+        if not r.reasons:
+            return GateResult(decision, True, [], r.alloc, self._cost_of(r.alloc, decision.freq_khz))
+        return _Repair(self, decision, jobs, r).run()
+
+    # -- helpers
+
+    @staticmethod
+    def _order(jobs: Sequence[GateJob]) -> tuple[GateJob, ...]:
+        return tuple(sorted(jobs, key=lambda j: (j.remaining_s, j.pid)))
+
+    def _assignment(self, decision: Decision, jobs: tuple[GateJob, ...]) -> Assignment:
+        gated = {j.pid for j in jobs}
+        cpus = {j.pid: decision.jobs[j.pid].cpus for j in jobs if j.pid in decision.jobs}
+        others = tuple(s.cpus for pid, s in decision.jobs.items() if pid not in gated)
+        return Assignment(self.clusters, jobs, decision.freq_khz, cpus, others)
+
+    def _costfn(self) -> CostFn:
+        return self.cost or default_cost
+
+    def _cost_of(self, alloc: Mapping[int, JobAlloc], freq: Mapping[str, int]) -> float:
+        used: dict[str, set[int]] = {}
+        for al in alloc.values():
+            if al.cluster is not None:
+                used.setdefault(al.cluster, set()).update(al.cpus)
+        costfn = self._costfn()
+        total = 0.0
+        for k in self.clusters:
+            if k.name in used and k.name in freq:
+                total += costfn(k, freq[k.name], len(used[k.name]))
+        return total
+
+
+class _Repair:
+    """One repair: the search state of :meth:`FederatedGate.repair` (not reused)."""
+
+    def __init__(self, gate: FederatedGate, decision: Decision, jobs: tuple[GateJob, ...], proposal: _Analysis):
+        self.g = gate
+        self.d = decision
+        self.jobs = jobs
+        self.proposal = proposal
+        self.reasons = proposal.reasons
+        self.K = gate.clusters
+        self.costfn = gate._costfn()
+        self.others = {pid: s.cpus for pid, s in decision.jobs.items() if pid not in {j.pid for j in jobs}}
+        self._req: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+        self._best: dict[tuple[int, int, bool], _Point | None] = {}
+        self.base = [self._ceil_index(k, decision.freq_khz.get(k.name)) for k in self.K]
+        self.home = [self._home(j) for j in jobs]
+        self.home_mask = [0] * len(self.K)
+        for ji, h in enumerate(self.home):
+            if h is not None:
+                self.home_mask[h] |= 1 << ji
+        self.keep = [self._keepable(ki) for ki in range(len(self.K))]
+
+    # -- precomputation
+
+    @staticmethod
+    def _ceil_index(k: GateCluster, f: int | None) -> int:
+        if f is None or not k.freqs_khz:
+            return 0
+        for i, x in enumerate(k.freqs_khz):
+            if x >= f:
+                return i
+        return len(k.freqs_khz) - 1
+
+    def _home(self, job: GateJob) -> int | None:
+        s = self.d.jobs.get(job.pid)
+        if s is None:
+            return None
+        count: dict[int, int] = {}
+        for c in s.cpus:
+            ki = self.g._where.get(c)
+            if ki is not None:
+                count[ki] = count.get(ki, 0) + 1
+        if not count:
+            return None
+        ki = max(count, key=lambda i: (count[i], -i))
+        # a home is a cluster holding most of the proposed cores; an even spread has none
+        return ki if 2 * count[ki] > len(s.cpus) else None
+
+    def _keepable(self, ki: int) -> tuple[float, int] | None:
+        """(cost, heavy cores) of cluster ``ki`` as proposed, when its own jobs are fine there."""
+        mask = self.home_mask[ki]
+        k = self.K[ki]
+        an = self.proposal
+        if not mask or k.name in an.bad_clusters or k.name not in self.d.freq_khz:
+            return None
+        used: set[int] = set()
+        heavy = 0
+        for ji in _bits(mask):
+            pid = self.jobs[ji].pid
+            al = an.alloc.get(pid)
+            if pid in an.bad_pids or al is None or al.cluster != k.name:
+                return None
+            used.update(al.cpus)
+            if al.kind == "heavy":
+                heavy += len(al.cpus)
+        return self.costfn(k, self.d.freq_khz[k.name], len(used)), heavy
+
+    def req(self, ji: int, ki: int) -> list[tuple[int, int, float]]:
+        key = (ji, ki)
+        r = self._req.get(key)
+        if r is None:
+            j, k = self.jobs[ji], self.K[ki]
+            r = [requirement(j, k, f) for f in k.freqs_khz]
+            self._req[key] = r
+        return r
+
+    def best(self, ki: int, mask: int, top: bool = False) -> _Point | None:
+        """Cheapest (f >= base, cores) for the jobs in ``mask`` on cluster ``ki``."""
+        key = (ki, mask, top)
+        if key in self._best:
+            return self._best[key]
+        k = self.K[ki]
+        m_k = len(k.cpus)
+        members = list(_bits(mask))
+        reqs = [self.req(ji, ki) for ji in members]
+        n_f = len(k.freqs_khz)
+        out: _Point | None = None
+        if m_k and n_f:
+            for fi in [n_f - 1] if top else range(self.base[ki], n_f):
+                heavy = 0
+                lights: list[tuple[float, float]] = []
+                ok = True
+                for ji, r in zip(members, reqs):
+                    kind, n, c = r[fi]
+                    if kind == IMPOSSIBLE:
+                        ok = False
+                        break
+                    if kind == HEAVY:
+                        heavy += n
+                    else:
+                        lights.append((self.jobs[ji].remaining_s, c))
+                if not ok or heavy > m_k:
+                    continue
+                pool = 0
+                if lights:
+                    lights.sort()
+                    p = light_pool_size(lights, m_k - heavy)
+                    if p is None:
+                        continue
+                    pool = p
+                cst = self.costfn(k, k.freqs_khz[fi], heavy + pool)
+                if out is None or cst < out.cost:
+                    out = _Point(cst, fi, heavy, pool)
+        self._best[key] = out
+        return out
+
+    # -- search
+
+    def evaluate(self, assign: Sequence[int]):
+        masks = [0] * len(self.K)
+        for ji, ki in enumerate(assign):
+            masks[ki] |= 1 << ji
+        plan: list[object] = []
+        total = 0.0
+        heavy = 0
+        for ki, m in enumerate(masks):
+            if not m:
+                plan.append(None)
+            elif m == self.home_mask[ki] and self.keep[ki] is not None:
+                plan.append("keep")
+                total += self.keep[ki][0]
+                heavy += self.keep[ki][1]
+            else:
+                p = self.best(ki, m)
+                if p is None:
+                    return None
+                plan.append(p)
+                total += p.cost
+                heavy += p.heavy
+        if self.others and heavy >= len(self.g._online):
+            # best-effort jobs need one core outside the heavy ones: fewest cores at the top OPP
+            heavy = 0
+            for ki, m in enumerate(masks):
+                if plan[ki] == "keep":
+                    heavy += self.keep[ki][1]
+                elif plan[ki] is not None:
+                    p = self.best(ki, m, top=True)
+                    if p is None:
+                        return None
+                    plan[ki] = p
+                    heavy += p.heavy
+            if heavy >= len(self.g._online):
+                return None
+            total = sum(self.keep[ki][0] if p == "keep" else p.cost for ki, p in enumerate(plan) if p is not None)
+        moves = sum(1 for ji, ki in enumerate(assign) if self.home[ji] is not None and self.home[ji] != ki)
+        return total, moves, tuple(assign), masks, plan
+
+    def search(self, choices: list[list[int]]):
+        n_maps = 1
+        for c in choices:
+            n_maps *= len(c)
+        if n_maps <= MAX_MAPS:
+            best = None
+            for assign in itertools.product(*choices):
+                r = self.evaluate(assign)
+                if r is not None and (best is None or r[:3] < best[:3]):
+                    best = r
+            return best
+        return self.greedy(choices)
+
+    def greedy(self, choices: list[list[int]]):
+        """Large instances: jobs in deadline order, each where it adds the least cost."""
+        assign: list[int] = []
+        for ji in range(len(self.jobs)):
+            best = None
+            for ki in choices[ji]:
+                r = self._partial(assign + [ki])
+                if r is not None and (best is None or r < best[0]):
+                    best = (r, ki)
+            if best is None:
+                return None
+            assign.append(best[1])
+        return self.evaluate(assign)
+
+    def _partial(self, assign: list[int]) -> float | None:
+        masks = [0] * len(self.K)
+        for ji, ki in enumerate(assign):
+            masks[ki] |= 1 << ji
+        total = 0.0
+        for ki, m in enumerate(masks):
+            if m:
+                p = self.best(ki, m)
+                if p is None:
+                    return None
+                total += p.cost
+        return total
+
+    def run(self) -> GateResult:
+        all_k = list(range(len(self.K)))
+        stay = [[h] if h is not None else all_k for h in self.home]
+        found = self.search(stay)
+        if found is None and any(h is not None for h in self.home) and len(self.K) > 1:
+            found = self.search([all_k for _ in self.jobs])
+        if found is None:
+            return self.safest()
+        _, moves, _, masks, plan = found
+        events = [f"gate: proposal infeasible ({'; '.join(self.reasons[:3])})"]
+        if moves:
+            events.append(f"gate: {moves} job(s) moved to another cluster")
+        freq = dict(self.d.freq_khz)
+        jobs = dict(self.d.jobs)
+        governor = dict(self.d.governor)
+        heavy_cpus: set[int] = set()
+        reserved: set[int] = set()
+        for ki, p in enumerate(plan):
+            if p is None:
+                continue
+            k = self.K[ki]
+            members = list(_bits(masks[ki]))
+            if p == "keep":
+                for ji in members:
+                    al = self.proposal.alloc[self.jobs[ji].pid]
+                    reserved.update(al.cpus)
+                    if al.kind == "heavy":
+                        heavy_cpus.update(al.cpus)
+                continue
+            f = k.freqs_khz[p.fi]
+            if freq.get(k.name) != f:
+                events.append(f"gate: {k.name} {freq.get(k.name)} -> {f} kHz")
+                freq[k.name] = f
+                gov = governor.get(k.name)
+                if gov is not None and gov != "userspace":
+                    del governor[k.name]
+                    events.append(f"gate: {k.name} leaves governor {gov!r} for userspace at {f} kHz")
+            free = [c for c in k.cpus]
+            lights: list[int] = []
+            for ji in members:
+                kind, n, _ = self.req(ji, ki)[p.fi]
+                if kind == HEAVY:
+                    cpus = self._take(free, self.jobs[ji].pid, n)
+                    heavy_cpus.update(cpus)
+                    reserved.update(cpus)
+                    self._set(jobs, events, self.jobs[ji].pid, cpus, f"heavy, {n} cores on {k.name}")
+                else:
+                    lights.append(ji)
+            if lights:
+                pool = self._take(free, [self.jobs[ji].pid for ji in lights], p.pool)
+                reserved.update(pool)
+                for ji in lights:
+                    self._set(jobs, events, self.jobs[ji].pid, pool, f"light, pool of {p.pool} on {k.name}")
+        self._snap_idle_clusters(freq, masks, events)
+        self._place_others(jobs, events, heavy_cpus, reserved)
+        return self._finish(freq, jobs, governor, events)
+
+    def safest(self) -> GateResult:
+        """Every cluster at its top OPP; jobs in deadline order on the largest cluster that fits."""
+        freq = dict(self.d.freq_khz)
+        governor = dict(self.d.governor)
+        for k in self.K:
+            if k.freqs_khz:
+                freq[k.name] = k.fmax_khz
+                if governor.get(k.name) not in (None, "userspace"):
+                    del governor[k.name]
+        jobs = dict(self.d.jobs)
+        events = [
+            f"gate: no feasible assignment ({'; '.join(self.reasons[:3])}); "
+            "safest point: every cluster at its maximum, jobs on the largest/fastest clusters"
+        ]
+        free = {ki: list(self.K[ki].cpus) for ki in self.g._ranking}
+        heavy_cpus: set[int] = set()
+        reserved: set[int] = set()
+        for ji, j in enumerate(self.jobs):
+            chosen = None
+            for ki in self.g._ranking:
+                kind, n, _ = self.req(ji, ki)[-1]
+                if kind != IMPOSSIBLE and n <= len(free[ki]):
+                    chosen = (ki, n)
+                    break
+            if chosen is None:
+                with_free = [ki for ki in self.g._ranking if free[ki]]
+                if with_free:
+                    ki = max(with_free, key=lambda i: len(free[i]) * self.K[i].capacity * self.K[i].fmax_khz)
+                    chosen = (ki, len(free[ki]))
+                    events.append(f"gate: pid {j.pid} cannot meet its deadline; gets all {chosen[1]} free cores of {self.K[ki].name}")
+            if chosen is not None:
+                ki, n = chosen
+                cpus = self._take(free[ki], j.pid, n)
+                heavy_cpus.update(cpus)
+                reserved.update(cpus)
+                self._set(jobs, events, j.pid, cpus, f"safest, {n} cores on {self.K[ki].name}")
+            elif self.g._ranking:
+                k = self.K[self.g._ranking[0]]
+                self._set(jobs, events, j.pid, k.cpus, f"no free core left; shares {k.name}")
+        self._place_others(jobs, events, heavy_cpus, reserved)
+        res = self._finish(freq, jobs, governor, events)
+        res.feasible = False
+        return res
+
+    # -- building the decision
+
+    def _take(self, free: list[int], pids: int | list[int], n: int) -> tuple[int, ...]:
+        """``n`` cores from ``free`` (removed), the jobs' proposed cores first."""
+        pids = [pids] if isinstance(pids, int) else pids
+        prefer: list[int] = []
+        for pid in pids:
+            s = self.d.jobs.get(pid)
+            if s is not None:
+                prefer.extend(c for c in s.cpus if c in free and c not in prefer)
+        chosen = prefer[:n]
+        for c in free:
+            if len(chosen) >= n:
+                break
+            if c not in chosen:
+                chosen.append(c)
+        for c in chosen:
+            free.remove(c)
+        return tuple(sorted(chosen))
+
+    def _set(self, jobs: dict[int, JobSetting], events: list[str], pid: int, cpus: tuple[int, ...], why: str) -> None:
+        old = jobs.get(pid)
+        cpus = tuple(sorted(cpus))
+        if old is not None and tuple(sorted(old.cpus)) == cpus:
+            return
+        jobs[pid] = JobSetting(cpus, old.rt_priority, old.nice) if old is not None else JobSetting(cpus)
+        events.append(f"gate: pid {pid} cores {list(old.cpus) if old else []} -> {list(cpus)} ({why})")
+
+    def _snap_idle_clusters(self, freq: dict[str, int], masks: list[int], events: list[str]) -> None:
+        for ki, k in enumerate(self.K):
+            f = freq.get(k.name)
+            if masks[ki] or f is None or not k.freqs_khz or f in k.freqs_khz:
+                continue
+            g = k.freqs_khz[self._ceil_index(k, f)]
+            events.append(f"gate: {k.name} {f} -> {g} kHz (not an allowed OPP)")
+            freq[k.name] = g
+
+    def _place_others(self, jobs: dict[int, JobSetting], events: list[str], heavy: set[int], reserved: set[int]) -> None:
+        online = self.g._online
+        for pid, cpus in self.others.items():
+            if not heavy.intersection(cpus):
+                continue
+            new = (
+                [c for c in cpus if c not in reserved]
+                or [c for c in cpus if c not in heavy]
+                or [c for c in online if c not in reserved]
+                or [c for c in online if c not in heavy]
+            )
+            if new:
+                self._set(jobs, events, pid, tuple(new), "best effort, off the heavy cores")
+            else:
+                events.append(f"gate: best-effort pid {pid} has no core outside the heavy reservations")
+
+    def _finish(self, freq: dict[str, int], jobs: dict[int, JobSetting], governor: dict[str, str], events: list[str]) -> GateResult:
+        d = Decision(freq, jobs, governor, dict(self.d.cap_khz), list(self.d.events) + events)
+        reasons, alloc = self.g.check(d, self.jobs)
+        if reasons and not events[0].startswith("gate: no feasible"):
+            events.append(f"gate: repaired point still violates: {'; '.join(reasons[:3])}")
+            d.events.append(events[-1])
+        return GateResult(d, not reasons, events, alloc, self.g._cost_of(alloc, freq))
+
+
+def _bits(mask: int):
+    i = 0
+    while mask:
+        if mask & 1:
+            yield i
+        mask >>= 1
+        i += 1
+
+
+def gate_decision(obs: Observation, decision: Decision, cost: CostFn | None = None) -> GateResult:
+    """Check/repair ``decision`` for the deadline jobs of ``obs`` (rebuilds the gate)."""
+    return FederatedGate.from_observation(obs, cost).repair(decision, jobs_from_obs(obs))
+
+
+__all__ = [
+    "GateCluster",
+    "GateJob",
+    "GateResult",
+    "JobAlloc",
+    "Assignment",
+    "FederatedGate",
+    "analyse",
+    "violations",
+    "feasible",
+    "min_cores",
+    "requirement",
+    "edf_fits",
+    "light_pool_size",
+    "default_cost",
+    "jobs_from_obs",
+    "clusters_from_obs",
+    "gate_decision",
+]

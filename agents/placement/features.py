@@ -1,0 +1,299 @@
+"""The three-level state of the learned placer, as fixed-size numeric features.
+
+1. **Static hypergraph of each job DAG** (computed once per workload). Every task with
+   successors spans a *scatter* hyperedge {task} + successors, every task with parents a
+   *gather* hyperedge {task} + parents. Per-task attributes (log work, log rank_u, cores) are
+   propagated two hops with the parameter-free hypergraph operator P = Dv^-1 H De^-1 H^T (the
+   SGC simplification of a hypergraph convolution), and concatenated with the raw attributes
+   and the task's position on its job's critical path.
+2. **Dynamic global graph of the cluster**: node states (speed, free cores and memory, time to
+   the next release) and active jobs pooled into one context vector with the backlog.
+3. **Local bipartite graph** of candidate ready tasks and nodes that can take them now, with
+   edge features: run time there, finish-time regret against the best node if one waited
+   for it (from the expected releases), packing alignment, fit left over.
+
+One row per (task, node) edge = [static task | dynamic task | node | edge | global context];
+the actor scores rows, the critic reads the global context. Identical free nodes collapse
+into one class, and the candidate sets are capped so a decision stays cheap on 100 nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload
+
+N_STATIC = 16
+N_DYN = 6
+N_NODE = 6
+N_EDGE = 5
+N_GLOBAL = 9
+N_PAIR = N_STATIC + N_DYN + N_NODE + N_EDGE + N_GLOBAL
+FEATURE_VERSION = 1
+_EPS = 1e-9
+
+
+def hypergraph_propagate(w: Workload, x: np.ndarray, hops: int = 2) -> list[np.ndarray]:
+    """``[P x, P^2 x, ...]`` with P = Dv^-1 H De^-1 H^T over scatter and gather hyperedges."""
+    t_n = w.n_tasks
+    members, edges = [], []
+    e = 0
+    for ptr, idx in ((w.succ_ptr, w.succ_idx), (w.pred_ptr, w.pred_idx)):
+        deg = np.diff(ptr)
+        owners = np.flatnonzero(deg > 0)
+        ids = np.arange(e, e + owners.size)
+        members += [owners, idx]
+        edges += [ids, np.repeat(ids, deg[owners])]
+        e += owners.size
+    mem_a = np.concatenate(members) if members else np.zeros(0, np.int64)
+    edg_a = np.concatenate(edges) if edges else np.zeros(0, np.int64)
+    de = np.bincount(edg_a, minlength=e).astype(float)
+    dv = np.bincount(mem_a, minlength=t_n).astype(float)
+    out = []
+    cur = x
+    for _ in range(hops):
+        ex = np.zeros((e, x.shape[1]))
+        np.add.at(ex, edg_a, cur[mem_a])
+        ex /= np.maximum(de, 1)[:, None]
+        nx = np.zeros_like(x)
+        np.add.at(nx, mem_a, ex[edg_a])
+        nx = np.where(dv[:, None] > 0, nx / np.maximum(dv, 1)[:, None], cur)
+        out.append(nx)
+        cur = nx
+    return out
+
+
+def static_features(w: Workload) -> np.ndarray:
+    """``[T, N_STATIC]`` per-task features of the static job hypergraph."""
+    t_n = w.n_tasks
+    if t_n == 0:
+        return np.zeros((0, N_STATIC), np.float32)
+    job_cp = np.maximum.reduceat(w.rank_u, w.job_ptr[:-1])[w.task_job]
+    job_work = np.add.reduceat(w.work, w.job_ptr[:-1])[w.task_job]
+    job_n = np.diff(w.job_ptr)[w.task_job]
+    base = np.column_stack([np.log1p(w.work), np.log1p(w.rank_u), w.cpu / 2.0])
+    h1, h2 = hypergraph_propagate(w, base, hops=2)
+    feats = np.column_stack(
+        [
+            base,
+            w.rank_u / np.maximum(job_cp, _EPS),
+            w.mem,
+            np.log1p(np.diff(w.succ_ptr)),
+            np.log1p(np.diff(w.pred_ptr)),
+            np.log1p(job_work),
+            np.log1p(job_n),
+            np.log1p(w.rank_u - w.work),
+            h1,
+            h2,
+        ]
+    )
+    assert feats.shape[1] == N_STATIC
+    return feats.astype(np.float32)
+
+
+class LocalState:
+    """A view plus the placements already made in this round (ready tasks by position)."""
+
+    def __init__(self, view: ClusterView):
+        self.view = view
+        self.free_cpu = view.free_cpu.copy()
+        self.free_mem = view.free_mem.copy()
+        self.n_running = int(view.running.size)
+        self.placed: list[tuple[int, int]] = []
+        self.taken = np.zeros(view.ready.size, dtype=bool)  # by position in view.ready
+        self.cache: _ViewCache | None = None
+
+    @property
+    def ready(self) -> np.ndarray:
+        return self.view.ready[~self.taken]
+
+    def commit(self, task: int, node: int, pos: int | None = None) -> None:
+        """Start ``task`` (at ``pos`` in ``view.ready`` when known) on ``node`` in this round."""
+        v = self.view
+        self.placed.append((task, node))
+        if pos is None:
+            pos = int(np.flatnonzero(v.ready == task)[0])
+        self.taken[pos] = True
+        self.free_cpu[node] -= v.cpu[task]
+        self.free_mem[node] -= v.mem[task]
+        self.n_running += 1
+
+    def fits_any(self) -> np.ndarray:
+        """``[R]`` per ready position: not yet taken and fits some node's free capacity now."""
+        v = self.view
+        order = np.argsort(-self.free_cpu, kind="stable")
+        fc = self.free_cpu[order]
+        best_mem = np.maximum.accumulate(self.free_mem[order])
+        c, m = v.cpu[v.ready], v.mem[v.ready]
+        # number of nodes with at least c free cores (fc is descending)
+        cnt = np.searchsorted(-fc, -c - _EPS, side="right")
+        ok = cnt > 0
+        mem_ok = np.zeros_like(ok)
+        mem_ok[ok] = best_mem[cnt[ok] - 1] >= m[ok] - _EPS
+        return ok & mem_ok & ~self.taken
+
+
+class _ViewCache:
+    """What stays fixed during one placement round."""
+
+    def __init__(self, fb: FeatureBuilder, v: ClusterView):
+        w = fb.w
+        r = v.ready
+        self.profile = v.release_profile()
+        self.next_rel = v.next_release()
+        n_arr = int(np.searchsorted(w.job_arrival, v.t, side="right"))
+        self.active = int(np.count_nonzero(v.job_left_tasks[:n_arr]))
+        self.unstarted = float(v.job_unstarted_work[:n_arr].sum())
+        self.work_r = w.work[r]
+        self.wait_r = v.t - v.ready_t[r]
+        self.sorted_work = np.sort(self.work_r)
+        self.sorted_rank = np.sort(w.rank_u[r])
+        keys = (self.work_r, -w.rank_u[r], v.ready_t[r], v.job_unstarted_work[w.task_job[r]])
+        self.orders = [np.argsort(k, kind="stable") for k in keys] if r.size > fb.max_tasks else []
+        self.node_fixed = np.column_stack([v.speed / fb.max_speed_, v.cap_cpu / 8.0, np.log1p(self.next_rel)])
+
+
+def _pick_tasks(fb: FeatureBuilder, s: LocalState, valid: np.ndarray) -> np.ndarray:
+    """Positions of at most ``max_tasks`` candidates among ``valid`` ready positions: the
+    shortest, most critical, oldest and those of the jobs with least work left, a quarter
+    each (the actor ranks them; this only bounds the cost)."""
+    cap = fb.max_tasks
+    idx = np.flatnonzero(valid)
+    if idx.size <= cap:
+        return idx
+    q = max(cap // 4, 1)
+    parts = [perm[valid[perm]][:q] for perm in s.cache.orders]
+    chosen = list(dict.fromkeys(np.concatenate(parts).tolist()))
+    if len(chosen) < cap:
+        extra = [i for i in idx.tolist() if i not in set(chosen)]
+        chosen += extra[: cap - len(chosen)]
+    return np.array(chosen[:cap], dtype=np.int64)
+
+
+class FeatureBuilder:
+    """Builds the pair matrix and the global context for one decision."""
+
+    def __init__(self, max_tasks: int = 16, max_node_classes: int = 16):
+        self.max_tasks = max_tasks
+        self.max_node_classes = max_node_classes
+
+    def reset(self, workload: Workload, nodes: Sequence[NodeSpec]) -> None:
+        self.w = workload
+        self.static_ = static_features(workload)
+        self.max_speed_ = max(n.speed for n in nodes)
+        self.capacity_ = float(sum(n.cpus * n.speed for n in nodes))
+        self.job_n_ = np.diff(workload.job_ptr)
+
+    def _node_classes(self, s: LocalState, min_cpu: float, min_mem: float) -> np.ndarray:
+        v = s.view
+        idx = np.flatnonzero((s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS))
+        if idx.size <= 1:
+            return idx
+        cols = (s.cache.next_rel[idx], v.cap_mem[idx], v.cap_cpu[idx], s.free_mem[idx], s.free_cpu[idx], v.speed[idx])
+        order = np.lexsort(cols)
+        key = np.round(np.column_stack(cols)[order], 6)
+        new = np.ones(idx.size, dtype=bool)
+        new[1:] = (key[1:] != key[:-1]).any(axis=1)
+        reps = np.sort(idx[order[new]])
+        if reps.size <= self.max_node_classes:
+            return reps
+        # round-robin over speed groups, most free cores first, so slow nodes stay candidates
+        groups: dict[float, list[int]] = {}
+        for k in reps[np.lexsort((-s.free_cpu[reps], -v.speed[reps]))].tolist():
+            groups.setdefault(round(float(v.speed[k]), 6), []).append(k)
+        out: list[int] = []
+        while len(out) < self.max_node_classes and any(groups.values()):
+            for g in groups.values():
+                if g and len(out) < self.max_node_classes:
+                    out.append(g.pop(0))
+        return np.array(sorted(out), dtype=np.int64)
+
+    def global_context(self, s: LocalState) -> np.ndarray:
+        v = s.view
+        if s.cache is None:
+            s.cache = _ViewCache(self, v)
+        cc = s.cache
+        keep = ~s.taken
+        n_ready = int(keep.sum())
+        ready_work = float(cc.work_r[keep].sum())
+        wait = float(cc.wait_r[keep].mean()) if n_ready else 0.0
+        speedw = v.speed / self.max_speed_
+        return np.array(
+            [
+                1.0 - float(s.free_cpu.sum()) / float(v.cap_cpu.sum()),
+                np.log1p(n_ready),
+                np.log1p(s.n_running),
+                np.log1p(cc.active),
+                np.log1p(ready_work / self.capacity_),
+                float((speedw * s.free_cpu).sum() / (speedw * v.cap_cpu).sum()),
+                float(np.mean(speedw)),
+                np.log1p(wait),
+                np.log1p(cc.unstarted / self.capacity_),
+            ],
+            dtype=np.float32,
+        )
+
+    def build(self, s: LocalState) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(pairs [P, N_PAIR], pair_task [P], pair_node [P], pair_pos [P], context)``, pair_pos
+        the task's position in ``view.ready``; P = 0 (context None) when nothing fits now."""
+        v, w = s.view, self.w
+        empty = (np.zeros((0, N_PAIR), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), None)
+        valid = s.fits_any()
+        if not valid.any():
+            return empty
+        g = self.global_context(s)
+        cc = s.cache
+        tpos = _pick_tasks(self, s, valid)
+        tasks = v.ready[tpos]
+        c, m = v.cpu[tasks], v.mem[tasks]
+        nodes = self._node_classes(s, float(c.min()), float(m.min()))
+        fit = (c[:, None] <= s.free_cpu[nodes][None, :] + _EPS) & (m[:, None] <= s.free_mem[nodes][None, :] + _EPS)
+        ti, ni = np.nonzero(fit)
+        if ti.size == 0:
+            return empty
+        pt, pn = tasks[ti], nodes[ni]
+        # best finish anywhere if the task waited (busy nodes included), with this round's
+        # placements still holding their cores
+        times, pc, pm = cc.profile
+        held_c = (v.free_cpu - s.free_cpu)[None, :, None]
+        held_m = (v.free_mem - s.free_mem)[None, :, None]
+        ok = (pc[None] - held_c >= c[:, None, None] - _EPS) & (pm[None] - held_m >= m[:, None, None] - _EPS)
+        first = np.argmax(ok, axis=2)
+        later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)
+        now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (m[:, None] <= s.free_mem[None, :] + _EPS)
+        est = np.where(now, v.t, np.maximum(later, v.t))
+        work_t = w.work[tasks]
+        best = (est + work_t[:, None] / v.speed[None, :]).min(axis=1)
+        work = work_t[ti]
+        spd = v.speed[pn]
+        run_here = work / spd
+        jt = w.task_job[pt]
+        n_ready = max(int((~s.taken).sum()), 1)
+        x = np.empty((pt.size, N_PAIR), dtype=np.float32)
+        x[:, :N_STATIC] = self.static_[pt]
+        o = N_STATIC
+        x[:, o + 0] = np.log1p(v.t - v.ready_t[pt])
+        x[:, o + 1] = np.log1p(np.maximum(v.job_unstarted_work[jt], 0.0))
+        x[:, o + 2] = v.job_left_tasks[jt] / self.job_n_[jt]
+        x[:, o + 3] = np.log1p(v.t - w.job_arrival[jt])
+        x[:, o + 4] = np.searchsorted(cc.sorted_work, work) / n_ready
+        x[:, o + 5] = np.searchsorted(cc.sorted_rank, w.rank_u[pt]) / n_ready
+        o += N_DYN
+        fixed = cc.node_fixed[pn]
+        x[:, o + 0] = fixed[:, 0]
+        x[:, o + 1] = s.free_cpu[pn] / v.cap_cpu[pn]
+        x[:, o + 2] = s.free_mem[pn] / v.cap_mem[pn]
+        x[:, o + 3] = fixed[:, 1]
+        x[:, o + 4] = fixed[:, 2]
+        x[:, o + 5] = s.free_cpu[pn] >= v.cap_cpu[pn] - _EPS
+        o += N_NODE
+        x[:, o + 0] = np.log1p(run_here)
+        x[:, o + 1] = (v.t + run_here - best[ti]) / (run_here + 1.0)
+        x[:, o + 2] = c[ti] * s.free_cpu[pn] / v.cap_cpu[pn] ** 2 + m[ti] * s.free_mem[pn] / v.cap_mem[pn] ** 2
+        x[:, o + 3] = (s.free_cpu[pn] - c[ti]) / v.cap_cpu[pn]
+        x[:, o + 4] = np.log1p(work * (1.0 / spd - 1.0 / self.max_speed_))
+        o += N_EDGE
+        x[:, o:] = g
+        return x, pt, pn, tpos[ti], g

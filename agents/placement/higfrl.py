@@ -1,0 +1,126 @@
+"""``higfrl``: a learned actor-critic placer over a three-level graph state.
+
+State (see :mod:`agents.placement.features`): the static hypergraph of each job DAG, the
+dynamic global graph of the cluster pooled into a context vector, and the local bipartite
+graph of ready tasks and nodes that can take them now. The *allocator* (actor) fuses each
+task-node edge's local features with the global context and scores it; a softmax over the
+edges gives the policy. The *evaluator* (critic) estimates the return from the global context.
+Training (:mod:`agents.placement.train`) uses a hybrid reward: the makespan and flow-time
+signal of the simulated cluster plus a topological prior for picking critical-path tasks.
+
+At a decision point the placer picks one edge at a time (greedy argmax when deployed,
+sampled when training) until no ready task fits a node, so it is work-conserving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agents.placement.features import FeatureBuilder, LocalState
+from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "cluster" / "higfrl.onnx"
+
+
+@dataclass
+class Trajectory:
+    """What a training rollout records: one entry per placement decision."""
+
+    t: list[float] = field(default_factory=list)
+    area: list[float] = field(default_factory=list)  # integral of tasks in system so far
+    prior: list[float] = field(default_factory=list)  # critical-path rank of the pick, 0..1
+    x: list[np.ndarray] = field(default_factory=list)  # pair rows (only steps with > 1 pair)
+    action: list[int] = field(default_factory=list)
+    step_of_x: list[int] = field(default_factory=list)  # which decision each x belongs to
+    context: list[np.ndarray] = field(default_factory=list)
+
+
+class HigfrlPlacer:
+    """The learned placer. ``model`` has ``logits(pairs)`` and ``value(context)``."""
+
+    name = "higfrl"
+
+    def __init__(self, model=None, model_path: str | Path | None = None, greedy: bool = True, record: bool = False, max_tasks: int = 16, max_node_classes: int = 16):
+        self.model = model
+        self.model_path = model_path
+        self.greedy = greedy
+        self.record = record
+        self.features = FeatureBuilder(max_tasks, max_node_classes)
+        self.trajectory = Trajectory()
+        self.rng = np.random.default_rng(0)
+
+    def _model(self):
+        if self.model is None:
+            from agents.placement.onnx_mlp import OnnxPolicyModel
+
+            self.model = OnnxPolicyModel(self.model_path or DEFAULT_MODEL)
+        return self.model
+
+    def reset(self, workload: Workload, nodes: Sequence[NodeSpec], seed: int) -> None:
+        self._model()
+        self.features.reset(workload, nodes)
+        self.rng = np.random.default_rng(seed)
+        self.trajectory = Trajectory()
+
+    def select(self, state: LocalState) -> tuple[int, int, int] | None:
+        """One decision: ``(task, node, position in view.ready)`` to start now, or None."""
+        x, pt, pn, pp, g = self.features.build(state)
+        if pt.size == 0:
+            return None
+        if pt.size == 1:
+            a = 0
+        else:
+            logits = self._model().logits(x)
+            if self.greedy:
+                a = int(np.argmax(logits))
+            else:
+                cdf = np.cumsum(np.exp(logits - logits.max()))
+                a = min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), cdf.size - 1)
+        if self.record:
+            tr = self.trajectory
+            v = state.view
+            rank = self.features.w.rank_u[pt]
+            tr.t.append(v.t)
+            tr.area.append(v.flow_area)
+            tr.prior.append(float(rank[a] / max(rank.max(), 1e-9)))
+            tr.context.append(g)
+            if pt.size > 1:
+                tr.x.append(x)
+                tr.action.append(a)
+                tr.step_of_x.append(len(tr.t) - 1)
+        return int(pt[a]), int(pn[a]), int(pp[a])
+
+    def place(self, view: ClusterView) -> list[tuple[int, int]]:
+        state = LocalState(view)
+        while True:
+            pick = self.select(state)
+            if pick is None:
+                return state.placed
+            state.commit(*pick)
+
+    def node_scores(self, view: ClusterView, task: int) -> np.ndarray:
+        """Actor logits of ``task`` on every node (-inf where it does not fit now)."""
+        fb = self.features
+        saved = fb.max_node_classes
+        fb.max_node_classes = view.n_nodes
+        try:
+            state = LocalState(view)
+            state.taken[:] = view.ready != task
+            x, pt, pn, _, _ = fb.build(state)
+        finally:
+            fb.max_node_classes = saved
+        scores = np.full(view.n_nodes, -np.inf)
+        if pt.size:
+            logits = self._model().logits(x)
+            scores[pn] = logits
+            # identical nodes collapsed into one class share its score
+            fits = (view.free_cpu >= view.cpu[task] - 1e-9) & (view.free_mem >= view.mem[task] - 1e-9)
+            for k in np.flatnonzero(fits & ~np.isfinite(scores)).tolist():
+                same = (view.speed[pn] == view.speed[k]) & (view.free_cpu[pn] == view.free_cpu[k]) & (view.free_mem[pn] == view.free_mem[k])
+                if same.any():
+                    scores[k] = logits[np.flatnonzero(same)[0]]
+        return scores

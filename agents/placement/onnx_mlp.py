@@ -1,0 +1,187 @@
+"""Small MLPs: numpy forward/backward for training, ONNX export and onnxruntime inference.
+
+The exported graph uses only MatMul, Add, Relu and Softmax, built with ``onnx.helper``:
+``pairs [N, F] -> logits [N, 1] -> probs`` (Softmax over the N candidate pairs, axis 0) for
+the actor, and ``context [1, G] -> value [1, 1]`` for the critic. Input normalisation is folded
+into the first layer. onnxruntime runs with one intra-op and one inter-op thread and spinning
+off, so inference does not steal cycles from the boards' workloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+OPSET = 17
+IR_VERSION = 9  # readable by onnxruntime >= 1.16 on the boards
+
+
+@dataclass
+class Mlp:
+    """``layers[i] = (W [in, out], b [out])``; ReLU between layers, linear output."""
+
+    layers: list[tuple[np.ndarray, np.ndarray]]
+
+    @classmethod
+    def init(cls, sizes: list[int], rng: np.random.Generator, out_scale: float = 0.01) -> Mlp:
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            scale = np.sqrt(2.0 / a) if i < len(sizes) - 2 else out_scale / np.sqrt(a)
+            layers.append((rng.normal(0.0, scale, size=(a, b)), np.zeros(b)))
+        return cls(layers)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        h = x
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w + b
+            if i < len(self.layers) - 1:
+                h = np.maximum(h, 0.0)
+        return h
+
+    def forward_cache(self, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        acts = [x]
+        h = x
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w + b
+            if i < len(self.layers) - 1:
+                h = np.maximum(h, 0.0)
+            acts.append(h)
+        return h, acts
+
+    def backward(self, acts: list[np.ndarray], grad_out: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Gradients of sum(grad_out * output) for every (W, b)."""
+        grads = []
+        g = grad_out
+        for i in range(len(self.layers) - 1, -1, -1):
+            w, _ = self.layers[i]
+            a_in = acts[i]
+            grads.append((a_in.T @ g, g.sum(axis=0)))
+            if i > 0:
+                g = (g @ w.T) * (acts[i] > 0)
+        return grads[::-1]
+
+    def folded(self, mean: np.ndarray, std: np.ndarray) -> Mlp:
+        """The same function of raw inputs x, for a net trained on (x - mean) / std."""
+        w0, b0 = self.layers[0]
+        w = w0 / std[:, None]
+        b = b0 - (mean / std) @ w0
+        return Mlp([(w, b)] + [(wi.copy(), bi.copy()) for wi, bi in self.layers[1:]])
+
+    def to_dict(self) -> list[dict]:
+        return [{"W": w.tolist(), "b": b.tolist()} for w, b in self.layers]
+
+
+def _mlp_nodes(helper, numpy_helper, mlp: Mlp, prefix: str, x: str, out: str):
+    nodes, inits = [], []
+    h = x
+    for i, (w, b) in enumerate(mlp.layers):
+        wn, bn = f"{prefix}_W{i}", f"{prefix}_b{i}"
+        inits += [numpy_helper.from_array(w.astype(np.float32), wn), numpy_helper.from_array(b.astype(np.float32), bn)]
+        mm, ad = f"{prefix}_mm{i}", (out if i == len(mlp.layers) - 1 else f"{prefix}_add{i}")
+        nodes += [helper.make_node("MatMul", [h, wn], [mm]), helper.make_node("Add", [mm, bn], [ad])]
+        h = ad
+        if i < len(mlp.layers) - 1:
+            r = f"{prefix}_relu{i}"
+            nodes.append(helper.make_node("Relu", [h], [r]))
+            h = r
+    return nodes, inits
+
+
+def build_onnx(actor: Mlp, critic: Mlp, metadata: dict[str, str]) -> bytes:
+    """Serialised ONNX model with inputs ``pairs``, ``context`` and outputs ``logits``,
+    ``probs``, ``value`` (weights already folded with the input normalisation)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    f_in = actor.layers[0][0].shape[0]
+    g_in = critic.layers[0][0].shape[0]
+    a_nodes, a_init = _mlp_nodes(helper, numpy_helper, actor, "actor", "pairs", "logits")
+    c_nodes, c_init = _mlp_nodes(helper, numpy_helper, critic, "critic", "context", "value")
+    soft = helper.make_node("Softmax", ["logits"], ["probs"], axis=0)
+    graph = helper.make_graph(
+        a_nodes + [soft] + c_nodes,
+        "higfrl",
+        [
+            helper.make_tensor_value_info("pairs", TensorProto.FLOAT, ["N", f_in]),
+            helper.make_tensor_value_info("context", TensorProto.FLOAT, [1, g_in]),
+        ],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1]),
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 1]),
+            helper.make_tensor_value_info("value", TensorProto.FLOAT, [1, 1]),
+        ],
+        initializer=a_init + c_init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="hidvfs")
+    model.ir_version = IR_VERSION
+    for k, v in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key = k
+        entry.value = v if isinstance(v, str) else json.dumps(v)
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+class OnnxPolicyModel:
+    """The shipped actor-critic run by onnxruntime (1 thread, no spinning)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        import onnxruntime as ort
+
+        self.path = os.fspath(path)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        try:
+            self.session = ort.InferenceSession(self.path, sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own exception types
+            raise ValueError(f"{self.path}: not a loadable ONNX model ({err})") from err
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.metadata: dict[str, str] = dict(meta)
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        if set(shapes) != {"pairs", "context"}:
+            raise ValueError(f"{self.path}: inputs {sorted(shapes)}, expected ['context', 'pairs']")
+        self.n_pair = int(shapes["pairs"][1])
+        self.n_global = int(shapes["context"][1])
+        self._ctx0 = np.zeros((1, self.n_global), np.float32)
+        self.logits(np.zeros((1, self.n_pair), np.float32))  # warm-up run
+
+    def logits(self, pairs: np.ndarray) -> np.ndarray:
+        out = self.session.run(["logits"], {"pairs": np.ascontiguousarray(pairs, np.float32), "context": self._ctx0})
+        return out[0][:, 0]
+
+    def value(self, context: np.ndarray) -> float:
+        x = np.zeros((1, self.n_pair), np.float32)
+        out = self.session.run(["value"], {"pairs": x, "context": np.asarray(context, np.float32).reshape(1, -1)})
+        return float(out[0][0, 0])
+
+
+class NumpyPolicyModel:
+    """Same interface as :class:`OnnxPolicyModel` on raw inputs, for training and checks."""
+
+    def __init__(self, actor: Mlp, critic: Mlp, mean: np.ndarray, std: np.ndarray, g_mean: np.ndarray, g_std: np.ndarray):
+        self.actor, self.critic = actor, critic
+        self.mean, self.std, self.g_mean, self.g_std = mean, std, g_mean, g_std
+        self.metadata: dict[str, str] = {}
+        self.n_pair = actor.layers[0][0].shape[0]
+        self.n_global = critic.layers[0][0].shape[0]
+
+    def logits(self, pairs: np.ndarray) -> np.ndarray:
+        return self.actor.forward((pairs - self.mean) / self.std)[:, 0]
+
+    def value(self, context: np.ndarray) -> float:
+        return float(self.critic.forward(((np.asarray(context) - self.g_mean) / self.g_std)[None, :])[0, 0])
+
+    def export(self, path: str | os.PathLike[str], metadata: dict[str, str]) -> None:
+        data = build_onnx(self.actor.folded(self.mean, self.std), self.critic.folded(self.g_mean, self.g_std), metadata)
+        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)

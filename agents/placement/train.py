@@ -1,0 +1,312 @@
+"""Training, export and evaluation of the ``higfrl`` placer in the simulated cluster.
+
+Advantage actor-critic (numpy, hand-written backprop, Adam), reproducible from one seed:
+
+- every iteration draws a fresh synthetic trace (training seeds never overlap the held-out
+  evaluation seeds) at a random load, and runs ``rollouts`` sampled episodes on it;
+- **hybrid reward** per decision k: r_k = -(dA_k / A_ref + w_m dt_k / T_ref) + beta p_k / K,
+  with A the integral of tasks in the system (its total is the sum of task flow times), t the
+  clock (its total is the makespan), ``A_ref``/``T_ref`` the values of a reference heuristic
+  on the same trace, and p_k the topological prior: the critical-path rank (rank_u) of the
+  picked task relative to the largest among the candidates; K the number of decisions;
+- baseline: the mean over the rollouts of the return-to-go at the same simulated time (an
+  input-dependent baseline: all rollouts see the same arrivals) averaged with the evaluator's
+  (critic's) estimate from the global context; the critic regresses the return-to-go;
+- entropy bonus and prior weight anneal linearly to their final values.
+
+``python -m tools.coordinator_cmd train --seed 0`` trains and exports the shipped model
+(``tools`` owns the clock and the file paths; this module only computes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from agents.placement.features import FEATURE_VERSION, N_GLOBAL, N_PAIR
+from agents.placement.heuristics import HEURISTICS, make_heuristic
+from agents.placement.higfrl import HigfrlPlacer, Trajectory
+from agents.placement.onnx_mlp import Mlp, NumpyPolicyModel
+from platforms.cluster.simcluster import NodeSpec, SimResult, Workload, capacity, parse_nodes_spec, simulate
+from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
+
+DEFAULT_NODES = "tx2:4,orin-nx:2,rubikpi3:2"
+TRAIN_SEED_BASE = 10_000
+EVAL_SEEDS = (900_001, 900_002, 900_003)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    iterations: int = 120
+    rollouts: int = 3
+    jobs_per_episode: int = 60
+    load_range: tuple[float, float] = (0.6, 1.1)
+    nodes: str = DEFAULT_NODES
+    hidden: tuple[int, ...] = (64, 32)
+    critic_hidden: tuple[int, ...] = (32,)
+    lr: float = 1e-3
+    critic_lr: float = 3e-3
+    makespan_weight: float = 1.0
+    prior_weight: float = 0.05
+    prior_final: float = 0.0
+    entropy: float = 0.01
+    entropy_final: float = 0.001
+    grad_clip: float = 1.0
+    reference: str = "sjf"
+
+
+class Adam:
+    def __init__(self, params: list[np.ndarray], lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+        self.params, self.lr, self.b1, self.b2, self.eps = params, lr, b1, b2, eps
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+        self.k = 0
+
+    def step(self, grads: list[np.ndarray]) -> None:
+        self.k += 1
+        c1, c2 = 1 - self.b1**self.k, 1 - self.b2**self.k
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * g * g
+            p -= self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+
+
+def _flat(mlp: Mlp) -> list[np.ndarray]:
+    return [a for wb in mlp.layers for a in wb]
+
+
+def _clip(grads: list[np.ndarray], limit: float) -> list[np.ndarray]:
+    norm = float(np.sqrt(sum(float((g * g).sum()) for g in grads)))
+    return [g * (limit / norm) for g in grads] if norm > limit else grads
+
+
+def episode_workload(seed: int, n_jobs: int, load: float, nodes: Sequence[NodeSpec]) -> Workload:
+    cfg = SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(nodes))
+    return Workload.from_jobs(synthetic_trace(cfg).jobs)
+
+
+def rewards(tr: Trajectory, res: SimResult, a_ref: float, t_ref: float, w_mk: float, beta: float) -> np.ndarray:
+    """Hybrid reward per decision (see the module docstring)."""
+    t = np.asarray(tr.t + [float(res.finish.max())])
+    area = np.asarray(tr.area + [float((res.finish - res.ready_t).sum())])
+    k = len(tr.t)
+    r = -(np.diff(area) / a_ref + w_mk * np.diff(t) / t_ref)
+    return r + beta * np.asarray(tr.prior) / max(k, 1)
+
+
+def returns_to_go(r: np.ndarray) -> np.ndarray:
+    return np.cumsum(r[::-1])[::-1]
+
+
+def time_baseline(times: list[np.ndarray], rets: list[np.ndarray]) -> list[np.ndarray]:
+    """For each rollout, the mean over all rollouts of the return-to-go at the same time."""
+    out = []
+    for t in times:
+        acc = np.zeros(t.size)
+        for tj, gj in zip(times, rets):
+            i = np.searchsorted(tj, t, side="left")
+            acc += np.where(i < gj.size, gj[np.minimum(i, gj.size - 1)], 0.0)
+        out.append(acc / len(times))
+    return out
+
+
+def actor_grads(model: NumpyPolicyModel, xs: list[np.ndarray], actions: np.ndarray, adv: np.ndarray, ent: float):
+    """Gradients of -mean(adv * log pi(a)) - ent * mean(H) over a batch of decisions."""
+    sizes = np.array([x.shape[0] for x in xs])
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    seg = np.repeat(np.arange(sizes.size), sizes)
+    xin = (np.concatenate(xs).astype(np.float64) - model.mean) / model.std
+    out, acts = model.actor.forward_cache(xin)
+    logit = out[:, 0]
+    mx = np.maximum.reduceat(logit, offs)
+    e = np.exp(logit - mx[seg])
+    z = np.add.reduceat(e, offs)
+    p = e / z[seg]
+    logp = np.log(np.maximum(p, 1e-12))
+    h = -np.add.reduceat(p * logp, offs)
+    n = sizes.size
+    g = adv[seg] * p
+    g[offs + actions] -= adv
+    g += ent * p * (logp + h[seg])
+    grads = model.actor.backward(acts, (g / n)[:, None])
+    chosen = logp[offs + actions]
+    return [a for wb in grads for a in wb], float(h.mean()), float(-(adv * chosen).mean())
+
+
+def critic_grads(model: NumpyPolicyModel, ctx: np.ndarray, target: np.ndarray):
+    xin = (ctx - model.g_mean) / model.g_std
+    out, acts = model.critic.forward_cache(xin)
+    err = out[:, 0] - target
+    grads = model.critic.backward(acts, (err / err.size)[:, None])
+    return [a for wb in grads for a in wb], float((err**2).mean()), out[:, 0]
+
+
+def _rollout(model, w: Workload, nodes, seed: int, greedy: bool = False) -> tuple[SimResult, Trajectory]:
+    placer = HigfrlPlacer(model=model, greedy=greedy, record=True)
+    res = simulate(w, nodes, placer, seed=seed)
+    return res, placer.trajectory
+
+
+def _init_model(cfg: TrainConfig, rng: np.random.Generator, nodes) -> NumpyPolicyModel:
+    actor = Mlp.init([N_PAIR, *cfg.hidden, 1], rng)
+    critic = Mlp.init([N_GLOBAL, *cfg.critic_hidden, 1], rng, out_scale=1.0)
+    model = NumpyPolicyModel(actor, critic, np.zeros(N_PAIR), np.ones(N_PAIR), np.zeros(N_GLOBAL), np.ones(N_GLOBAL))
+    # input statistics from one exploratory episode, then frozen (folded into the export)
+    w = episode_workload(int(rng.integers(1 << 30)) % 1000 + TRAIN_SEED_BASE // 2, cfg.jobs_per_episode, float(np.mean(cfg.load_range)), nodes)
+    _, tr = _rollout(model, w, nodes, seed=int(rng.integers(1 << 30)))
+    x = np.concatenate(tr.x).astype(np.float64)
+    g = np.asarray(tr.context, dtype=np.float64)
+    model.mean, model.std = x.mean(axis=0), np.where(x.std(axis=0) > 1e-3, x.std(axis=0), 1.0)
+    model.g_mean, model.g_std = g.mean(axis=0), np.where(g.std(axis=0) > 1e-3, g.std(axis=0), 1.0)
+    return model
+
+
+def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
+    """Train from ``cfg.seed``; returns the model and one log row per iteration."""
+    rng = np.random.default_rng(cfg.seed)
+    nodes = parse_nodes_spec(cfg.nodes)
+    model = _init_model(cfg, rng, nodes)
+    opt_a = Adam(_flat(model.actor), cfg.lr)
+    opt_c = Adam(_flat(model.critic), cfg.critic_lr)
+    history = []
+    for it in range(cfg.iterations):
+        frac = it / max(cfg.iterations - 1, 1)
+        beta = cfg.prior_weight + (cfg.prior_final - cfg.prior_weight) * frac
+        ent = cfg.entropy + (cfg.entropy_final - cfg.entropy) * frac
+        load = float(rng.uniform(*cfg.load_range))
+        w = episode_workload(TRAIN_SEED_BASE + cfg.seed * 100_000 + it, cfg.jobs_per_episode, load, nodes)
+        ref = simulate(w, nodes, make_heuristic(cfg.reference))
+        a_ref = max(float((ref.finish - ref.ready_t).sum()), 1e-9)
+        t_ref = max(ref.makespan, 1e-9)
+        runs = [_rollout(model, w, nodes, seed=int(rng.integers(1 << 30))) for _ in range(cfg.rollouts)]
+        times, rets, ctxs = [], [], []
+        for res, tr in runs:
+            g = returns_to_go(rewards(tr, res, a_ref, t_ref, cfg.makespan_weight, beta))
+            times.append(np.asarray(tr.t))
+            rets.append(g)
+            ctxs.append(np.asarray(tr.context, dtype=np.float64))
+        base = time_baseline(times, rets)
+        ctx_all = np.concatenate(ctxs)
+        g_all = np.concatenate(rets)
+        c_grads, c_loss, v_all = critic_grads(model, ctx_all, g_all)
+        adv_steps = g_all - 0.5 * (np.concatenate(base) + v_all)
+        xs, acts, adv = [], [], []
+        off = 0
+        for (_, tr), g in zip(runs, rets):
+            if tr.x:
+                xs += tr.x
+                acts.append(np.asarray(tr.action))
+                adv.append(adv_steps[off + np.asarray(tr.step_of_x)])
+            off += g.size
+        if xs:
+            adv_a = np.concatenate(adv)
+            adv_a = (adv_a - adv_a.mean()) / (adv_a.std() + 1e-8)
+            a_grads, entropy, _ = actor_grads(model, xs, np.concatenate(acts), adv_a, ent)
+            opt_a.step(_clip(a_grads, cfg.grad_clip))
+        else:
+            entropy = 0.0
+        opt_c.step(_clip(c_grads, cfg.grad_clip))
+        flow = float(np.mean([r.mean_flow for r, _ in runs]))
+        mk = float(np.mean([r.makespan for r, _ in runs]))
+        row = {
+            "iter": it,
+            "load": round(load, 3),
+            "tasks": w.n_tasks,
+            "flow_ratio": flow / ref.mean_flow if ref.mean_flow else 1.0,
+            "makespan_ratio": mk / t_ref,
+            "return": float(np.mean([g[0] for g in rets])),
+            "critic_mse": c_loss,
+            "entropy": entropy,
+        }
+        history.append(row)
+        if log is not None:
+            log(row)
+    return model, history
+
+
+def export(model: NumpyPolicyModel, path, cfg: TrainConfig, command: str, date: str, history: list[dict], extra: dict | None = None) -> None:
+    """Write the ONNX model with its provenance (seed, command, date, config, summary)."""
+    last = history[-20:] if history else []
+    meta = {
+        "seed": str(cfg.seed),
+        "command": command,
+        "date": date,
+        "feature_version": str(FEATURE_VERSION),
+        "train_config": json.dumps(asdict(cfg)),
+        "train_summary": json.dumps(
+            {
+                "iterations": len(history),
+                "last20_flow_ratio_vs_ref": float(np.mean([h["flow_ratio"] for h in last])) if last else None,
+                "last20_makespan_ratio_vs_ref": float(np.mean([h["makespan_ratio"] for h in last])) if last else None,
+            }
+        ),
+    }
+    if extra:
+        meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
+    model.export(path, meta)
+
+
+# --------------------------------------------------------------------------------------------
+# Held-out evaluation
+
+
+def make_placer(name: str, model_path=None):
+    if name == "higfrl":
+        return HigfrlPlacer(model_path=model_path)
+    return make_heuristic(name)
+
+
+def evaluate(
+    model_path=None,
+    n_jobs: int = 500,
+    loads: Sequence[float] = (0.7, 1.0),
+    seeds: Sequence[int] = EVAL_SEEDS,
+    nodes: str = DEFAULT_NODES,
+    policies: Sequence[str] = ("higfrl", *HEURISTICS),
+) -> list[dict]:
+    """Every policy on held-out synthetic traces (seeds disjoint from training): one row per
+    (load, seed, policy) with the simulator's metrics."""
+    node_specs = parse_nodes_spec(nodes)
+    rows = []
+    for load in loads:
+        for seed in seeds:
+            w = episode_workload(seed, n_jobs, load, node_specs)
+            for name in policies:
+                res = simulate(w, node_specs, make_placer(name, model_path), seed=seed)
+                rows.append({"load": load, "seed": seed, **res.metrics()})
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Mean metrics per (load, policy) and ratios to the best heuristic of that load."""
+    out = []
+    for load in sorted({r["load"] for r in rows}):
+        sub = [r for r in rows if r["load"] == load]
+        pols = list(dict.fromkeys(r["policy"] for r in sub))
+        agg = {}
+        for p in pols:
+            rs = [r for r in sub if r["policy"] == p]
+            agg[p] = {k: float(np.mean([r[k] for r in rs])) for k in ("makespan_s", "mean_flow_s", "mean_wait_s")}
+            agg[p]["runs"] = len(rs)
+            agg[p]["tasks"] = int(np.mean([r["tasks"] for r in rs]))
+        heur = [p for p in pols if p != "higfrl"] or pols
+        best = {k: min(agg[p][k] for p in heur) for k in ("makespan_s", "mean_flow_s", "mean_wait_s")}
+        for p in pols:
+            a = agg[p]
+            out.append(
+                {
+                    "load": load,
+                    "policy": p,
+                    **a,
+                    "makespan_vs_best": a["makespan_s"] / best["makespan_s"] if best["makespan_s"] else 1.0,
+                    "flow_vs_best": a["mean_flow_s"] / best["mean_flow_s"] if best["mean_flow_s"] else 1.0,
+                    "wait_vs_best": a["mean_wait_s"] / best["mean_wait_s"] if best["mean_wait_s"] else 1.0,
+                }
+            )
+    return out

@@ -1,0 +1,318 @@
+"""Split-conformal shield: certify an action only when its response-time bound meets the deadline.
+
+Calibration (reference/models.md 2.1-2.4): signed scores s_i = y_i - y_hat_i on n held-out
+points, q = s_(k) with k = ceil((n + 1)(1 - alpha)) the k-th smallest, q = +inf when k > n
+(n < 1/alpha - 1), and the one-sided bound U(x) = y_hat(x) + q, so P(Y <= U) >= 1 - alpha
+for exchangeable data. In numpy terms q = ``np.quantile(s, k/n, method="inverted_cdf")``
+(note: ``method="higher"`` at k/n returns s_(k+1) whenever k < n, one order statistic above).
+
+:class:`AdaptiveConformal` tracks a drifting miscoverage with the Gibbs-Candes update
+alpha_{t+1} = alpha_t + gamma (alpha - err_t); alpha_t <= 0 gives an infinite bound (never
+an error), alpha_t >= 1 an empty set (always an error).
+
+:class:`Shield` is post-posed (models.md 3): it keeps the policy's proposal when its bound
+meets the remaining deadline, else the cheapest certified candidate, else the
+maximum-performance one. Choosing among K candidates by their bounds only has the union
+bound K * alpha; with ``correct_selection`` the fallback candidates are certified at alpha / K
+(Bonferroni), so the chosen action keeps P(miss) <= alpha. The claim is a violation rate
+<= alpha under exchangeability, never "never unsafe" (models.md 2.5, 3).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+#: tolerance on (n + 1)(1 - alpha) so that 0.7 * 10 = 7.000000000000001 still gives k = 7
+_EPS = 1e-9
+
+
+def conformal_rank(n: int, alpha: float) -> int:
+    """k = ceil((n + 1)(1 - alpha)): the rank of the calibration quantile (may exceed n)."""
+    return math.ceil((n + 1) * (1.0 - alpha) - _EPS)
+
+
+def min_calibration_size(alpha: float) -> int:
+    """Smallest n with a finite quantile: n >= 1/alpha - 1 (19 at 0.05, 99 at 0.01)."""
+    n = max(math.ceil(1.0 / alpha - 1.0 - _EPS), 0)
+    while conformal_rank(n, alpha) > n:
+        n += 1
+    return n
+
+
+def quantile_of_sorted(scores: Sequence[float] | np.ndarray, alpha: float) -> float:
+    """s_(k) of ascending ``scores``; +inf when k > n (or alpha <= 0), -inf when alpha >= 1."""
+    n = len(scores)
+    if alpha >= 1.0:
+        return -math.inf
+    if alpha <= 0.0:
+        return math.inf
+    k = conformal_rank(n, alpha)
+    if k > n:
+        return math.inf
+    return float(scores[k - 1])
+
+
+def _scores(residuals: Any) -> np.ndarray:
+    r = np.asarray(residuals, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(r)):
+        bad = int(np.flatnonzero(~np.isfinite(r))[0])
+        raise ValueError(f"residuals must be finite; residual {bad} is {r[bad]!r}")
+    return np.sort(r)
+
+
+def _check_alpha(owner: str, alpha: float) -> None:
+    if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
+        raise ValueError(f"The 'alpha' parameter of {owner} must be in (0, 1). Got {alpha!r} instead.")
+
+
+class Calibrator(Protocol):
+    """What the shield needs from a calibrator."""
+
+    @property
+    def alpha_now(self) -> float: ...
+
+    def q(self, alpha: float | None = None) -> float: ...
+
+
+class SplitConformal:
+    """One-sided split-conformal bound on signed residuals (y - y_hat).
+
+    Parameters: ``alpha`` miscoverage. Attributes after :meth:`fit`: ``scores_`` (sorted),
+    ``n_``, ``k_`` (rank, may exceed n) and ``q_`` (+inf when n < 1/alpha - 1).
+    """
+
+    def __init__(self, alpha: float = 0.1):
+        self.alpha = alpha
+
+    def fit(self, residuals: Any) -> SplitConformal:
+        _check_alpha("SplitConformal", self.alpha)
+        self.scores_ = _scores(residuals)
+        self.n_ = int(self.scores_.shape[0])
+        self.k_ = conformal_rank(self.n_, self.alpha)
+        self.q_ = quantile_of_sorted(self.scores_, self.alpha)
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "q_"):
+            raise RuntimeError("SplitConformal is not fitted; call fit(residuals) first")
+
+    @property
+    def alpha_now(self) -> float:
+        return self.alpha
+
+    def q(self, alpha: float | None = None) -> float:
+        """The score quantile at ``alpha`` (default: the fitted one)."""
+        self._check_fitted()
+        if alpha is None or alpha == self.alpha:
+            return self.q_
+        return quantile_of_sorted(self.scores_, alpha)
+
+    def upper(self, pred: Any) -> Any:
+        """pred + q (scalar or array); +inf when the calibration set is too small."""
+        self._check_fitted()
+        return pred + self.q_
+
+
+class AdaptiveConformal:
+    """Adaptive conformal inference (Gibbs & Candes 2021) on a one-sided signed-score bound.
+
+    ``gamma`` is the step (the paper's default 0.005); ``window`` keeps only the last
+    ``window`` scores (None: all); ``online`` adds each observed score to the pool. The
+    long-run miss rate obeys |mean err - alpha| <= (max(alpha_1, 1 - alpha_1) + gamma)/(gamma T)
+    for any sequence.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        gamma: float = 0.005,
+        alpha_init: float | None = None,
+        window: int | None = None,
+        online: bool = True,
+    ):
+        self.alpha = alpha
+        self.gamma = gamma
+        self.alpha_init = alpha_init
+        self.window = window
+        self.online = online
+
+    def fit(self, residuals: Any) -> AdaptiveConformal:
+        _check_alpha("AdaptiveConformal", self.alpha)
+        if not (isinstance(self.gamma, (int, float)) and self.gamma > 0):
+            raise ValueError(f"The 'gamma' parameter of AdaptiveConformal must be > 0. Got {self.gamma!r} instead.")
+        if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
+            raise ValueError(f"The 'window' parameter of AdaptiveConformal must be an int >= 1 or None. Got {self.window!r} instead.")
+        s = _scores(residuals)
+        order = np.asarray(residuals, dtype=np.float64).reshape(-1)
+        if self.window is not None:
+            order = order[-self.window :]
+            s = np.sort(order)
+        self.recent_: deque[float] = deque(order.tolist())
+        self.sorted_: list[float] = s.tolist()
+        self.alpha_t_ = float(self.alpha if self.alpha_init is None else self.alpha_init)
+        self.alpha_1_ = self.alpha_t_
+        self.t_ = 0
+        self.misses_ = 0
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "alpha_t_"):
+            raise RuntimeError("AdaptiveConformal is not fitted; call fit(residuals) first")
+
+    @property
+    def alpha_now(self) -> float:
+        self._check_fitted()
+        return self.alpha_t_
+
+    def q(self, alpha: float | None = None) -> float:
+        self._check_fitted()
+        return quantile_of_sorted(self.sorted_, self.alpha_t_ if alpha is None else alpha)
+
+    def upper(self, pred: Any) -> Any:
+        return pred + self.q()
+
+    def update(self, y: float, pred: float) -> bool:
+        """Record the outcome of the bound issued for ``pred``; returns err_t (True = miss)."""
+        err = not (y <= pred + self.q())
+        self.alpha_t_ += self.gamma * (self.alpha - (1.0 if err else 0.0))
+        self.t_ += 1
+        self.misses_ += int(err)
+        if self.online:
+            s = float(y - pred)
+            if math.isfinite(s):
+                self.recent_.append(s)
+                bisect.insort(self.sorted_, s)
+                if self.window is not None and len(self.recent_) > self.window:
+                    old = self.recent_.popleft()
+                    del self.sorted_[bisect.bisect_left(self.sorted_, old)]
+        return err
+
+    @property
+    def miss_rate(self) -> float:
+        """Empirical long-run error rate so far (nan before the first update)."""
+        return self.misses_ / self.t_ if self.t_ else math.nan
+
+    def regret_bound(self) -> float:
+        """The Gibbs-Candes bound on |miss_rate - alpha| after the updates seen so far."""
+        if not self.t_:
+            return math.inf
+        return (max(self.alpha_1_, 1.0 - self.alpha_1_) + self.gamma) / (self.gamma * self.t_)
+
+
+# --------------------------------------------------------------------------------------------
+# The shield
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Candidate actions for one job, with one feature row each.
+
+    ``proposed`` indexes the policy's choice; ``safest`` the maximum-performance action
+    (default: the last one).
+    """
+
+    actions: Sequence[Any]
+    features: np.ndarray  # [k, d]
+    proposed: int = 0
+    safest: int = -1
+
+
+@dataclass(frozen=True)
+class ShieldResult:
+    index: int
+    action: Any
+    upper_s: float  # response-time bound of the chosen action (inf: not certified)
+    certified: bool
+    intervened: bool
+    event: str
+
+
+Predictor = Callable[[np.ndarray], np.ndarray]
+
+
+class Shield:
+    """Post-posed conformal shield over a response-time predictor (any callable, e.g. ONNX)."""
+
+    def __init__(self, predictor: Predictor, calibrator: Calibrator, correct_selection: bool = True):
+        self.predictor = predictor
+        self.calibrator = calibrator
+        self.correct_selection = correct_selection
+
+    def filter(
+        self,
+        candidates: Candidates,
+        remaining_deadline: float,
+        cost: Sequence[float] | np.ndarray | Callable[[Any], float],
+    ) -> ShieldResult:
+        """Proposal if pred + q <= deadline, else the cheapest certified candidate, else safest."""
+        feats = np.asarray(candidates.features)
+        k = len(candidates.actions)
+        if feats.ndim != 2 or feats.shape[0] != k or k == 0:
+            raise ValueError(f"features must be [k, d] with k = {k} candidates, got shape {feats.shape}")
+        p = candidates.proposed % k
+        s = candidates.safest % k
+        pred = np.asarray(self.predictor(feats), dtype=np.float64).reshape(-1)
+        if pred.shape[0] != k:
+            raise ValueError(f"predictor returned {pred.shape[0]} values for {k} candidates")
+        d = float(remaining_deadline)
+        q0 = self.calibrator.q()
+        u_p = pred[p] + q0
+        if math.isfinite(u_p) and u_p <= d:
+            return ShieldResult(p, candidates.actions[p], u_p, True, False, f"shield: proposal certified (U={u_p:.4g} s <= D={d:.4g} s)")
+        why = f"proposal bound U={u_p:.4g} s > D={d:.4g} s" if math.isfinite(u_p) else "proposal not certifiable (infinite bound)"
+        q_sel = q0
+        if self.correct_selection and k > 1 and math.isfinite(q0):
+            q_sel = self.calibrator.q(self.calibrator.alpha_now / k)
+        upper = pred + q_sel
+        ok = np.isfinite(upper) & (upper <= d)
+        ok[p] = False
+        if math.isfinite(q0) and ok.any():
+            costs = self._costs(cost, candidates.actions)
+            idx = [i for i in range(k) if ok[i]]
+            i = min(idx, key=lambda i: (costs[i], upper[i], i))
+            return ShieldResult(
+                i,
+                candidates.actions[i],
+                float(upper[i]),
+                True,
+                True,
+                f"shield: {why}; cheapest certified candidate {i} (U={upper[i]:.4g} s)",
+            )
+        u_s = pred[s] + q0
+        certified = bool(math.isfinite(u_s) and u_s <= d)
+        return ShieldResult(
+            s,
+            candidates.actions[s],
+            float(u_s) if math.isfinite(u_s) else math.inf,
+            certified,
+            s != p,
+            f"shield: {why}; no candidate certified; maximum-performance fallback {s}",
+        )
+
+    @staticmethod
+    def _costs(cost: Any, actions: Sequence[Any]) -> np.ndarray:
+        if callable(cost):
+            return np.array([float(cost(a)) for a in actions])
+        c = np.asarray(cost, dtype=np.float64).reshape(-1)
+        if c.shape[0] != len(actions):
+            raise ValueError(f"cost has {c.shape[0]} values for {len(actions)} candidates")
+        return c
+
+
+__all__ = [
+    "SplitConformal",
+    "AdaptiveConformal",
+    "Shield",
+    "Candidates",
+    "ShieldResult",
+    "conformal_rank",
+    "min_calibration_size",
+    "quantile_of_sorted",
+]

@@ -1,0 +1,170 @@
+"""Simulated BOTS campaigns: each kernel alone on the simulated board under each policy/seed.
+
+Every run goes through the real control loop (``daemon.simrun``); the run record is the one of
+DESIGN.md, with the makespan bounds computed from the job's DAG at the board's fastest point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from platforms.sim.plant import SimJob
+
+from bots_bench.reference import measure_reference
+from daemon.simrun import run_sim
+from platforms.dag import DAG
+from platforms.spec import BoardSpec, load_board
+
+
+@dataclass(frozen=True)
+class SimRunConfig:
+    bench: str
+    cls: str
+    policy: str
+    seed: int
+    board: str
+    deadline_slack: float | None = None
+    rep: int = 0
+
+    @property
+    def key(self) -> tuple:
+        return (
+            self.bench,
+            self.cls,
+            self.policy,
+            self.seed,
+            self.board,
+            "sim",
+            self.rep,
+            self.deadline_slack,
+        )
+
+
+def makespan_bounds(dag: DAG, spec: BoardSpec) -> tuple[float, float]:
+    """(lower, Graham upper) for the job alone with every core at its top frequency.
+
+    Lower: max(L, C/m) with each task at its fastest core's time. Upper (Graham, greedy list
+    scheduling): L + (C - L)/m with each task at its slowest core's time.
+    """
+    m = spec.ncpus
+    fast = max(spec.clusters, key=lambda c: c.capacity * c.fmax_khz)
+    slow = min(spec.clusters, key=lambda c: c.capacity * c.fmax_khz)
+    c_fast, l_fast = dag.work_span(fast.fmax_khz * 1e3, fast.capacity)
+    c_slow, l_slow = dag.work_span(slow.fmax_khz * 1e3, slow.capacity)
+    lower = max(l_fast, c_fast / m)
+    upper = l_slow + (c_slow - l_slow) / m
+    return lower, upper
+
+
+def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
+    """One simulated run -> a run record (``ok`` False with ``error`` on failure)."""
+    from bots_bench.dags import generate
+
+    spec = load_board(cfg.board)
+    rec = {
+        "bench": cfg.bench,
+        "class": cfg.cls,
+        "policy": cfg.policy,
+        "seed": cfg.seed,
+        "board": cfg.board,
+        "backend": "sim",
+        "rep": cfg.rep,
+        "makespan_s": None,
+        "energy_j": None,
+        "cpu_energy_j": None,
+        "edp": None,
+        "peak_temp_c": None,
+        "deadline_s": None,
+        "deadline_met": None,
+        "lower_bound_s": None,
+        "graham_bound_s": None,
+        "ok": False,
+        "error": None,
+    }
+    t0 = time.perf_counter()
+    try:
+        dag = generate(cfg.bench, cfg.cls, seed=cfg.seed)
+        profile = measure_reference(cfg.board, cfg.bench, cfg.cls, cfg.seed)
+        deadline = cfg.deadline_slack * profile.ref_makespan_s if cfg.deadline_slack else None
+        job = SimJob(
+            dag=dag,
+            name=f"{cfg.bench}.{cfg.cls}",
+            deadline_s=deadline,
+            criticality="lo",
+            release_t=0.0,
+        )
+        policy, stages = build_policy(cfg.policy, spec)
+        res = run_sim(
+            cfg.board, policy, [(job, profile)], seed=cfg.seed, stages=stages, history_every_s=0.05
+        )
+        jr = res.jobs[0]
+        if jr.finish_t is None:
+            raise RuntimeError(f"job did not finish within {res.t_end:.0f} s of simulated time")
+        lower, upper = makespan_bounds(dag, spec)
+        rec.update(
+            makespan_s=jr.makespan_s,
+            energy_j=res.energy_j,
+            cpu_energy_j=res.cpu_energy_j,
+            edp=res.energy_j * jr.makespan_s,
+            peak_temp_c=res.peak_temp_c,
+            deadline_s=deadline,
+            deadline_met=jr.deadline_met,
+            lower_bound_s=lower,
+            graham_bound_s=upper,
+            ok=True,
+            ref_makespan_s=profile.ref_makespan_s,
+            tasks=dag.n,
+            ticks=res.ticks,
+            interventions=res.interventions,
+            series=res.history,
+        )
+    except Exception as err:  # noqa: BLE001 - a failed run is recorded, the campaign goes on
+        rec["error"] = f"{type(err).__name__}: {err}"
+    rec["wall_s"] = time.perf_counter() - t0
+    return rec
+
+
+def ratio_table(records: list[dict], policies: list[str]) -> str:
+    """Plain-text table: per kernel, makespan and energy per policy and ratios to the first."""
+    base = policies[0]
+    by = {(r["bench"], r["policy"]): [] for r in records}
+    for r in records:
+        if r["ok"]:
+            by.setdefault((r["bench"], r["policy"]), []).append(r)
+    benches = sorted({r["bench"] for r in records})
+    head = f"{'kernel':<10}" + "".join(f" {p[:10]:>10}s {'E/J':>8}" for p in policies)
+    if len(policies) > 1:
+        head += "".join(f" {'t/' + base[:6]:>9} {'E/' + base[:6]:>9}" for p in policies[1:])
+    lines = [head, "-" * len(head)]
+
+    def mean(xs):
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else None
+
+    for b in benches:
+        row = f"{b:<10}"
+        stats = {}
+        for p in policies:
+            rs = by.get((b, p), [])
+            m, e = mean([r["makespan_s"] for r in rs]), mean([r["energy_j"] for r in rs])
+            stats[p] = (m, e)
+            row += (
+                f" {m:>11.3f} {e:>8.2f}"
+                if m is not None and e is not None
+                else f" {'failed':>11} {'-':>8}"
+            )
+        bm, be = stats[base]
+        for p in policies[1:]:
+            m, e = stats[p]
+            if None in (m, e, bm, be):
+                row += f" {'-':>9} {'-':>9}"
+            else:
+                row += f" {m / bm:>9.3f} {e / be:>9.3f}"
+        lines.append(row)
+    failed = [r for r in records if not r["ok"]]
+    if failed:
+        lines.append(f"{len(failed)} failed run(s):")
+        lines += [f"  {r['bench']} {r['policy']} seed {r['seed']}: {r['error']}" for r in failed]
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""Reference costs of BOTS jobs, measured in the simulator at a reference operating point.
+
+A job's reference makespan is measured once: the job alone on the board, every core of the
+reference cluster at its top frequency (the ``maxfreq`` point). Deadlines are then
+``slack x reference`` (agents.deadlines). Results are memoised per (board, kernel, class, seed)
+and carry a version so a changed model invalidates them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from platforms.observation import JobProfile
+from platforms.spec import BoardSpec, load_board
+
+REFERENCE_VERSION = 1
+
+
+def reference_cluster(spec: BoardSpec):
+    """The cluster with the largest compute capacity (cores x capacity x f_max)."""
+    return max(spec.clusters, key=lambda c: len(c.cpus) * c.capacity * c.fmax_khz)
+
+
+@lru_cache(maxsize=512)
+def measure_reference(board: str, kernel: str, cls: str, seed: int = 0) -> JobProfile:
+    from platforms.sim.plant import Plant, SimJob
+
+    from bots_bench.dags import generate
+
+    spec = load_board(board)
+    dag = generate(kernel, cls, seed=seed)
+    ref = reference_cluster(spec)
+    plant = Plant(spec, seed=seed)
+    for c in spec.clusters:
+        plant.set_freq(c.name, c.fmax_khz)
+    pid = plant.submit(SimJob(dag=dag, name=f"{kernel}.{cls}"))
+    plant.set_affinity(pid, ref.cpus)
+    plant.run_until_idle()
+    js = plant.jobs[pid]
+    makespan = js.finish_t - js.release_t
+    f_hz = ref.fmax_khz * 1e3
+    work, span = dag.work_span(f_hz, ref.capacity)
+    mem = float(dag.mem_s.sum())
+    return JobProfile(
+        name=f"{kernel}.{cls}",
+        work_s=work,
+        span_s=span,
+        beta=mem / work if work > 0 else 0.0,
+        ref_makespan_s=makespan,
+        ref_khz=ref.fmax_khz,
+        ref_cores=len(ref.cpus),
+        version=REFERENCE_VERSION,
+    )

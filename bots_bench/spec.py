@@ -1,0 +1,401 @@
+"""Campaign spec: which kernels, classes, policies, seeds and repetitions to run, and how.
+
+A YAML file such as::
+
+    kernels: [fib, sort]          # or: all
+    classes: [test]               # every kernel must have each class
+    policies: [schedutil, hidvfs]
+    seeds: [42, 123, 456]         # or a count: 3 -> seeds 0, 1, 2
+    board: tx2
+    backend: sim                  # or native
+    repetitions: 10
+    cooldown: {start_temp_c: 45, max_wait_s: 120}   # or null to skip cooling down
+    timeout_s: 600
+    bots_bin: /opt/bots/bin       # required for native
+    threads: 4                    # optional; default: every online core of the board
+    variant: omp-tasks            # optional; BOTS build variant
+    deadline_s: null              # optional per-run deadline
+
+is parsed into a :class:`CampaignSpec` (errors name the key and the expected value) and
+:func:`expand` turns it into the run matrix. Policies are innermost, so the runs compared
+with each other are measured side by side under the same thermal and load history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+
+from bots_bench import registry
+from bots_bench.store import RunKey
+from platforms.errors import SpecError
+from platforms.spec import board_names
+
+#: the policy names of DESIGN.md
+POLICY_NAMES = (
+    "hidvfs",
+    "geardvfs",
+    "ztt",
+    "performance",
+    "powersave",
+    "ondemand",
+    "conservative",
+    "schedutil",
+    "maxfreq",
+)
+BACKENDS = ("sim", "native")
+_KEYS = (
+    "name",
+    "kernels",
+    "classes",
+    "policies",
+    "seeds",
+    "board",
+    "backend",
+    "repetitions",
+    "cooldown",
+    "timeout_s",
+    "bots_bin",
+    "threads",
+    "variant",
+    "label",
+    "deadline_s",
+    "check",
+)
+_REQUIRED = ("kernels", "classes", "policies", "seeds", "board", "backend")
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """Wait before each run until the hottest zone is below ``start_temp_c``, at most
+    ``max_wait_s`` seconds."""
+
+    start_temp_c: float = 45.0
+    max_wait_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    kernels: tuple[str, ...]
+    classes: tuple[str, ...]
+    policies: tuple[str, ...]
+    seeds: tuple[int, ...]
+    board: str
+    backend: str
+    repetitions: int = 1
+    cooldown: Cooldown | None = Cooldown()
+    timeout_s: float = 600.0
+    bots_bin: str | None = None
+    threads: int | None = None
+    variant: str = registry.DEFAULT_VARIANT
+    label: str = registry.DEFAULT_LABEL
+    deadline_s: float | None = None
+    #: ``-c``: None = the registry's cheap-check default per kernel
+    check: bool | None = None
+    name: str = ""
+
+    @property
+    def n_runs(self) -> int:
+        return (
+            len(self.kernels)
+            * len(self.classes)
+            * len(self.policies)
+            * len(self.seeds)
+            * self.repetitions
+        )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run of the matrix: everything a runner needs, plus the run key."""
+
+    bench: str
+    cls: str
+    policy: str
+    seed: int
+    board: str
+    backend: str
+    rep: int
+    threads: int | None = None
+    variant: str = registry.DEFAULT_VARIANT
+    label: str = registry.DEFAULT_LABEL
+    check: bool | None = None
+    deadline_s: float | None = None
+    timeout_s: float = 600.0
+    cooldown: Cooldown | None = Cooldown()
+    bots_bin: str | None = None
+
+    @property
+    def spec_hash(self) -> str:
+        """Hash of the settings that change what is measured but are not key fields.
+
+        Adding seeds, repetitions, kernels or policies leaves it alone (a re-run resumes);
+        changing threads, variant, deadline, check or cool-down starts fresh rows. The
+        timeout and the BOTS path do not change a measurement and are left out.
+        """
+        payload = {
+            "threads": self.threads,
+            "variant": self.variant,
+            "label": self.label,
+            "check": self.check,
+            "deadline_s": self.deadline_s,
+            "cooldown": None if self.cooldown is None else asdict(self.cooldown),
+        }
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def key(self) -> RunKey:
+        return RunKey(
+            self.bench,
+            self.cls,
+            self.policy,
+            self.seed,
+            self.board,
+            self.backend,
+            self.rep,
+            self.spec_hash,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe configuration (``class``, not ``cls``), stored with every run."""
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        return d
+
+    def record_base(self) -> dict[str, Any]:
+        """The key fields of the run record, the spec hash and the full config."""
+        return {
+            "bench": self.bench,
+            "class": self.cls,
+            "policy": self.policy,
+            "seed": self.seed,
+            "board": self.board,
+            "backend": self.backend,
+            "rep": self.rep,
+            "spec_hash": self.spec_hash,
+            "deadline_s": self.deadline_s,
+            "config": self.to_dict(),
+        }
+
+
+def _err(source: str, key: str, expected: str, got: object = None) -> SpecError:
+    return SpecError(source, key, expected, got)
+
+
+def _str_list(source: str, key: str, v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [s.strip() for s in v.split(",") if s.strip()]
+    if not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
+        raise _err(source, key, "a non-empty list of names (or a comma-separated string)", v)
+    if len(set(v)) != len(v):
+        raise _err(source, key, "names without duplicates", v)
+    return tuple(v)
+
+
+def _number(source: str, key: str, v: Any, *, minimum: float, strict: bool) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _err(source, key, "a number", v)
+    if v < minimum or (strict and v == minimum):
+        raise _err(source, key, f"a number {'>' if strict else '>='} {minimum:g}", v)
+    return float(v)
+
+
+def _positive_int(source: str, key: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _err(source, key, "a positive integer", v)
+    return v
+
+
+def _seeds(source: str, v: Any) -> tuple[int, ...]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise _err(source, "seeds", "a positive count or a list of integers", v)
+        return tuple(range(v))
+    if (
+        not isinstance(v, list)
+        or not v
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in v)
+    ):
+        raise _err(source, "seeds", "a positive count or a non-empty list of integers", v)
+    if len(set(v)) != len(v):
+        raise _err(source, "seeds", "seeds without duplicates", v)
+    return tuple(v)
+
+
+def _cooldown(source: str, v: Any) -> Cooldown | None:
+    if v is None or v is False:
+        return None
+    if not isinstance(v, Mapping):
+        raise _err(source, "cooldown", "a mapping {start_temp_c, max_wait_s} or null", v)
+    unknown = sorted(set(v) - {"start_temp_c", "max_wait_s"})
+    if unknown:
+        raise _err(
+            source, f"cooldown.{unknown[0]}", "one of start_temp_c, max_wait_s", v[unknown[0]]
+        )
+    start = v.get("start_temp_c", Cooldown.start_temp_c)
+    wait = v.get("max_wait_s", Cooldown.max_wait_s)
+    start = _number(source, "cooldown.start_temp_c", start, minimum=0, strict=True)
+    if start >= 150:
+        raise _err(source, "cooldown.start_temp_c", "a temperature in degC below 150", start)
+    wait = _number(source, "cooldown.max_wait_s", wait, minimum=0, strict=False)
+    return Cooldown(start, wait)
+
+
+def parse_spec(
+    data: Any, source: str = "<spec>", *, known_policies: tuple[str, ...] = POLICY_NAMES
+) -> CampaignSpec:
+    """Validate a parsed YAML mapping into a :class:`CampaignSpec`."""
+    if not isinstance(data, Mapping):
+        raise _err(source, "<top>", "a mapping of campaign settings", type(data).__name__)
+    data = dict(data)
+    if "cool-down" in data:  # the spelling of the issue text
+        data.setdefault("cooldown", data.pop("cool-down"))
+    unknown = sorted(str(k) for k in data if k not in _KEYS)
+    if unknown:
+        raise _err(source, unknown[0], f"one of the campaign keys {', '.join(_KEYS)}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise _err(source, missing[0], "a value (required key is missing)")
+
+    kernels_v = data["kernels"]
+    if kernels_v == "all" or kernels_v == ["all"]:
+        kernels = registry.KERNEL_NAMES
+    else:
+        kernels = _str_list(source, "kernels", kernels_v)
+        bad = [k for k in kernels if k not in registry.KERNELS]
+        if bad:
+            raise _err(
+                source, "kernels", f"'all' or names from {', '.join(registry.KERNEL_NAMES)}", bad[0]
+            )
+
+    classes = _str_list(source, "classes", data["classes"])
+    for c in classes:
+        lacking = [k for k in kernels if c not in registry.KERNELS[k].classes]
+        if lacking:
+            have = ", ".join(registry.KERNELS[lacking[0]].classes)
+            raise _err(
+                source, "classes", f"a class every selected kernel has ({lacking[0]} has {have})", c
+            )
+
+    policies = _str_list(source, "policies", data["policies"])
+    bad = [p for p in policies if p not in known_policies]
+    if bad:
+        raise _err(source, "policies", f"names from {', '.join(known_policies)}", bad[0])
+
+    seeds = _seeds(source, data["seeds"])
+
+    backend = data["backend"]
+    if backend not in BACKENDS:
+        raise _err(source, "backend", f"one of {', '.join(BACKENDS)}", backend)
+
+    board = data["board"]
+    boards = board_names()
+    if not isinstance(board, str) or board not in boards:
+        raise _err(source, "board", f"one of {', '.join(boards)}", board)
+
+    repetitions = _positive_int(source, "repetitions", data.get("repetitions", 1))
+    cooldown = _cooldown(source, data.get("cooldown", {}))
+    timeout_s = _number(source, "timeout_s", data.get("timeout_s", 600.0), minimum=0, strict=True)
+
+    bots_bin = data.get("bots_bin")
+    if bots_bin is not None and (not isinstance(bots_bin, str) or not bots_bin):
+        raise _err(source, "bots_bin", "a directory path", bots_bin)
+    if backend == "native" and bots_bin is None:
+        raise _err(source, "bots_bin", "the BOTS bin/ directory (required for backend native)")
+    if bots_bin is not None:
+        bots_bin = os.path.expanduser(bots_bin)
+
+    threads = data.get("threads")
+    if threads is not None:
+        threads = _positive_int(source, "threads", threads)
+
+    variant = data.get("variant", registry.DEFAULT_VARIANT)
+    label = data.get("label", registry.DEFAULT_LABEL)
+    if not isinstance(label, str) or not label or "." in label:
+        raise _err(source, "label", "a compiler label without dots (e.g. gcc)", label)
+    if not isinstance(variant, str):
+        raise _err(source, "variant", "a BOTS variant such as omp-tasks or omp-tasks-tied", variant)
+    for k in kernels:
+        try:
+            registry.binary_name(k, variant, label)
+        except registry.RegistryError as err:
+            raise _err(source, "variant", str(err), variant) from None
+
+    deadline_s = data.get("deadline_s")
+    if deadline_s is not None:
+        deadline_s = _number(source, "deadline_s", deadline_s, minimum=0, strict=True)
+
+    check = data.get("check")
+    if check is not None and not isinstance(check, bool):
+        raise _err(source, "check", "true, false or null (per-kernel default)", check)
+
+    name = data.get("name", "")
+    if not isinstance(name, str):
+        raise _err(source, "name", "a string", name)
+
+    return CampaignSpec(
+        kernels=tuple(kernels),
+        classes=classes,
+        policies=policies,
+        seeds=seeds,
+        board=board,
+        backend=backend,
+        repetitions=repetitions,
+        cooldown=cooldown,
+        timeout_s=timeout_s,
+        bots_bin=bots_bin,
+        threads=threads,
+        variant=variant,
+        label=label,
+        deadline_s=deadline_s,
+        check=check,
+        name=name,
+    )
+
+
+def load_spec(path: str | os.PathLike[str], **kw) -> CampaignSpec:
+    """Read and validate a campaign YAML file."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as err:
+        raise SpecError(path, "<file>", f"a readable YAML file ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise SpecError(path, "<file>", f"valid YAML ({err})") from None
+    return parse_spec(data, path, **kw)
+
+
+def expand(spec: CampaignSpec) -> list[RunConfig]:
+    """The run matrix: kernel > class > seed > repetition > policy (policies side by side)."""
+    return [
+        RunConfig(
+            bench=k,
+            cls=c,
+            policy=p,
+            seed=s,
+            board=spec.board,
+            backend=spec.backend,
+            rep=r,
+            threads=spec.threads,
+            variant=spec.variant,
+            label=spec.label,
+            check=spec.check,
+            deadline_s=spec.deadline_s,
+            timeout_s=spec.timeout_s,
+            cooldown=spec.cooldown,
+            bots_bin=spec.bots_bin,
+        )
+        for k in spec.kernels
+        for c in spec.classes
+        for s in spec.seeds
+        for r in range(spec.repetitions)
+        for p in spec.policies
+    ]

@@ -1,0 +1,501 @@
+"""SQLite results store of a campaign: one row per run record, resumable, crash-safe.
+
+A row is the DESIGN.md run record (``bench``, ``class``, ``policy``, ``seed``, ``board``,
+``backend``, ``makespan_s``, ``energy_j`` ... ``ok``, ``error``) plus the repetition, the
+BOTS ``Time Program``, the CPU-rail energy, EDP, timestamps, the full run configuration
+(JSON), the binary's stdout and the time series for plots. The sim and the native campaign
+write the same rows, so one report reads both.
+
+Each run is committed on its own in WAL mode: Ctrl-C or a crash loses at most the run in
+flight, and :meth:`Store.done_keys` lets a re-run skip what is finished. The schema version
+is ``PRAGMA user_version``; a file from a newer hidvfs is refused rather than misread.
+
+Time series JSON (``timeseries``): ``{"t": [s, ...], "freq_khz": {cluster: [...]},
+"temp_c": {zone: [...]}, "power_w": {rail: [...]}}``; every list as long as ``t``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from platforms.errors import HidvfsError
+
+DEFAULT_DB = "results.sqlite"
+SCHEMA_VERSION = 1
+
+
+class StoreError(HidvfsError):
+    """The results file cannot be used (newer schema, not a store) or a record is malformed."""
+
+
+class RunKey(NamedTuple):
+    """What identifies a run across sessions: a re-run skips a key that is already stored."""
+
+    bench: str
+    cls: str
+    policy: str
+    seed: int
+    board: str
+    backend: str
+    rep: int
+    spec_hash: str
+
+    def label(self) -> str:
+        return f"{self.bench}/{self.cls} {self.policy} seed {self.seed} rep {self.rep}"
+
+
+# (record key, SQL type); the order is the column order of exports
+_KEY_COLUMNS = (
+    ("bench", "TEXT NOT NULL"),
+    ("class", "TEXT NOT NULL"),
+    ("policy", "TEXT NOT NULL"),
+    ("seed", "INTEGER NOT NULL"),
+    ("board", "TEXT NOT NULL"),
+    ("backend", "TEXT NOT NULL"),
+    ("rep", "INTEGER NOT NULL"),
+    ("spec_hash", "TEXT NOT NULL"),
+)
+_METRIC_COLUMNS = (
+    ("criticality", "TEXT"),
+    ("makespan_s", "REAL"),
+    ("time_program_s", "REAL"),
+    ("energy_j", "REAL"),
+    ("cpu_energy_j", "REAL"),
+    ("edp", "REAL"),
+    ("peak_temp_c", "REAL"),
+    ("deadline_s", "REAL"),
+    ("deadline_met", "INTEGER"),
+    ("lower_bound_s", "REAL"),
+    ("graham_bound_s", "REAL"),
+    ("ok", "INTEGER NOT NULL"),
+    ("error", "TEXT"),
+    ("started", "TEXT"),
+    ("ended", "TEXT"),
+)
+_BLOB_COLUMNS = (("config", "TEXT"), ("stdout", "TEXT"), ("timeseries", "TEXT"), ("extra", "TEXT"))
+COLUMNS: tuple[str, ...] = tuple(c for c, _ in _KEY_COLUMNS + _METRIC_COLUMNS + _BLOB_COLUMNS)
+_FLOATS = {c for c, t in _METRIC_COLUMNS if t == "REAL"}
+_BOOLS = {"ok", "deadline_met"}
+_TEXTS = {"criticality", "error", "started", "ended"}
+#: columns a :meth:`Store.runs` filter may name
+FILTERABLE = frozenset(c for c, _ in _KEY_COLUMNS + _METRIC_COLUMNS) | {"id"}
+
+_SCHEMA = f"""
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_key TEXT NOT NULL UNIQUE,
+    {", ".join(f'"{c}" {t}' for c, t in _KEY_COLUMNS + _METRIC_COLUMNS + _BLOB_COLUMNS)}
+);
+CREATE INDEX runs_group ON runs (bench, "class", policy, seed);
+"""
+
+
+def run_key(record: Mapping[str, Any]) -> RunKey:
+    """The :class:`RunKey` of a run record (``rep`` defaults to 0, ``spec_hash`` to '')."""
+    missing = [
+        k for k in ("bench", "class", "policy", "seed", "board", "backend") if k not in record
+    ]
+    if missing:
+        raise StoreError(f"run record lacks key field(s): {', '.join(missing)}")
+    for k in ("bench", "class", "policy", "board", "backend"):
+        if not isinstance(record[k], str) or not record[k]:
+            raise StoreError(
+                f"run record field {k!r} must be a non-empty string, got {record[k]!r}"
+            )
+    for k in ("seed", "rep"):
+        v = record.get(k, 0)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise StoreError(f"run record field {k!r} must be an integer, got {v!r}")
+    spec_hash = record.get("spec_hash", "") or ""
+    if not isinstance(spec_hash, str):
+        raise StoreError(f"run record field 'spec_hash' must be a string, got {spec_hash!r}")
+    return RunKey(
+        record["bench"],
+        record["class"],
+        record["policy"],
+        int(record["seed"]),
+        record["board"],
+        record["backend"],
+        int(record.get("rep", 0)),
+        spec_hash,
+    )
+
+
+#: the name given to a series that is one number per sample rather than one per cluster/zone
+_SCALAR_NAMES = {"freq_khz": "cpu", "temp_c": "max", "power_w": "total"}
+
+
+def normalize_timeseries(ts: Any) -> dict[str, Any]:
+    """Column form ``{"t": [...], group: {name: [...]}}`` of a time series.
+
+    Accepts that form, or a list of samples ``[{"t": s, "freq_khz": {cluster: khz},
+    "temp_c": c, ...}, ...]`` (what the simulated runs record); a group whose samples are
+    plain numbers becomes one series named after the group (``temp_c`` -> ``max``).
+    """
+    if isinstance(ts, Mapping):
+        if "t" not in ts or not isinstance(ts["t"], list):
+            raise StoreError("time series must have a list 't' of sample times")
+        out: dict[str, Any] = {"t": list(ts["t"])}
+        for group, v in ts.items():
+            if group == "t":
+                continue
+            if isinstance(v, list):
+                v = {_SCALAR_NAMES.get(group, "value"): v}
+            if not isinstance(v, Mapping):
+                raise StoreError(f"time series group {group!r} must map names to lists, got {v!r}")
+            for name, series in v.items():
+                if not isinstance(series, list) or len(series) != len(out["t"]):
+                    raise StoreError(
+                        f"time series {group}.{name} must be a list as long as 't' ({len(out['t'])})"
+                    )
+            out[group] = {str(k): list(s) for k, s in v.items()}
+        return out
+    if isinstance(ts, list):
+        times: list[Any] = []
+        groups: dict[str, dict[str, list]] = {}
+        for i, sample in enumerate(ts):
+            if not isinstance(sample, Mapping) or "t" not in sample:
+                raise StoreError(
+                    f"time series sample {i} must be a mapping with 't', got {sample!r}"
+                )
+            for group, v in sample.items():
+                if group == "t":
+                    continue
+                named = v if isinstance(v, Mapping) else {_SCALAR_NAMES.get(group, "value"): v}
+                g = groups.setdefault(group, {})
+                for name, x in named.items():
+                    g.setdefault(str(name), [None] * i).append(x)
+            times.append(sample["t"])
+            for g in groups.values():  # a value missing from this sample is None
+                for col in g.values():
+                    col.extend([None] * (len(times) - len(col)))
+        return {"t": times, **groups}
+    raise StoreError(
+        f"time series must be a mapping of lists or a list of samples, got {type(ts).__name__}"
+    )
+
+
+def _q(column: str) -> str:
+    """Quote a column name (``class`` is an SQL keyword); names come from COLUMNS only."""
+    return f'"{column}"'
+
+
+def _key_text(key: RunKey) -> str:
+    return json.dumps(list(key), separators=(",", ":"))
+
+
+def _num(key: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise StoreError(f"run record field {key!r} must be a number or null, got {v!r}")
+    v = float(v)
+    if math.isnan(v):
+        return None  # sqlite stores NaN as NULL anyway; say so explicitly
+    return v
+
+
+def _dumps(key: str, v: Any) -> str:
+    try:
+        return json.dumps(v, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise StoreError(f"run record field {key!r} is not JSON-serialisable: {err}") from None
+
+
+def _row_values(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    key = run_key(record)
+    if "ok" not in record:
+        raise StoreError(f"run record {key.label()} lacks 'ok'")
+    vals: dict[str, Any] = dict(zip([c for c, _ in _KEY_COLUMNS], key))
+    for c in _FLOATS:
+        vals[c] = _num(c, record.get(c))
+    for c in _BOOLS:
+        v = record.get(c)
+        if v is not None and not isinstance(v, (bool, int)):
+            raise StoreError(f"run record field {c!r} must be true/false or null, got {v!r}")
+        vals[c] = None if v is None else int(bool(v))
+    for c in _TEXTS:
+        v = record.get(c)
+        vals[c] = None if v is None else str(v)
+    if vals["edp"] is None and vals["energy_j"] is not None and vals["makespan_s"] is not None:
+        vals["edp"] = vals["energy_j"] * vals["makespan_s"]
+    stdout = record.get("stdout")
+    vals["stdout"] = None if stdout is None else str(stdout)
+    vals["config"] = _dumps("config", dict(record.get("config") or {}))
+    ts = record.get("timeseries")
+    if ts is None and record.get("series") is not None:
+        ts = record["series"]
+    ts = None if ts is None else normalize_timeseries(ts)
+    vals["timeseries"] = None if ts is None else _dumps("timeseries", ts)
+    skip = {"id", "run_key", "series"}
+    extra = {k: v for k, v in record.items() if k not in COLUMNS and k not in skip}
+    vals["extra"] = _dumps("extra", extra)
+    return _key_text(key), vals
+
+
+def _row_to_record(row: sqlite3.Row, with_stdout: bool, with_timeseries: bool) -> dict[str, Any]:
+    rec: dict[str, Any] = {"id": row["id"]}
+    for c in COLUMNS:
+        if c in ("config", "stdout", "timeseries", "extra"):
+            continue
+        v = row[c]
+        rec[c] = None if v is None else (bool(v) if c in _BOOLS else v)
+    rec["config"] = json.loads(row["config"] or "{}")
+    if with_stdout:
+        rec["stdout"] = row["stdout"]
+    if with_timeseries:
+        rec["timeseries"] = None if row["timeseries"] is None else json.loads(row["timeseries"])
+    for k, v in json.loads(row["extra"] or "{}").items():
+        rec.setdefault(k, v)
+    return rec
+
+
+class Store:
+    """A results file. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB):
+        self.path = Path(path)
+        try:
+            self._db = sqlite3.connect(str(self.path), timeout=30.0)
+            self._db.row_factory = sqlite3.Row
+            self._open_schema()
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"{self.path}: not a usable SQLite results store ({err})") from None
+
+    # -- schema -------------------------------------------------------------------------
+    def _open_schema(self) -> None:
+        db = self._db
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            db.close()
+            raise StoreError(
+                f"{self.path}: written by a newer hidvfs (results schema {version}; this version "
+                f"reads up to {SCHEMA_VERSION}); upgrade hidvfs or choose another --db"
+            )
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if version == 0:
+            if tables - {"sqlite_sequence"}:
+                db.close()
+                raise StoreError(
+                    f"{self.path}: an SQLite file that is not a hidvfs results store "
+                    f"(tables {sorted(tables)}, no schema version)"
+                )
+            db.execute("PRAGMA journal_mode=WAL")
+            with db:
+                db.executescript(_SCHEMA)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif "runs" not in tables:
+            db.close()
+            raise StoreError(f"{self.path}: results schema {version} but no 'runs' table")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+    # -- writing ------------------------------------------------------------------------
+    def add(self, record: Mapping[str, Any]) -> int:
+        """Store one run record (replacing a row with the same key) and commit; returns its id."""
+        key_text, vals = _row_values(record)
+        cols = ["run_key", *vals]
+        sql = (
+            f"INSERT INTO runs ({', '.join(_q(c) for c in cols)}) "
+            f"VALUES ({', '.join('?' for _ in cols)}) "
+            "ON CONFLICT(run_key) DO UPDATE SET "
+            + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in vals)
+        )
+        with self._db:
+            self._db.execute(sql, [key_text, *vals.values()])
+        return self._db.execute("SELECT id FROM runs WHERE run_key = ?", (key_text,)).fetchone()[0]
+
+    # -- reading ------------------------------------------------------------------------
+    def key_for(self, record: Mapping[str, Any]) -> RunKey:
+        """The key a record is stored under (same as :func:`run_key`)."""
+        return run_key(record)
+
+    def done_keys(self, *, ok_only: bool = False) -> set[RunKey]:
+        """Keys of the stored runs (only the successful ones with ``ok_only``)."""
+        sql = "SELECT run_key FROM runs" + (" WHERE ok = 1" if ok_only else "")
+        return {RunKey(*json.loads(r[0])) for r in self._db.execute(sql)}
+
+    def runs(
+        self,
+        filters: Mapping[str, Any] | None = None,
+        *,
+        with_stdout: bool = True,
+        with_timeseries: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Run records in insertion order. ``filters`` maps a column to a value or a list."""
+        where, params = [], []
+        for col, want in (filters or {}).items():
+            if col not in FILTERABLE:
+                raise StoreError(
+                    f"cannot filter runs on {col!r}; filterable columns: {', '.join(sorted(FILTERABLE))}"
+                )
+            values = list(want) if isinstance(want, (list, tuple, set, frozenset)) else [want]
+            values = [int(v) if isinstance(v, bool) else v for v in values]
+            if not values:
+                return []
+            if any(v is None for v in values):
+                rest = [v for v in values if v is not None]
+                cond = f'"{col}" IS NULL'
+                if rest:
+                    cond = f'({cond} OR "{col}" IN ({", ".join("?" for _ in rest)}))'
+                where.append(cond)
+                params += rest
+            else:
+                where.append(f'"{col}" IN ({", ".join("?" for _ in values)})')
+                params += values
+        sql = (
+            "SELECT * FROM runs"
+            + (f" WHERE {' AND '.join(where)}" if where else "")
+            + " ORDER BY id"
+        )
+        return [
+            _row_to_record(r, with_stdout, with_timeseries) for r in self._db.execute(sql, params)
+        ]
+
+    def ids_with_timeseries(self) -> list[int]:
+        """Ids of the successful runs that carry a time series (without loading them)."""
+        sql = "SELECT id FROM runs WHERE ok = 1 AND timeseries IS NOT NULL ORDER BY id"
+        return [r[0] for r in self._db.execute(sql)]
+
+    def get(self, run_id: int) -> dict[str, Any]:
+        rows = self.runs({"id": run_id})
+        if not rows:
+            raise StoreError(f"{self.path}: no run with id {run_id}")
+        return rows[0]
+
+    # -- exports ------------------------------------------------------------------------
+    def export_csv(
+        self,
+        path: str | os.PathLike[str],
+        filters: Mapping[str, Any] | None = None,
+        *,
+        with_blobs: bool = False,
+    ) -> int:
+        """Write the runs as CSV (one row per run; config as JSON text); returns the row count.
+
+        stdout and time series are left out unless ``with_blobs``.
+        """
+        rows = self.runs(filters, with_stdout=with_blobs, with_timeseries=with_blobs)
+        fields = ["id", *[c for c in COLUMNS if c != "extra"]]
+        if not with_blobs:
+            fields = [f for f in fields if f not in ("stdout", "timeseries")]
+        extra_keys = sorted({k for r in rows for k in r} - set(fields))
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(fields + extra_keys)
+            for r in rows:
+                out = []
+                for k in fields + extra_keys:
+                    v = r.get(k)
+                    if isinstance(v, (dict, list)):
+                        v = json.dumps(v, separators=(",", ":"))
+                    out.append("" if v is None else v)
+                w.writerow(out)
+        return len(rows)
+
+    def export_json(
+        self,
+        path: str | os.PathLike[str],
+        filters: Mapping[str, Any] | None = None,
+        *,
+        with_blobs: bool = True,
+    ) -> int:
+        """Write the runs as a JSON list of run records; returns the record count."""
+        rows = self.runs(filters, with_stdout=with_blobs, with_timeseries=with_blobs)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+            f.write("\n")
+        return len(rows)
+
+
+#: the name the sim campaign CLI uses
+ResultStore = Store
+
+
+# -- the resumable campaign loop ----------------------------------------------------------
+@dataclass
+class CampaignSummary:
+    executed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    ids: list[int] | None = None
+
+
+def _key_of(config: Any) -> RunKey:
+    key = getattr(config, "key", None)
+    return key if isinstance(key, RunKey) else run_key(config)
+
+
+def _base_of(config: Any) -> dict[str, Any]:
+    if hasattr(config, "record_base"):
+        return dict(config.record_base())
+    return dict(config)
+
+
+def run_pending(
+    configs: Iterable[Any],
+    run_fn: Callable[[Any], Mapping[str, Any]],
+    store: Store,
+    *,
+    retry_failed: bool = False,
+    on_skip: Callable[[Any], None] | None = None,
+    on_start: Callable[[Any], None] | None = None,
+    on_done: Callable[[Any, Mapping[str, Any]], None] | None = None,
+) -> CampaignSummary:
+    """Run every config whose key is not stored yet, storing each record as it finishes.
+
+    ``configs`` are :class:`~bots_bench.spec.RunConfig` (``.key``, ``.record_base()``) or run
+    record dicts. ``run_fn(config)`` returns the run record; the key fields of the config
+    fill what it leaves out. An exception from ``run_fn`` is stored as a failed run
+    (``ok=False``, ``error``) and the campaign goes on; ``KeyboardInterrupt`` stops it with
+    every finished run already committed. ``retry_failed`` re-runs stored failures.
+    """
+    done = store.done_keys(ok_only=retry_failed)
+    summary = CampaignSummary(ids=[])
+    for cfg in configs:
+        key = _key_of(cfg)
+        if key in done:
+            summary.skipped += 1
+            if on_skip:
+                on_skip(cfg)
+            continue
+        if on_start:
+            on_start(cfg)
+        base = _base_of(cfg)
+        try:
+            record = dict(run_fn(cfg))
+        except Exception as err:  # a broken run is a result, not the end of the campaign
+            record = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        for k, v in base.items():
+            record.setdefault(k, v)
+        if run_key(record) != key:
+            raise StoreError(
+                f"run function changed the key of {key.label()}: got {run_key(record).label()}"
+            )
+        summary.ids.append(store.add(record))
+        summary.executed += 1
+        summary.failed += 0 if record.get("ok") else 1
+        done.add(key)
+        if on_done:
+            on_done(cfg, record)
+    return summary

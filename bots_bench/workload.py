@@ -1,0 +1,75 @@
+"""The built-in default workload: a seeded mix of BOTS jobs arriving over time.
+
+Used by ``hidvfs daemon --sim BOARD`` and by training. Arrivals are Poisson with a rate chosen
+so the offered load is about ``load`` of the board's capacity; a fraction of the jobs carries a
+soft deadline of ``slack x reference makespan`` and some of those are high-criticality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from platforms.sim.plant import SimJob
+
+from bots_bench.reference import measure_reference
+from platforms.spec import BoardSpec
+
+DEFAULT_KERNELS = (
+    "fib",
+    "nqueens",
+    "sort",
+    "sparselu",
+    "strassen",
+    "fft",
+    "health",
+    "uts",
+    "floorplan",
+    "knapsack",
+    "alignment",
+    "concom",
+)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    duration_s: float = 60.0
+    load: float = 0.6
+    cls: str = "test"
+    deadline_fraction: float = 0.7
+    hi_fraction: float = 0.2
+    slack: float = 1.5
+    kernels: tuple[str, ...] = DEFAULT_KERNELS
+
+
+def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -> list[SimJob]:
+    from bots_bench.dags import generate
+
+    w = w or WorkloadSpec()
+    rng = np.random.default_rng(seed)
+    profiles = {k: measure_reference(spec.name, k, w.cls, 0) for k in w.kernels}
+    # Reference makespans use the reference cluster alone; the whole board is roughly
+    # (board capacity / reference capacity) faster for a stream of jobs.
+    mean_ref = float(np.mean([p.ref_makespan_s for p in profiles.values()]))
+    rate = w.load / mean_ref if mean_ref > 0 else 1.0
+    jobs: list[SimJob] = []
+    t = float(rng.exponential(1.0 / rate))
+    i = 0
+    while t < w.duration_s:
+        kernel = w.kernels[int(rng.integers(len(w.kernels)))]
+        prof = profiles[kernel]
+        has_deadline = bool(rng.random() < w.deadline_fraction)
+        crit = "hi" if has_deadline and rng.random() < w.hi_fraction else "lo"
+        dag = generate(kernel, w.cls, seed=int(rng.integers(1 << 30)))
+        jobs.append(
+            SimJob(
+                dag=dag,
+                name=f"{kernel}.{w.cls}#{i}",
+                deadline_s=w.slack * prof.ref_makespan_s if has_deadline else None,
+                criticality=crit,
+                release_t=t,
+            )
+        )
+        i += 1
+        t += float(rng.exponential(1.0 / rate))
+    return jobs

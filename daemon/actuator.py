@@ -1,0 +1,143 @@
+"""Actuation: turn a Decision into sysfs writes and process settings.
+
+Frequency goes through the ``userspace`` governor + ``scaling_setspeed`` where the policy offers
+it, otherwise through min/max bounds written in an order that keeps min <= max. Only values of
+the policy's frequency table are written; redundant writes are skipped. Job placement uses the
+platform's ProcessControl (CPU affinity of every thread, SCHED_FIFO or nice). Every failure is
+logged and counted, never raised into the loop: a vanished pid or a refused write must not stop
+the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from agents.policy import Decision, nearest_freq
+from platforms import cpufreq
+from platforms.errors import SysfsUnavailable, SysfsWriteError
+from platforms.observation import Observation
+from platforms.procs import ProcessControl, ProcessGone
+from platforms.sysfs import SysfsBackend
+
+log = logging.getLogger("hidvfs.actuator")
+
+
+@dataclass
+class ActuationReport:
+    writes: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    gone: list[int] = field(default_factory=list)
+
+
+class Actuator:
+    """Applies decisions; remembers what it last wrote so it never repeats a write."""
+
+    def __init__(self, sysfs: SysfsBackend, procs: ProcessControl, *, dry_run: bool = False):
+        self.sysfs = sysfs
+        self.procs = procs
+        self.dry_run = dry_run
+        self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
+        self._last_freq: dict[int, int] = {}
+        self._last_jobs: dict[int, tuple] = {}
+        self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
+
+    # -- frequency ---------------------------------------------------------------------------
+    def _write(self, report: ActuationReport, path: str, value: str) -> None:
+        if self.dry_run:
+            self.planned.append((path, value))
+            report.writes.append((path, value))
+            return
+        self.sysfs.write(path, value)
+        report.writes.append((path, value))
+
+    def _ensure_userspace(self, policy: int, governors: tuple[str, ...], report) -> str:
+        mode = self._mode.get(policy)
+        if mode in ("setspeed", "limits"):
+            return mode
+        if "userspace" in governors:
+            try:
+                if self.dry_run:
+                    self._write(report, f"devices/system/cpu/cpufreq/policy{policy}/scaling_governor", "userspace")
+                else:
+                    cpufreq.set_governor(self.sysfs, policy, "userspace")
+                    report.writes.append((f"policy{policy}/scaling_governor", "userspace"))
+                self._mode[policy] = "setspeed"
+                return "setspeed"
+            except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
+                report.errors.append(f"policy{policy}: userspace governor refused ({err}); using min/max bounds")
+        self._mode[policy] = "limits"
+        return "limits"
+
+    def apply(self, decision: Decision, obs: Observation) -> ActuationReport:
+        report = ActuationReport()
+        for c in obs.clusters:
+            if not c.online or not c.freqs_khz:
+                continue
+            gov = decision.governor.get(c.name)
+            if gov and gov != "userspace":
+                if self._mode.get(c.policy) != f"governor:{gov}":
+                    try:
+                        if self.dry_run:
+                            self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_governor", gov)
+                        else:
+                            cpufreq.set_governor(self.sysfs, c.policy, gov)
+                            report.writes.append((f"policy{c.policy}/scaling_governor", gov))
+                        self._mode[c.policy] = f"governor:{gov}"
+                        self._last_freq.pop(c.policy, None)
+                    except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
+                        report.errors.append(str(err))
+                continue
+            target = decision.freq_khz.get(c.name)
+            if target is None:
+                continue
+            cap = decision.cap_khz.get(c.name)
+            if cap is not None:
+                target = min(target, cap)
+            target = nearest_freq(c.freqs_khz, target, mode="floor")
+            if self._last_freq.get(c.policy) == target and c.cur_khz == target:
+                continue
+            mode = self._ensure_userspace(c.policy, c.governors, report)
+            try:
+                if mode == "setspeed":
+                    if self.dry_run:
+                        self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_setspeed", str(target))
+                    else:
+                        cpufreq.set_setspeed(self.sysfs, c.policy, target)
+                        report.writes.append((f"policy{c.policy}/scaling_setspeed", str(target)))
+                else:
+                    if self.dry_run:
+                        self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_min_freq", str(target))
+                        self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_max_freq", str(target))
+                    else:
+                        cpufreq.set_limits(self.sysfs, c.policy, target, target)
+                        report.writes.append((f"policy{c.policy}/scaling_min_freq+max", str(target)))
+                self._last_freq[c.policy] = target
+            except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
+                report.errors.append(str(err))
+                self._mode.pop(c.policy, None)
+        # -- jobs ------------------------------------------------------------------------------
+        for pid, setting in decision.jobs.items():
+            key = (setting.cpus, setting.rt_priority, setting.nice)
+            if self._last_jobs.get(pid) == key:
+                continue
+            if self.dry_run:
+                self.planned.append((f"pid {pid} affinity", ",".join(map(str, setting.cpus))))
+                self._last_jobs[pid] = key
+                continue
+            try:
+                if setting.cpus:
+                    self.procs.set_affinity(pid, setting.cpus)
+                self.procs.set_priority(pid, setting.rt_priority, setting.nice)
+                self._last_jobs[pid] = key
+            except ProcessGone:
+                report.gone.append(pid)
+                self._last_jobs.pop(pid, None)
+            except (PermissionError, OSError) as err:
+                report.errors.append(f"pid {pid}: placement failed ({err})")
+        for err in report.errors:
+            log.warning("event=actuation_error detail=%r", err)
+        return report
+
+    def forget(self, pid: int) -> None:
+        self._last_jobs.pop(pid, None)

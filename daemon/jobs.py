@@ -1,0 +1,93 @@
+"""The daemon's table of registered jobs and their outcomes (thread-safe, in memory).
+
+The Unix-socket registry, ``hidvfs run`` and the simulator's workload all register here; the
+control loop reads a snapshot every tick and records completions (makespan and deadline met).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from platforms.observation import JobProfile
+
+
+@dataclass
+class JobEntry:
+    pid: int
+    name: str
+    release_t: float
+    deadline_s: float | None = None
+    criticality: str = "lo"
+    profile: JobProfile | None = None
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    pid: int
+    name: str
+    criticality: str
+    release_t: float
+    finish_t: float
+    deadline_s: float | None
+
+    @property
+    def makespan_s(self) -> float:
+        return self.finish_t - self.release_t
+
+    @property
+    def deadline_met(self) -> bool | None:
+        return None if self.deadline_s is None else self.makespan_s <= self.deadline_s + 1e-9
+
+
+@dataclass
+class JobTable:
+    _jobs: dict[int, JobEntry] = field(default_factory=dict)
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: set whenever a job registers or leaves, so the loop can decide right away
+    changed: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def register(self, entry: JobEntry) -> None:
+        if entry.criticality not in ("hi", "lo"):
+            raise ValueError(f"criticality must be 'hi' or 'lo', got {entry.criticality!r}")
+        if entry.deadline_s is not None and not entry.deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {entry.deadline_s!r}")
+        with self._lock:
+            self._jobs[entry.pid] = entry
+        self.changed.set()
+
+    def unregister(self, pid: int) -> JobEntry | None:
+        with self._lock:
+            entry = self._jobs.pop(pid, None)
+        self.changed.set()
+        return entry
+
+    def finish(self, pid: int, finish_t: float) -> JobOutcome | None:
+        entry = self.unregister(pid)
+        if entry is None:
+            return None
+        out = JobOutcome(entry.pid, entry.name, entry.criticality, entry.release_t, finish_t, entry.deadline_s)
+        with self._lock:
+            self.outcomes.append(out)
+        return out
+
+    def snapshot(self) -> list[JobEntry]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def get(self, pid: int) -> JobEntry | None:
+        with self._lock:
+            return self._jobs.get(pid)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def misses(self) -> dict[str, int]:
+        out = {"hi": 0, "lo": 0}
+        with self._lock:
+            for o in self.outcomes:
+                if o.deadline_met is False:
+                    out[o.criticality] += 1
+        return out

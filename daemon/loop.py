@@ -1,0 +1,219 @@
+"""The control loop: sense -> decide -> gate -> shield -> thermal guard -> actuate.
+
+The same loop runs on every backend (live /sys, a fake tree, a trace replay, the simulator);
+only the Platform differs. Decisions are taken on the period and also right after a job
+arrives or finishes (the simulator's clock stops at those events; on a board the job table's
+``changed`` event wakes the loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agents.policy import Decision, Policy
+from daemon.actuator import ActuationReport, Actuator
+from daemon.guard import ThermalGuard
+from daemon.jobs import JobOutcome, JobTable
+from platforms.clock import VirtualClock
+from platforms.observation import JobObs, Observation
+from platforms.platform import Platform
+from platforms.sense import Sensor
+
+log = logging.getLogger("hidvfs.loop")
+
+#: a decision stage after the policy: the federated gate, the conformal shield, ...
+Stage = Callable[[Decision, Observation], Decision]
+
+
+@dataclass
+class TickResult:
+    t: float
+    obs: Observation
+    decision: Decision
+    report: ActuationReport
+    finished: list[JobOutcome] = field(default_factory=list)
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        platform: Platform,
+        policy: Policy,
+        *,
+        period_s: float = 0.1,
+        jobs: JobTable | None = None,
+        stages: list[Stage] | None = None,
+        guard: ThermalGuard | None = None,
+        actuator: Actuator | None = None,
+        sensor: Sensor | None = None,
+        progress: Callable[[int], float | None] | None = None,
+    ):
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0, got {period_s!r}")
+        self.platform = platform
+        self.policy = policy
+        self.period_s = float(period_s)
+        self.jobs = jobs if jobs is not None else JobTable()
+        self.stages = list(stages or [])
+        self.guard = guard if guard is not None else ThermalGuard()
+        self.actuator = actuator or Actuator(platform.sysfs, platform.procs)
+        self.sensor = sensor or Sensor(platform.spec, platform.sysfs)
+        self.progress = progress
+        self.on_tick: list[Callable[[TickResult], None]] = []
+        #: run at the start of every tick with the clock time (e.g. a workload registering jobs)
+        self.before_tick: list[Callable[[float], None]] = []
+        self.ticks = 0
+        self.energy_j = 0.0  # trapezoid integral of the total rail, as a board would measure
+        self.cpu_energy_j = 0.0
+        self.events_total = 0
+        self.last: TickResult | None = None
+        self._last_power: tuple[float, float | None, float | None] | None = None
+        self.t0 = platform.clock.now()
+
+    # -- one tick ----------------------------------------------------------------------------
+    def observe(self) -> tuple[Observation, list[JobOutcome]]:
+        clock, procs = self.platform.clock, self.platform.procs
+        t = clock.now()
+        hw = self.sensor.read(t)
+        finished = []
+        jobs = []
+        for e in self.jobs.snapshot():
+            if not procs.alive(e.pid):
+                out = self.jobs.finish(e.pid, t)
+                self.actuator.forget(e.pid)
+                if out is not None:
+                    finished.append(out)
+                    log.info(
+                        "event=job_done pid=%d name=%s makespan_s=%.3f deadline_met=%s",
+                        out.pid, out.name, out.makespan_s, out.deadline_met,
+                    )
+                continue
+            try:
+                cpus = procs.get_affinity(e.pid)
+            except Exception:  # noqa: BLE001 - a vanished pid is handled next tick
+                cpus = ()
+            jobs.append(
+                JobObs(
+                    pid=e.pid,
+                    name=e.name,
+                    criticality=e.criticality,
+                    release_t=e.release_t,
+                    elapsed_s=t - e.release_t,
+                    deadline_s=e.deadline_s,
+                    cpus=tuple(cpus),
+                    profile=e.profile,
+                    progress=self.progress(e.pid) if self.progress else None,
+                )
+            )
+        return hw.with_jobs(tuple(jobs)), finished
+
+    def tick(self) -> TickResult:
+        for cb in self.before_tick:
+            cb(self.platform.clock.now())
+        obs, finished = self.observe()
+        decision = self.policy.decide(obs)
+        for stage in self.stages:
+            decision = stage(decision, obs)
+        decision = self.guard.apply(decision, obs)
+        report = self.actuator.apply(decision, obs)
+        for ev in decision.events:
+            log.info("event=intervention %s", ev)
+        self.events_total += len(decision.events)
+        self._integrate(obs)
+        self.ticks += 1
+        result = TickResult(obs.t, obs, decision, report, finished)
+        self.last = result
+        for cb in self.on_tick:
+            cb(result)
+        return result
+
+    def _integrate(self, obs: Observation) -> None:
+        p, pc = obs.total_power_w, obs.cpu_power_w
+        if self._last_power is not None:
+            t_prev, p_prev, pc_prev = self._last_power
+            dt = obs.t - t_prev
+            if dt > 0:
+                if p is not None and p_prev is not None:
+                    self.energy_j += 0.5 * (p + p_prev) * dt
+                if pc is not None and pc_prev is not None:
+                    self.cpu_energy_j += 0.5 * (pc + pc_prev) * dt
+        self._last_power = (obs.t, p, pc)
+
+    # -- running -----------------------------------------------------------------------------
+    def _sleep_until(self, target: float, stop: threading.Event | None) -> None:
+        clock = self.platform.clock
+        dt = target - clock.now()
+        if dt <= 0:
+            return
+        if isinstance(clock, VirtualClock):
+            clock.sleep(dt)
+            return
+        # Real time: wake early when a job registers/leaves or when asked to stop.
+        deadline = time.monotonic() + dt
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if stop is not None and stop.is_set():
+                return
+            if self.jobs.changed.wait(min(remaining, 0.05)):
+                self.jobs.changed.clear()
+                return
+
+    def run(
+        self,
+        duration_s: float | None = None,
+        stop: threading.Event | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
+        clock = self.platform.clock
+        start = clock.now()
+        next_tick = start
+        while True:
+            if stop is not None and stop.is_set():
+                break
+            now = clock.now()
+            if duration_s is not None and now - start >= duration_s - 1e-12:
+                break
+            if until is not None and until():
+                break
+            self.tick()
+            next_tick += self.period_s
+            now = clock.now()
+            if next_tick <= now:
+                next_tick = now + self.period_s
+            if duration_s is not None:
+                next_tick = min(next_tick, start + duration_s)
+            self._sleep_until(next_tick, stop)
+
+    # -- status --------------------------------------------------------------------------------
+    def status(self) -> dict:
+        """The JSON status the daemon writes (``--status-file``) and serves."""
+        last = self.last
+        obs = last.obs if last else None
+        return {
+            "t": round(self.platform.clock.now() - self.t0, 6),
+            "board": self.platform.spec.name,
+            "backend": self.platform.kind,
+            "policy": self.policy.name,
+            "period_s": self.period_s,
+            "ticks": self.ticks,
+            "freq_khz": {c.name: c.cur_khz for c in obs.clusters} if obs else {},
+            "temp_c": {z.type: z.temp_c for z in obs.zones if z.temp_c is not None} if obs else {},
+            "power_w": {
+                "total": obs.total_power_w if obs else None,
+                "cpu": obs.cpu_power_w if obs else None,
+            },
+            "energy_j": round(self.energy_j, 6) if obs and obs.total_power_w is not None else None,
+            "cpu_energy_j": round(self.cpu_energy_j, 6) if obs and obs.cpu_power_w is not None else None,
+            "jobs_running": len(self.jobs),
+            "jobs_done": len(self.jobs.outcomes),
+            "deadline_misses": self.jobs.misses(),
+            "interventions": self.events_total,
+            "last_events": list(last.decision.events[-5:]) if last else [],
+            "unavailable": list(obs.errors[:10]) if obs else [],
+        }

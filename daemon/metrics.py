@@ -1,0 +1,267 @@
+"""Optional Prometheus endpoint (text exposition format 0.0.4) on localhost.
+
+The daemon supplies a callback returning :class:`Metric` families (or its status dict, turned
+into the standard families by :func:`metrics_from_status`); each scrape calls it, so the numbers
+are as fresh as the last tick. Units are Prometheus base units (hertz, celsius, watts, joules);
+an unavailable reading is left out of the scrape rather than reported as 0. Stdlib only:
+``http.server`` on a background thread, shared with the telemetry endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from daemon.config import parse_listen
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+log = logging.getLogger("hidvfs.metrics")
+
+
+@dataclass
+class Metric:
+    """One metric family: a name, its type, a help text and labelled samples."""
+
+    name: str
+    kind: str  # "gauge" | "counter"
+    help: str
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"invalid metric name {self.name!r}")
+        if self.kind not in ("gauge", "counter"):
+            raise ValueError(
+                f"metric {self.name}: kind must be gauge or counter, got {self.kind!r}"
+            )
+
+    def add(self, value: float | None, **labels: str) -> Metric:
+        """Add a sample; ``None`` (unavailable) is skipped."""
+        if value is None:
+            return self
+        for k in labels:
+            if not _LABEL.match(k) or k.startswith("__"):
+                raise ValueError(f"metric {self.name}: invalid label name {k!r}")
+        self.samples.append(({k: str(v) for k, v in labels.items()}, float(value)))
+        return self
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_number(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    return repr(v)
+
+
+def render(metrics: Iterable[Metric]) -> str:
+    """The text exposition of ``metrics`` (``# HELP``, ``# TYPE``, one line per sample)."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for m in metrics:
+        if m.name in seen:
+            raise ValueError(f"metric family {m.name!r} appears twice")
+        seen.add(m.name)
+        lines.append(f"# HELP {m.name} {escape_help(m.help)}")
+        lines.append(f"# TYPE {m.name} {m.kind}")
+        for labels, value in m.samples:
+            if labels:
+                body = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
+                lines.append(f"{m.name}{{{body}}} {format_number(value)}")
+            else:
+                lines.append(f"{m.name} {format_number(value)}")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
+    """The standard hidvfs families from the daemon's status dict.
+
+    Reads ``freq_khz`` {cluster: kHz}, ``temp_c`` {zone: °C}, ``power_w`` {rail: W} (and
+    ``rails_w`` when present), ``energy_j``, ``jobs_running``, ``deadline_misses``
+    {criticality: n}, ``ticks`` (decisions) and ``interventions`` (an int, or {kind: n} such
+    as gate/shield/guard). Missing keys and ``None`` values are left out.
+    """
+    freq = Metric(
+        "hidvfs_cluster_frequency_hertz", "gauge", "Current CPU frequency of each cpufreq cluster."
+    )
+    for name, khz in sorted(dict(status.get("freq_khz") or {}).items()):
+        v = _num(khz)
+        freq.add(None if v is None else v * 1000.0, cluster=name)
+    temp = Metric("hidvfs_zone_temperature_celsius", "gauge", "Temperature of each thermal zone.")
+    for name, c in sorted(dict(status.get("temp_c") or {}).items()):
+        temp.add(_num(c), zone=name)
+    power = Metric("hidvfs_rail_power_watts", "gauge", "Power drawn on each monitored rail.")
+    rails = dict(status.get("power_w") or {})
+    rails.update(dict(status.get("rails_w") or {}))
+    for name, w in sorted(rails.items()):
+        power.add(_num(w), rail=name)
+    energy = Metric(
+        "hidvfs_energy_joules_total",
+        "counter",
+        "Energy on the board's total input rail since the daemon started.",
+    )
+    energy.add(_num(status.get("energy_j")))
+    jobs = Metric("hidvfs_jobs_running", "gauge", "Registered jobs still running.")
+    jobs.add(_num(status.get("jobs_running")))
+    done = Metric("hidvfs_jobs_completed_total", "counter", "Registered jobs that finished.")
+    done.add(_num(status.get("jobs_done")))
+    misses = Metric(
+        "hidvfs_deadline_misses_total",
+        "counter",
+        "Jobs that finished after their deadline, by criticality.",
+    )
+    for crit, n in sorted(dict(status.get("deadline_misses") or {}).items()):
+        misses.add(_num(n), criticality=crit)
+    decisions = Metric("hidvfs_decisions_total", "counter", "Control-loop decisions taken.")
+    decisions.add(_num(status.get("ticks", status.get("decisions"))))
+    inter = Metric(
+        "hidvfs_interventions_total",
+        "counter",
+        "Decisions changed by the schedulability gate, the conformal shield or the thermal guard.",
+    )
+    raw = status.get("interventions")
+    if isinstance(raw, Mapping):
+        for kind, n in sorted(raw.items()):
+            inter.add(_num(n), kind=kind)
+    else:
+        inter.add(_num(raw), kind="all")
+    return [freq, temp, power, energy, jobs, done, misses, decisions, inter]
+
+
+# --------------------------------------------------------------------------------------------
+# A small HTTP server on a thread (shared with daemon.telemetry)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class LocalHttpServer:
+    """Serves ``handler(path, headers) -> (status, content_type, body)`` on a thread."""
+
+    def __init__(
+        self,
+        listen: str,
+        handler: Callable[[str, Mapping[str, str]], tuple[int, str, bytes]],
+        name: str,
+    ):
+        self.listen = listen
+        self.host, self.port = parse_listen(listen)
+        self.handler = handler
+        self.name = name
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the port is the real one when 0 was asked for."""
+        if self._httpd is None:
+            return self.host, self.port
+        addr = self._httpd.server_address
+        return str(addr[0]), int(addr[1])
+
+    def start(self) -> LocalHttpServer:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "hidvfs"
+            sys_version = ""
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server naming
+                try:
+                    status, ctype, body = outer.handler(self.path, self.headers)
+                except Exception:  # noqa: BLE001 - a scrape must never kill the daemon
+                    log.exception(
+                        "event=http_handler_failed endpoint=%s path=%s", outer.name, self.path
+                    )
+                    status, ctype, body = 500, "text/plain; charset=utf-8", b"internal error\n"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                if status == 401:
+                    self.send_header("WWW-Authenticate", 'Bearer realm="hidvfs"')
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+                log.debug("event=http_request endpoint=%s detail=%r", outer.name, format % args)
+
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        server_cls = type("_BoundServer", (_Server,), {"address_family": family})
+        try:
+            self._httpd = server_cls((self.host, self.port), Handler)
+        except OSError as err:
+            raise OSError(
+                err.errno, f"{self.name}: cannot listen on {self.listen}: {err.strerror}"
+            ) from None
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"hidvfs-{self.name}",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("event=http_listening endpoint=%s address=%s:%d", self.name, *self.address)
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> LocalHttpServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+MetricsProvider = Callable[[], "Iterable[Metric] | Mapping[str, Any]"]
+
+
+class MetricsServer(LocalHttpServer):
+    """``GET /metrics`` -> the exposition of ``provider()`` (Metric families or a status dict)."""
+
+    def __init__(self, listen: str, provider: MetricsProvider):
+        self.provider = provider
+        super().__init__(listen, self._handle, "metrics")
+
+    def _handle(self, path: str, headers: Mapping[str, str]) -> tuple[int, str, bytes]:
+        route = path.split("?", 1)[0]
+        if route not in ("/metrics", "/"):
+            return 404, "text/plain; charset=utf-8", b"not found; try /metrics\n"
+        got = self.provider()
+        families = metrics_from_status(got) if isinstance(got, Mapping) else list(got)
+        return 200, CONTENT_TYPE, render(families).encode()

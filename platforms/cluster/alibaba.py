@@ -1,0 +1,320 @@
+"""Reader for Alibaba cluster-trace-v2018 ``batch_task.csv`` (no header row).
+
+Columns: task_name, instance_num, job_name, task_type, status, start_time, end_time, plan_cpu,
+plan_mem. The DAG is encoded in the task names: ``M5_3_4`` is task 5 and depends on tasks 3
+and 4; the leading letter carries no meaning; non-numeric tokens (``Stg4``) are ignored;
+``task_*`` and ``MergeTask*`` names are independent (non-DAG) tasks.
+
+A broken job (a cycle, a parent that does not exist, a bad row, a status other than the
+accepted ones) is reported with the file, the line and the job, and only that job is skipped.
+Units: times in seconds from the trace start, ``cpu`` in cores (plan_cpu / 100), ``mem`` in the
+trace's normalised units (0-100).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from platforms.dag import DAG, make_dag
+
+N_COLUMNS = 9
+#: ``DAG.cycles`` holds the work as cycles at this frequency on a capacity-1 core, so that
+#: ``dag.task_time(REF_HZ)`` is the task's duration in seconds on the reference node.
+REF_HZ = 1e9
+DEFAULT_STATUSES = ("Terminated",)
+
+
+@dataclass(frozen=True)
+class TraceTask:
+    name: str  # raw task_name
+    tid: int  # numeric id inside the job (fresh ids above the DAG ids for task_* names)
+    parents: tuple[int, ...]
+    instances: int
+    status: str
+    start: float
+    end: float
+    cpu: float  # cores
+    mem: float  # normalised memory units
+    line: int
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, eq=False)
+class TraceJob:
+    """One job: its tasks (index = DAG node) and the DAG built from the names."""
+
+    name: str
+    tasks: tuple[TraceTask, ...]
+    dag: DAG
+
+    @property
+    def arrival(self) -> float:
+        return min(t.start for t in self.tasks)
+
+    @property
+    def work_s(self) -> np.ndarray:
+        return self.dag.task_time(REF_HZ)
+
+    @property
+    def cpu(self) -> np.ndarray:
+        return np.array([t.cpu for t in self.tasks])
+
+    @property
+    def mem(self) -> np.ndarray:
+        return np.array([t.mem for t in self.tasks])
+
+
+@dataclass(frozen=True)
+class TraceIssue:
+    """A problem found in the trace. ``skipped`` says whether the job was dropped."""
+
+    file: str
+    line: int
+    job: str
+    kind: str  # bad-row | cycle | dangling-parent | duplicate-task | status | imputed
+    detail: str
+    skipped: bool = True
+
+    def __str__(self) -> str:
+        act = "job skipped" if self.skipped else "kept"
+        return f"{self.file}: line {self.line}: job {self.job or '?'}: {self.kind}: {self.detail} ({act})"
+
+
+@dataclass
+class TraceLoad:
+    jobs: list[TraceJob]
+    issues: list[TraceIssue] = field(default_factory=list)
+    rows: int = 0
+
+    @property
+    def skipped_jobs(self) -> list[str]:
+        return sorted({i.job for i in self.issues if i.skipped and i.job})
+
+    @property
+    def n_tasks(self) -> int:
+        return sum(len(j.tasks) for j in self.jobs)
+
+
+def parse_task_name(name: str) -> tuple[int | None, tuple[int, ...]]:
+    """``(task id, parent ids)``; the id is ``None`` for a non-DAG task (``task_*``, ``MergeTask*``)."""
+    if name.startswith("task_") or name.startswith("MergeTask"):
+        return None, ()
+    tok = name.split("_")
+    digits = "".join(ch for ch in tok[0] if ch.isdigit())
+    if not digits:
+        return None, ()
+    parents = tuple(int(t) for t in tok[1:] if t.isdigit())
+    return int(digits), parents
+
+
+class _BadRow(ValueError):
+    pass
+
+
+def _number(text: str, column: str, default: float | None, imputed: list[str]) -> float:
+    text = text.strip()
+    if text == "":
+        if default is None:
+            raise _BadRow(f"{column} is empty")
+        imputed.append(f"{column} empty, used {default:g}")
+        return default
+    try:
+        v = float(text)
+    except ValueError:
+        raise _BadRow(f"{column}={text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise _BadRow(f"{column}={text!r} is not finite")
+    return v
+
+
+def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
+    """Returns the task (line set by the caller) and notes about imputed values."""
+    imputed: list[str] = []
+    if len(row) != N_COLUMNS:
+        raise _BadRow(f"expected {N_COLUMNS} columns, got {len(row)}")
+    name = row[0].strip()
+    if not name:
+        raise _BadRow("task_name is empty")
+    instances = _number(row[1], "instance_num", 1.0, imputed)
+    if instances < 1 or instances != int(instances):
+        raise _BadRow(f"instance_num={row[1]!r} is not a positive integer")
+    status = row[4].strip()
+    start = _number(row[5], "start_time", None, imputed)
+    end = _number(row[6], "end_time", None, imputed)
+    if end < start:
+        raise _BadRow(f"end_time {end:g} < start_time {start:g}")
+    plan_cpu = _number(row[7], "plan_cpu", 100.0, imputed)
+    plan_mem = _number(row[8], "plan_mem", 0.0, imputed)
+    if plan_cpu <= 0:
+        raise _BadRow(f"plan_cpu={row[7]!r} is not positive")
+    if not 0 <= plan_mem <= 100:
+        raise _BadRow(f"plan_mem={row[8]!r} outside the normalised range 0-100")
+    tid, parents = parse_task_name(name)
+    task = TraceTask(
+        name=name,
+        tid=-1 if tid is None else tid,
+        parents=parents,
+        instances=int(instances),
+        status=status,
+        start=start,
+        end=end,
+        cpu=plan_cpu / 100.0,
+        mem=plan_mem,
+        line=0,
+    )
+    return task, imputed
+
+
+def _find_cycle(n: int, preds: list[list[int]]) -> list[int]:
+    """Indices of one cycle in the parent graph (empty when acyclic). Iterative DFS."""
+    color = [0] * n  # 0 new, 1 on stack, 2 done
+    for root in range(n):
+        if color[root]:
+            continue
+        stack = [(root, iter(preds[root]))]
+        path = [root]
+        color[root] = 1
+        while stack:
+            v, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[v] = 2
+                stack.pop()
+                path.pop()
+            elif color[nxt] == 1:
+                return path[path.index(nxt) :]
+            elif color[nxt] == 0:
+                color[nxt] = 1
+                stack.append((nxt, iter(preds[nxt])))
+                path.append(nxt)
+    return []
+
+
+def _build_job(
+    source: str, job: str, tasks: list[TraceTask]
+) -> tuple[TraceJob | None, TraceIssue | None]:
+    by_id: dict[int, int] = {}
+    for i, t in enumerate(tasks):
+        if t.tid < 0:
+            continue
+        if t.tid in by_id:
+            first = tasks[by_id[t.tid]]
+            return None, TraceIssue(
+                source, t.line, job, "duplicate-task", f"task id {t.tid} in {t.name!r} already used by {first.name!r} (line {first.line})"
+            )
+        by_id[t.tid] = i
+    fresh = max(by_id, default=0) + 1
+    numbered = []
+    for t in tasks:
+        if t.tid < 0:
+            t = TraceTask(t.name, fresh, (), t.instances, t.status, t.start, t.end, t.cpu, t.mem, t.line)
+            fresh += 1
+        numbered.append(t)
+    preds: list[list[int]] = []
+    for t in numbered:
+        ps = []
+        for p in t.parents:
+            if p not in by_id:
+                return None, TraceIssue(
+                    source, t.line, job, "dangling-parent", f"{t.name!r} depends on task {p}, which the job does not have"
+                )
+            ps.append(by_id[p])
+        preds.append(ps)
+    cycle = _find_cycle(len(numbered), preds)
+    if cycle:
+        names = " -> ".join(numbered[i].name for i in reversed(cycle))
+        line = min(numbered[i].line for i in cycle)
+        return None, TraceIssue(source, line, job, "cycle", f"dependency cycle {names}")
+    src = [p for i, ps in enumerate(preds) for p in ps]
+    dst = [i for i, ps in enumerate(preds) for _ in ps]
+    work = np.array([t.duration for t in numbered]) * REF_HZ
+    dag = make_dag(job, work, np.zeros(len(numbered)), src, dst, unit=f"cycles at {REF_HZ:g} Hz")
+    return TraceJob(job, tuple(numbered), dag), None
+
+
+def parse_batch_task(
+    lines: Iterable[str],
+    source: str = "<memory>",
+    statuses: tuple[str, ...] | None = DEFAULT_STATUSES,
+    max_jobs: int | None = None,
+) -> TraceLoad:
+    """Parse ``batch_task.csv`` text lines; jobs come out in order of first appearance.
+
+    ``statuses``: rows with another status make their job skipped (an incomplete record);
+    ``None`` accepts every status. ``max_jobs`` keeps only the first jobs seen.
+    """
+    rows = 0
+    order: list[str] = []
+    groups: dict[str, list[TraceTask]] = {}
+    bad: dict[str, TraceIssue] = {}
+    issues: list[TraceIssue] = []
+    for lineno, row in enumerate(csv.reader(lines), start=1):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        rows += 1
+        job = row[2].strip() if len(row) > 2 else ""
+        if not job:
+            issues.append(TraceIssue(source, lineno, "", "bad-row", "job_name missing; row ignored", skipped=False))
+            continue
+        if job not in groups:
+            if max_jobs is not None and len(order) >= max_jobs:
+                continue
+            order.append(job)
+            groups[job] = []
+        try:
+            task, imputed = _parse_row(row)
+        except _BadRow as err:
+            bad.setdefault(job, TraceIssue(source, lineno, job, "bad-row", str(err)))
+            continue
+        if statuses is not None and task.status not in statuses:
+            bad.setdefault(
+                job, TraceIssue(source, lineno, job, "status", f"{task.name!r} has status {task.status!r}, accepted: {', '.join(statuses)}")
+            )
+            continue
+        for note in imputed:
+            issues.append(TraceIssue(source, lineno, job, "imputed", f"{task.name!r}: {note}", skipped=False))
+        groups[job].append(
+            TraceTask(task.name, task.tid, task.parents, task.instances, task.status, task.start, task.end, task.cpu, task.mem, lineno)
+        )
+    jobs: list[TraceJob] = []
+    for job in order:
+        if job in bad:
+            issues.append(bad[job])
+            continue
+        built, issue = _build_job(source, job, groups[job])
+        if issue is not None:
+            issues.append(issue)
+        else:
+            jobs.append(built)
+    issues.sort(key=lambda i: i.line)
+    return TraceLoad(jobs, issues, rows)
+
+
+def _open_lines(path: str) -> Iterator[str]:
+    if path.endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+            yield from f
+    else:
+        with open(path, encoding="utf-8", newline="") as f:
+            yield from f
+
+
+def read_batch_task(
+    path: str | os.PathLike[str],
+    statuses: tuple[str, ...] | None = DEFAULT_STATUSES,
+    max_jobs: int | None = None,
+) -> TraceLoad:
+    """Read a ``batch_task.csv`` (or ``.csv.gz``) file; see :func:`parse_batch_task`."""
+    path = os.fspath(path)
+    return parse_batch_task(_open_lines(path), source=path, statuses=statuses, max_jobs=max_jobs)

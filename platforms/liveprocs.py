@@ -1,0 +1,173 @@
+"""Process control on a live board (psutil + the scheduler syscalls).
+
+A job is its whole process tree: the registered pid and all its descendants, and every thread of
+each (OpenMP workers are threads). CPU affinity and scheduling class are per thread on Linux,
+so each tid is set on its own. A thread that exits meanwhile is skipped; a thread created while
+we iterate inherits its creator's setting, and we re-list until no unseen tid appears. A pid
+that has gone raises :class:`ProcessGone`; a refusal by the kernel becomes a PermissionError
+that says which right is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import psutil
+
+from platforms.procs import ProcessControl, ProcessGone
+
+#: how many times to re-list threads that appeared while we were setting the others
+_MAX_PASSES = 4
+
+
+def _denied(action: str, pid: int, err: BaseException) -> PermissionError:
+    return PermissionError(
+        errno.EPERM,
+        f"{action} of pid {pid} was refused ({err}); the hidvfs daemon needs root "
+        "(or CAP_SYS_NICE) to place and prioritise other users' processes",
+    )
+
+
+class LiveProcessControl(ProcessControl):
+    def _root(self, pid: int) -> psutil.Process:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                raise ProcessGone(pid)
+            return proc
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            raise ProcessGone(pid) from None
+
+    def _tree(self, pid: int) -> list[psutil.Process]:
+        root = self._root(pid)
+        try:
+            children = root.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            raise ProcessGone(pid) from None
+        return [root, *children]
+
+    def tids(self, pid: int) -> list[int]:
+        """Every thread id of ``pid``'s process tree (the root's first)."""
+        out: list[int] = []
+        for i, proc in enumerate(self._tree(pid)):
+            try:
+                out.extend(t.id for t in proc.threads())
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                if i == 0:
+                    raise ProcessGone(pid) from None
+            except psutil.AccessDenied as err:
+                raise _denied("listing the threads", proc.pid, err) from None
+        return out
+
+    def _each_thread(self, pid: int, action: str, apply) -> None:
+        done: set[int] = set()
+        for _ in range(_MAX_PASSES):
+            todo = [t for t in self.tids(pid) if t not in done]
+            if not todo:
+                return
+            for tid in todo:
+                try:
+                    apply(tid)
+                except ProcessLookupError:
+                    pass  # the thread exited between listing and setting
+                except PermissionError as err:
+                    raise _denied(action, pid, err) from None
+                done.add(tid)
+        if not self.alive(pid):
+            raise ProcessGone(pid)
+
+    # -- ProcessControl ------------------------------------------------------------------------
+    def alive(self, pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return False
+        except psutil.AccessDenied:
+            return True
+
+    def set_affinity(self, pid: int, cpus: tuple[int, ...]) -> None:
+        mask = {int(c) for c in cpus}
+        if not mask:
+            raise ValueError(f"pid {pid}: an empty CPU set would leave the job nowhere to run")
+
+        def apply(tid: int) -> None:
+            try:
+                os.sched_setaffinity(tid, mask)
+            except OSError as err:
+                if err.errno == errno.EINVAL:
+                    raise ValueError(
+                        f"pid {pid}: CPU set {sorted(mask)} has no online CPU this process may use"
+                    ) from None
+                raise
+
+        self._each_thread(pid, "setting the CPU affinity", apply)
+
+    def get_affinity(self, pid: int) -> tuple[int, ...]:
+        try:
+            return tuple(sorted(os.sched_getaffinity(pid)))
+        except ProcessLookupError:
+            raise ProcessGone(pid) from None
+        except PermissionError as err:
+            raise _denied("reading the CPU affinity", pid, err) from None
+
+    def set_priority(self, pid: int, rt_priority: int = 0, nice: int = 0) -> None:
+        if not 0 <= rt_priority <= 99:
+            raise ValueError(
+                f"rt_priority must be 0 (SCHED_OTHER) or 1..99 (SCHED_FIFO), got {rt_priority}"
+            )
+        if not -20 <= nice <= 19:
+            raise ValueError(f"nice must be in -20..19, got {nice}")
+
+        if rt_priority > 0:
+
+            def apply(tid: int) -> None:
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(rt_priority))
+
+            self._each_thread(pid, f"SCHED_FIFO priority {rt_priority}", apply)
+            return
+
+        def apply_other(tid: int) -> None:
+            if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            # PRIO_PROCESS with a tid sets that one thread's nice value on Linux
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+
+        self._each_thread(pid, f"SCHED_OTHER nice {nice}", apply_other)
+
+    def get_priority(self, pid: int) -> tuple[int, int]:
+        """(rt_priority, nice) of the main thread: (1..99, 0) under SCHED_FIFO, (0, nice) else."""
+        try:
+            policy = os.sched_getscheduler(pid)
+            if policy in (os.SCHED_FIFO, os.SCHED_RR):
+                return os.sched_getparam(pid).sched_priority, 0
+            return 0, os.getpriority(os.PRIO_PROCESS, pid)
+        except ProcessLookupError:
+            raise ProcessGone(pid) from None
+
+    def cpu_time(self, pid: int) -> float:
+        """User + system seconds of the live tree, plus what its reaped children used."""
+        total = 0.0
+        for i, proc in enumerate(self._tree(pid)):
+            try:
+                t = proc.cpu_times()
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                if i == 0:
+                    raise ProcessGone(pid) from None
+                continue
+            except psutil.AccessDenied as err:
+                raise _denied("reading the CPU time", proc.pid, err) from None
+            total += (
+                t.user
+                + t.system
+                + getattr(t, "children_user", 0.0)
+                + getattr(t, "children_system", 0.0)
+            )
+        return total
+
+    def owner_uid(self, pid: int) -> int | None:
+        """Real uid owning ``pid`` (None when it has gone)."""
+        try:
+            return psutil.Process(pid).uids().real
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return None

@@ -1,0 +1,355 @@
+"""Board detection and discovery: what a live or fake tree offers, as a :class:`BoardSpec`.
+
+:func:`detect_board` follows ``boards.md`` section 7: the NUL-separated device-tree
+``compatible`` list first, then ``model``, against every shipped spec's ``detect`` lists.
+:func:`probe` builds the spec from the tree itself (cpufreq policies, thermal zones by type,
+INA3221 rails by label), borrowing only names, core types and capacities from the matched spec,
+so an unknown board still gets a usable spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from platforms import cpufreq, paths, power, thermal
+from platforms.errors import SysfsUnavailable
+from platforms.spec import (
+    BoardSpec,
+    ClusterSpec,
+    RailSpec,
+    Trip,
+    ZoneSpec,
+    board_names,
+    load_board,
+)
+from platforms.sysfs import SysfsBackend
+
+# -- detection --------------------------------------------------------------------------------
+
+
+def read_compatible(sysfs: SysfsBackend) -> tuple[str, ...]:
+    text = sysfs.read_or(paths.DT_COMPATIBLE, "") or ""
+    return tuple(x.strip() for x in text.split("\x00") if x.strip())
+
+
+def read_model(sysfs: SysfsBackend) -> str | None:
+    text = sysfs.read_or(paths.DT_MODEL)
+    if text is None:
+        return None
+    return text.replace("\x00", "").strip() or None
+
+
+def _shipped_specs() -> list[BoardSpec]:
+    return [load_board(n) for n in board_names()]
+
+
+def match_score(spec: BoardSpec, compatible: tuple[str, ...], model: str | None) -> int:
+    """2 for a device-tree ``compatible`` hit, +1 for a ``model`` substring hit (0: no match)."""
+    score = 2 if set(spec.compatible) & set(compatible) else 0
+    if model is not None and any(m.lower() in model.lower() for m in spec.model):
+        score += 1
+    return score
+
+
+def detect_board(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> str | None:
+    """Name of the spec the tree matches best (compatible outranks model), or None."""
+    compatible, model = read_compatible(sysfs), read_model(sysfs)
+    best, best_score = None, 0
+    for spec in specs if specs is not None else _shipped_specs():
+        score = match_score(spec, compatible, model)
+        if score > best_score:
+            best, best_score = spec.name, score
+    return best
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    board: str | None  # the detected shipped board, None when unknown
+    spec: BoardSpec  # built by discovery from the tree
+    #: policy -> {file: writable} for the files a controller writes
+    writable: dict[int, dict[str, bool]]
+    online: tuple[int, ...]
+    policies: dict[int, cpufreq.PolicyState] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; ``spec`` uses the board YAML schema, so it loads with ``parse_board``."""
+        return {
+            "board": self.board,
+            "online": list(self.online),
+            "writable": {f"policy{p}": w for p, w in sorted(self.writable.items())},
+            "policies": {
+                f"policy{p}": {
+                    "governor": st.governor,
+                    "cur_khz": st.cur_khz,
+                    "min_khz": st.min_khz,
+                    "max_khz": st.max_khz,
+                    "affected_cpus": list(st.affected_cpus or ()),
+                }
+                for p, st in sorted(self.policies.items())
+            },
+            "notes": list(self.notes),
+            "spec": spec_to_dict(self.spec),
+        }
+
+
+def spec_to_dict(spec: BoardSpec) -> dict[str, Any]:
+    """A :class:`BoardSpec` in the ``platforms/boards/*.yaml`` schema."""
+
+    def trips(ts: tuple[Trip, ...]) -> list[dict[str, Any]]:
+        return [{"temp_mc": t.temp_mc, "type": t.type, "hyst_mc": t.hyst_mc} for t in ts]
+
+    out: dict[str, Any] = {
+        "name": spec.name,
+        "title": spec.title,
+        "detect": {"compatible": list(spec.compatible), "model": list(spec.model)},
+        "clusters": [
+            {
+                "name": c.name,
+                "policy": c.policy,
+                "cpus": list(c.cpus),
+                "core_type": c.core_type,
+                "capacity": c.capacity,
+                "freqs_khz": list(c.freqs_khz),
+                "transition_latency_ns": c.transition_latency_ns,
+                "scaling_driver": c.scaling_driver,
+                "governors": list(c.governors),
+                "modular_governors": list(c.modular_governors),
+                "default_governor": c.default_governor,
+                "offline_by_default": list(c.offline_by_default),
+            }
+            for c in spec.clusters
+        ],
+        "thermal": {
+            "zones": [
+                {
+                    "type": z.type,
+                    "role": z.role,
+                    "clusters": list(z.clusters),
+                    "trips": trips(z.trips),
+                    **({"quirk": z.quirk} if z.quirk else {}),
+                }
+                for z in spec.zones
+            ]
+        },
+        "power": {
+            "rails": [
+                {
+                    "name": r.name,
+                    "role": r.role,
+                    "driver": r.driver,
+                    "device": r.device,
+                    "channel": r.channel,
+                    "unit": r.unit,
+                }
+                for r in spec.rails
+            ]
+        },
+    }
+    if spec.sim:
+        out["sim"] = spec.sim
+    return out
+
+
+def _known_cluster(known: BoardSpec | None, policy: int) -> ClusterSpec | None:
+    if known is None:
+        return None
+    return next((c for c in known.clusters if c.policy == policy), None)
+
+
+def _discover_clusters(
+    sysfs: SysfsBackend, known: BoardSpec | None, online: tuple[int, ...], notes: list[str]
+) -> tuple[list[ClusterSpec], dict[int, cpufreq.PolicyState]]:
+    clusters, states = [], {}
+    for p in cpufreq.list_policies(sysfs):
+        try:
+            st = cpufreq.read_policy(sysfs, p)
+        except SysfsUnavailable as err:
+            notes.append(str(err))
+            continue
+        states[p] = st
+        ref = _known_cluster(known, p)
+        cpus = st.related_cpus or st.affected_cpus or (p,)
+        table = st.freq_table
+        if not table:
+            notes.append(f"policy{p}: no frequency table or cpuinfo bounds; skipped")
+            continue
+        govs = st.available_governors or ((st.governor,) if st.governor else ())
+        if not govs:
+            notes.append(f"policy{p}: no governors readable; skipped")
+            continue
+        default = st.governor if st.governor in govs else govs[0]
+        clusters.append(
+            ClusterSpec(
+                name=ref.name if ref else f"policy{p}",
+                policy=p,
+                cpus=tuple(sorted(cpus)),
+                core_type=ref.core_type if ref else "unknown",
+                capacity=ref.capacity if ref else 1.0,
+                freqs_khz=table,
+                transition_latency_ns=st.transition_latency_ns or 0,
+                governors=tuple(govs),
+                default_governor=default,
+                modular_governors=ref.modular_governors if ref else (),
+                scaling_driver=st.driver or "unknown",
+                offline_by_default=(
+                    ref.offline_by_default if ref else tuple(c for c in cpus if c not in online)
+                ),
+            )
+        )
+    # Policies that vanished with their CPUs (TX2 Denver in the default nvpmodel mode).
+    seen = {c for cl in clusters for c in cl.cpus}
+    if known is not None:
+        for ref in known.clusters:
+            if ref.policy not in states and not seen.intersection(ref.cpus):
+                notes.append(
+                    f"policy{ref.policy} ({ref.name}) absent: CPUs {list(ref.cpus)} offline; "
+                    f"taken from the {known.name} spec"
+                )
+                clusters.append(ref)
+                seen.update(ref.cpus)
+    orphans = [c for c in cpufreq.present_cpus(sysfs) if c not in seen]
+    if orphans:
+        notes.append(f"CPUs {orphans} have no cpufreq policy (offline?)")
+    return sorted(clusters, key=lambda c: c.policy), states
+
+
+_ROLE_HINTS = (
+    ("ignore", ("pmic",)),
+    ("cpu", ("cpu", "bcpu", "mcpu")),
+    ("gpu", ("gpu",)),
+    ("board", ("board", "skin", "xo-", "quiet", "fan", "tdiode", "diode", "ambient")),
+    ("soc", ("soc", "cv", "pll", "tj", "ddr", "aoss", "mdm", "nsp", "video", "camera", "ao-")),
+)
+
+
+def guess_zone_role(zone_type: str) -> str:
+    low = zone_type.lower()
+    if thermal.skip_reason(zone_type) is not None:
+        return "ignore"
+    for role, hints in _ROLE_HINTS:
+        if any(h in low for h in hints):
+            return role
+    return "other"
+
+
+def _zone_quirk(sysfs: SysfsBackend, info: thermal.ZoneInfo) -> str | None:
+    reason = thermal.skip_reason(info.type)
+    if reason is not None:
+        return "stuck100" if info.type.upper().startswith("PMIC") else "not-temperature"
+    try:
+        sysfs.read(info.temp_path)
+    except SysfsUnavailable as err:
+        return "blank" if "empty" in err.reason else "eagain"
+    return None
+
+
+def _discover_zones(sysfs: SysfsBackend, known: BoardSpec | None) -> list[ZoneSpec]:
+    known_zones = {z.type: z for z in known.zones} if known is not None else {}
+    cluster_names = {c.name for c in known.clusters} if known is not None else set()
+    out, seen = [], set()
+    for info in thermal.discover_zones(sysfs):
+        if info.type in seen:
+            continue
+        seen.add(info.type)
+        ref = known_zones.get(info.type)
+        out.append(
+            ZoneSpec(
+                type=info.type,
+                role=ref.role if ref else guess_zone_role(info.type),
+                clusters=tuple(c for c in ref.clusters if c in cluster_names) if ref else (),
+                trips=info.trips,
+                quirk=ref.quirk if ref else _zone_quirk(sysfs, info),
+            )
+        )
+    return out
+
+
+def _discover_rails(sysfs: SysfsBackend, known: BoardSpec | None) -> list[RailSpec]:
+    known_rails = {r.name: r for r in known.rails} if known is not None else {}
+    out, has_total, has_cpu = [], False, False
+    for src in power.discover_rails(sysfs):
+        ref = known_rails.get(src.name)
+        role = ref.role if ref else power.guess_role(src.name, taken_cpu=has_cpu)
+        if role == "total" and has_total:
+            role = "sub"
+        has_total |= role == "total"
+        has_cpu |= role == "cpu"
+        out.append(RailSpec(src.name, role, src.driver, src.device, src.channel, "mW"))
+    order = list(known_rails)
+    return sorted(out, key=lambda r: order.index(r.name) if r.name in order else len(order))
+
+
+def probe(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> ProbeResult:
+    """Detect the board and describe the tree as a :class:`BoardSpec` built by discovery."""
+    candidates = specs if specs is not None else _shipped_specs()
+    board = detect_board(sysfs, candidates)
+    known = next((s for s in candidates if s.name == board), None)
+    notes: list[str] = []
+    online = cpufreq.online_cpus(sysfs)
+    clusters, states = _discover_clusters(sysfs, known, online, notes)
+    if not clusters:
+        notes.append(f"no cpufreq policy under {paths.CPUFREQ}")
+    zones = _discover_zones(sysfs, known)
+    rails = _discover_rails(sysfs, known)
+    if not rails:
+        notes.append("no INA3221 power monitor found: energy is unavailable")
+    model = read_model(sysfs)
+    spec = BoardSpec(
+        name=board or "unknown",
+        title=(known.title if known else None) or model or "unknown board",
+        compatible=read_compatible(sysfs),
+        model=(model,) if model else (),
+        clusters=tuple(clusters),
+        zones=tuple(zones),
+        rails=tuple(rails),
+        sim=dict(known.sim) if known else {},
+        source=f"probe:{sysfs!r}",
+    )
+    writable = {
+        p: {f: sysfs.writable(paths.policy_file(p, f)) for f in cpufreq.WRITABLE_FILES}
+        for p in states
+    }
+    return ProbeResult(board, spec, writable, online, states, tuple(notes))
+
+
+def format_probe(result: ProbeResult) -> str:
+    """Human-readable probe report (``hidvfs probe``)."""
+    spec = result.spec
+    lines = [
+        f"board: {result.board or 'unknown (described by discovery)'} - {spec.title}",
+        f"online CPUs: {paths.format_cpu_ranges(result.online) or 'none'}",
+        "clusters:",
+    ]
+    for c in spec.clusters:
+        st = result.policies.get(c.policy)
+        live = (
+            f"governor {st.governor}, cur {st.cur_khz} kHz, limits {st.min_khz}-{st.max_khz}"
+            if st
+            else "absent (CPUs offline)"
+        )
+        w = result.writable.get(c.policy, {})
+        ro = [f for f, ok in w.items() if not ok]
+        lines.append(
+            f"  policy{c.policy} {c.name} ({c.core_type}) cpus {','.join(map(str, c.cpus))}: "
+            f"{len(c.freqs_khz)} OPPs {c.fmin_khz // 1000}-{c.fmax_khz // 1000} MHz, "
+            f"driver {c.scaling_driver}"
+        )
+        lines.append(f"      {live}; governors: {' '.join(c.governors)}")
+        if st:
+            lines.append(f"      writable: {'all' if not ro else 'not ' + ', '.join(ro)}")
+    lines.append(f"thermal zones ({len(spec.zones)}):")
+    for z in spec.zones:
+        trips = ", ".join(f"{t.temp_mc / 1000:g} {t.type}" for t in z.trips) or "no trips"
+        quirk = f" [{z.quirk}]" if z.quirk else ""
+        lines.append(f"  {z.type:<20} {z.role:<6} {trips}{quirk}")
+    lines.append("power rails:" if spec.rails else "power rails: none (energy unavailable)")
+    for r in spec.rails:
+        lines.append(f"  {r.name:<16} {r.role:<5} {r.driver} {r.device} ch{r.channel}")
+    for n in result.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

@@ -1,0 +1,433 @@
+"""Trace record / replay / info: sysfs captured on a board, served again in CI.
+
+``record`` samples every file the daemon reads (:func:`relevant_files`) each period;
+``RecordingSysfs`` wraps the daemon's own backend so a live run can log what it read and wrote;
+``ReplaySysfs`` serves a trace as a :class:`SysfsBackend` on any clock (a virtual clock replays
+faster than real time) and keeps the daemon's writes so CI can compare its decisions with the
+recorded ones (:func:`compare_writes`). The file format lives in :mod:`platforms.trace_io`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from platforms import paths
+from platforms.clock import Clock
+from platforms.errors import SysfsUnavailable, SysfsWriteError
+from platforms.spec import BoardSpec
+from platforms.sysfs import SysfsBackend
+from platforms.trace_io import (
+    FORMAT,
+    VERSION,
+    Sample,
+    Trace,
+    TraceHeader,
+    TraceWriter,
+    read_trace,
+)
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "TIME_EPS_S",
+    "Sample",
+    "Trace",
+    "TraceHeader",
+    "TraceWriter",
+    "read_trace",
+    "ReplaySysfs",
+    "RecordingSysfs",
+    "relevant_files",
+    "record",
+    "trace_info",
+    "format_info",
+    "WriteMismatch",
+    "compare_writes",
+]
+
+
+#: Trace times are stored to the microsecond; a clock within this of a sample time is at it
+#: (a virtual clock stepped 10 x 0.1 s reads 0.9999999999999999, which must see the 1.0 sample).
+TIME_EPS_S = 1e-6
+
+
+def _norm(path: str) -> str:
+    return path.strip("/")
+
+
+# --------------------------------------------------------------------------------------------
+# Replay
+
+
+class ReplaySysfs(SysfsBackend):
+    """Serve a trace: a read returns the latest recorded value at ``clock.now() - t0``.
+
+    Per path, the sample times that recorded it and their values are precomputed, so a read is
+    one dict lookup and one bisect. Writes are kept in :attr:`writes` as ``(t, path, value)`` and
+    never change later reads: the trace is what the board did, not what it would do now.
+    """
+
+    kind = "replay"
+
+    def __init__(self, trace: Trace, clock: Clock, t0: float | None = None):
+        self.trace = trace
+        self.clock = clock
+        self.t0 = clock.now() if t0 is None else float(t0)
+        self.writes: list[tuple[float, str, str]] = []
+        times: dict[str, list[float]] = {}
+        values: dict[str, list[str | None]] = {}
+        for s in trace.samples:
+            for p, v in s.r.items():
+                # equal times stay in file order, so bisect_right picks the later line
+                times.setdefault(_norm(p), []).append(s.t)
+                values.setdefault(_norm(p), []).append(v)
+        self._times = times
+        self._values = values
+        self._files = {_norm(p) for p in trace.paths()}
+        self._children: dict[str, set[str]] = {}
+        for p in self._files:
+            parts = p.split("/")
+            for i in range(len(parts)):
+                self._children.setdefault("/".join(parts[:i]), set()).add(parts[i])
+
+    def __repr__(self) -> str:
+        return f"ReplaySysfs({self.trace.path!r}, t0={self.t0})"
+
+    def elapsed(self) -> float:
+        """Trace time now (seconds since ``t0``)."""
+        return self.clock.now() - self.t0
+
+    @property
+    def end(self) -> float:
+        """Trace time of the last sample; a replay past it keeps serving the last values."""
+        return self.trace.samples[-1].t if self.trace.samples else 0.0
+
+    def read(self, path: str) -> str:
+        key = _norm(path)
+        now = self.elapsed()
+        times = self._times.get(key)
+        i = bisect_right(times, now + TIME_EPS_S) - 1 if times else -1
+        if i < 0:
+            detail = (
+                "" if not times else f" at t={now:.3f} s (first recorded at t={times[0]:.3f} s)"
+            )
+            raise SysfsUnavailable(path, f"not in trace{detail}")
+        value = self._values[key][i]
+        if value is None:
+            raise SysfsUnavailable(path, f"recorded as unavailable at t={times[i]:.3f} s")
+        return value
+
+    def write(self, path: str, value: str) -> None:
+        if not self.exists(path):
+            raise SysfsWriteError(path, value, errno.ENOENT, "not in trace")
+        self.writes.append((self.elapsed(), _norm(path), value))
+
+    def list(self, path: str) -> list[str]:
+        return sorted(self._children.get(_norm(path), ()))
+
+    def exists(self, path: str) -> bool:
+        key = _norm(path)
+        return key in self._files or key in self._children
+
+
+@dataclass(frozen=True)
+class WriteMismatch:
+    """One tick where the replayed daemon wrote something else than the recorded one."""
+
+    t: float
+    path: str
+    recorded: str | None
+    replayed: str | None
+
+
+def compare_writes(trace: Trace, writes: list[tuple[float, str, str]]) -> list[WriteMismatch]:
+    """Compare replayed writes with the recorded ``w``, tick by tick (last write per path wins).
+
+    A replayed write belongs to the latest sample at or before its time; writes before the first
+    sample are compared with it. An empty list means the decisions agree.
+    """
+    times = trace.times
+    if not times:
+        return []
+    replayed: list[dict[str, str]] = [{} for _ in times]
+    for t, p, v in writes:
+        replayed[max(bisect_right(times, t + TIME_EPS_S) - 1, 0)][_norm(p)] = v
+    out = []
+    for s, got in zip(trace.samples, replayed, strict=True):
+        want = {_norm(p): v for p, v in s.w.items()}
+        for p in sorted(want.keys() | got.keys()):
+            if want.get(p) != got.get(p):
+                out.append(WriteMismatch(s.t, p, want.get(p), got.get(p)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Recording
+
+
+class RecordingSysfs(SysfsBackend):
+    """Forward everything to ``inner`` and remember what was read and written since ``take()``.
+
+    A failed read is remembered as None and re-raised; a refused write is not remembered (the
+    trace says what reached the board). The last value per path wins within one take.
+    """
+
+    kind = "recording"
+
+    def __init__(self, inner: SysfsBackend):
+        self.inner = inner
+        self._reads: dict[str, str | None] = {}
+        self._writes: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"RecordingSysfs({self.inner!r})"
+
+    def read(self, path: str) -> str:
+        try:
+            value = self.inner.read(path)
+        except SysfsUnavailable:
+            self._reads[path] = None
+            raise
+        self._reads[path] = value
+        return value
+
+    def write(self, path: str, value: str) -> None:
+        self.inner.write(path, value)
+        self._writes[path] = value
+
+    def list(self, path: str) -> list[str]:
+        return self.inner.list(path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def writable(self, path: str) -> bool:
+        return self.inner.writable(path)
+
+    def take(self) -> tuple[dict[str, str | None], dict[str, str]]:
+        """(reads, writes) since the last call, then start afresh."""
+        out = (self._reads, self._writes)
+        self._reads, self._writes = {}, {}
+        return out
+
+
+_POLICY_RE = re.compile(r"policy\d+")
+_CPU_RE = re.compile(r"cpu\d+")
+_ZONE_RE = re.compile(r"thermal_zone\d+")
+_IIO_RE = re.compile(r"iio:device\d+")
+_HWMON_RE = re.compile(r"hwmon\d+")
+_RAIL_PATTERNS = ("name", "*_label", "in*_input", "curr*_input", "in_power*", "rail_name_*")
+IIO_DRIVER = "bus/i2c/drivers/ina3221x"
+IIO_BUS = "bus/iio/devices"
+HWMON_DRIVER = "bus/i2c/drivers/ina3221"
+CLASS_HWMON = "class/hwmon"
+
+
+def _rail_files(sysfs: SysfsBackend, folder: str) -> list[str]:
+    return [
+        f"{folder}/{n}"
+        for n in sysfs.list(folder)
+        if any(fnmatchcase(n, p) for p in _RAIL_PATTERNS)
+    ]
+
+
+def _matching(sysfs: SysfsBackend, folder: str, regex: re.Pattern[str]) -> list[str]:
+    return [f"{folder}/{n}" for n in sysfs.list(folder) if regex.fullmatch(n)]
+
+
+def relevant_files(sysfs: SysfsBackend, spec: BoardSpec | None = None) -> list[str]:
+    """Every file the daemon reads on this board, found by listing (works on unknown boards).
+
+    Policies, CPU online masks, thermal zones (type, temp, trips), INA3221 rails (IIO by driver
+    folder and on the IIO bus, hwmon by driver folder and by ``class/hwmon`` name), ``proc/stat``
+    and the device-tree identity. A spec adds its rails' device folders (boards that put them
+    elsewhere).
+    Only files that exist now are listed; a read that fails later is recorded as null.
+    """
+    out: set[str] = set()
+    for pol in _matching(sysfs, paths.CPUFREQ, _POLICY_RE):
+        present = set(sysfs.list(pol))
+        out.update(f"{pol}/{n}" for n in paths.POLICY_FILES if n in present)
+    for name in ("online", "present", "possible"):
+        out.add(f"{paths.CPU}/{name}")
+    for cpu in _matching(sysfs, paths.CPU, _CPU_RE):
+        out.add(f"{cpu}/online")
+    for zone in _matching(sysfs, paths.THERMAL, _ZONE_RE):
+        out.update(
+            f"{zone}/{n}"
+            for n in sysfs.list(zone)
+            if n in ("type", "temp") or n.startswith("trip_point_")
+        )
+    rail_dirs: list[str] = []
+    for dev in sysfs.list(IIO_DRIVER):
+        rail_dirs += _matching(sysfs, f"{IIO_DRIVER}/{dev}", _IIO_RE)
+    for dev in _matching(sysfs, IIO_BUS, _IIO_RE):  # the same sensors as the IIO bus shows them
+        if any(n.startswith("rail_name_") for n in sysfs.list(dev)):
+            rail_dirs.append(dev)
+    for dev in sysfs.list(HWMON_DRIVER):
+        rail_dirs += _matching(sysfs, paths.hwmon_root(f"{HWMON_DRIVER}/{dev}"), _HWMON_RE)
+    for hw in _matching(sysfs, CLASS_HWMON, _HWMON_RE):
+        if sysfs.read_or(f"{hw}/name") == "ina3221":
+            rail_dirs.append(hw)
+    for rail in spec.rails if spec is not None else ():
+        dev = _norm(rail.device)
+        if rail.driver == "iio":
+            rail_dirs.append(dev)
+        else:
+            rail_dirs += _matching(sysfs, paths.hwmon_root(dev), _HWMON_RE)
+    for folder in rail_dirs:
+        out.update(_rail_files(sysfs, folder))
+    out.update((paths.PROC_STAT, paths.DT_COMPATIBLE, paths.DT_MODEL, paths.DT_DTSFILENAME))
+    return sorted(p for p in out if sysfs.exists(p))
+
+
+def record(
+    sysfs: SysfsBackend,
+    clock: Clock,
+    out: str | os.PathLike[str],
+    *,
+    period_s: float,
+    duration_s: float | None,
+    board: str | None,
+    files: list[str] | None = None,
+    on_sample: Callable[[int, float], None] | None = None,
+    spec: BoardSpec | None = None,
+    started: str | None = None,
+) -> int:
+    """Sample ``files`` (default: :func:`relevant_files`) every ``period_s`` into ``out``.
+
+    Samples are taken on a fixed grid from the first one (t=0), so the period does not drift;
+    a sample that overruns skips the grid points it missed instead of bursting. Reads that fail
+    are stored as null. ``duration_s=None`` records until KeyboardInterrupt (the trace is kept).
+    ``on_sample(count, t)`` is called after each sample (progress). Returns the sample count.
+    """
+    if not period_s > 0:
+        raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 seconds or None, got {duration_s!r}")
+    names = list(files) if files is not None else relevant_files(sysfs, spec)
+    header = TraceHeader(board=board, period_s=float(period_s), files=names)
+    if started is not None:
+        header.started = started
+    with TraceWriter(out, header) as writer:
+        t0 = clock.now()
+        k = 0
+        try:
+            while duration_s is None or k * period_s < duration_s - 1e-9:
+                wait = t0 + k * period_s - clock.now()
+                if wait > 0:
+                    clock.sleep(wait)
+                t = clock.now() - t0
+                writer.write_sample(t, {p: sysfs.read_or(p) for p in names}, {})
+                if on_sample is not None:
+                    on_sample(writer.count, t)
+                k = max(k + 1, int((clock.now() - t0) / period_s) + 1)
+        except KeyboardInterrupt:
+            if duration_s is not None:
+                raise
+        return writer.count
+
+
+# --------------------------------------------------------------------------------------------
+# Info
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text.split()[0]) if text is not None else None
+    except (ValueError, IndexError):
+        return None
+
+
+def _range(values: list[int], scale: float = 1.0) -> dict[str, float | None]:
+    if not values:
+        return {"min": None, "max": None}
+    return {"min": min(values) / scale, "max": max(values) / scale}
+
+
+def trace_info(trace: Trace) -> dict[str, Any]:
+    """Summary numbers of a trace (what ``hidvfs trace info --json`` prints)."""
+    zone_type: dict[str, str] = {}
+    temps: dict[str, list[int]] = {}
+    freqs: dict[str, list[int]] = {}
+    unavailable = 0
+    writes = 0
+    for s in trace.samples:
+        writes += len(s.w)
+        for p, v in s.r.items():
+            if v is None:
+                unavailable += 1
+            head, _, name = _norm(p).rpartition("/")
+            folder = head.rpartition("/")[2]
+            if name == "type" and _ZONE_RE.fullmatch(folder) and v is not None:
+                zone_type.setdefault(head, v)
+            elif name == "temp" and _ZONE_RE.fullmatch(folder):
+                lst = temps.setdefault(head, [])
+                if (x := _int_or_none(v)) is not None:
+                    lst.append(x)
+            elif name == "scaling_cur_freq" and _POLICY_RE.fullmatch(folder):
+                lst = freqs.setdefault(folder, [])
+                if (x := _int_or_none(v)) is not None:
+                    lst.append(x)
+    zones: dict[str, dict[str, float | None]] = {}
+    for zdir in sorted(temps, key=lambda z: int(z.rpartition("zone")[2])):
+        label = zone_type.get(zdir, zdir.rpartition("/")[2])
+        if label in zones:
+            label = f"{label} ({zdir.rpartition('/')[2]})"
+        zones[label] = _range(temps[zdir], 1000.0)
+    n = len(trace.samples)
+    duration = trace.duration_s
+    return {
+        "file": trace.path,
+        "board": trace.header.board,
+        "version": trace.header.version,
+        "started": trace.header.started,
+        "period_s": trace.header.period_s,
+        "samples": n,
+        "duration_s": duration,
+        "files": len(trace.paths()),
+        "rate_hz": (n - 1) / duration if n > 1 and duration > 0 else None,
+        "zones_c": zones,
+        "policies_khz": {
+            p: _range(freqs[p]) for p in sorted(freqs, key=lambda p: int(p[len("policy") :]))
+        },
+        "unavailable_reads": unavailable,
+        "writes": writes,
+        "truncated": trace.truncated,
+    }
+
+
+def _fmt_range(r: dict[str, float | None], unit: str, digits: int) -> str:
+    if r["min"] is None:
+        return "unavailable"
+    return f"{r['min']:.{digits}f} .. {r['max']:.{digits}f} {unit}"
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """Readable multi-line summary of :func:`trace_info` (``hidvfs trace info``)."""
+    rate = f"{info['rate_hz']:.2f} Hz" if info["rate_hz"] is not None else "n/a"
+    lines = [
+        f"trace     {info['file']}",
+        f"board     {info['board'] or 'unknown'}   (format v{info['version']}, started {info['started']})",
+        f"samples   {info['samples']} over {info['duration_s']:.3f} s, mean rate {rate} "
+        f"(period {info['period_s']} s)",
+        f"files     {info['files']}   unavailable reads {info['unavailable_reads']}   "
+        f"write entries {info['writes']}",
+    ]
+    if info.get("truncated"):
+        lines.append(f"TRUNCATED {info['truncated']}")
+    if info["zones_c"]:
+        lines.append("thermal zones (°C):")
+        width = max(len(z) for z in info["zones_c"])
+        lines += [f"  {z:<{width}}  {_fmt_range(r, '°C', 1)}" for z, r in info["zones_c"].items()]
+    if info["policies_khz"]:
+        lines.append("cpufreq policies (scaling_cur_freq):")
+        lines += [f"  {p:<8}  {_fmt_range(r, 'kHz', 0)}" for p, r in info["policies_khz"].items()]
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""Federated gate: hand-checked allocations and properties against a brute-force search."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from agents.gate import (
+    Assignment,
+    FederatedGate,
+    GateCluster,
+    GateJob,
+    analyse,
+    clusters_from_obs,
+    default_cost,
+    edf_fits,
+    feasible,
+    gate_decision,
+    jobs_from_obs,
+    light_pool_size,
+    min_cores,
+)
+from agents.policy import Decision, JobSetting
+from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
+
+GHZ = 1_000_000
+
+
+def prof(work, span, beta=0.0, ref=GHZ, name="j"):
+    return JobProfile(name, work, span, beta, work, ref, 1)
+
+
+def cl(name, cpus, table, capacity=1.0):
+    return GateCluster(name, tuple(cpus), tuple(table), capacity)
+
+
+# ---------------------------------------------------------------------------------- formulas
+
+
+def test_min_cores_matches_the_federated_formula():
+    p = prof(4.0, 1.0)
+    assert min_cores(p, GHZ, 1.0, 2.0) == 3  # ceil((4 - 1) / (2 - 1))
+    assert min_cores(p, GHZ, 1.0, 2.5) == 2  # ceil(3 / 1.5)
+    assert min_cores(p, GHZ, 1.0, 4.0) == 1  # C <= D: light, one sequential core
+    assert min_cores(p, GHZ, 1.0, 1.0) is None  # L >= D: no core count helps
+    # compute-bound: twice the frequency halves C and L -> light at D = 2
+    assert min_cores(p, 2 * GHZ, 1.0, 2.0) == 1
+    # a core of capacity 2 at f_ref is the same as f = 2 f_ref
+    assert min_cores(p, GHZ, 2.0, 1.5) == min_cores(p, 2 * GHZ, 1.0, 1.5) == 2
+    # memory-bound half: at half frequency phi = 0.5 * 2 + 0.5 = 1.5 -> C = 6, L = 1.5
+    q = prof(4.0, 1.0, beta=0.5)
+    assert min_cores(q, GHZ // 2, 1.0, 2.5) == math.ceil((6 - 1.5) / (2.5 - 1.5))
+    # frequency cannot fix memory-bound lateness: beta * L >= D at any f
+    assert min_cores(q, 100 * GHZ, 1.0, 0.5) is None
+    # half the work left: C = 2, L = min(1, 2) = 1
+    assert min_cores(p, GHZ, 1.0, 1.5, remaining=0.5) == 2
+
+
+def test_edf_list_test_and_light_pool_size():
+    assert edf_fits([(1.0, 0.6), (2.0, 1.2)], 1)  # 0.6 <= 1, 1.8 <= 2
+    assert not edf_fits([(1.0, 0.6), (2.0, 1.5)], 1)  # 2.1 > 2
+    assert edf_fits([(1.0, 0.6), (2.0, 1.5)], 2)
+    assert light_pool_size([(1.0, 0.6), (2.0, 1.2)], 4) == 1
+    assert light_pool_size([(1.0, 0.6), (2.0, 1.5)], 4) == 2
+    assert light_pool_size([(1.0, 0.6), (2.0, 1.5)], 1) is None
+    # the third job starts when the first core frees up (0.5), ends at 1.4 <= 1.5
+    assert light_pool_size([(1.0, 0.5), (1.0, 0.9), (1.5, 0.9)], 3) == 2
+
+
+def test_default_cost_is_monotone():
+    k = cl("a", (0,), (GHZ,), 1.9)
+    assert default_cost(k, GHZ, 2) == pytest.approx(2 * 1.9)
+    assert default_cost(k, 2 * GHZ, 1) == pytest.approx(8 * 1.9)
+
+
+# ---------------------------------------------------------------------------------- repair
+
+
+QUAD = cl("big", (0, 1, 2, 3), (GHZ, 1_500_000, 2 * GHZ))
+
+
+def test_feasible_proposal_is_returned_unchanged():
+    job = GateJob(10, prof(4.0, 0.5), 1.5)  # at 1 GHz: n = ceil(3.5 / 1.0) = 4
+    d = Decision({"big": GHZ}, {10: JobSetting((0, 1, 2, 3))})
+    r = FederatedGate([QUAD]).repair(d, [job])
+    assert r.feasible and r.decision is d and r.events == []
+    assert r.alloc[10].kind == "heavy" and r.alloc[10].need == 4
+
+
+def test_repair_takes_the_cheapest_of_more_cores_or_higher_frequency():
+    job = GateJob(10, prof(4.0, 0.5), 1.5)
+    d = Decision({"big": GHZ}, {10: JobSetting((0, 1))})
+    # default cost: 4 cores at 1 GHz (4) < 2 cores at 1.5 GHz (6.75) < 2 cores at 2 GHz (16)
+    r = FederatedGate([QUAD]).repair(d, [job])
+    assert r.feasible
+    assert r.decision.freq_khz == {"big": GHZ} and r.decision.jobs[10].cpus == (0, 1, 2, 3)
+    assert any("cores [0, 1] -> [0, 1, 2, 3]" in e for e in r.events)
+    # a cost model where cores are dear prefers raising the frequency one OPP
+    dear_cores = FederatedGate([QUAD], cost=lambda k, khz, n: 100 * n + khz / GHZ)
+    r = dear_cores.repair(d, [job])
+    # at 1.5 GHz: C = 8/3, L = 1/3 -> n = ceil((7/3) / (1.5 - 1/3)) = 2
+    assert r.decision.freq_khz == {"big": 1_500_000} and r.decision.jobs[10].cpus == (0, 1)
+    assert any("big 1000000 -> 1500000 kHz" in e for e in r.events)
+
+
+def test_repair_only_raises_frequency_and_keeps_fine_clusters_untouched():
+    little = cl("little", (4, 5), (GHZ, 2 * GHZ))
+    ok_job = GateJob(1, prof(1.0, 1.0), 5.0)  # light on little
+    late = GateJob(2, prof(4.0, 0.5), 1.5)
+    d = Decision(
+        {"big": 1_500_000, "little": 2 * GHZ},
+        {1: JobSetting((4, 5), rt_priority=0, nice=5), 2: JobSetting((0, 1), rt_priority=30)},
+    )
+    r = FederatedGate([QUAD, little]).repair(d, [ok_job, late])
+    assert r.feasible
+    assert r.decision.freq_khz["little"] == 2 * GHZ and r.decision.jobs[1] == d.jobs[1]
+    assert r.decision.freq_khz["big"] >= 1_500_000
+    assert r.decision.jobs[2].rt_priority == 30  # priority kept, only cores changed
+    assert set(r.decision.jobs[2].cpus) <= set(QUAD.cpus)
+
+
+def test_job_spanning_clusters_is_moved_into_one_and_best_effort_leaves_heavy_cores():
+    little = cl("little", (4, 5), (GHZ, 2 * GHZ))
+    job = GateJob(1, prof(4.0, 0.5), 1.5)
+    d = Decision({"big": GHZ, "little": GHZ}, {1: JobSetting((0, 1, 2, 4, 5)), 99: JobSetting((0, 1, 2, 3, 4, 5))})
+    r = FederatedGate([QUAD, little]).repair(d, [job])
+    assert r.feasible
+    heavy = set(r.decision.jobs[1].cpus)
+    assert heavy <= set(QUAD.cpus) or heavy <= set(little.cpus)
+    assert heavy.isdisjoint(r.decision.jobs[99].cpus) and r.decision.jobs[99].cpus
+    assert any("best effort" in e for e in r.events)
+
+
+def test_infeasible_gives_the_safest_point():
+    little = cl("little", (4, 5), (GHZ, 2 * GHZ), capacity=0.5)
+    hopeless = GateJob(1, prof(40.0, 5.0), 1.5)  # L(2 GHz) = 2.5 > D
+    d = Decision({"big": GHZ, "little": GHZ}, {1: JobSetting((4,))}, governor={"big": "schedutil"})
+    r = FederatedGate([QUAD, little]).repair(d, [hopeless])
+    assert not r.feasible
+    assert r.decision.freq_khz == {"big": 2 * GHZ, "little": 2 * GHZ}
+    assert r.decision.governor == {}
+    assert set(r.decision.jobs[1].cpus) == set(QUAD.cpus)  # largest/fastest cluster
+    assert any("no feasible assignment" in e for e in r.events)
+    assert r.events[0] in r.decision.events
+
+
+def test_raising_a_kernel_governed_cluster_hands_it_to_userspace():
+    job = GateJob(10, prof(4.0, 0.5), 1.5)
+    d = Decision({"big": GHZ}, {10: JobSetting((0, 1))}, governor={"big": "ondemand"})
+    r = FederatedGate([QUAD], cost=lambda k, khz, n: 100 * n + khz / GHZ).repair(d, [job])
+    assert r.decision.governor == {} and any("userspace" in e for e in r.events)
+
+
+def test_light_jobs_share_a_pool_sized_by_the_edf_test():
+    jobs = [GateJob(1, prof(0.6, 0.1), 1.0), GateJob(2, prof(1.5, 0.1), 2.0)]
+    d = Decision({"big": GHZ}, {})
+    r = FederatedGate([QUAD]).repair(d, jobs)
+    assert r.feasible
+    # one core at 1 GHz misses (0.6 + 1.5 > 2); two at 1 GHz (cost 2) beat one at 1.5 GHz (3.375)
+    assert r.decision.freq_khz["big"] == GHZ
+    assert r.decision.jobs[1].cpus == r.decision.jobs[2].cpus and len(r.decision.jobs[1].cpus) == 2
+    assert r.alloc[1].kind == r.alloc[2].kind == "light" and r.alloc[1].need == 2
+    # when cores are dear, one core at 1.5 GHz runs both in deadline order (0.4, then 1.4 <= 2)
+    r = FederatedGate([QUAD], cost=lambda k, khz, n: 100 * n + khz / GHZ).repair(d, jobs)
+    assert r.decision.freq_khz["big"] == 1_500_000 and len(r.decision.jobs[1].cpus) == 1
+
+
+def test_observation_adapters():
+    c = ClusterObs("a57", 0, (0, 3, 4, 5), (0, 3), (345600, 960000, 1420800, 2035200), 1.0, 960000, 400000, 1500000, "userspace")
+    prof_ = prof(2.0, 1.0)
+    jobs = (
+        JobObs(1, "a", "hi", 0.0, 1.0, 4.0, profile=prof_, progress=0.25),
+        JobObs(2, "b", "lo", 0.0, 1.0, None, profile=prof_),
+        JobObs(3, "c", "lo", 0.0, 1.0, 3.0),
+    )
+    obs = Observation(0.0, "tx2", (c,), (), (), jobs)
+    (k,) = clusters_from_obs(obs)
+    assert k.cpus == (0, 3) and k.freqs_khz == (960000, 1420800)
+    (g,) = jobs_from_obs(obs)
+    assert g.pid == 1 and g.remaining_s == 3.0 and g.remaining_work == pytest.approx(0.75)
+    r = gate_decision(obs, Decision({"a57": 960000}, {1: JobSetting((0,))}))
+    assert r.feasible and r.decision.freq_khz["a57"] in k.freqs_khz
+
+
+# ---------------------------------------------------------------------------------- properties
+
+TABLE_CHOICES = (400_000, 800_000, 1_200_000, 1_600_000, 2_000_000)
+
+
+@st.composite
+def instances(draw, max_cpus=2):
+    nk = draw(st.integers(2, 3))
+    clusters, cpu = [], 0
+    for i in range(nk):
+        m = draw(st.integers(1, max_cpus))
+        table = tuple(sorted(draw(st.sets(st.sampled_from(TABLE_CHOICES), min_size=1, max_size=3))))
+        cap = draw(st.sampled_from((0.5, 1.0, 1.5)))
+        clusters.append(cl(f"c{i}", range(cpu, cpu + m), table, cap))
+        cpu += m
+    jobs = []
+    for j in range(draw(st.integers(1, 3))):
+        work = draw(st.floats(0.2, 6.0))
+        span = work * draw(st.floats(0.05, 1.0))
+        beta = draw(st.sampled_from((0.0, 0.2, 0.5)))
+        d = draw(st.floats(0.1, 6.0))
+        rem = draw(st.sampled_from((1.0, 0.5)))
+        jobs.append(GateJob(100 + j, prof(work, span, beta, name=f"j{j}"), d, rem))
+    freq = {k.name: draw(st.sampled_from(k.freqs_khz + (1_000_000,))) for k in clusters}
+    cpus = list(range(cpu))
+    settings_ = {}
+    for j in jobs:
+        s = draw(st.sets(st.sampled_from(cpus), max_size=len(cpus)))
+        if s:
+            settings_[j.pid] = JobSetting(tuple(sorted(s)))
+    return tuple(clusters), tuple(jobs), Decision(freq, settings_)
+
+
+def core_options(clusters):
+    """Every non-empty core set inside one cluster."""
+    out = []
+    for k in clusters:
+        for r in range(1, len(k.cpus) + 1):
+            out.extend(itertools.combinations(k.cpus, r))
+    return out
+
+
+def brute_force_exists(clusters, jobs, all_freqs=True):
+    """Is there ANY frequency vector and core assignment that :func:`feasible` accepts?"""
+    options = core_options(clusters)
+    freq_vectors = itertools.product(*(k.freqs_khz for k in clusters)) if all_freqs else [tuple(k.freqs_khz[-1] for k in clusters)]
+    for fv in freq_vectors:
+        freq = {k.name: f for k, f in zip(clusters, fv)}
+        for combo in itertools.product(options, repeat=len(jobs)):
+            a = Assignment(clusters, jobs, freq, {j.pid: c for j, c in zip(jobs, combo)})
+            if feasible(a):
+                return True
+    return False
+
+
+def check_invariants(clusters, jobs, proposal, r):
+    tables = {k.name: k.freqs_khz for k in clusters}
+    for name, f in r.decision.freq_khz.items():
+        assert f in tables[name], (name, f)
+    where = {c: k.name for k in clusters for c in k.cpus}
+    dedicated = [set(al.cpus) for al in r.alloc.values() if al.kind == "heavy"]
+    for al in r.alloc.values():
+        if al.kind in ("heavy", "light"):
+            assert len({where[c] for c in al.cpus}) == 1, al
+    for a_, b_ in itertools.combinations(dedicated, 2):
+        assert a_.isdisjoint(b_)
+    # the flag tells the truth about the returned point
+    a = Assignment(clusters, jobs, r.decision.freq_khz, {p: s.cpus for p, s in r.decision.jobs.items()})
+    assert r.feasible == feasible(a)
+    if r.feasible:
+        for k in clusters:  # repairs only ever raise frequencies
+            assert r.decision.freq_khz[k.name] >= min(f for f in k.freqs_khz if f >= min(proposal.freq_khz[k.name], k.freqs_khz[-1]))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_gate_finds_a_feasible_point_whenever_one_exists(inst):
+    clusters, jobs, proposal = inst
+    r = FederatedGate(clusters).repair(proposal, jobs)
+    check_invariants(clusters, jobs, proposal, r)
+    if not r.feasible:
+        assert not brute_force_exists(clusters, jobs), "brute force found a point the gate missed"
+    was_feasible = feasible(Assignment(clusters, jobs, proposal.freq_khz, {p: s.cpus for p, s in proposal.jobs.items()}))
+    if was_feasible:
+        assert r.decision is proposal and not r.events
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_cpus=3))
+def test_gate_agrees_with_brute_force_at_the_top_opps(inst):
+    # larger clusters; the brute force only looks at the top OPPs, which the test below
+    # shows is enough (feasibility is monotone in f)
+    clusters, jobs, proposal = inst
+    r = FederatedGate(clusters).repair(proposal, jobs)
+    check_invariants(clusters, jobs, proposal, r)
+    assert r.feasible == brute_force_exists(clusters, jobs, all_freqs=False)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(instances(max_cpus=3), st.data())
+def test_feasibility_is_monotone_in_frequency(inst, data):
+    # the lemma behind the raise-only repair: a feasible point stays feasible at higher f
+    clusters, jobs, proposal = inst
+    r = FederatedGate(clusters).repair(proposal, jobs)
+    assume(r.feasible)
+    cpus = {p: s.cpus for p, s in r.decision.jobs.items()}
+    low = {k.name: data.draw(st.sampled_from(k.freqs_khz)) for k in clusters}
+    if not feasible(Assignment(clusters, jobs, low, cpus)):
+        low = dict(r.decision.freq_khz)
+    high = {k.name: data.draw(st.sampled_from([f for f in k.freqs_khz if f >= low[k.name]])) for k in clusters}
+    assert feasible(Assignment(clusters, jobs, high, cpus))
+
+
+@settings(max_examples=50, deadline=None)
+@given(instances())
+def test_repaired_decision_is_a_fixed_point(inst):
+    clusters, jobs, proposal = inst
+    gate = FederatedGate(clusters)
+    r = gate.repair(proposal, jobs)
+    again = gate.repair(r.decision, jobs)
+    if r.feasible:
+        assert again.decision is r.decision and again.feasible
+
+
+def test_violations_name_the_cause():
+    k = cl("big", (0, 1), (GHZ,))
+    jobs = (GateJob(1, prof(4.0, 0.5), 1.5), GateJob(2, prof(1.0, 1.0), 3.0))
+    reasons, alloc = analyse(Assignment((k,), jobs, {"big": GHZ}, {1: (0, 1), 2: (1,)}))
+    assert any("needs 4 cores" in r for r in reasons)
+    assert any("shared with pid 2" in r for r in reasons)
+    assert alloc[1].kind == "heavy" and alloc[2].kind == "light"
+    reasons, _ = analyse(Assignment((k,), jobs[:1], {"big": 1_234}, {1: (0, 7)}))
+    assert any("not an allowed OPP" in r for r in reasons) and any("core 7 is not online" in r for r in reasons)

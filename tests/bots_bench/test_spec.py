@@ -1,0 +1,168 @@
+"""Campaign spec: parsing, validation messages and the run matrix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bots_bench import registry
+from bots_bench.spec import Cooldown, expand, load_spec, parse_spec
+from platforms.errors import SpecError
+
+GOOD = {
+    "name": "smoke",
+    "kernels": ["fib", "sort"],
+    "classes": ["smoke", "test"],
+    "policies": ["schedutil", "hidvfs", "maxfreq"],
+    "seeds": [42, 123],
+    "board": "tx2",
+    "backend": "native",
+    "repetitions": 3,
+    "cooldown": {"start_temp_c": 40, "max_wait_s": 60},
+    "timeout_s": 120,
+    "bots_bin": "~/bots/bin",
+    "threads": 4,
+}
+
+
+def test_full_spec_from_yaml(tmp_path):
+    f = tmp_path / "campaign.yaml"
+    f.write_text(yaml.safe_dump(GOOD))
+    spec = load_spec(f)
+    assert spec.kernels == ("fib", "sort") and spec.classes == ("smoke", "test")
+    assert spec.seeds == (42, 123) and spec.repetitions == 3
+    assert spec.cooldown == Cooldown(40.0, 60.0) and spec.timeout_s == 120.0
+    assert spec.bots_bin.endswith("/bots/bin") and not spec.bots_bin.startswith("~")
+    assert spec.threads == 4 and spec.variant == "omp-tasks" and spec.check is None
+    assert spec.n_runs == 2 * 2 * 3 * 2 * 3
+
+
+def test_defaults_and_shorthands():
+    spec = parse_spec(
+        {
+            "kernels": "all",
+            "classes": "test",
+            "policies": "performance,schedutil",
+            "seeds": 3,
+            "board": "orin-nx",
+            "backend": "sim",
+            "cool-down": None,
+        }
+    )
+    assert spec.kernels == registry.KERNEL_NAMES
+    assert spec.classes == ("test",) and spec.policies == ("performance", "schedutil")
+    assert spec.seeds == (0, 1, 2) and spec.repetitions == 1
+    assert spec.cooldown is None and spec.bots_bin is None and spec.timeout_s == 600.0
+
+
+def test_expand_order_and_keys():
+    spec = parse_spec(GOOD)
+    runs = expand(spec)
+    assert len(runs) == spec.n_runs
+    assert len({r.key for r in runs}) == len(runs)
+    # policies are innermost: each consecutive triple is the same run under the 3 policies
+    first = runs[:3]
+    assert [r.policy for r in first] == ["schedutil", "hidvfs", "maxfreq"]
+    assert {(r.bench, r.cls, r.seed, r.rep) for r in first} == {("fib", "smoke", 42, 0)}
+    assert [r.rep for r in runs[:9:3]] == [0, 1, 2]
+    base = runs[0].record_base()
+    assert base["class"] == "smoke" and base["rep"] == 0 and base["spec_hash"] == runs[0].spec_hash
+    assert base["config"]["threads"] == 4 and base["config"]["class"] == "smoke"
+    assert base["config"]["cooldown"] == {"start_temp_c": 40.0, "max_wait_s": 60.0}
+
+
+def test_spec_hash_tracks_what_changes_a_measurement():
+    h = expand(parse_spec(GOOD))[0].spec_hash
+    more = dict(GOOD, seeds=[42, 123, 7], repetitions=10, policies=["schedutil"], timeout_s=5)
+    assert expand(parse_spec(more))[0].spec_hash == h  # a bigger campaign resumes
+    assert expand(parse_spec(dict(GOOD, threads=2)))[0].spec_hash != h
+    assert expand(parse_spec(dict(GOOD, variant="omp-tasks-tied")))[0].spec_hash != h
+    assert expand(parse_spec(dict(GOOD, cooldown=None)))[0].spec_hash != h
+
+
+def _bad(**changes):
+    d = dict(GOOD)
+    for k, v in changes.items():
+        if v is KeyError:
+            d.pop(k)
+        else:
+            d[k] = v
+    return d
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "expected"),
+    [
+        (_bad(kernal=["fib"]), "kernal", "one of the campaign keys"),
+        (_bad(board=KeyError), "board", "required key is missing"),
+        (_bad(kernels=["fib", "fibonacci"]), "kernels", "names from alignment"),
+        (_bad(kernels=[]), "kernels", "non-empty list"),
+        (_bad(kernels=["fib", "fib"]), "kernels", "without duplicates"),
+        (_bad(classes=["t40"]), "classes", "a class every selected kernel has (sort has"),
+        (_bad(policies=["fastest"]), "policies", "names from hidvfs"),
+        (_bad(seeds=[]), "seeds", "non-empty list of integers"),
+        (_bad(seeds=0), "seeds", "positive count"),
+        (_bad(seeds=[1, 1]), "seeds", "without duplicates"),
+        (_bad(seeds=["a"]), "seeds", "list of integers"),
+        (_bad(backend="qemu"), "backend", "one of sim, native"),
+        (_bad(board="jetson-nano"), "board", "one of"),
+        (_bad(repetitions=0), "repetitions", "a positive integer"),
+        (_bad(repetitions=True), "repetitions", "a positive integer"),
+        (_bad(cooldown=45), "cooldown", "a mapping {start_temp_c, max_wait_s}"),
+        (_bad(cooldown={"start_temp_c": "hot"}), "cooldown.start_temp_c", "a number"),
+        (_bad(cooldown={"start_temp_c": 400}), "cooldown.start_temp_c", "below 150"),
+        (_bad(cooldown={"max_wait_s": -1}), "cooldown.max_wait_s", "a number >= 0"),
+        (_bad(cooldown={"wait": 3}), "cooldown.wait", "one of start_temp_c, max_wait_s"),
+        (_bad(timeout_s=0), "timeout_s", "a number > 0"),
+        (_bad(bots_bin=KeyError), "bots_bin", "required for backend native"),
+        (_bad(bots_bin=3), "bots_bin", "a directory path"),
+        (_bad(threads=0), "threads", "a positive integer"),
+        (_bad(variant="single-omp-tasks"), "variant", "no 'single' version"),
+        (_bad(variant="omp-tasks-turbo"), "variant", "bad BOTS variant"),
+        (_bad(check="yes"), "check", "true, false or null"),
+        (_bad(deadline_s=-2), "deadline_s", "a number > 0"),
+        (["kernels"], "<top>", "a mapping of campaign settings"),
+    ],
+)
+def test_malformed_specs_name_the_key(data, key, expected):
+    with pytest.raises(SpecError) as e:
+        parse_spec(data, "camp.yaml")
+    assert e.value.key == key
+    assert e.value.file == "camp.yaml"
+    assert expected in e.value.expected, e.value.expected
+    assert str(e.value).startswith(f"camp.yaml: key '{key}': expected ")
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(SpecError, match="readable YAML file"):
+        load_spec(tmp_path / "nope.yaml")
+    f = tmp_path / "bad.yaml"
+    f.write_text("kernels: [fib\n")
+    with pytest.raises(SpecError, match="valid YAML"):
+        load_spec(f)
+
+
+@given(
+    kernels=st.lists(st.sampled_from(["fib", "sort", "sparselu", "uts"]), min_size=1, unique=True),
+    policies=st.lists(st.sampled_from(["hidvfs", "ztt", "performance"]), min_size=1, unique=True),
+    seeds=st.lists(st.integers(0, 10**6), min_size=1, max_size=4, unique=True),
+    reps=st.integers(1, 4),
+)
+def test_matrix_is_the_full_product(kernels, policies, seeds, reps):
+    spec = parse_spec(
+        {
+            "kernels": kernels,
+            "classes": ["test"],
+            "policies": policies,
+            "seeds": seeds,
+            "board": "rubikpi3",
+            "backend": "sim",
+            "repetitions": reps,
+        }
+    )
+    runs = expand(spec)
+    combos = {(r.bench, r.cls, r.policy, r.seed, r.rep) for r in runs}
+    assert len(runs) == len(combos) == len(kernels) * len(policies) * len(seeds) * reps
+    assert {r.key for r in runs} == {r.key for r in expand(spec)}  # deterministic

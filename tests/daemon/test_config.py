@@ -1,0 +1,259 @@
+"""The daemon config: defaults, the shipped file, precise errors, typo suggestions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon import config as cfgmod
+from daemon.config import Config, ConfigError, known_keys, load_config, parse_config, parse_listen
+
+SHIPPED = Path(__file__).resolve().parents[2] / "systemd" / "config.yaml"
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "thermal.cap_khz":
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def test_missing_default_file_means_defaults(tmp_path, monkeypatch):
+    monkeypatch.setattr(cfgmod, "DEFAULT_PATH", str(tmp_path / "absent.yaml"))
+    cfg = load_config()
+    assert cfg == Config()
+    assert cfg.period_ms == 100 and cfg.period_s == pytest.approx(0.1)
+    assert cfg.socket.path == "/run/hidvfs/hidvfs.sock"
+    assert cfg.socket.group == "hidvfs" and cfg.socket.mode == 0o660
+    assert cfg.state_dir == "/var/lib/hidvfs"
+    assert cfg.metrics.enabled is False and cfg.metrics.listen == "127.0.0.1:9466"
+    assert cfg.telemetry.listen is None
+    assert cfg.mixed_criticality.reserve is True and cfg.recheck_each_tick is True
+    assert cfg.board is None and cfg.logging.format == "keyvalue"
+
+
+def test_default_path_present_is_read(tmp_path, monkeypatch):
+    p = tmp_path / "config.yaml"
+    p.write_text("period_ms: 250\n")
+    monkeypatch.setattr(cfgmod, "DEFAULT_PATH", str(p))
+    assert load_config().period_ms == 250
+
+
+def test_explicit_missing_file_is_an_error(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as exc:
+        load_config(missing)
+    assert str(missing) in str(exc.value) and "no such file" in str(exc.value)
+
+
+def test_empty_file_gives_defaults(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("# nothing\n")
+    assert load_config(p) == Config()
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("period_ms: [1,\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert str(p) in str(exc.value) and "valid YAML" in str(exc.value)
+
+
+def test_shipped_config_is_the_defaults_and_documents_every_key():
+    cfg = load_config(SHIPPED)
+    assert cfg == Config()
+    data = yaml.safe_load(SHIPPED.read_text())
+    assert set(_flatten(data)) == set(known_keys())
+    # every top-level key is documented: a comment right above it or opening its block
+    lines = SHIPPED.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if (
+            line
+            and line[0].isalpha()
+            and line.endswith(":")
+            or (line[:1].isalpha() and ": " in line)
+        ):
+            before = next((x for x in reversed(lines[:i]) if x.strip()), "")
+            after = lines[i + 1] if i + 1 < len(lines) else ""
+            assert before.startswith("#") or after.strip().startswith("#"), (
+                f"undocumented key: {line}"
+            )
+
+
+def test_values_are_read(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "period_ms: 50\npolicy: ztt\nboard: tx2\ndeadline_slack: 0.1\n"
+        "thermal: {margin_c: 3, cap_khz: {a57: 1420800}}\n"
+        "socket: {path: /tmp/x.sock, group: null, mode: '0600'}\n"
+        "logging: {level: DEBUG, format: json}\n"
+        "metrics: {enabled: true, listen: '[::1]:9000'}\n"
+        "telemetry: {listen: '10.0.0.2:9467', token: s3cret}\n"
+        "mixed_criticality: {reserve: false}\nrecheck_each_tick: false\n"
+    )
+    cfg = load_config(p)
+    assert cfg.period_ms == 50 and cfg.policy == "ztt" and cfg.board == "tx2"
+    assert cfg.thermal.margin_c == 3.0 and cfg.thermal.cap_khz == {"a57": 1420800}
+    assert cfg.socket.group is None and cfg.socket.mode == 0o600
+    assert cfg.logging.level == "debug" and cfg.logging.format == "json"
+    assert cfg.metrics.enabled and parse_listen(cfg.metrics.listen) == ("::1", 9000)
+    assert cfg.telemetry.token == "s3cret"
+    assert cfg.mixed_criticality.reserve is False and cfg.recheck_each_tick is False
+    assert cfg.source == str(p)
+    assert cfgmod.config_to_dict(cfg)["thermal"]["cap_khz"] == {"a57": 1420800}
+
+
+BAD = [
+    ({"period_ms": 0}, "period_ms", "integer in 1..60000"),
+    ({"period_ms": "fast"}, "period_ms", "integer"),
+    ({"period_ms": 1.5}, "period_ms", "integer"),
+    ({"period_ms": True}, "period_ms", "integer"),
+    ({"policy": "turbo"}, "policy", "one of hidvfs"),
+    ({"board": 3}, "board", "string"),
+    ({"board": "boards/tx2.yaml"}, "board", "absolute path"),
+    ({"deadline_slack": 1.0}, "deadline_slack", "[0, 1)"),
+    ({"deadline_slack": -0.1}, "deadline_slack", "[0, 1)"),
+    ({"deadline_slack": float("nan")}, "deadline_slack", "[0, 1)"),
+    ({"thermal": {"margin_c": "hot"}}, "thermal.margin_c", "number"),
+    ({"thermal": {"margin_c": 90}}, "thermal.margin_c", "[0, 50]"),
+    ({"thermal": {"cap_khz": [1, 2]}}, "thermal.cap_khz", "mapping"),
+    ({"thermal": {"cap_khz": {"a57": -5}}}, "thermal.cap_khz.a57", "integer >= 1"),
+    ({"thermal": 5}, "thermal", "mapping"),
+    ({"socket": {"path": "relative.sock"}}, "socket.path", "absolute path"),
+    ({"socket": {"group": ""}}, "socket.group", "non-empty string"),
+    ({"socket": {"mode": "rw"}}, "socket.mode", "octal"),
+    ({"socket": {"mode": 0o1777}}, "socket.mode", "0000..0777"),
+    ({"socket": {"mode": 0o060}}, "socket.mode", "owner"),
+    ({"state_dir": "var/lib"}, "state_dir", "absolute path"),
+    ({"logging": {"level": "loud"}}, "logging.level", "one of debug"),
+    ({"logging": {"format": "xml"}}, "logging.format", "keyvalue"),
+    ({"metrics": {"enabled": "yes please"}}, "metrics.enabled", "true or false"),
+    ({"metrics": {"listen": "9466"}}, "metrics.listen", "HOST:PORT"),
+    ({"metrics": {"listen": "localhost:99999"}}, "metrics.listen", "0..65535"),
+    ({"telemetry": {"listen": "0.0.0.0:9467"}}, "telemetry.token", "loopback"),
+    (
+        {"telemetry": {"listen": "127.0.0.1:9467", "token_file": "tok"}},
+        "telemetry.token_file",
+        "absolute path",
+    ),
+    ({"telemetry": {"token": "a", "token_file": "/x"}}, "telemetry.token_file", "not both"),
+    ({"mixed_criticality": {"reserve": 1}}, "mixed_criticality.reserve", "true or false"),
+    ({"recheck_each_tick": "true"}, "recheck_each_tick", "true or false"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "expected"), BAD, ids=[b[1] + ":" + repr(b[0]) for b in BAD]
+)
+def test_bad_values_name_the_key_and_the_expectation(data, key, expected):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, "cfg.yaml")
+    err = exc.value
+    assert err.key == key
+    assert err.file == "cfg.yaml"
+    assert expected in err.expected
+    assert f"'{key}'" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "hint"),
+    [
+        ({"perod_ms": 5}, "perod_ms", "period_ms"),
+        ({"polcy": "ztt"}, "polcy", "policy"),
+        ({"thermal": {"margn_c": 5}}, "thermal.margn_c", "thermal.margin_c"),
+        ({"margin_c": 5}, "margin_c", "thermal.margin_c"),
+        ({"socket": {"paht": "/x"}}, "socket.paht", "socket.path"),
+        ({"metrics": {"enable": True}}, "metrics.enable", "metrics.enabled"),
+        ({"recheck_every_tick": True}, "recheck_every_tick", "recheck_each_tick"),
+    ],
+)
+def test_unknown_keys_suggest_the_closest(data, key, hint):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, "cfg.yaml")
+    assert exc.value.key == key
+    assert f"did you mean '{hint}'?" in str(exc.value)
+
+
+def test_unknown_key_without_a_close_match_lists_known_keys():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"zzzzzzzz": 1})
+    assert "did you mean" not in str(exc.value)
+    assert "period_ms" in str(exc.value)
+
+
+def test_telemetry_token_allows_remote_listen():
+    cfg = parse_config({"telemetry": {"listen": "0.0.0.0:9467", "token": "t"}})
+    assert cfg.telemetry.listen == "0.0.0.0:9467"
+
+
+def test_read_token_from_file(tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("abc123\n")
+    cfg = parse_config({"telemetry": {"listen": "10.1.1.1:1", "token_file": str(tok)}})
+    assert cfgmod.read_token(cfg.telemetry) == "abc123"
+    tok.write_text("\n")
+    with pytest.raises(ConfigError):
+        cfgmod.read_token(cfg.telemetry)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:9466", ("127.0.0.1", 9466)),
+        ("[::1]:80", ("::1", 80)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
+def test_parse_listen(text, expected):
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9466", ":80", "::1:80", "host:port", "[::1]80", "h:-1"])
+def test_parse_listen_rejects(text):
+    with pytest.raises(ValueError):
+        parse_listen(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=60_000))
+def test_any_valid_period_is_kept(ms):
+    assert parse_config({"period_ms": ms}).period_ms == ms
+
+
+_KNOWN_TOP = {k.split(".")[0] for k in known_keys()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=20).filter(
+        lambda k: k not in _KNOWN_TOP
+    )
+)
+def test_any_unknown_top_level_key_is_refused_by_name(key):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({key: 1})
+    assert exc.value.key == key
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=5),
+        st.floats(allow_nan=True),
+        st.lists(st.integers(), max_size=2),
+        st.booleans(),
+    )
+)
+def test_period_of_a_non_integer_type_is_refused(v):
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"period_ms": v})
+    assert exc.value.key == "period_ms"

@@ -1,0 +1,173 @@
+"""Prometheus endpoint: scrape over loopback and parse the exposition format."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from daemon.metrics import (
+    CONTENT_TYPE,
+    Metric,
+    MetricsServer,
+    escape_label,
+    metrics_from_status,
+    render,
+)
+
+STATUS = {
+    "board": "tx2",
+    "ticks": 42,
+    "freq_khz": {"a57": 1420800, "denver": None},
+    "temp_c": {"BCPU-therm": 51.5, 'weird "zone"\\x\n': 40.0},
+    "power_w": {"total": 4.25, "cpu": None},
+    "energy_j": 123.5,
+    "jobs_running": 2,
+    "jobs_done": 5,
+    "deadline_misses": {"hi": 0, "lo": 3},
+    "interventions": {"gate": 4, "shield": 1, "guard": 2},
+}
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
+
+
+def _unescape(v: str) -> str:
+    out, i = [], 0
+    while i < len(v):
+        if v[i] == "\\":
+            out.append({"n": "\n", "\\": "\\", '"': '"'}[v[i + 1]])
+            i += 2
+        else:
+            out.append(v[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_exposition(text: str) -> dict[str, dict]:
+    """A strict reader of the text format: HELP and TYPE before each family's samples."""
+    assert text.endswith("\n")
+    families: dict[str, dict] = {}
+    current = None
+    for line in text[:-1].split("\n"):  # only \n ends a line in this format
+        if line.startswith("# HELP "):
+            name, _, help_ = line[7:].partition(" ")
+            assert name not in families, f"family {name} twice"
+            families[name] = {"help": help_, "type": None, "samples": []}
+            current = name
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert name == current and kind in ("gauge", "counter")
+            families[name]["type"] = kind
+        else:
+            m = _SAMPLE.match(line)
+            assert m, f"bad sample line {line!r}"
+            name, _, body, value = m.groups()
+            assert name == current and families[name]["type"] is not None
+            labels = {}
+            if body:
+                pos = 0
+                while pos < len(body):
+                    lm = _LABEL.match(body, pos)
+                    assert lm, f"bad labels {body!r}"
+                    labels[lm.group(1)] = _unescape(lm.group(2))
+                    pos = lm.end()
+            families[name]["samples"].append((labels, float(value)))
+    return families
+
+
+@pytest.fixture
+def server():
+    srv = MetricsServer("127.0.0.1:0", lambda: STATUS).start()
+    yield srv
+    srv.stop()
+
+
+def scrape(srv, path="/metrics"):
+    host, port = srv.address
+    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+def test_scrape_over_loopback(server):
+    status, ctype, body = scrape(server)
+    assert status == 200 and ctype == CONTENT_TYPE
+    fam = parse_exposition(body)
+    freq = fam["hidvfs_cluster_frequency_hertz"]
+    assert freq["type"] == "gauge"
+    assert freq["samples"] == [({"cluster": "a57"}, 1420800000.0)]  # None is left out, not 0
+    temps = dict((s[0]["zone"], s[1]) for s in fam["hidvfs_zone_temperature_celsius"]["samples"])
+    assert temps == {"BCPU-therm": 51.5, 'weird "zone"\\x\n': 40.0}  # label escaping round trip
+    assert fam["hidvfs_rail_power_watts"]["samples"] == [({"rail": "total"}, 4.25)]
+    assert fam["hidvfs_energy_joules_total"] == {
+        "help": fam["hidvfs_energy_joules_total"]["help"],
+        "type": "counter",
+        "samples": [({}, 123.5)],
+    }
+    assert fam["hidvfs_jobs_running"]["samples"] == [({}, 2.0)]
+    misses = {s[0]["criticality"]: s[1] for s in fam["hidvfs_deadline_misses_total"]["samples"]}
+    assert misses == {"hi": 0.0, "lo": 3.0}
+    assert fam["hidvfs_decisions_total"]["samples"] == [({}, 42.0)]
+    inter = {s[0]["kind"]: s[1] for s in fam["hidvfs_interventions_total"]["samples"]}
+    assert inter == {"gate": 4.0, "shield": 1.0, "guard": 2.0}
+    for f in fam.values():
+        assert f["help"]
+
+
+def test_unknown_path_is_404(server):
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        scrape(server, "/nope")
+    assert exc.value.code == 404
+
+
+def test_provider_failure_is_500_and_the_server_survives():
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return [Metric("up", "gauge", "Always 1.").add(1)]
+
+    with MetricsServer("127.0.0.1:0", flaky) as srv:
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            scrape(srv)
+        assert exc.value.code == 500
+        assert parse_exposition(scrape(srv)[2])["up"]["samples"] == [({}, 1.0)]
+
+
+def test_an_integer_interventions_count_and_missing_keys():
+    fam = parse_exposition(render(metrics_from_status({"interventions": 7})))
+    assert fam["hidvfs_interventions_total"]["samples"] == [({"kind": "all"}, 7.0)]
+    assert fam["hidvfs_cluster_frequency_hertz"]["samples"] == []
+
+
+def test_render_formats_and_validates():
+    m = (
+        Metric("x_total", "counter", "Line one\nback\\slash")
+        .add(float("inf"), a="1")
+        .add(2.5, a="2")
+    )
+    text = render([m])
+    assert "# HELP x_total Line one\\nback\\\\slash" in text
+    assert 'x_total{a="1"} +Inf' in text and 'x_total{a="2"} 2.5' in text
+    with pytest.raises(ValueError):
+        render([Metric("dup", "gauge", "h"), Metric("dup", "gauge", "h")])
+    with pytest.raises(ValueError):
+        Metric("bad-name", "gauge", "h")
+    with pytest.raises(ValueError):
+        Metric("ok", "histogram", "h")
+    with pytest.raises(ValueError):
+        Metric("ok", "gauge", "h").add(1, **{"bad-label": "x"})
+    assert render([]) == ""
+
+
+@given(st.text(max_size=30))
+def test_label_values_round_trip(value):
+    fam = parse_exposition(render([Metric("m", "gauge", "h").add(1, zone=value)]))
+    assert fam["m"]["samples"][0][0]["zone"] == value
+    assert "\n" not in escape_label(value)

@@ -1,0 +1,402 @@
+"""The job registry over a real Unix socket: requests, malformed input, concurrency, permissions."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from daemon.client import DaemonUnreachable, RegistryClient, RegistryError
+from daemon.jobs import JobTable
+from daemon.registry import (
+    MAX_LINE,
+    JobRegistry,
+    RegistryServer,
+    RegistryStartError,
+    RequestError,
+    parse_request,
+)
+from platforms.liveprocs import LiveProcessControl
+
+PROCS = LiveProcessControl()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture
+def sock_path(tmp_path):
+    path = str(tmp_path / "run" / "hidvfs.sock")
+    if len(path) > 100:  # AF_UNIX limit; pytest's folders can be long
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="hv", dir="/tmp"), "run", "hidvfs.sock")
+    return path
+
+
+@pytest.fixture
+def server(sock_path):
+    table = JobTable()
+    status = {"board": "tx2", "policy": "hidvfs", "ticks": 7}
+    reg = JobRegistry(
+        table,
+        now=time.monotonic,
+        alive=PROCS.alive,
+        status_provider=lambda: status,
+        pid_owner=PROCS.owner_uid,
+    )
+    srv = RegistryServer(reg, sock_path, group=None).start()
+    yield srv
+    srv.stop()
+
+
+def raw(path: str, payload: bytes, shutdown: bool = True, timeout: float = 5.0) -> list[dict]:
+    """Send raw bytes, read every answer line until the server closes or goes quiet."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(path)
+    s.sendall(payload)
+    if shutdown:
+        s.shutdown(socket.SHUT_WR)
+    buf = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            if not shutdown and buf.endswith(b"\n"):
+                break
+    finally:
+        s.close()
+    return [json.loads(x) for x in buf.splitlines() if x.strip()]
+
+
+def still_serves(path: str) -> None:
+    answer = RegistryClient(path).status()
+    assert answer["status"]["board"] == "tx2"
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_register_status_unregister(server):
+    client = RegistryClient(server.path)
+    me = os.getpid()
+    job = client.register(me, deadline_s=5, criticality="hi", name="fft")
+    assert (
+        job["pid"] == me
+        and job["deadline_s"] == 5.0
+        and job["criticality"] == "hi"
+        and job["name"] == "fft"
+    )
+    st_ = client.status()
+    assert st_["status"] == {"board": "tx2", "policy": "hidvfs", "ticks": 7}
+    assert [j["pid"] for j in st_["jobs"]] == [me]
+    assert st_["jobs"][0]["elapsed_s"] >= 0
+    entry = server.registry.table.get(me)
+    assert entry is not None and entry.criticality == "hi"
+    assert client.unregister(me)["name"] == "fft"
+    assert client.status()["jobs"] == []
+    assert server.registry.table.get(me) is None
+
+
+def test_defaults_and_duplicates(server):
+    client = RegistryClient(server.path)
+    me = os.getpid()
+    job = client.register(me)
+    assert job["criticality"] == "lo" and job["deadline_s"] is None and job["name"] == f"pid{me}"
+    with pytest.raises(RegistryError, match="already registered"):
+        client.register(me)
+    client.unregister(me)
+    with pytest.raises(RegistryError, match="not registered"):
+        client.unregister(me)
+
+
+MALFORMED = [
+    (b"not json\n", "malformed JSON"),
+    (b"[1, 2]\n", "JSON object"),
+    (b'"register"\n', "JSON object"),
+    (b"\xff\xfe\n", "UTF-8"),
+    (b"{}\n", "missing field 'op'"),
+    (b'{"op": "nope"}\n', "unknown op"),
+    (b'{"op": 3}\n', "unknown op"),
+    (b'{"op": "stats"}\n', "did you mean 'status'"),
+    (b'{"op": "register"}\n', "missing field 'pid'"),
+    (b'{"op": "unregister"}\n', "missing field 'pid'"),
+    (b'{"op": "register", "pid": "12"}\n', "'pid' must be a positive integer"),
+    (b'{"op": "register", "pid": true}\n', "'pid' must be a positive integer"),
+    (b'{"op": "register", "pid": -4}\n', "'pid' must be a positive integer"),
+    (b'{"op": "register", "pid": 1.5}\n', "'pid' must be a positive integer"),
+    (b'{"op": "register", "pid": PID, "deadline_s": -1}\n', "'deadline_s'"),
+    (b'{"op": "register", "pid": PID, "deadline_s": "5"}\n', "'deadline_s'"),
+    (b'{"op": "register", "pid": PID, "deadline_s": 1e999}\n', "'deadline_s'"),
+    (
+        b'{"op": "register", "pid": PID, "criticality": "mid"}\n',
+        "'criticality' must be 'hi' or 'lo'",
+    ),
+    (b'{"op": "register", "pid": PID, "name": 5}\n', "'name'"),
+    (b'{"op": "register", "pid": PID, "name": "a\\nb"}\n', "'name'"),
+    (b'{"op": "register", "pid": PID, "deadline": 5}\n', "did you mean 'deadline_s'"),
+    (b'{"op": "status", "verbose": true}\n', "unknown field"),
+    (b'{"op": "register", "pid": DEAD}\n', "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("payload", "error"), MALFORMED, ids=[m[1] for m in MALFORMED])
+def test_malformed_requests_get_an_error_and_the_server_keeps_serving(server, payload, error):
+    payload = payload.replace(b"DEAD", str(_dead_pid()).encode()).replace(
+        b"PID", str(os.getpid()).encode()
+    )
+    answers = raw(server.path, payload)
+    assert len(answers) == 1
+    assert answers[0]["ok"] is False
+    assert error in answers[0]["error"]
+    still_serves(server.path)
+    assert len(server.registry.table) == 0
+
+
+def test_oversized_line_is_refused(server):
+    answers = raw(server.path, b'{"op": "status", "x": "' + b"a" * (MAX_LINE + 10), shutdown=False)
+    assert answers[0]["ok"] is False and "longer than" in answers[0]["error"]
+    still_serves(server.path)
+
+
+def test_oversized_line_with_newline_is_refused(server):
+    answers = raw(server.path, b"[" + b"1," * MAX_LINE + b"1]\n")
+    assert answers[0]["ok"] is False and "longer than" in answers[0]["error"]
+    still_serves(server.path)
+
+
+def test_client_hanging_up_mid_line(server):
+    answers = raw(server.path, b'{"op": "sta')  # half-close after half a request
+    assert answers == [{"ok": False, "error": answers[0]["error"]}]
+    assert "incomplete request" in answers[0]["error"]
+    # and a client that vanishes without reading anything
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(server.path)
+    s.sendall(b'{"op": "status"}\n{"op": "reg')
+    s.close()
+    still_serves(server.path)
+
+
+def test_pipelined_requests_on_one_connection_are_answered_in_order(server):
+    me = os.getpid()
+    lines = [
+        {"op": "register", "pid": me, "criticality": "hi"},
+        {"op": "status"},
+        "garbage",
+        {"op": "unregister", "pid": me},
+        {"op": "status"},
+    ]
+    payload = b"".join(
+        (json.dumps(x) if isinstance(x, dict) else x).encode() + b"\n" for x in lines
+    )
+    answers = raw(server.path, b"\n\r\n" + payload)  # blank lines are ignored
+    assert [a["ok"] for a in answers] == [True, True, False, True, True]
+    assert [j["pid"] for j in answers[1]["jobs"]] == [me]
+    assert answers[4]["jobs"] == []
+
+
+def test_concurrent_clients(server):
+    children = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(6)
+    ]
+    try:
+        errors: list[BaseException] = []
+
+        def worker(pid: int) -> None:
+            try:
+                client = RegistryClient(server.path)
+                for _ in range(5):
+                    client.register(pid, deadline_s=2.0, criticality="lo", name=f"job{pid}")
+                    assert any(j["pid"] == pid for j in client.status()["jobs"])
+                    client.unregister(pid)
+                client.register(pid, name=f"job{pid}")
+            except BaseException as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+        def noise() -> None:
+            for _ in range(20):
+                raw(server.path, b"{broken\n")
+
+        threads = [threading.Thread(target=worker, args=(c.pid,)) for c in children]
+        threads.append(threading.Thread(target=noise))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert sorted(e.pid for e in server.registry.list()) == sorted(c.pid for c in children)
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
+def test_many_idle_clients_do_not_block_others(server):
+    idle = []
+    for _ in range(20):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(server.path)
+        s.sendall(b'{"op": "st')  # and then nothing
+        idle.append(s)
+    try:
+        still_serves(server.path)
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_status_provider_failure_is_an_error_answer(sock_path):
+    def broken() -> dict:
+        raise RuntimeError("sensor exploded")
+
+    reg = JobRegistry(now=time.monotonic, alive=PROCS.alive, status_provider=broken)
+    with RegistryServer(reg, sock_path, group=None) as srv:
+        with pytest.raises(RegistryError, match="sensor exploded"):
+            RegistryClient(srv.path).status()
+        RegistryClient(srv.path).register(os.getpid())  # still serving
+
+
+# -- socket file ------------------------------------------------------------------------------
+
+
+def _reg() -> JobRegistry:
+    return JobRegistry(now=time.monotonic, alive=PROCS.alive)
+
+
+def test_socket_mode_and_group_when_the_group_exists(sock_path):
+    group = grp.getgrgid(os.getgid()).gr_name
+    with RegistryServer(_reg(), sock_path, group=group, mode=0o660):
+        st_ = os.stat(sock_path)
+        assert stat.S_ISSOCK(st_.st_mode)
+        assert stat.S_IMODE(st_.st_mode) == 0o660
+        assert st_.st_gid == os.getgid()
+    assert not os.path.exists(sock_path)  # removed on stop
+
+
+@pytest.mark.parametrize("group", [None, "no-such-group-hidvfs-test"])
+def test_socket_stays_root_only_without_a_group(sock_path, group, caplog):
+    with (
+        caplog.at_level("INFO", logger="hidvfs.registry"),
+        RegistryServer(_reg(), sock_path, group=group),
+    ):
+        assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
+    if group:
+        assert any("does not exist" in r.getMessage() for r in caplog.records)
+
+
+def test_parent_dir_created_and_stale_socket_removed(sock_path):
+    os.makedirs(os.path.dirname(sock_path))
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(sock_path)
+    stale.close()  # a crashed daemon's leftover: the file exists, nobody listens
+    assert os.path.exists(sock_path)
+    with RegistryServer(_reg(), sock_path, group=None) as srv:
+        RegistryClient(srv.path).status()
+
+
+def test_refuses_a_live_socket_or_a_regular_file(sock_path):
+    with RegistryServer(_reg(), sock_path, group=None):
+        with pytest.raises(RegistryStartError, match="already serving"):
+            RegistryServer(_reg(), sock_path, group=None).start()
+    with open(sock_path, "w") as f:
+        f.write("precious")
+    with pytest.raises(RegistryStartError, match="not a socket"):
+        RegistryServer(_reg(), sock_path, group=None).start()
+    assert open(sock_path).read() == "precious"
+
+
+def test_stop_is_idempotent(sock_path):
+    srv = RegistryServer(_reg(), sock_path, group=None).start()
+    assert srv.running
+    srv.stop()
+    srv.stop()
+    assert not srv.running
+
+
+# -- client errors and the registry without a socket -----------------------------------------
+
+
+def test_client_reports_an_unreachable_daemon(tmp_path):
+    path = str(tmp_path / "absent.sock")
+    with pytest.raises(DaemonUnreachable) as exc:
+        RegistryClient(path).status()
+    msg = str(exc.value)
+    assert msg.startswith(f"cannot reach the hidvfs daemon at {path}: ")
+    assert "is it running? (systemctl status hidvfs)" in msg
+
+
+def test_client_reports_a_refused_connection(sock_path):
+    os.makedirs(os.path.dirname(sock_path))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sock_path)
+    s.close()
+    with pytest.raises(DaemonUnreachable, match="connection refused"):
+        RegistryClient(sock_path).register(os.getpid())
+
+
+def test_foreign_pid_refused_for_non_root_clients():
+    reg = JobRegistry(now=lambda: 0.0, alive=lambda pid: True, pid_owner=lambda pid: 0)
+    with pytest.raises(RequestError, match="may only register its own"):
+        reg.register(1, peer_uid=1000)
+    assert reg.register(1, peer_uid=0).pid == 1  # root may register anything
+    reg2 = JobRegistry(now=lambda: 0.0, alive=lambda pid: True, pid_owner=lambda pid: 1000)
+    assert reg2.register(55, peer_uid=1000).pid == 55
+
+
+def test_job_limit():
+    reg = JobRegistry(now=lambda: 0.0, alive=lambda pid: True, max_jobs=2)
+    reg.register(1)
+    reg.register(2)
+    with pytest.raises(RequestError, match="too many"):
+        reg.register(3)
+
+
+def test_register_wakes_the_loop():
+    table = JobTable()
+    reg = JobRegistry(table, now=lambda: 12.5, alive=lambda pid: True)
+    table.changed.clear()
+    e = reg.register(9, deadline_s=3, criticality="hi", name="x")
+    assert table.changed.is_set() and e.release_t == 12.5
+    assert reg.handle_line(b'{"op": "status"}')["jobs"][0]["elapsed_s"] == 0.0
+
+
+def test_parse_request_accepts_integers_as_deadline():
+    assert parse_request(b'{"op": "register", "pid": 3, "deadline_s": 5}')["deadline_s"] == 5.0
+
+
+def test_connection_survives_an_oversized_line(server):
+    answers = raw(server.path, b'{"x": "' + b"a" * (MAX_LINE * 2) + b'"}\n{"op": "status"}\n')
+    assert [a["ok"] for a in answers] == [False, True]
+    assert "longer than" in answers[0]["error"]
+
+
+def test_too_many_clients_get_an_error(sock_path):
+    with RegistryServer(_reg(), sock_path, group=None, max_clients=2) as srv:
+        held = []
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(srv.path)
+            held.append(s)
+        time.sleep(0.1)  # let the server accept both
+        try:
+            with pytest.raises(RegistryError, match="too many clients"):
+                RegistryClient(srv.path).status()
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.1)
+        assert RegistryClient(srv.path).status()["jobs"] == []

@@ -1,0 +1,284 @@
+"""The Sensor: observations from spec + live files, cached discovery, quirks, hotplug."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+
+import pytest
+
+from platforms import paths
+from platforms.faketree import inject_read_error, write_fake_tree
+from platforms.procstat import UtilTracker, parse_proc_stat
+from platforms.sense import Sensor
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs, SysfsBackend
+
+TX2, ORIN, RUBIK = load_board("tx2"), load_board("orin-nx"), load_board("rubikpi3")
+
+
+class Counting(SysfsBackend):
+    """Delegates to another backend and counts calls: the Sensor must use only this API."""
+
+    kind = "counting"
+
+    def __init__(self, inner: SysfsBackend):
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self.paths: list[str] = []
+
+    def read(self, path):
+        self.calls["read"] += 1
+        self.paths.append(path)
+        return self.inner.read(path)
+
+    def write(self, path, value):
+        self.calls["write"] += 1
+        self.inner.write(path, value)
+
+    def list(self, path):
+        self.calls["list"] += 1
+        return self.inner.list(path)
+
+    def exists(self, path):
+        self.calls["exists"] += 1
+        return self.inner.exists(path)
+
+
+@pytest.fixture
+def tx2(tmp_path):
+    w = write_fake_tree(TX2, tmp_path)
+    return w, Sensor(TX2, DirSysfs(tmp_path))
+
+
+def test_full_tx2_observation(tx2):
+    w, sensor = tx2
+    w.set_temp("BCPU-therm", 55.5)
+    w.set_power("VDD_IN", 5000)
+    w.set_power("VDD_SYS_CPU", 1200)
+    w.set_cur_freq(0, 1420800)
+    obs = sensor.read(12.5)
+    assert obs.t == 12.5 and obs.board == "tx2" and obs.jobs == ()
+    a57, denver = obs.cluster("a57"), obs.cluster("denver")
+    assert a57.cpus == (0, 3, 4, 5) and a57.online == (0, 3, 4, 5)
+    assert a57.cur_khz == 1420800 and a57.level == 7
+    assert (a57.min_khz, a57.max_khz) == (345600, 2035200)
+    assert a57.governor == "schedutil" and "userspace" in a57.governors
+    assert a57.freqs_khz == TX2.cluster("a57").freqs_khz
+    assert denver.online == (1, 2) and denver.capacity == 1.3
+    types = [z.type for z in obs.zones]
+    assert "PMIC-Die" not in types  # constant 100 °C: skipped
+    assert obs.cluster_temp_c("a57") == 55.5
+    bcpu = next(z for z in obs.zones if z.type == "BCPU-therm")
+    assert (bcpu.passive_trip_c, bcpu.critical_trip_c) == (85.0, 101.0)
+    pll = next(z for z in obs.zones if z.type == "PLL-therm")
+    assert pll.temp_c is None  # blank string: unavailable, not 0 °C
+    assert any("thermal_zone3/temp" in e and "empty" in e for e in obs.errors)
+    assert obs.total_power_w == 5.0 and obs.cpu_power_w == 1.2
+    assert [r.name for r in obs.rails] == [r.name for r in TX2.rails]
+    assert all(r.power_mw is not None for r in obs.rails)
+
+
+def test_utilisation_between_ticks(tx2):
+    w, sensor = tx2
+    first = sensor.read(0.0)
+    assert first.cluster("a57").util == (None,) * 4  # no previous sample
+    w.advance_stat(1.0, busy={0: 0.25, 3: 1.0, 4: 0.0, 5: 0.5, 1: 0.75, 2: 0.1})
+    obs = sensor.read(1.0)
+    assert obs.cluster("a57").util == pytest.approx((0.25, 1.0, 0.0, 0.5))
+    assert obs.cluster("denver").util == pytest.approx((0.75, 0.1))
+    assert obs.cluster("a57").mean_util == pytest.approx(0.4375)
+    again = sensor.read(1.0)  # no ticks passed: unavailable, not idle
+    assert again.cluster("a57").util == (None,) * 4
+
+
+def test_default_mode_offline_cluster_is_not_a_crash(tmp_path):
+    write_fake_tree(TX2, tmp_path, mode="default")
+    obs = Sensor(TX2, DirSysfs(tmp_path)).read(0.0)
+    denver = obs.cluster("denver")
+    assert denver.online == () and denver.cpus == (1, 2)
+    assert (denver.cur_khz, denver.min_khz, denver.max_khz, denver.governor) == (None,) * 4
+    assert denver.util == (None, None)
+    assert obs.cluster("a57").cur_khz is not None
+    assert not any("policy1" in e for e in obs.errors)  # offline is a state, not a failed read
+
+
+def test_hotplug_rediscovers_and_back(tmp_path):
+    w = write_fake_tree(TX2, tmp_path, mode="default")
+    sensor = Sensor(TX2, DirSysfs(tmp_path), refresh_s=None)
+    assert sensor.read(0.0).cluster("denver").online == ()
+    n = sensor.discoveries
+    w.set_cpu_online(1, True)
+    w.set_cpu_online(2, True)
+    w.set_cur_freq(1, 960000)
+    obs = sensor.read(1.0)
+    denver = obs.cluster("denver")
+    assert denver.online == (1, 2) and denver.cur_khz == 960000 and denver.governor == "schedutil"
+    w.set_cpu_online(2, False)
+    assert sensor.read(2.0).cluster("denver").online == (1,)
+    w.set_cpu_online(1, False)
+    obs = sensor.read(3.0)
+    assert obs.cluster("denver").online == () and obs.cluster("denver").cur_khz is None
+    assert not os.path.exists(tmp_path / paths.policy_dir(1))
+    assert sensor.discoveries == n  # the online set drove it, not a full rediscovery
+
+
+def test_policy_vanishing_under_the_sensor(tx2, tmp_path):
+    """A policy folder disappears while its CPUs still look online (a racing hotplug)."""
+    w, sensor = tx2
+    sensor.read(0.0)
+    import shutil
+
+    shutil.rmtree(tmp_path / paths.policy_dir(1))
+    obs = sensor.read(1.0)
+    assert obs.cluster("denver").cur_khz is None
+    assert any("policy1/scaling_cur_freq" in e for e in obs.errors)
+    obs = sensor.read(2.0)  # rediscovered: no repeated read errors for the missing policy
+    assert not any("policy1" in e for e in obs.errors)
+    assert obs.cluster("denver").cur_khz is None
+
+
+def test_zone_reindexed_is_followed_after_one_tick(tx2, tmp_path):
+    w, sensor = tx2
+    w.set_temp("GPU-therm", 47.0)
+    assert sensor.zone_paths["GPU-therm"] == paths.zone_file(2, "temp")
+    os.rename(tmp_path / paths.zone_dir(2), tmp_path / paths.zone_dir(12))
+    obs = sensor.read(0.0)
+    assert next(z for z in obs.zones if z.type == "GPU-therm").temp_c is None
+    obs = sensor.read(1.0)
+    assert next(z for z in obs.zones if z.type == "GPU-therm").temp_c == 47.0
+    assert sensor.zone_paths["GPU-therm"] == paths.zone_file(12, "temp")
+
+
+def test_missing_zone_found_on_refresh(tmp_path):
+    w = write_fake_tree(TX2, tmp_path)
+    hidden = tmp_path / "hidden-zone"
+    os.rename(tmp_path / paths.zone_dir(7), hidden)  # thermal-fan-est not registered yet
+    sensor = Sensor(TX2, DirSysfs(tmp_path), refresh_s=10.0)
+    obs = sensor.read(0.0)
+    assert any("no thermal zone of type 'thermal-fan-est'" in e for e in obs.errors)
+    os.rename(hidden, tmp_path / paths.zone_dir(7))
+    w.set_temp("thermal-fan-est", 39.0)
+    assert next(z for z in sensor.read(5.0).zones if z.type == "thermal-fan-est").temp_c is None
+    obs = sensor.read(10.0)
+    assert next(z for z in obs.zones if z.type == "thermal-fan-est").temp_c == 39.0
+
+
+def test_eagain_zones_on_orin(tmp_path, monkeypatch):
+    w = write_fake_tree(ORIN, tmp_path)
+    s = DirSysfs(tmp_path)
+    sensor = Sensor(ORIN, s)
+    obs = sensor.read(0.0)
+    for t in ("cv0-thermal", "cv1-thermal", "cv2-thermal"):
+        assert next(z for z in obs.zones if z.type == t).temp_c is None
+    w.set_temp("cv1-thermal", 42.0)
+    w.set_temp("cpu-thermal", 50.0)
+    inject_read_error(monkeypatch, s, sensor.zone_paths["cpu-thermal"], errno.EAGAIN)
+    obs = sensor.read(1.0)
+    assert next(z for z in obs.zones if z.type == "cv1-thermal").temp_c == 42.0
+    assert next(z for z in obs.zones if z.type == "cpu-thermal").temp_c is None
+    assert obs.max_cpu_temp_c is None  # the only cpu zone failed: unavailable, not 0
+    assert any("EAGAIN" in e and "temp" in e for e in obs.errors)
+    monkeypatch.undo()
+    assert sensor.read(2.0).max_cpu_temp_c == 50.0
+
+
+def test_orin_hwmon_rails(tmp_path):
+    w = write_fake_tree(ORIN, tmp_path, seed=7)
+    w.set_power("VDD_IN", 7000)
+    obs = Sensor(ORIN, DirSysfs(tmp_path)).read(0.0)
+    assert obs.total_power_w == pytest.approx(7.0, abs=0.01)
+    assert obs.rail("sub").name == "VDD_SOC"
+
+
+def test_rail_vanishing_and_returning(tmp_path):
+    write_fake_tree(ORIN, tmp_path, seed=1)
+    sensor = Sensor(ORIN, DirSysfs(tmp_path))
+    hw = tmp_path / "bus/i2c/drivers/ina3221/1-0040/hwmon"
+    (old,) = os.listdir(hw)
+    os.rename(hw / old, hw / "hwmon11")  # the driver re-bound under a new number
+    obs = sensor.read(0.0)
+    assert obs.total_power_w is None
+    assert any("in1_input" in e for e in obs.errors)
+    assert sensor.read(1.0).total_power_w is not None
+
+
+def test_rubik_skips_non_temperature_zones_and_has_no_rails(tmp_path):
+    write_fake_tree(RUBIK, tmp_path)
+    obs = Sensor(RUBIK, DirSysfs(tmp_path)).read(0.0)
+    types = {z.type for z in obs.zones}
+    assert not any(t.startswith("pm7250b") for t in types)
+    assert "cpu0-thermal" in types and len(obs.zones) == 17
+    assert obs.rails == () and obs.total_power_w is None
+    assert [c.name for c in obs.clusters] == ["silver", "gold", "prime"]
+    assert obs.cluster("prime").governor == "performance"
+    assert obs.errors == ()
+
+
+def test_live_trips_win_over_spec(tmp_path):
+    write_fake_tree(TX2, tmp_path)
+    (tmp_path / paths.zone_file(0, "trip_point_0_temp")).write_text("80000\n")
+    obs = Sensor(TX2, DirSysfs(tmp_path)).read(0.0)
+    assert next(z for z in obs.zones if z.type == "BCPU-therm").passive_trip_c == 80.0
+
+
+def test_steady_state_tick_reads_only_what_changes(tmp_path):
+    write_fake_tree(TX2, tmp_path)
+    s = Counting(DirSysfs(tmp_path))
+    sensor = Sensor(TX2, s, refresh_s=None)
+    sensor.read(0.0)
+    s.calls.clear()
+    s.paths.clear()
+    sensor.read(1.0)
+    # online + proc/stat + 2 clusters x 4 + 7 temperature zones + 6 IIO rails
+    assert s.calls["read"] == 1 + 1 + 8 + 7 + 6
+    assert s.calls["list"] == 0
+    assert s.calls["exists"] == 1  # only for the one failing (blank) zone
+    assert s.calls["write"] == 0
+    assert not any(p.endswith("/type") or "trip_point" in p for p in s.paths)
+
+
+def test_proc_stat_unreadable_gives_none_util(tx2, tmp_path):
+    _, sensor = tx2
+    (tmp_path / paths.PROC_STAT).unlink()
+    obs = sensor.read(0.0)
+    assert obs.cluster("a57").util == (None,) * 4
+    assert any("proc/stat" in e for e in obs.errors)
+
+
+def test_online_file_missing_falls_back_to_per_cpu(tmp_path):
+    write_fake_tree(TX2, tmp_path, mode="default")
+    (tmp_path / paths.CPU / "online").unlink()
+    obs = Sensor(TX2, DirSysfs(tmp_path)).read(0.0)
+    assert obs.cluster("a57").online == (0, 3, 4, 5) and obs.cluster("denver").online == ()
+
+
+# -- proc/stat parsing ------------------------------------------------------------------------
+
+STAT = """cpu  100 0 50 800 50 0 0 0 0 0
+cpu0 60 0 20 400 20 0 0 0 0 0
+cpu3 40 0 30 400 30 0 0 0 0 0
+intr 12345
+cpu9 1 1 1 1
+"""
+
+
+def test_parse_proc_stat_lines():
+    t = parse_proc_stat(STAT)
+    assert set(t) == {0, 3}  # aggregate skipped; parsing stops after the cpu block
+    assert t[0].total == 500 and t[0].busy == 80
+
+
+def test_parse_proc_stat_skips_malformed_lines():
+    assert parse_proc_stat("cpu0 1 2 x 4\ncpu1 1 2\ncpu2 1 1 1 1\n").keys() == {2}
+
+
+def test_util_tracker_edge_cases():
+    tr = UtilTracker()
+    assert tr.update(parse_proc_stat(STAT)) == {0: None, 3: None}
+    nxt = STAT.replace("cpu0 60 0 20 400", "cpu0 110 0 20 450")
+    out = tr.update(parse_proc_stat(nxt.replace("cpu3 40 0 30 400 30 0 0 0 0 0\n", "")))
+    assert out == {0: pytest.approx(0.5)}  # cpu3 went offline: no line, no value
+    out = tr.update(parse_proc_stat(STAT))  # counters went backwards (reset)
+    assert out[0] is None and out[3] is None

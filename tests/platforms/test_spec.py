@@ -1,0 +1,151 @@
+"""Shipped board specs load; malformed specs fail naming the file and the key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from platforms.errors import SpecError, UnknownBoard
+from platforms.spec import BOARDS_DIR, board_names, load_board, load_board_file, parse_board
+
+BOARDS = ["orin-nx", "rubikpi3", "tx2"]
+
+
+def test_the_three_boards_ship():
+    assert board_names() == BOARDS
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_shipped_spec_loads_and_is_consistent(name):
+    spec = load_board(name)
+    assert spec.name == name
+    assert spec.clusters, "a board has at least one cluster"
+    for c in spec.clusters:
+        assert c.policy in c.cpus
+        assert list(c.freqs_khz) == sorted(set(c.freqs_khz))
+        assert c.default_governor in c.governors
+        assert not set(c.modular_governors) & set(c.governors)
+    assert len(set(spec.cpus)) == spec.ncpus
+    names = {c.name for c in spec.clusters}
+    for z in spec.zones:
+        assert set(z.clusters) <= names
+    assert sum(r.role == "total" for r in spec.rails) <= 1
+
+
+def test_board_specific_facts():
+    tx2, orin, rubik = (load_board(n) for n in ("tx2", "orin-nx", "rubikpi3"))
+    assert tx2.cluster("a57").cpus == (0, 3, 4, 5)
+    assert tx2.cluster("denver").offline_by_default == (1, 2)
+    assert tx2.total_rail.name == "VDD_IN" and tx2.cpu_rail.name == "VDD_SYS_CPU"
+    assert orin.cluster("a78ae_0").fmax_khz == 1984000
+    assert [c.policy for c in rubik.clusters] == [0, 4, 7]
+    assert rubik.rails == ()
+    assert {"powersave", "conservative"} == set(rubik.cluster("gold").modular_governors)
+    assert not rubik.zone("pm7250b-ibat-lvl0").is_temperature
+
+
+def test_unknown_board_lists_the_known_ones():
+    with pytest.raises(UnknownBoard, match="orin-nx, rubikpi3, tx2"):
+        load_board("nano")
+
+
+def _raw(name="tx2"):
+    with open(BOARDS_DIR / f"{name}.yaml", encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _fails(tmp_path, data, key_fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as exc:
+        load_board_file(path)
+    msg = str(exc.value)
+    assert str(path) in msg, msg
+    assert key_fragment in msg, msg
+    return exc.value
+
+
+def test_missing_key(tmp_path):
+    data = _raw()
+    del data["clusters"][1]["freqs_khz"]
+    err = _fails(tmp_path, data, "clusters[1].freqs_khz")
+    assert "missing" in str(err)
+
+
+def test_missing_top_level_name(tmp_path):
+    data = _raw()
+    del data["name"]
+    _fails(tmp_path, data, "'name'")
+
+
+def test_wrong_type(tmp_path):
+    data = _raw()
+    data["clusters"][0]["policy"] = "zero"
+    err = _fails(tmp_path, data, "clusters[0].policy")
+    assert err.got == "zero"
+
+
+def test_wrong_type_bool_is_not_an_int(tmp_path):
+    data = _raw()
+    data["clusters"][0]["transition_latency_ns"] = True
+    _fails(tmp_path, data, "clusters[0].transition_latency_ns")
+
+
+def test_bad_default_governor(tmp_path):
+    data = _raw()
+    data["clusters"][0]["default_governor"] = "turbo"
+    err = _fails(tmp_path, data, "clusters[0].default_governor")
+    assert "turbo" in str(err)
+
+
+@pytest.mark.parametrize(
+    "freqs", [[345600, 345600, 499200], [499200, 345600], [], [0, 345600], [-1, 5]]
+)
+def test_non_increasing_or_non_positive_frequencies(tmp_path, freqs):
+    data = _raw()
+    data["clusters"][0]["freqs_khz"] = freqs
+    _fails(tmp_path, data, "clusters[0].freqs_khz")
+
+
+def test_unknown_cluster_in_a_zone(tmp_path):
+    data = _raw()
+    data["thermal"]["zones"][0]["clusters"] = ["a57", "carmel"]
+    err = _fails(tmp_path, data, "thermal.zones[0].clusters")
+    assert "carmel" in str(err)
+
+
+def test_bad_zone_role_and_quirk(tmp_path):
+    data = _raw()
+    bad = copy.deepcopy(data)
+    bad["thermal"]["zones"][2]["role"] = "hot"
+    _fails(tmp_path, bad, "thermal.zones[2].role")
+    bad = copy.deepcopy(data)
+    bad["thermal"]["zones"][2]["quirk"] = "flaky"
+    _fails(tmp_path, bad, "thermal.zones[2].quirk")
+
+
+def test_policy_must_be_a_cpu_of_the_cluster(tmp_path):
+    data = _raw()
+    data["clusters"][1]["policy"] = 3
+    _fails(tmp_path, data, "clusters[1].policy")
+
+
+def test_two_total_rails_refused(tmp_path):
+    data = _raw()
+    data["power"]["rails"][1]["role"] = "total"
+    _fails(tmp_path, data, "power.rails")
+
+
+def test_unreadable_and_invalid_yaml_files(tmp_path):
+    with pytest.raises(SpecError, match="readable YAML"):
+        load_board_file(tmp_path / "absent.yaml")
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="valid YAML"):
+        load_board_file(bad)
+
+
+def test_parse_board_round_trips_a_shipped_file():
+    assert parse_board(_raw("rubikpi3"), "x.yaml").clusters == load_board("rubikpi3").clusters

@@ -1,0 +1,185 @@
+"""The systemd unit and the install/uninstall plan."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import service_plan as sp
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd" / "hidvfs.service"
+EXE = "/opt/hidvfs/venv/bin/hidvfs"
+
+
+def unit_directives(text: str) -> dict[str, list[str]]:
+    """section.key -> values (systemd allows a key several times)."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.setdefault(f"{section}.{key}", []).append(value)
+    return out
+
+
+def test_unit_has_the_service_contract():
+    d = unit_directives(UNIT.read_text())
+    one = {k: v[-1] for k, v in d.items()}
+    assert one["Service.Type"] == "notify"
+    assert one["Service.NotifyAccess"] == "main"
+    assert one["Service.WatchdogSec"] == "10s"
+    assert one["Service.Restart"] == "on-failure"
+    assert one["Service.ExecStart"] == "/usr/bin/env hidvfs daemon --config /etc/hidvfs/config.yaml"
+    assert {"nvpmodel.service", "nvpower.service"} <= set(one["Unit.After"].split())
+    assert {"tuned.service", "power-profiles-daemon.service", "auto-cpufreq.service"} <= set(
+        one["Unit.Conflicts"].split()
+    )
+    assert one["Service.StateDirectory"] == "hidvfs"
+    assert one["Service.ConfigurationDirectory"] == "hidvfs"
+    assert one["Service.RuntimeDirectory"] == "hidvfs"
+    assert one["Service.ProtectSystem"] == "strict"
+    assert "/sys/devices/system/cpu" in one["Service.ReadWritePaths"].split()
+    # directives that would stop the daemon from doing its job
+    for forbidden in (
+        "ProtectKernelTunables",
+        "RestrictRealtime",
+        "ProtectKernelModules",
+        "ExecStopPost",
+    ):
+        assert f"Service.{forbidden}" not in d, forbidden
+    assert one["Install.WantedBy"] == "multi-user.target"
+
+
+def test_render_unit_points_execstart_at_the_script():
+    text = sp.render_unit(UNIT.read_text(), EXE)
+    assert unit_directives(text)["Service.ExecStart"] == [
+        f"{EXE} daemon --config /etc/hidvfs/config.yaml"
+    ]
+    quoted = sp.render_unit(UNIT.read_text(), "/opt/my tools/hidvfs")
+    assert unit_directives(quoted)["Service.ExecStart"] == [
+        '"/opt/my tools/hidvfs" daemon --config /etc/hidvfs/config.yaml'
+    ]
+    assert sp.render_unit(UNIT.read_text(), None) == UNIT.read_text()
+    with pytest.raises(ValueError, match="absolute"):
+        sp.render_unit(UNIT.read_text(), "hidvfs")
+
+
+def test_install_plan_content():
+    steps = sp.install_plan("/", EXE)
+    actions = [(s.action, s.target or " ".join(s.argv)) for s in steps if s.action != "note"]
+    assert actions == [
+        ("write", "/etc/systemd/system/hidvfs.service"),
+        ("mkdir", "/etc/hidvfs"),
+        ("copy_if_absent", "/etc/hidvfs/config.yaml"),
+        ("group", "groupadd --system hidvfs"),
+        ("run", "systemctl daemon-reload"),
+        ("run", "systemctl enable --now hidvfs.service"),
+    ]
+    assert f"ExecStart={EXE} daemon" in steps[0].content
+    assert Path(steps[2].source).read_text() == (ROOT / "systemd" / "config.yaml").read_text()
+
+
+def test_uninstall_plan_content():
+    steps = sp.uninstall_plan()
+    actions = [(s.action, s.target or " ".join(s.argv)) for s in steps if s.action != "note"]
+    assert actions == [
+        ("run", "systemctl disable --now hidvfs.service"),
+        ("remove", "/etc/systemd/system/hidvfs.service"),
+        ("run", "systemctl daemon-reload"),
+    ]
+    assert steps[0].may_fail  # uninstalling twice must not fail on disable
+
+
+def _never_run(*args, **kwargs):
+    raise AssertionError(f"dry run executed {args}")
+
+
+def test_dry_run_prints_and_changes_nothing(capsys):
+    sp.run_plan(sp.install_plan("/", EXE), dry_run=True, runner=_never_run)
+    out = capsys.readouterr().out
+    assert out.startswith("dry run: nothing is changed")
+    assert "/etc/systemd/system/hidvfs.service" in out
+    assert "groupadd --system hidvfs" in out
+    assert "systemctl enable --now hidvfs.service" in out
+    assert "systemctl daemon-reload" in out
+
+
+def test_refuses_without_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PermissionError, match="needs root: run it with sudo"):
+        sp.run_plan(sp.install_plan("/", EXE), runner=_never_run)
+    sp.run_plan(
+        sp.install_plan("/", EXE), dry_run=True, runner=_never_run, out=lambda s: None
+    )  # dry run is fine
+
+
+def test_staging_install_writes_files_and_keeps_an_existing_config(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    steps = sp.install_plan(str(tmp_path), EXE)
+    assert not any(s.action in ("run", "group") for s in steps)  # no systemctl on a staging tree
+    sp.run_plan(steps, runner=_never_run, out=lambda s: None)
+    unit = tmp_path / "etc/systemd/system/hidvfs.service"
+    assert f"ExecStart={EXE} daemon" in unit.read_text()
+    assert oct(unit.stat().st_mode & 0o777) == oct(0o644)
+    cfg = tmp_path / "etc/hidvfs/config.yaml"
+    assert cfg.read_text() == (ROOT / "systemd" / "config.yaml").read_text()
+    cfg.write_text("period_ms: 20\n")  # the owner's edits survive a reinstall
+    sp.run_plan(sp.install_plan(str(tmp_path), EXE), runner=_never_run, out=lambda s: None)
+    assert cfg.read_text() == "period_ms: 20\n"
+    sp.run_plan(sp.uninstall_plan(str(tmp_path)), runner=_never_run, out=lambda s: None)
+    assert not unit.exists() and cfg.exists()
+
+
+def test_failing_command_stops_the_plan(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        code = 1 if argv == ["false"] else 0
+        return subprocess.CompletedProcess(argv, code, "", "Unit not found" if code else "")
+
+    steps = [sp.Step("run", "first", argv=("false",)), sp.Step("run", "second", argv=("true",))]
+    with pytest.raises(sp.ServiceError, match="Unit not found"):
+        sp.run_plan(steps, runner=runner, out=lambda s: None)
+    assert calls == [["false"]]
+    tolerant = [
+        sp.Step("run", "first", argv=("false",), may_fail=True),
+        sp.Step("run", "second", argv=("true",)),
+    ]
+    sp.run_plan(tolerant, runner=runner, out=lambda s: None)
+    assert calls[-1] == ["true"]
+
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "hidvfs.service"
+    path.write_text(unit_text)
+    return subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify(tmp_path):
+    # verify checks that ExecStart's binary exists: point it at a real executable
+    text = sp.render_unit(UNIT.read_text(), sys.executable)
+    proc = _verify(text, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Unknown key" not in proc.stderr and "Unknown section" not in proc.stderr, proc.stderr
+    # and the check can fail: a missing executable is reported
+    bad = _verify(sp.render_unit(UNIT.read_text(), str(tmp_path / "missing-hidvfs")), tmp_path)
+    assert bad.returncode != 0 and "missing-hidvfs" in bad.stderr

@@ -1,0 +1,125 @@
+"""``hidvfs daemon``, ``hidvfs status``, ``hidvfs run``."""
+
+from __future__ import annotations
+
+import click
+
+from tools.common import emit_json, fail, guard_errors
+
+
+@click.command("daemon")
+@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False), help="Config file (default /etc/hidvfs/config.yaml if present).")
+@click.option("--sysfs-root", default=None, type=click.Path(exists=True, file_okay=False), help="Drive a tree under DIR instead of / (e.g. a fake tree).")
+@click.option("--sim", "sim_board", default=None, help="Run on the simulated BOARD with a virtual clock and the built-in BOTS workload.")
+@click.option("--replay", "replay_trace", default=None, type=click.Path(exists=True, dir_okay=False), help="Run on a recorded trace (writes are captured, not applied).")
+@click.option("--policy", default=None, help="Policy: hidvfs, geardvfs, ztt, performance, powersave, ondemand, conservative, schedutil, maxfreq.")
+@click.option("--period-ms", default=None, type=click.IntRange(1, 60000), help="Control period (default 100 ms; 50 ms in --sim).")
+@click.option("--duration", "duration_s", default=None, type=click.FloatRange(min=0.001), help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped.")
+@click.option("--status-file", default=None, type=click.Path(dir_okay=False), help="Write a JSON status (time, frequencies, temperatures, power, jobs, energy) here.")
+@click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False), help="Job-registry Unix socket (default /run/hidvfs/hidvfs.sock).")
+@click.option("--state-dir", default=None, type=click.Path(file_okay=False), help="Where the restore snapshot lives (default /var/lib/hidvfs).")
+@click.option("--dry-run", is_flag=True, help="Read and decide, but only print what would be written.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulated workload (--sim).")
+@click.option("--load", default=0.6, show_default=True, type=click.FloatRange(0.05, 3.0), help="Offered load of the simulated workload (--sim).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
+@guard_errors
+def daemon_cmd(config_path, sysfs_root, sim_board, replay_trace, policy, period_ms, duration_s,
+               status_file, socket_path, state_dir, dry_run, seed, load, as_json) -> None:
+    """Run the DVFS daemon: sense -> decide -> gate -> shield -> thermal guard -> actuate.
+
+    On a board (as root, normally under systemd) it saves the original cpufreq settings, takes
+    control, serves the job registry and restores everything on stop. With --sim it drives the
+    simulated board faster than real time; with --replay it runs on a recorded trace.
+    """
+    chosen = [x for x in (sysfs_root, sim_board, replay_trace) if x]
+    if len(chosen) > 1:
+        fail("choose at most one of --sysfs-root, --sim, --replay")
+    if sim_board:
+        from tools.simdaemon import run_sim_daemon
+
+        status = run_sim_daemon(
+            sim_board, policy or "hidvfs", period_ms=period_ms or 50, duration_s=duration_s or 60.0,
+            status_file=status_file, seed=seed, load=load,
+        )
+        if as_json:
+            emit_json(status)
+        else:
+            _print_status(status)
+        return
+    if replay_trace:
+        from tools.replay import replay_trace as run_replay
+
+        result = run_replay(replay_trace, policy or "schedutil", period_ms)
+        if status_file:
+            from daemon.statusfile import write_status
+
+            write_status(status_file, result["status"])
+        if as_json:
+            emit_json(result["status"])
+        else:
+            _print_status(result["status"])
+        return
+    from daemon.service import run_live
+
+    run_live(
+        config_path=config_path, sysfs_root=sysfs_root or "/", policy=policy, period_ms=period_ms,
+        duration_s=duration_s, status_file=status_file, socket_path=socket_path,
+        state_dir=state_dir, dry_run=dry_run,
+    )
+
+
+def _print_status(s: dict) -> None:
+    freqs = ", ".join(f"{k} {v // 1000 if v else '?'} MHz" for k, v in s.get("freq_khz", {}).items())
+    temps = s.get("temp_c", {})
+    tmax = max(temps.values()) if temps else None
+    energy = s.get("energy_j")
+    click.echo(
+        f"board {s['board']} ({s['backend']}), policy {s['policy']}: t={s['t']:.1f}s ticks={s['ticks']}\n"
+        f"  frequencies: {freqs}\n"
+        f"  hottest zone: {tmax if tmax is None else round(tmax, 1)} C; "
+        f"energy: {'unavailable' if energy is None else f'{energy:.1f} J'}\n"
+        f"  jobs done {s['jobs_done']}, running {s['jobs_running']}, "
+        f"deadline misses hi={s['deadline_misses']['hi']} lo={s['deadline_misses']['lo']}, "
+        f"interventions {s['interventions']}"
+    )
+
+
+@click.command("status")
+@click.option("--socket", "socket_path", default="/run/hidvfs/hidvfs.sock", show_default=True, help="The daemon's socket.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@guard_errors
+def status_cmd(socket_path: str, as_json: bool) -> None:
+    """Show the running daemon's live state (frequencies, temperatures, power, jobs)."""
+    from daemon.client import RegistryClient
+
+    status = RegistryClient(socket_path).status()
+    if as_json:
+        emit_json(status)
+    else:
+        _print_status(status)
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--deadline", "deadline_s", default=None, type=click.FloatRange(min=0.001), help="Soft deadline in seconds.")
+@click.option("--criticality", default="lo", show_default=True, type=click.Choice(["hi", "lo"]), help="hi jobs get a reserved cluster.")
+@click.option("--name", default=None, help="Job name (default: the command's basename).")
+@click.option("--socket", "socket_path", default="/run/hidvfs/hidvfs.sock", show_default=True, help="The daemon's socket.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@guard_errors
+def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> None:
+    """Launch CMD, register it with the daemon, wait, and print its makespan.
+
+    Example: hidvfs run --deadline 5 --criticality hi -- ./fib.gcc.omp-tasks -n 30
+    """
+    from daemon.client import run_registered
+
+    result = run_registered(list(command), deadline_s=deadline_s, criticality=criticality,
+                            name=name, socket_path=socket_path)
+    if as_json:
+        emit_json(result)
+    else:
+        met = result.get("deadline_met")
+        tail = "" if met is None else (" (deadline met)" if met else " (DEADLINE MISSED)")
+        click.echo(f"{result['name']}: exit {result['returncode']}, makespan {result['makespan_s']:.3f} s{tail}")
+    raise SystemExit(result["returncode"])

@@ -1,0 +1,56 @@
+"""Shared CLI helpers: JSON output, error reporting, building a platform from options."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from platforms.errors import HidvfsError
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=_default))
+
+
+def _default(o: Any):
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)
+
+
+def fail(message: str, code: int = 2) -> None:
+    click.echo(f"hidvfs: error: {message}", err=True)
+    sys.exit(code)
+
+
+class Friendly(click.Group):
+    """A group whose commands turn HidvfsError/ValueError/OSError into one clear line."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (HidvfsError, ValueError, OSError) as err:
+            fail(str(err))
+
+
+def guard_errors(fn):
+    """Decorator for plain commands: same clean error handling as :class:`Friendly`."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (HidvfsError, ValueError, OSError) as err:
+            fail(str(err))
+
+    return wrapper

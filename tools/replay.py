@@ -1,0 +1,54 @@
+"""Replay a trace through the real control loop (used by ``hidvfs trace replay`` and CI)."""
+
+from __future__ import annotations
+
+from agents.factory import make_policy
+from daemon.loop import ControlLoop
+from platforms.clock import VirtualClock
+from platforms.platform import Platform
+from platforms.procs import ProcessControl, ProcessGone
+from platforms.spec import load_board
+from platforms.trace import ReplaySysfs, read_trace
+
+
+class NoProcesses(ProcessControl):
+    """A replay has no live jobs: every pid is gone."""
+
+    def alive(self, pid: int) -> bool:
+        return False
+
+    def set_affinity(self, pid, cpus):
+        raise ProcessGone(pid)
+
+    def get_affinity(self, pid):
+        raise ProcessGone(pid)
+
+    def set_priority(self, pid, rt_priority=0, nice=0):
+        raise ProcessGone(pid)
+
+    def cpu_time(self, pid):
+        raise ProcessGone(pid)
+
+
+def replay_trace(path: str, policy_name: str, period_ms: int | None = None) -> dict:
+    trace = read_trace(path)
+    spec = load_board(trace.header.board)
+    clock = VirtualClock(trace.samples[0].t if trace.samples else 0.0)
+    sysfs = ReplaySysfs(trace, clock)
+    platform = Platform(spec, sysfs, NoProcesses(), clock, kind="replay")
+    period = period_ms / 1000.0 if period_ms else trace.header.period_s
+    loop = ControlLoop(platform, make_policy(policy_name, spec), period_s=period)
+    duration = (trace.samples[-1].t - trace.samples[0].t) if trace.samples else 0.0
+    loop.run(duration_s=max(duration, period))
+    recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]
+    ours = [(t, p, v) for (t, p, v) in sysfs.writes]
+    rec_set = {(p, v) for _, p, v in recorded}
+    return {
+        "board": spec.name,
+        "policy": policy_name,
+        "ticks": loop.ticks,
+        "writes": ours,
+        "recorded_writes": len(recorded),
+        "matching_writes": sum(1 for _, p, v in ours if (p, v) in rec_set),
+        "status": loop.status(),
+    }

@@ -1,0 +1,273 @@
+"""What ``hidvfs service install|uninstall`` does, as an explicit list of steps.
+
+The plan is computed first and then either printed (``--dry-run``) or executed, so what the user
+reviews is exactly what runs. With a ``prefix`` other than ``/`` (a staging tree for packaging)
+only files are written; the systemctl and groupadd steps need the live system.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+UNIT_NAME = "hidvfs.service"
+GROUP = "hidvfs"
+CONFIG_PATH = "/etc/hidvfs/config.yaml"
+UNIT_DIR = "/etc/systemd/system"
+DAEMON_ARGS = f"daemon --config {CONFIG_PATH}"
+#: Conflicts= of the unit: starting hidvfs stops these
+RIVALS = ("auto-cpufreq.service", "power-profiles-daemon.service", "tuned.service")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action. ``action`` is write | copy_if_absent | mkdir | remove | group | run | note."""
+
+    action: str
+    description: str
+    target: str = ""
+    argv: tuple[str, ...] = ()
+    content: str | None = None
+    source: str | None = None
+    mode: int = 0o644
+    #: a failing command does not stop the plan (e.g. disabling a unit that is not installed)
+    may_fail: bool = False
+
+    def describe(self) -> str:
+        if self.action == "run":
+            return f"{self.description}: {shlex.join(self.argv)}"
+        if self.target:
+            return f"{self.description}: {self.target}"
+        return self.description
+
+
+class ServiceError(Exception):
+    """A step failed (names the step and the cause)."""
+
+
+def source_dir() -> Path:
+    """Folder holding the shipped ``hidvfs.service`` and ``config.yaml``.
+
+    The installed package carries them as ``tools/systemd/``; a source checkout has them in
+    the top-level ``systemd/``.
+    """
+    here = Path(__file__).resolve().parent
+    for cand in (here / "systemd", here.parent / "systemd"):
+        if (cand / UNIT_NAME).is_file() and (cand / "config.yaml").is_file():
+            return cand
+    raise ServiceError(
+        f"cannot find {UNIT_NAME} and config.yaml next to {here} (broken installation?)"
+    )
+
+
+def default_exe() -> str | None:
+    """Absolute path of the installed ``hidvfs`` script, None when it is not on PATH."""
+    found = shutil.which("hidvfs")
+    return os.path.abspath(found) if found else None
+
+
+def _systemd_quote(arg: str) -> str:
+    if arg and all(c.isalnum() or c in "/._-+:@%" for c in arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_unit(template: str, exe: str | None) -> str:
+    """The unit with ExecStart pointing at ``exe`` (unchanged ``/usr/bin/env hidvfs`` if None)."""
+    if exe is None:
+        return template
+    if not os.path.isabs(exe):
+        raise ValueError(f"ExecStart needs an absolute path to the hidvfs script, got {exe!r}")
+    lines = template.splitlines(keepends=True)
+    hits = [i for i, ln in enumerate(lines) if ln.startswith("ExecStart=")]
+    if len(hits) != 1:
+        raise ValueError(
+            f"the unit template must have exactly one ExecStart= line, found {len(hits)}"
+        )
+    lines[hits[0]] = f"ExecStart={_systemd_quote(exe)} {DAEMON_ARGS}\n"
+    return "".join(lines)
+
+
+def _under(prefix: str, path: str) -> str:
+    return os.path.join(os.path.abspath(prefix), path.lstrip("/"))
+
+
+def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = None) -> list[Step]:
+    """Steps of ``hidvfs service install``: unit, default config (kept if present), group,
+    daemon-reload, enable --now."""
+    src = src or source_dir()
+    exe = exe if exe is not None else default_exe()
+    unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe)
+    live = os.path.abspath(prefix) == "/"
+    steps = [
+        Step(
+            "write",
+            f"install the systemd unit (ExecStart={exe or '/usr/bin/env hidvfs'})",
+            _under(prefix, f"{UNIT_DIR}/{UNIT_NAME}"),
+            content=unit,
+        ),
+        Step(
+            "mkdir",
+            "create the config folder",
+            _under(prefix, os.path.dirname(CONFIG_PATH)),
+            mode=0o755,
+        ),
+        Step(
+            "copy_if_absent",
+            "install the default config unless one exists",
+            _under(prefix, CONFIG_PATH),
+            source=str(src / "config.yaml"),
+        ),
+    ]
+    if live:
+        steps += [
+            Step(
+                "group",
+                f"create the system group {GROUP} for registry clients unless it exists (groupadd --system {GROUP})",
+                argv=("groupadd", "--system", GROUP),
+            ),
+            Step("run", "reload systemd", argv=("systemctl", "daemon-reload")),
+            Step(
+                "run",
+                "enable and start the daemon",
+                argv=("systemctl", "enable", "--now", UNIT_NAME),
+            ),
+            Step(
+                "note",
+                f"starting hidvfs stops {', '.join(RIVALS)} (Conflicts=); they write the same cpufreq files",
+            ),
+            Step(
+                "note",
+                f"let a user register jobs: sudo usermod -aG {GROUP} USER (then log in again)",
+            ),
+        ]
+    else:
+        steps.append(
+            Step(
+                "note",
+                f"staging prefix {prefix}: group, daemon-reload and enable are left to the target system",
+            )
+        )
+    return steps
+
+
+def uninstall_plan(prefix: str = "/") -> list[Step]:
+    """Steps of ``hidvfs service uninstall``. Stopping the daemon restores the original cpufreq
+    settings; the config, the state folder and the group are kept."""
+    live = os.path.abspath(prefix) == "/"
+    steps: list[Step] = []
+    if live:
+        steps.append(
+            Step(
+                "run",
+                "stop (restoring the original cpufreq settings) and disable the daemon",
+                argv=("systemctl", "disable", "--now", UNIT_NAME),
+                may_fail=True,
+            )
+        )
+    steps.append(
+        Step("remove", "remove the systemd unit", _under(prefix, f"{UNIT_DIR}/{UNIT_NAME}"))
+    )
+    if live:
+        steps.append(Step("run", "reload systemd", argv=("systemctl", "daemon-reload")))
+    steps.append(
+        Step(
+            "note",
+            f"kept {CONFIG_PATH}, /var/lib/hidvfs and the group {GROUP}; remove them by hand if wanted",
+        )
+    )
+    return steps
+
+
+def _write_atomic(path: str, content: str, mode: int) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def run_plan(
+    steps: list[Step],
+    dry_run: bool = False,
+    out: Callable[[str], None] = print,
+    runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+) -> None:
+    """Print (``dry_run``) or execute ``steps`` in order; stop at the first failing step."""
+    if dry_run:
+        out("dry run: nothing is changed; the plan is:")
+        for i, s in enumerate(steps, 1):
+            out(f"  {i}. {s.describe()}")
+        return
+    if os.geteuid() != 0:
+        raise PermissionError(
+            "installing or removing the hidvfs service needs root: run it with sudo (or add --dry-run to see the plan)"
+        )
+    for s in steps:
+        if s.action == "note":
+            out(f"note: {s.description}")
+            continue
+        out(s.describe())
+        try:
+            _execute(s, out, runner)
+        except (OSError, subprocess.SubprocessError) as err:
+            raise ServiceError(f"step failed: {s.describe()}: {err}") from None
+
+
+def _execute(
+    s: Step, out: Callable[[str], None], runner: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    if s.action == "write":
+        _write_atomic(s.target, s.content or "", s.mode)
+    elif s.action == "mkdir":
+        os.makedirs(s.target, mode=s.mode, exist_ok=True)
+    elif s.action == "copy_if_absent":
+        if os.path.exists(s.target):
+            out(f"  kept the existing {s.target}")
+            return
+        with open(s.source or "", encoding="utf-8") as f:
+            _write_atomic(s.target, f.read(), s.mode)
+    elif s.action == "remove":
+        try:
+            os.unlink(s.target)
+        except FileNotFoundError:
+            out(f"  {s.target} was not installed")
+    elif s.action in ("run", "group"):
+        if s.action == "group" and _group_exists(GROUP):
+            out(f"  group {GROUP} already exists")
+            return
+        proc = runner(list(s.argv), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout or "").strip()
+            if s.may_fail:
+                out(f"  ignored: exit status {proc.returncode} {detail}")
+                return
+            raise subprocess.SubprocessError(f"exit status {proc.returncode}: {detail}")
+    else:
+        raise ValueError(f"unknown step action {s.action!r}")

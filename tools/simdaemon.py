@@ -1,0 +1,31 @@
+"""``hidvfs daemon --sim BOARD``: the daemon on the simulated board with the default workload."""
+
+from __future__ import annotations
+
+from bots_bench.reference import measure_reference
+from bots_bench.workload import WorkloadSpec, default_mix
+from daemon.simrun import run_sim
+from daemon.statusfile import write_status
+from tools.policies import build_policy_stack
+
+
+def run_sim_daemon(board: str, policy_name: str, *, period_ms: int, duration_s: float,
+                   status_file: str | None, seed: int, load: float) -> dict:
+    """Run ``duration_s`` virtual seconds; the status file is refreshed every virtual second."""
+    from platforms.spec import load_board
+
+    spec = load_board(board)
+    w = WorkloadSpec(duration_s=duration_s, load=load)
+    jobs = default_mix(spec, seed, w)
+    items = [(j, measure_reference(spec.name, j.name.split(".")[0], w.cls, 0)) for j in jobs]
+    policy, stages = build_policy_stack(policy_name, spec)
+    cb = (lambda st: write_status(status_file, st)) if status_file else None
+    result = run_sim(spec.name, policy, items, seed=seed, period_s=period_ms / 1000.0,
+                     duration_s=duration_s, stages=stages, until_idle=False, status_cb=cb)
+    status = dict(result.status)
+    status["energy_exact_j"] = round(result.energy_j, 6)
+    status["peak_temp_c"] = round(result.peak_temp_c, 3)
+    status["jobs_released"] = sum(1 for j in result.jobs if j.release_t <= result.t_end)
+    if status_file:
+        write_status(status_file, status)
+    return status
