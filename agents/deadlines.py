@@ -121,9 +121,13 @@ def profile_from_dag(
             f"reference frequency {ref_khz} kHz is not in the table of {spec.name}/{cl.name}: {list(cl.freqs_khz)}"
         )
     if not 1 <= cores <= len(cl.cpus):
-        raise ValueError(f"reference core count {cores} is outside 1..{len(cl.cpus)} for {spec.name}/{cl.name}")
+        raise ValueError(
+            f"reference core count {cores} is outside 1..{len(cl.cpus)} for {spec.name}/{cl.name}"
+        )
     if not (math.isfinite(measured_makespan_s) and measured_makespan_s > 0):
-        raise ValueError(f"measured makespan for {dag.name!r} must be > 0 s, got {measured_makespan_s!r}")
+        raise ValueError(
+            f"measured makespan for {dag.name!r} must be > 0 s, got {measured_makespan_s!r}"
+        )
     work, span = dag.work_span(ref_khz * 1e3, 1.0)
     if not work > 0:
         raise ValueError(f"DAG {dag.name!r} has no work (C = {work})")
@@ -158,7 +162,9 @@ class ProfileStore:
         p = self.profiles.get((name, board))
         if p is None:
             known = ", ".join(f"{n}@{b}" for n, b in sorted(self.profiles)) or "none"
-            raise KeyError(f"no reference profile for job {name!r} on board {board!r} (known: {known})")
+            raise KeyError(
+                f"no reference profile for job {name!r} on board {board!r} (known: {known})"
+            )
         return p
 
     def put(self, board: str, profile: JobProfile, *, replace_existing: bool = False) -> JobProfile:
@@ -210,9 +216,19 @@ def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> ProfileSt
 
 def _parse(data: object, path: str) -> ProfileStore:
     if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
-        raise SpecError(path, "format", f"{STORE_FORMAT!r}", data.get("format") if isinstance(data, dict) else data)
+        raise SpecError(
+            path,
+            "format",
+            f"{STORE_FORMAT!r}",
+            data.get("format") if isinstance(data, dict) else data,
+        )
     if data.get("version") != STORE_VERSION:
-        raise SpecError(path, "version", f"store version {STORE_VERSION} (this hidvfs cannot read others)", data.get("version"))
+        raise SpecError(
+            path,
+            "version",
+            f"store version {STORE_VERSION} (this hidvfs cannot read others)",
+            data.get("version"),
+        )
     rows = data.get("profiles")
     if not isinstance(rows, list):
         raise SpecError(path, "profiles", "a list of profiles", rows)
@@ -232,7 +248,9 @@ def _parse(data: object, path: str) -> ProfileStore:
         if not isinstance(board, str) or not board:
             raise SpecError(path, f"{where}.board", "a board name", board)
         if (p.name, board) in store.profiles:
-            raise SpecError(path, where, f"one profile per (job, board); {p.name!r}@{board!r} repeats")
+            raise SpecError(
+                path, where, f"one profile per (job, board); {p.name!r}@{board!r} repeats"
+            )
         store.profiles[(p.name, board)] = p
     return store
 
@@ -241,7 +259,9 @@ def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     """Write atomically (temporary file + rename) so a crash never leaves half a store."""
     path = os.fspath(path)
     rows = [{"board": board, **asdict(p)} for board, p in store]
-    text = json.dumps({"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}, indent=1)
+    text = json.dumps(
+        {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}, indent=1
+    )
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".json", dir=folder)
     try:

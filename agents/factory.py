@@ -28,7 +28,7 @@ def make_policy(name: str, spec: BoardSpec, **options) -> Policy:
     if name in GOVERNOR_POLICIES:
         from agents.governors import make_governor
 
-        return make_governor(name)
+        return make_governor(name, spec)
     if name in LEARNED_POLICIES:
         try:
             from agents.learned import make_learned_policy
@@ -46,3 +46,9 @@ def parse_policy_list(text: str) -> list[str]:
         if n not in POLICY_NAMES:
             raise ValueError(f"unknown policy {n!r}; known policies: {', '.join(POLICY_NAMES)}")
     return names
+
+
+def make_policy_stack(name: str, spec: BoardSpec, **options):
+    """(policy, stages): the policy plus the decision stages it brings (gate, shield, ...)."""
+    policy = make_policy(name, spec, **options)
+    return policy, list(getattr(policy, "stages", []) or [])

@@ -41,7 +41,6 @@ is non-decreasing in khz and ncores may replace it.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,13 +145,17 @@ def requirement(job: GateJob, cluster: GateCluster, khz: int) -> tuple[int, int,
     return HEAVY, max(1, math.ceil((c - span) / (d - span) - _EPS)), c
 
 
-def min_cores(profile: JobProfile, f: int, capacity: float, D: float, remaining: float = 1.0) -> int | None:
+def min_cores(
+    profile: JobProfile, f: int, capacity: float, D: float, remaining: float = 1.0
+) -> int | None:
     """Cores the job needs at frequency ``f`` (kHz) on ``capacity`` with deadline ``D``.
 
     1 for a light job (C(f) <= D, one sequential core), n_i for a heavy one, None when no
     core count can meet ``D`` (L(f) >= D).
     """
-    kind, n, _ = requirement(GateJob(-1, profile, D, remaining), GateCluster("", (), (f,), capacity), f)
+    kind, n, _ = requirement(
+        GateJob(-1, profile, D, remaining), GateCluster("", (), (f,), capacity), f
+    )
     return None if kind == IMPOSSIBLE else n
 
 
@@ -267,14 +270,18 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
         sets.append((pid, fs))
         if kind == HEAVY:
             if len(cpus) < n:
-                reasons.append(f"pid {pid}: heavy, needs {n} cores on {k.name} at {f} kHz, has {len(cpus)}")
+                reasons.append(
+                    f"pid {pid}: heavy, needs {n} cores on {k.name} at {f} kHz, has {len(cpus)}"
+                )
                 bad_pids.add(pid)
             heavy.append((pid, fs))
             alloc[pid] = JobAlloc(pid, k.name, cpus, "heavy", n)
         elif kind == LIGHT:
             groups.setdefault((k.name, cpus), []).append((j.remaining_s, c, pid))
         else:
-            reasons.append(f"pid {pid}: no core count meets D={j.remaining_s:.4g} s on {k.name} at {f} kHz")
+            reasons.append(
+                f"pid {pid}: no core count meets D={j.remaining_s:.4g} s on {k.name} at {f} kHz"
+            )
             bad_pids.add(pid)
             alloc[pid] = JobAlloc(pid, k.name, cpus, "invalid", 0)
     if heavy:
@@ -284,24 +291,32 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
                 if pid2 == pid or (pid2 in heavy_pids and pid2 < pid):
                     continue  # each heavy-heavy pair once
                 if not hs.isdisjoint(s2):
-                    reasons.append(f"pid {pid}: heavy cores {sorted(hs & s2)} shared with pid {pid2}")
+                    reasons.append(
+                        f"pid {pid}: heavy cores {sorted(hs & s2)} shared with pid {pid2}"
+                    )
                     bad_pids.update((pid, pid2))
             for other in a.others:
                 if not hs.isdisjoint(other):
-                    reasons.append(f"pid {pid}: heavy cores {sorted(hs.intersection(other))} shared with a best-effort job")
+                    reasons.append(
+                        f"pid {pid}: heavy cores {sorted(hs.intersection(other))} shared with a best-effort job"
+                    )
     if groups:
         keys = list(groups)
         for i, key in enumerate(keys):
             members = groups[key]
             for key2 in keys[i + 1 :]:
                 if key[0] == key2[0] and not set(key[1]).isdisjoint(key2[1]):
-                    reasons.append(f"{key[0]}: light jobs on overlapping but different core sets {list(key[1])}, {list(key2[1])}")
+                    reasons.append(
+                        f"{key[0]}: light jobs on overlapping but different core sets {list(key[1])}, {list(key2[1])}"
+                    )
                     bad_pids.update(m[2] for m in members)
                     bad_pids.update(m[2] for m in groups[key2])
             lights = sorted((d, c) for d, c, _ in members)
             pool = light_pool_size(lights, len(key[1]))
             if pool is None:
-                reasons.append(f"{key[0]}: light jobs {[m[2] for m in members]} miss a deadline sequentially on {len(key[1])} core(s)")
+                reasons.append(
+                    f"{key[0]}: light jobs {[m[2] for m in members]} miss a deadline sequentially on {len(key[1])} core(s)"
+                )
                 bad_pids.update(m[2] for m in members)
                 pool = len(key[1])
             for _, _, pid in members:
@@ -368,7 +383,9 @@ class FederatedGate:
 
     # -- public
 
-    def check(self, decision: Decision, jobs: Sequence[GateJob]) -> tuple[list[str], dict[int, JobAlloc]]:
+    def check(
+        self, decision: Decision, jobs: Sequence[GateJob]
+    ) -> tuple[list[str], dict[int, JobAlloc]]:
         """Violations of ``decision`` (empty when feasible) and the per-job classification."""
         r = _analyse(self._assignment(decision, self._order(jobs)), self._kwhere)
         return r.reasons, r.alloc
@@ -378,7 +395,9 @@ class FederatedGate:
         jobs = self._order(jobs)
         r = _analyse(self._assignment(decision, jobs), self._kwhere)
         if not r.reasons:
-            return GateResult(decision, True, [], r.alloc, self._cost_of(r.alloc, decision.freq_khz))
+            return GateResult(
+                decision, True, [], r.alloc, self._cost_of(r.alloc, decision.freq_khz)
+            )
         return _Repair(self, decision, jobs, r).run()
 
     # -- helpers
@@ -412,7 +431,13 @@ class FederatedGate:
 class _Repair:
     """One repair: the search state of :meth:`FederatedGate.repair` (not reused)."""
 
-    def __init__(self, gate: FederatedGate, decision: Decision, jobs: tuple[GateJob, ...], proposal: _Analysis):
+    def __init__(
+        self,
+        gate: FederatedGate,
+        decision: Decision,
+        jobs: tuple[GateJob, ...],
+        proposal: _Analysis,
+    ):
         self.g = gate
         self.d = decision
         self.jobs = jobs
@@ -420,7 +445,9 @@ class _Repair:
         self.reasons = proposal.reasons
         self.K = gate.clusters
         self.costfn = gate._costfn()
-        self.others = {pid: s.cpus for pid, s in decision.jobs.items() if pid not in {j.pid for j in jobs}}
+        self.others = {
+            pid: s.cpus for pid, s in decision.jobs.items() if pid not in {j.pid for j in jobs}
+        }
         self._req: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
         self._best: dict[tuple[int, int, bool], _Point | None] = {}
         self.base = [self._ceil_index(k, decision.freq_khz.get(k.name)) for k in self.K]
@@ -491,37 +518,41 @@ class _Repair:
         if key in self._best:
             return self._best[key]
         k = self.K[ki]
+        table = k.freqs_khz
         m_k = len(k.cpus)
-        members = list(_bits(mask))
-        reqs = [self.req(ji, ki) for ji in members]
-        n_f = len(k.freqs_khz)
+        reqs = [(self.jobs[ji].remaining_s, self.req(ji, ki)) for ji in _bits(mask)]
+        n_f = len(table)
+        costfn = self.costfn
         out: _Point | None = None
         if m_k and n_f:
             for fi in [n_f - 1] if top else range(self.base[ki], n_f):
+                if out is not None and costfn(k, table[fi], 1) >= out.cost:
+                    break  # monotone cost: no higher OPP can be cheaper
                 heavy = 0
                 lights: list[tuple[float, float]] = []
-                ok = True
-                for ji, r in zip(members, reqs):
+                for d, r in reqs:
                     kind, n, c = r[fi]
-                    if kind == IMPOSSIBLE:
-                        ok = False
-                        break
                     if kind == HEAVY:
                         heavy += n
+                    elif kind == LIGHT:
+                        lights.append((d, c))
                     else:
-                        lights.append((self.jobs[ji].remaining_s, c))
-                if not ok or heavy > m_k:
-                    continue
-                pool = 0
-                if lights:
-                    lights.sort()
-                    p = light_pool_size(lights, m_k - heavy)
-                    if p is None:
+                        break
+                else:
+                    if heavy > m_k:
                         continue
-                    pool = p
-                cst = self.costfn(k, k.freqs_khz[fi], heavy + pool)
-                if out is None or cst < out.cost:
-                    out = _Point(cst, fi, heavy, pool)
+                    if len(lights) > 1:
+                        lights.sort()
+                        pool = light_pool_size(lights, m_k - heavy)
+                        if pool is None:
+                            continue
+                    else:
+                        pool = len(lights)
+                        if heavy + pool > m_k:
+                            continue
+                    cst = costfn(k, table[fi], heavy + pool)
+                    if out is None or cst < out.cost:
+                        out = _Point(cst, fi, heavy, pool)
         self._best[key] = out
         return out
 
@@ -562,22 +593,66 @@ class _Repair:
                     heavy += p.heavy
             if heavy >= len(self.g._online):
                 return None
-            total = sum(self.keep[ki][0] if p == "keep" else p.cost for ki, p in enumerate(plan) if p is not None)
-        moves = sum(1 for ji, ki in enumerate(assign) if self.home[ji] is not None and self.home[ji] != ki)
+            total = sum(
+                self.keep[ki][0] if p == "keep" else p.cost
+                for ki, p in enumerate(plan)
+                if p is not None
+            )
+        moves = sum(
+            1 for ji, ki in enumerate(assign) if self.home[ji] is not None and self.home[ji] != ki
+        )
         return total, moves, tuple(assign), masks, plan
 
     def search(self, choices: list[list[int]]):
+        """Cheapest feasible job-to-cluster map (fewest moves on a tie), or None.
+
+        Branch and bound over jobs in deadline order: the cheapest point of a cluster can only
+        grow when a job joins it (monotone cost), so the partial sum bounds every completion.
+        """
         n_maps = 1
         for c in choices:
             n_maps *= len(c)
-        if n_maps <= MAX_MAPS:
-            best = None
-            for assign in itertools.product(*choices):
+        if n_maps > MAX_MAPS:
+            return self.greedy(choices)
+        n_j = len(self.jobs)
+        # cheapest cluster first per job: a good bound early prunes more
+        inf = float("inf")
+        choices = [
+            sorted(
+                c,
+                key=lambda ki, ji=ji: (
+                    p.cost if (p := self.best(ki, 1 << ji)) is not None else inf,
+                    ki,
+                ),
+            )
+            for ji, c in enumerate(choices)
+        ]
+        masks = [0] * len(self.K)
+        assign: list[int] = []
+        found: list = [None]
+
+        def rec(ji: int, partial: float) -> None:
+            if ji == n_j:
                 r = self.evaluate(assign)
-                if r is not None and (best is None or r[:3] < best[:3]):
-                    best = r
-            return best
-        return self.greedy(choices)
+                if r is not None and (found[0] is None or r[:3] < found[0][:3]):
+                    found[0] = r
+                return
+            for ki in choices[ji]:
+                old = masks[ki]
+                p = self.best(ki, old | (1 << ji))
+                if p is None:
+                    continue
+                bound = partial + p.cost - (self.best(ki, old).cost if old else 0.0)
+                if found[0] is not None and bound > found[0][0] * (1 + 1e-12):
+                    continue
+                masks[ki] = old | (1 << ji)
+                assign.append(ki)
+                rec(ji + 1, bound)
+                assign.pop()
+                masks[ki] = old
+
+        rec(0, 0.0)
+        return found[0]
 
     def greedy(self, choices: list[list[int]]):
         """Large instances: jobs in deadline order, each where it adds the least cost."""
@@ -642,7 +717,9 @@ class _Repair:
                 gov = governor.get(k.name)
                 if gov is not None and gov != "userspace":
                     del governor[k.name]
-                    events.append(f"gate: {k.name} leaves governor {gov!r} for userspace at {f} kHz")
+                    events.append(
+                        f"gate: {k.name} leaves governor {gov!r} for userspace at {f} kHz"
+                    )
             free = [c for c in k.cpus]
             lights: list[int] = []
             for ji in members:
@@ -651,14 +728,22 @@ class _Repair:
                     cpus = self._take(free, self.jobs[ji].pid, n)
                     heavy_cpus.update(cpus)
                     reserved.update(cpus)
-                    self._set(jobs, events, self.jobs[ji].pid, cpus, f"heavy, {n} cores on {k.name}")
+                    self._set(
+                        jobs, events, self.jobs[ji].pid, cpus, f"heavy, {n} cores on {k.name}"
+                    )
                 else:
                     lights.append(ji)
             if lights:
                 pool = self._take(free, [self.jobs[ji].pid for ji in lights], p.pool)
                 reserved.update(pool)
                 for ji in lights:
-                    self._set(jobs, events, self.jobs[ji].pid, pool, f"light, pool of {p.pool} on {k.name}")
+                    self._set(
+                        jobs,
+                        events,
+                        self.jobs[ji].pid,
+                        pool,
+                        f"light, pool of {p.pool} on {k.name}",
+                    )
         self._snap_idle_clusters(freq, masks, events)
         self._place_others(jobs, events, heavy_cpus, reserved)
         return self._finish(freq, jobs, governor, events)
@@ -690,9 +775,14 @@ class _Repair:
             if chosen is None:
                 with_free = [ki for ki in self.g._ranking if free[ki]]
                 if with_free:
-                    ki = max(with_free, key=lambda i: len(free[i]) * self.K[i].capacity * self.K[i].fmax_khz)
+                    ki = max(
+                        with_free,
+                        key=lambda i: len(free[i]) * self.K[i].capacity * self.K[i].fmax_khz,
+                    )
                     chosen = (ki, len(free[ki]))
-                    events.append(f"gate: pid {j.pid} cannot meet its deadline; gets all {chosen[1]} free cores of {self.K[ki].name}")
+                    events.append(
+                        f"gate: pid {j.pid} cannot meet its deadline; gets all {chosen[1]} free cores of {self.K[ki].name}"
+                    )
             if chosen is not None:
                 ki, n = chosen
                 cpus = self._take(free[ki], j.pid, n)
@@ -727,15 +817,28 @@ class _Repair:
             free.remove(c)
         return tuple(sorted(chosen))
 
-    def _set(self, jobs: dict[int, JobSetting], events: list[str], pid: int, cpus: tuple[int, ...], why: str) -> None:
+    def _set(
+        self,
+        jobs: dict[int, JobSetting],
+        events: list[str],
+        pid: int,
+        cpus: tuple[int, ...],
+        why: str,
+    ) -> None:
         old = jobs.get(pid)
         cpus = tuple(sorted(cpus))
         if old is not None and tuple(sorted(old.cpus)) == cpus:
             return
-        jobs[pid] = JobSetting(cpus, old.rt_priority, old.nice) if old is not None else JobSetting(cpus)
-        events.append(f"gate: pid {pid} cores {list(old.cpus) if old else []} -> {list(cpus)} ({why})")
+        jobs[pid] = (
+            JobSetting(cpus, old.rt_priority, old.nice) if old is not None else JobSetting(cpus)
+        )
+        events.append(
+            f"gate: pid {pid} cores {list(old.cpus) if old else []} -> {list(cpus)} ({why})"
+        )
 
-    def _snap_idle_clusters(self, freq: dict[str, int], masks: list[int], events: list[str]) -> None:
+    def _snap_idle_clusters(
+        self, freq: dict[str, int], masks: list[int], events: list[str]
+    ) -> None:
         for ki, k in enumerate(self.K):
             f = freq.get(k.name)
             if masks[ki] or f is None or not k.freqs_khz or f in k.freqs_khz:
@@ -744,7 +847,9 @@ class _Repair:
             events.append(f"gate: {k.name} {f} -> {g} kHz (not an allowed OPP)")
             freq[k.name] = g
 
-    def _place_others(self, jobs: dict[int, JobSetting], events: list[str], heavy: set[int], reserved: set[int]) -> None:
+    def _place_others(
+        self, jobs: dict[int, JobSetting], events: list[str], heavy: set[int], reserved: set[int]
+    ) -> None:
         online = self.g._online
         for pid, cpus in self.others.items():
             if not heavy.intersection(cpus):
@@ -758,9 +863,17 @@ class _Repair:
             if new:
                 self._set(jobs, events, pid, tuple(new), "best effort, off the heavy cores")
             else:
-                events.append(f"gate: best-effort pid {pid} has no core outside the heavy reservations")
+                events.append(
+                    f"gate: best-effort pid {pid} has no core outside the heavy reservations"
+                )
 
-    def _finish(self, freq: dict[str, int], jobs: dict[int, JobSetting], governor: dict[str, str], events: list[str]) -> GateResult:
+    def _finish(
+        self,
+        freq: dict[str, int],
+        jobs: dict[int, JobSetting],
+        governor: dict[str, str],
+        events: list[str],
+    ) -> GateResult:
         d = Decision(freq, jobs, governor, dict(self.d.cap_khz), list(self.d.events) + events)
         reasons, alloc = self.g.check(d, self.jobs)
         if reasons and not events[0].startswith("gate: no feasible"):

@@ -74,7 +74,9 @@ def dbs_sampling_rate_s(transition_latency_ns: int | None, tick_hz: int = DEFAUL
 class ClusterView:
     """The part of a cluster a governor reasons on: table, effective limits, allowed entries."""
 
-    table: tuple[int, ...]  # full table, ascending (cpuinfo_min = table[0], cpuinfo_max = table[-1])
+    table: tuple[
+        int, ...
+    ]  # full table, ascending (cpuinfo_min = table[0], cpuinfo_max = table[-1])
     lo: int  # scaling_min_freq (table[0] when unavailable)
     hi: int  # scaling_max_freq (table[-1] when unavailable)
     allowed: tuple[int, ...]  # table entries within [lo, hi], never empty
@@ -168,7 +170,9 @@ class _Governor(Policy):
 
     def _check(self) -> None:
         if not self.period_s > 0:
-            raise ValueError(f"The 'period_s' parameter of {type(self).__name__} must be > 0. Got {self.period_s!r} instead.")
+            raise ValueError(
+                f"The 'period_s' parameter of {type(self).__name__} must be > 0. Got {self.period_s!r} instead."
+            )
         self._checked = True
 
     def decide(self, obs: Observation) -> Decision:
@@ -180,7 +184,9 @@ class _Governor(Policy):
         for cl in obs.clusters:
             view = ClusterView.of(cl)
             if view is None:
-                events.append(f"{self.name}: cluster {cl.name} exposes no frequency table or limits; left alone")
+                events.append(
+                    f"{self.name}: cluster {cl.name} exposes no frequency table or limits; left alone"
+                )
                 continue
             freqs[cl.name] = self._target(cl, view, obs)
             if self.native and self.kernel_name != "userspace":
@@ -191,7 +197,9 @@ class _Governor(Policy):
                         f"{self.name}: kernel governor {self.kernel_name!r} not available on {cl.name} "
                         f"(available: {', '.join(cl.governors) or 'unknown'}); emulated in userspace"
                     )
-        return Decision(freq_khz=freqs, jobs=all_cpus_setting(obs), governor=governor, events=events)
+        return Decision(
+            freq_khz=freqs, jobs=all_cpus_setting(obs), governor=governor, events=events
+        )
 
     def _target(self, cl: ClusterObs, view: ClusterView, obs: Observation) -> int:
         raise NotImplementedError
@@ -278,7 +286,9 @@ class Ondemand(_Governor):
     def _check(self) -> None:
         super()._check()
         if not 1 <= self.up_threshold <= 100:
-            raise ValueError(f"The 'up_threshold' parameter of Ondemand must be in [1, 100]. Got {self.up_threshold!r} instead.")
+            raise ValueError(
+                f"The 'up_threshold' parameter of Ondemand must be in [1, 100]. Got {self.up_threshold!r} instead."
+            )
         if not 1 <= self.sampling_down_factor <= 100000:
             raise ValueError(
                 f"The 'sampling_down_factor' parameter of Ondemand must be in [1, 100000]. Got {self.sampling_down_factor!r} instead."
@@ -344,7 +354,9 @@ class Conservative(_Governor):
                 f"1 <= down < up <= 100. Got down={self.down_threshold!r}, up={self.up_threshold!r} instead."
             )
         if not 0 <= self.freq_step <= 100:
-            raise ValueError(f"The 'freq_step' parameter of Conservative must be in [0, 100]. Got {self.freq_step!r} instead.")
+            raise ValueError(
+                f"The 'freq_step' parameter of Conservative must be in [0, 100]. Got {self.freq_step!r} instead."
+            )
         if not 1 <= self.sampling_down_factor <= 10:
             raise ValueError(
                 f"The 'sampling_down_factor' parameter of Conservative must be in [1, 10]. Got {self.sampling_down_factor!r} instead."
@@ -359,7 +371,9 @@ class Conservative(_Governor):
             return self._held(cl, view)
         held = self._held(cl, view)
         if st is None:  # cs_start: requested_freq = policy->cur
-            st = _State(freq=held, t=obs.t, requested=cl.cur_khz if cl.cur_khz is not None else held)
+            st = _State(
+                freq=held, t=obs.t, requested=cl.cur_khz if cl.cur_khz is not None else held
+            )
             elapsed = None
         else:
             elapsed = obs.t - st.t if obs.t >= st.t else None

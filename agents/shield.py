@@ -63,13 +63,15 @@ def _scores(residuals: Any) -> np.ndarray:
     r = np.asarray(residuals, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(r)):
         bad = int(np.flatnonzero(~np.isfinite(r))[0])
-        raise ValueError(f"residuals must be finite; residual {bad} is {r[bad]!r}")
+        raise ValueError(f"residuals must be finite; residual {bad} is {float(r[bad])!r}")
     return np.sort(r)
 
 
 def _check_alpha(owner: str, alpha: float) -> None:
     if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
-        raise ValueError(f"The 'alpha' parameter of {owner} must be in (0, 1). Got {alpha!r} instead.")
+        raise ValueError(
+            f"The 'alpha' parameter of {owner} must be in (0, 1). Got {alpha!r} instead."
+        )
 
 
 class Calibrator(Protocol):
@@ -146,9 +148,13 @@ class AdaptiveConformal:
     def fit(self, residuals: Any) -> AdaptiveConformal:
         _check_alpha("AdaptiveConformal", self.alpha)
         if not (isinstance(self.gamma, (int, float)) and self.gamma > 0):
-            raise ValueError(f"The 'gamma' parameter of AdaptiveConformal must be > 0. Got {self.gamma!r} instead.")
+            raise ValueError(
+                f"The 'gamma' parameter of AdaptiveConformal must be > 0. Got {self.gamma!r} instead."
+            )
         if self.window is not None and not (isinstance(self.window, int) and self.window >= 1):
-            raise ValueError(f"The 'window' parameter of AdaptiveConformal must be an int >= 1 or None. Got {self.window!r} instead.")
+            raise ValueError(
+                f"The 'window' parameter of AdaptiveConformal must be an int >= 1 or None. Got {self.window!r} instead."
+            )
         s = _scores(residuals)
         order = np.asarray(residuals, dtype=np.float64).reshape(-1)
         if self.window is not None:
@@ -240,7 +246,9 @@ Predictor = Callable[[np.ndarray], np.ndarray]
 class Shield:
     """Post-posed conformal shield over a response-time predictor (any callable, e.g. ONNX)."""
 
-    def __init__(self, predictor: Predictor, calibrator: Calibrator, correct_selection: bool = True):
+    def __init__(
+        self, predictor: Predictor, calibrator: Calibrator, correct_selection: bool = True
+    ):
         self.predictor = predictor
         self.calibrator = calibrator
         self.correct_selection = correct_selection
@@ -255,7 +263,9 @@ class Shield:
         feats = np.asarray(candidates.features)
         k = len(candidates.actions)
         if feats.ndim != 2 or feats.shape[0] != k or k == 0:
-            raise ValueError(f"features must be [k, d] with k = {k} candidates, got shape {feats.shape}")
+            raise ValueError(
+                f"features must be [k, d] with k = {k} candidates, got shape {feats.shape}"
+            )
         p = candidates.proposed % k
         s = candidates.safest % k
         pred = np.asarray(self.predictor(feats), dtype=np.float64).reshape(-1)
@@ -265,8 +275,19 @@ class Shield:
         q0 = self.calibrator.q()
         u_p = pred[p] + q0
         if math.isfinite(u_p) and u_p <= d:
-            return ShieldResult(p, candidates.actions[p], u_p, True, False, f"shield: proposal certified (U={u_p:.4g} s <= D={d:.4g} s)")
-        why = f"proposal bound U={u_p:.4g} s > D={d:.4g} s" if math.isfinite(u_p) else "proposal not certifiable (infinite bound)"
+            return ShieldResult(
+                p,
+                candidates.actions[p],
+                u_p,
+                True,
+                False,
+                f"shield: proposal certified (U={u_p:.4g} s <= D={d:.4g} s)",
+            )
+        why = (
+            f"proposal bound U={u_p:.4g} s > D={d:.4g} s"
+            if math.isfinite(u_p)
+            else "proposal not certifiable (infinite bound)"
+        )
         q_sel = q0
         if self.correct_selection and k > 1 and math.isfinite(q0):
             q_sel = self.calibrator.q(self.calibrator.alpha_now / k)

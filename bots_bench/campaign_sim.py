@@ -134,10 +134,12 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
         if r["ok"]:
             by.setdefault((r["bench"], r["policy"]), []).append(r)
     benches = sorted({r["bench"] for r in records})
-    head = f"{'kernel':<10}" + "".join(f" {p[:10]:>10}s {'E/J':>8}" for p in policies)
+    head = f"{'kernel':<10}" + "".join(f" {p[:11]:>11} {'':>8}" for p in policies)
+    sub = f"{'':<10}" + "".join(f" {'time/s':>11} {'E/J':>8}" for p in policies)
     if len(policies) > 1:
-        head += "".join(f" {'t/' + base[:6]:>9} {'E/' + base[:6]:>9}" for p in policies[1:])
-    lines = [head, "-" * len(head)]
+        head += "".join(f" {p[:9]:>9} {'':>9}" for p in policies[1:])
+        sub += "".join(f" {'t/' + base[:7]:>9} {'E/' + base[:7]:>9}" for p in policies[1:])
+    lines = [head, sub, "-" * len(sub)]
 
     def mean(xs):
         xs = [x for x in xs if x is not None]

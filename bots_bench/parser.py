@@ -156,12 +156,7 @@ def _parse_list(text: str) -> BotsResult | None:
     matches = list(_LIST_RE.finditer(text))
     starts = [i for i, m in enumerate(matches) if m["key"] == "Program"]
     if not starts:
-        if matches:
-            keys = ", ".join(dict.fromkeys(m["key"] for m in matches))
-            raise BotsParseError(
-                f"BOTS output: found {keys} but no 'Program =' line starting a result block"
-            )
-        return None
+        return None  # stray "Key = value" chatter alone is not a block; try the row formats
     vals: dict[str, str] = {}
     for m in matches[starts[-1] :]:  # the last block wins; a repeated key ends it
         if m["key"] in vals:
@@ -267,6 +262,12 @@ def parse_output(text: str) -> BotsResult:
     if result is None:
         result = _parse_row(text)
     if result is None:
+        keys = list(dict.fromkeys(m["key"] for m in _LIST_RE.finditer(text)))
+        if keys:
+            raise BotsParseError(
+                f"BOTS output: found {', '.join(keys)} but no 'Program =' line starting a "
+                "result block (truncated output?)"
+            )
         snippet = text.strip()[-200:]
         raise BotsParseError(
             "BOTS output: no result block found (no 'Program = ...' / 'Time Program = ...' lines "

@@ -30,18 +30,28 @@ def format_duration(seconds: float | None) -> str:
 
 
 def render_line(done: int, total: int, label: str, eta_s: float | None, width: int = 80) -> str:
-    """The bar as text, at most ``width`` characters (the label is cut first)."""
-    total = max(total, 0)
-    frac = 1.0 if total == 0 else min(max(done / total, 0.0), 1.0)
-    bar_w = 20 if width >= 60 else 10
-    filled = int(round(frac * bar_w))
-    head = f"[{'#' * filled}{'.' * (bar_w - filled)}] {done}/{total}"
+    """The bar as text, at most ``width`` characters.
+
+    The counts and the ETA always show; the bar and then the label give way on a narrow
+    terminal.
+    """
+    counts = f"{done}/{max(total, 0)}"
     tail = f"ETA {format_duration(eta_s)}"
-    room = width - len(head) - len(tail) - 4
-    if room <= 0:
-        return f"{head} {tail}"[:width]
-    lab = label if len(label) <= room else label[: max(room - 1, 0)] + "~"
-    return f"{head}  {lab:<{room}} {tail}"[:width] if lab else f"{head} {tail}"[:width]
+    line = f"{counts} {tail}"
+    if len(line) > width:
+        return counts[:width]
+    bar_w = 20 if width >= 60 else 10
+    if len(line) + bar_w + 3 <= width:
+        frac = 1.0 if total <= 0 else min(max(done / total, 0.0), 1.0)
+        filled = int(round(frac * bar_w))
+        counts = f"[{'#' * filled}{'.' * (bar_w - filled)}] {counts}"
+        line = f"{counts} {tail}"
+    room = width - len(line) - 2
+    label = " ".join(label.split())  # one line, whatever the label holds
+    if room >= 4 and label:
+        lab = label if len(label) <= room else label[: room - 1] + "~"
+        line = f"{counts}  {lab:<{room}}{tail}"
+    return line
 
 
 class Progress:

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from agents.policy import Decision, nearest_freq
-from platforms import cpufreq
+from platforms import cpufreq, paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.observation import Observation
 from platforms.procs import ProcessControl, ProcessGone
@@ -41,6 +41,8 @@ class Actuator:
         self._last_freq: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
         self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
+        #: real path -> value we last wrote, so the loop can notice changes made behind our back
+        self.expected: dict[str, str] = {}
 
     # -- frequency ---------------------------------------------------------------------------
     def _write(self, report: ActuationReport, path: str, value: str) -> None:
@@ -62,6 +64,7 @@ class Actuator:
                 else:
                     cpufreq.set_governor(self.sysfs, policy, "userspace")
                     report.writes.append((f"policy{policy}/scaling_governor", "userspace"))
+                    self.expected[paths.policy_file(policy, "scaling_governor")] = "userspace"
                 self._mode[policy] = "setspeed"
                 return "setspeed"
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
@@ -83,6 +86,9 @@ class Actuator:
                         else:
                             cpufreq.set_governor(self.sysfs, c.policy, gov)
                             report.writes.append((f"policy{c.policy}/scaling_governor", gov))
+                            self.expected[paths.policy_file(c.policy, "scaling_governor")] = gov
+                            for name in ("scaling_setspeed", "scaling_min_freq", "scaling_max_freq"):
+                                self.expected.pop(paths.policy_file(c.policy, name), None)
                         self._mode[c.policy] = f"governor:{gov}"
                         self._last_freq.pop(c.policy, None)
                     except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
@@ -105,13 +111,16 @@ class Actuator:
                     else:
                         cpufreq.set_setspeed(self.sysfs, c.policy, target)
                         report.writes.append((f"policy{c.policy}/scaling_setspeed", str(target)))
+                        self.expected[paths.policy_file(c.policy, "scaling_setspeed")] = str(target)
                 else:
                     if self.dry_run:
                         self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_min_freq", str(target))
                         self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_max_freq", str(target))
                     else:
-                        cpufreq.set_limits(self.sysfs, c.policy, target, target)
-                        report.writes.append((f"policy{c.policy}/scaling_min_freq+max", str(target)))
+                        for path, value in cpufreq.set_limits(self.sysfs, c.policy, target, target):
+                            report.writes.append((path, value))
+                        self.expected[paths.policy_file(c.policy, "scaling_min_freq")] = str(target)
+                        self.expected[paths.policy_file(c.policy, "scaling_max_freq")] = str(target)
                 self._last_freq[c.policy] = target
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                 report.errors.append(str(err))

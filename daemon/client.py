@@ -7,11 +7,14 @@ error says where it looked, why it failed and what to check, instead of a bare e
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any
 
 from daemon.config import DEFAULT_SOCKET
+from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
+from platforms.liveprocs import spawn
 
 #: status answers list every job, so allow more than a request line
 MAX_ANSWER = 16 * 1024 * 1024
@@ -119,6 +122,60 @@ class RegistryClient:
         return self.request({"op": "unregister", "pid": pid})["job"]
 
     def status(self) -> dict[str, Any]:
-        """``{"status": {...daemon status...}, "jobs": [...]}``."""
+        """The daemon's status dict (what ``--status-file`` holds) plus ``jobs``: the
+        registered jobs with their elapsed time."""
         answer = self.request({"op": "status"})
-        return {"status": answer.get("status", {}), "jobs": answer.get("jobs", [])}
+        return {**dict(answer.get("status") or {}), "jobs": list(answer.get("jobs") or [])}
+
+
+def run_registered(
+    command: list[str],
+    deadline_s: float | None = None,
+    criticality: str = "lo",
+    name: str | None = None,
+    socket_path: str = DEFAULT_SOCKET,
+    client: RegistryClient | None = None,
+) -> dict[str, Any]:
+    """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
+
+    The daemon is asked first, so an unreachable daemon fails before anything is launched.
+    Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
+    makespan_s (launch to exit), deadline_s, criticality and deadline_met (None without a
+    deadline).
+    """
+    if not command:
+        raise ValueError("no command given to run")
+    client = client or RegistryClient(socket_path)
+    client.status()  # reachable? (raises DaemonUnreachable with the how-to-check hint)
+    clock = MonotonicClock()
+    name = name or os.path.basename(command[0])
+    t0 = clock.now()
+    proc = spawn(command)
+    try:
+        client.register(proc.pid, deadline_s=deadline_s, criticality=criticality, name=name)
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying
+        rc = proc.wait()
+    makespan = clock.now() - t0
+    try:
+        client.unregister(proc.pid)
+    except RegistryError:
+        pass  # the daemon already saw it exit and dropped it
+    except DaemonUnreachable:
+        pass  # the daemon stopped meanwhile; nothing left to tell it
+    return {
+        "name": name,
+        "pid": proc.pid,
+        "command": list(command),
+        "returncode": rc if rc >= 0 else 128 - rc,
+        "signal": -rc if rc < 0 else None,
+        "makespan_s": makespan,
+        "deadline_s": deadline_s,
+        "criticality": criticality,
+        "deadline_met": None if deadline_s is None else makespan <= deadline_s,
+    }

@@ -17,24 +17,16 @@ from typing import Any
 
 import yaml
 
+from agents.factory import POLICY_NAMES
 from platforms.errors import SpecError
+from platforms.spec import board_names
 
 DEFAULT_PATH = "/etc/hidvfs/config.yaml"
 DEFAULT_SOCKET = "/run/hidvfs/hidvfs.sock"
 DEFAULT_STATE_DIR = "/var/lib/hidvfs"
 
-#: decision policies the daemon can run (DESIGN.md, "Policy names")
-POLICIES = (
-    "hidvfs",
-    "geardvfs",
-    "ztt",
-    "performance",
-    "powersave",
-    "ondemand",
-    "conservative",
-    "schedutil",
-    "maxfreq",
-)
+#: decision policies the daemon can run (DESIGN.md, "Policy names"; one list in agents.factory)
+POLICIES = POLICY_NAMES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("keyvalue", "json")
 
@@ -369,10 +361,14 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
     )
 
     board = c.str_("board", get("board", d.board), optional=True)
-    if board is not None and board.endswith((".yaml", ".yml")) and not os.path.isabs(board):
-        raise c.fail(
-            "board", "a shipped board name or an absolute path to a board spec .yaml", board
-        )
+    if board is not None:
+        is_file = board.endswith((".yaml", ".yml"))
+        if (is_file and not os.path.isabs(board)) or (not is_file and board not in board_names()):
+            raise c.fail(
+                "board",
+                f"null (detect), a shipped board ({', '.join(board_names())}) or an absolute path to a board spec .yaml",
+                board,
+            )
 
     return Config(
         period_ms=c.int_("period_ms", get("period_ms", d.period_ms), lo=1, hi=60_000),

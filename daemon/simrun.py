@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from platforms.sim.plant import SimJob
-from platforms.sim.simsysfs import make_sim_platform
+from platforms.sim import make_sim_platform
 
 from agents.policy import Policy
 from daemon.guard import ThermalGuard
@@ -85,7 +85,7 @@ def run_sim(
     items: list[tuple[SimJob, JobProfile | None]],
     *,
     seed: int = 0,
-    period_s: float = 0.05,
+    period_s: float | None = None,
     duration_s: float | None = None,
     stages: list[Stage] | None = None,
     guard: ThermalGuard | None = None,
@@ -98,11 +98,18 @@ def run_sim(
     status_every_s: float = 1.0,
 ) -> SimRunResult:
     """Run ``policy`` on a fresh simulated ``board`` until the workload is done (or ``duration_s``)."""
-    platform = make_sim_platform(board, seed=seed, ambient_c=ambient_c)
+    from platforms.spec import load_board
+
+    spec = load_board(board)
+    # Simulated boards run with every core online (the TX2's MAXN mode, Orin NX MAXN): the
+    # default power modes take cores offline, which would hide half of the DVFS problem.
+    platform = make_sim_platform(spec, seed=seed, ambient_c=ambient_c, online=spec.cpus)
     plant = platform.sysfs.plant
     table = JobTable()
     feeder = SimFeeder(plant, table, items)
     policy.reset(seed)
+    if period_s is None:  # each policy decides at its own natural rate (governor sampling rate)
+        period_s = max(float(getattr(policy, "period_s", 0.05) or 0.05), 0.005)
     loop = ControlLoop(platform, policy, period_s=period_s, jobs=table, stages=stages, guard=guard,
                        progress=feeder.progress)
     loop.before_tick.append(feeder)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 
 import psutil
 
@@ -171,3 +172,13 @@ class LiveProcessControl(ProcessControl):
             return psutil.Process(pid).uids().real
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return None
+
+
+def spawn(command: list[str]) -> subprocess.Popen:
+    """Launch a job (``hidvfs run``); an unknown or non-executable command names itself."""
+    if not command:
+        raise ValueError("no command given to run")
+    try:
+        return subprocess.Popen(command)
+    except OSError as err:
+        raise OSError(err.errno, f"cannot launch {command[0]!r}: {err.strerror}") from None

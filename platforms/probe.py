@@ -214,7 +214,7 @@ def _discover_clusters(
                 seen.update(ref.cpus)
     orphans = [c for c in cpufreq.present_cpus(sysfs) if c not in seen]
     if orphans:
-        notes.append(f"CPUs {orphans} have no cpufreq policy (offline?)")
+        notes.append(f"CPUs {orphans} have no cpufreq policy (offline, or no cpufreq driver)")
     return sorted(clusters, key=lambda c: c.policy), states
 
 

@@ -171,6 +171,8 @@ class Sensor:
         """Observe the board at clock time ``t`` (``jobs`` empty: the daemon adds them)."""
         s = self.sysfs
         errors: list[str] = []
+        if self._last_refresh is not None and t < self._last_refresh:
+            self._last_refresh = t  # the clock restarted (a replay from the top)
         if self.refresh_s is not None and (
             self._last_refresh is None or t - self._last_refresh >= self.refresh_s
         ):

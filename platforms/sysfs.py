@@ -94,12 +94,24 @@ class DirSysfs(SysfsBackend):
 
     def __init__(self, root: str | os.PathLike[str] = "/"):
         self.root = os.path.abspath(os.fspath(root))
+        # Paths are sysfs-relative (``devices/...``, ``class/...``) plus ``proc/...``. A fake
+        # tree holds both in one folder. A full filesystem root (``/``, or a copied root that
+        # has ``sys/`` and no ``devices/``) maps them onto ``<root>/sys`` and ``<root>/proc``.
+        full_root = self.root == "/" or (
+            os.path.isdir(os.path.join(self.root, "sys"))
+            and not os.path.isdir(os.path.join(self.root, "devices"))
+        )
+        self._sys = os.path.join(self.root, "sys") if full_root else self.root
+        self._proc = os.path.join(self.root, "proc") if full_root else os.path.join(self.root, "proc")
 
     def __repr__(self) -> str:
         return f"DirSysfs({self.root!r})"
 
     def abspath(self, path: str) -> str:
-        return os.path.join(self.root, path.lstrip("/"))
+        path = path.lstrip("/")
+        if path == "proc" or path.startswith("proc/"):
+            return os.path.join(self._proc, path[5:]) if len(path) > 5 else self._proc
+        return os.path.join(self._sys, path)
 
     def read(self, path: str) -> str:
         full = self.abspath(path)

@@ -73,17 +73,17 @@ def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_
     records = []
     with Progress(len(configs), quiet=as_json) as bar:
         for cfg in configs:
-            key = store.key_for(_as_run_dict(cfg)) if store else None
-            if store and key in done:
+            key = store.key_for(_as_run_dict(cfg)) if store is not None else None
+            if store is not None and key in done:
                 bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}")
                 continue
             bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}")
             rec = run_one(cfg, build_policy_stack)
             records.append(rec)
-            if store:
+            if store is not None:
                 store.add(rec)
             bar.advance()
-    if store:
+    if store is not None:
         records = [r for r in store.runs({"backend": "sim", "board": board}) if r["policy"] in policies and r["bench"] in kernels]
     if as_json:
         emit_json([{k: v for k, v in r.items() if k != "series"} for r in records])
@@ -94,3 +94,46 @@ def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_
 def _as_run_dict(cfg) -> dict:
     return {"bench": cfg.bench, "class": cfg.cls, "policy": cfg.policy, "seed": cfg.seed,
             "board": cfg.board, "backend": "sim", "rep": cfg.rep}
+
+
+@bots.command("list")
+@click.option("--bots-bin", default=None, type=click.Path(file_okay=False), help="Folder with BOTS binaries to look for.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_cmd(bots_bin: str | None, as_json: bool) -> None:
+    """The 12 kernels: binary names, input classes, and which binaries were found."""
+    from bots_bench.dags import CLASSES
+    from bots_bench.registry import KERNELS, find_binaries
+
+    found = find_binaries(bots_bin) if bots_bin else {}
+    rows = []
+    for name, k in KERNELS.items():
+        rows.append(
+            {
+                "kernel": name,
+                "programs": list(k.programs),
+                "classes": sorted(k.classes),
+                "sim_classes": list(CLASSES.get(name, ())),
+                "check_runs_sequential": k.check_runs_sequential,
+                "binaries_found": {v: str(p) for v, p in found.get(name, {}).items()},
+            }
+        )
+    if as_json:
+        emit_json(rows)
+        return
+    for r in rows:
+        have = ", ".join(sorted(r["binaries_found"])) if bots_bin else "-"
+        click.echo(f"{r['kernel']:<10} classes {','.join(r['classes']):<32} found: {have or 'none'}")
+    if not bots_bin:
+        click.echo("(pass --bots-bin DIR to look for built binaries)")
+
+
+@bots.command("report")
+@click.option("--db", default="results.sqlite", show_default=True, type=click.Path(exists=True, dir_okay=False), help="Results store.")
+@click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--baseline", default=None, help="Policy the ratios are taken against (default: maxfreq if present, else the first).")
+def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
+    """Write report.md, report.html and PNG plots from a results store."""
+    from bots_bench.report import write_report
+
+    files = write_report(db, out_dir, baseline=baseline)
+    click.echo(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots")

@@ -1,13 +1,7 @@
-"""Build a policy plus its decision stages (gate, shield) by name: the one wiring point."""
+"""Build a policy plus its decision stages (gate, shield) by name."""
 
 from __future__ import annotations
 
-from agents.factory import make_policy
-from platforms.spec import BoardSpec
+from agents.factory import make_policy_stack
 
-
-def build_policy_stack(name: str, spec: BoardSpec, **options):
-    """Return (policy, stages). Learned policies bring their own gate/shield stages."""
-    policy = make_policy(name, spec, **options)
-    stages = list(getattr(policy, "stages", []) or [])
-    return policy, stages
+build_policy_stack = make_policy_stack

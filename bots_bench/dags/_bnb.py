@@ -1,4 +1,4 @@
-"""Branch-and-bound / backtracking trees shared by nqueens, knapsack and floorplan.
+"""Branch-and-bound / backtracking trees: nqueens and knapsack (and floorplan's task part).
 
 A search space is a vectorised state machine: a state is a dict of equally long numpy arrays,
 ``n_children(s)`` says how many child calls every state spawns (0 for a terminal state), and
@@ -88,7 +88,7 @@ def deepest_cutoff(space: Space, cutoff: int, budget: int) -> Levels:
     serial leaves, exactly what BOTS's ``-x`` cutoff does.
     """
     lv = top_tree(space, 0)
-    for d in range(1, cutoff + 1):
+    for _ in range(cutoff):
         nxt = extend(space, lv)
         if task_count(nxt) > budget:
             break

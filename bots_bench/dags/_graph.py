@@ -82,8 +82,8 @@ def graham_estimate(
     dag: DAG, cores: int = 5, f_hz: float = F_REF_HZ, capacity: float = 1.0
 ) -> float:
     """Graham-like makespan estimate ``L + (C - L) / m`` (models.md section 1.3)."""
-    c, l = dag.work_span(f_hz, capacity)
-    return l + (c - l) / cores
+    work, span = dag.work_span(f_hz, capacity)
+    return span + (work - span) / cores
 
 
 def mix_beta(parts: Sequence[tuple[float, float]]) -> float:

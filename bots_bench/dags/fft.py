@@ -12,7 +12,7 @@ stage's first task; the model joins the whole stage, which is what the result re
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def factor(n: int) -> int:
     return r if n % r == 0 else n
 
 
-@lru_cache(maxsize=None)
+@cache
 def serial_parts(n: int) -> tuple[float, float]:
     """(unshuffle seconds, butterfly seconds) of a serial fft_aux of size n."""
     if n <= BASE_CASE:
@@ -82,7 +82,7 @@ def split_tasks(items: int, chunk: int) -> int:
     return 2 * leaves - 1
 
 
-@lru_cache(maxsize=None)
+@cache
 def aux_count(n: int, grain: int) -> int:
     if n <= max(grain, BASE_CASE):
         return 1
@@ -107,8 +107,16 @@ def build(rec: Recorder, p: dict, variant: str, rng: np.random.Generator) -> dic
     n = p["n"]
     grain = granularity(n)
 
-    def split(lo: int, hi: int, chunk: int, per_item_s: float, beta: float, role: str,
-              preds: tuple[int, ...], leaves: list[int]) -> None:
+    def split(
+        lo: int,
+        hi: int,
+        chunk: int,
+        per_item_s: float,
+        beta: float,
+        role: str,
+        preds: tuple[int, ...],
+        leaves: list[int],
+    ) -> None:
         """Binary task split of [lo, hi) down to ``chunk`` items; leaves go to ``leaves``."""
         if hi - lo <= chunk:
             leaves.append(rec.add(role, (hi - lo) * per_item_s, beta, preds))
@@ -118,8 +126,9 @@ def build(rec: Recorder, p: dict, variant: str, rng: np.random.Generator) -> dic
         split(lo, mid, chunk, per_item_s, beta, role, (s,), leaves)
         split(mid, hi, chunk, per_item_s, beta, role, (s,), leaves)
 
-    def stage(items: int, chunk: int, per_item_s: float, beta: float, role: str,
-              preds: tuple[int, ...]) -> int:
+    def stage(
+        items: int, chunk: int, per_item_s: float, beta: float, role: str, preds: tuple[int, ...]
+    ) -> int:
         leaves: list[int] = []
         split(0, items, max(chunk, 1), per_item_s, beta, role, preds, leaves)
         return rec.add("join", SPLIT_S, beta, (*preds, *leaves))

@@ -61,7 +61,12 @@ def build(rec: Recorder, p: dict, variant: str, rng: np.random.Generator) -> dic
     def village(level: int, steps: int, preds: tuple[int, ...]) -> int:
         own = 2**level * p["ratio"] * PATIENT_S * steps
         if level <= 1 or top - level >= cutoff:
-            return rec.add("leaf", subtree_patients(level, p) * PATIENT_S * steps * (1 + PRE_FRACTION), BETA, preds)
+            return rec.add(
+                "leaf",
+                subtree_patients(level, p) * PATIENT_S * steps * (1 + PRE_FRACTION),
+                BETA,
+                preds,
+            )
         pre = rec.add("pre", own * PRE_FRACTION, BETA, preds)
         kids = [village(level - 1, steps, (pre,)) for _ in range(cities)]
         return rec.add("post", own, BETA, (pre, *kids))

@@ -76,7 +76,7 @@ def build(rec: Recorder, p: dict, variant: str, rng: np.random.Generator) -> dic
     present = initial_pattern(nb)
     prev: tuple[int, ...] = ()
     bmod_tasks = 0
-    for kk, (rows, cols) in enumerate(steps):
+    for rows, cols in steps:
         fb = len(rows) + len(cols)
         gen = CREATE_S * fb if variant == "single" else 0.0
         lu = rec.add("lu0", op_s["lu0"] + gen, BETA["lu0"], prev)

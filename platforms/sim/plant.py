@@ -220,9 +220,9 @@ class Plant:
         self._loads = [(r.name, r.base_w, r.busy_core_w, self.net.index(r.node)) for r in p.rails]
         self._uncore_node = self.net.index(p.cpu_uncore_node)
         self._uncore_w = p.cpu_uncore_w
-        self.energy_j = 0.0
-        self.cpu_energy_j = 0.0
-        self.rail_energy_j: dict[str, float] = {r.name: 0.0 for r in spec.rails}
+        self._energy_j = 0.0
+        self._cpu_energy_j = 0.0
+        self._rail_energy_j: dict[str, float] = {r.name: 0.0 for r in spec.rails}
         self._node_e = [0.0] * nn  # energy per node in the current thermal step
         self._node_leak_e = [0.0] * nn
         self._t_flush = 0.0
@@ -564,7 +564,7 @@ class Plant:
         node_e[self._uncore_node] += unc
         cpu_e += unc
         rest_e = 0.0
-        rails = self.rail_energy_j
+        rails = self._rail_energy_j
         for name, base, per_busy, node in self._loads:
             e = base * dt + per_busy * busy
             node_e[node] += e
@@ -579,9 +579,27 @@ class Plant:
         total = cpu_e + rest_e
         if self._total_rail is not None:
             rails[self._total_rail] += total
-        self.cpu_energy_j += cpu_e
-        self.energy_j += total
+        self._cpu_energy_j += cpu_e
+        self._energy_j += total
         self._t_flush = t
+
+    @property
+    def energy_j(self) -> float:
+        """Energy of the total input rail (CPU + rest of the board) since t = 0, exact."""
+        self._flush(self.t)
+        return self._energy_j
+
+    @property
+    def cpu_energy_j(self) -> float:
+        """Energy of the CPU rail since t = 0, exact."""
+        self._flush(self.t)
+        return self._cpu_energy_j
+
+    @property
+    def rail_energy_j(self) -> dict[str, float]:
+        """Energy per spec rail since t = 0 (the total rail equals ``energy_j``)."""
+        self._flush(self.t)
+        return dict(self._rail_energy_j)
 
     def rail_power_w(self) -> dict[str, float]:
         """Instantaneous power per spec rail, plus ``"_cpu"`` (CPU model) and ``"_total"``."""
@@ -741,9 +759,9 @@ class Plant:
         e0, c0 = self._hist_e
         per = self._history_every * self._dt
         h.t.append(t)
-        h.power_w.append((self.energy_j - e0) / per)
-        h.cpu_w.append((self.cpu_energy_j - c0) / per)
-        self._hist_e = (self.energy_j, self.cpu_energy_j)
+        h.power_w.append((self._energy_j - e0) / per)
+        h.cpu_w.append((self._cpu_energy_j - c0) / per)
+        self._hist_e = (self._energy_j, self._cpu_energy_j)
         for name, cl in self.clusters.items():
             h.freq_khz[name].append(cl.cur_khz)
         for z, temp in zip(self._zones, self._zone_temps()):

@@ -126,7 +126,10 @@ def test_repair_only_raises_frequency_and_keeps_fine_clusters_untouched():
 def test_job_spanning_clusters_is_moved_into_one_and_best_effort_leaves_heavy_cores():
     little = cl("little", (4, 5), (GHZ, 2 * GHZ))
     job = GateJob(1, prof(4.0, 0.5), 1.5)
-    d = Decision({"big": GHZ, "little": GHZ}, {1: JobSetting((0, 1, 2, 4, 5)), 99: JobSetting((0, 1, 2, 3, 4, 5))})
+    d = Decision(
+        {"big": GHZ, "little": GHZ},
+        {1: JobSetting((0, 1, 2, 4, 5)), 99: JobSetting((0, 1, 2, 3, 4, 5))},
+    )
     r = FederatedGate([QUAD, little]).repair(d, [job])
     assert r.feasible
     heavy = set(r.decision.jobs[1].cpus)
@@ -170,7 +173,18 @@ def test_light_jobs_share_a_pool_sized_by_the_edf_test():
 
 
 def test_observation_adapters():
-    c = ClusterObs("a57", 0, (0, 3, 4, 5), (0, 3), (345600, 960000, 1420800, 2035200), 1.0, 960000, 400000, 1500000, "userspace")
+    c = ClusterObs(
+        "a57",
+        0,
+        (0, 3, 4, 5),
+        (0, 3),
+        (345600, 960000, 1420800, 2035200),
+        1.0,
+        960000,
+        400000,
+        1500000,
+        "userspace",
+    )
     prof_ = prof(2.0, 1.0)
     jobs = (
         JobObs(1, "a", "hi", 0.0, 1.0, 4.0, profile=prof_, progress=0.25),
@@ -231,7 +245,11 @@ def core_options(clusters):
 def brute_force_exists(clusters, jobs, all_freqs=True):
     """Is there ANY frequency vector and core assignment that :func:`feasible` accepts?"""
     options = core_options(clusters)
-    freq_vectors = itertools.product(*(k.freqs_khz for k in clusters)) if all_freqs else [tuple(k.freqs_khz[-1] for k in clusters)]
+    freq_vectors = (
+        itertools.product(*(k.freqs_khz for k in clusters))
+        if all_freqs
+        else [tuple(k.freqs_khz[-1] for k in clusters)]
+    )
     for fv in freq_vectors:
         freq = {k.name: f for k, f in zip(clusters, fv)}
         for combo in itertools.product(options, repeat=len(jobs)):
@@ -253,11 +271,15 @@ def check_invariants(clusters, jobs, proposal, r):
     for a_, b_ in itertools.combinations(dedicated, 2):
         assert a_.isdisjoint(b_)
     # the flag tells the truth about the returned point
-    a = Assignment(clusters, jobs, r.decision.freq_khz, {p: s.cpus for p, s in r.decision.jobs.items()})
+    a = Assignment(
+        clusters, jobs, r.decision.freq_khz, {p: s.cpus for p, s in r.decision.jobs.items()}
+    )
     assert r.feasible == feasible(a)
     if r.feasible:
         for k in clusters:  # repairs only ever raise frequencies
-            assert r.decision.freq_khz[k.name] >= min(f for f in k.freqs_khz if f >= min(proposal.freq_khz[k.name], k.freqs_khz[-1]))
+            assert r.decision.freq_khz[k.name] >= min(
+                f for f in k.freqs_khz if f >= min(proposal.freq_khz[k.name], k.freqs_khz[-1])
+            )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -268,7 +290,9 @@ def test_gate_finds_a_feasible_point_whenever_one_exists(inst):
     check_invariants(clusters, jobs, proposal, r)
     if not r.feasible:
         assert not brute_force_exists(clusters, jobs), "brute force found a point the gate missed"
-    was_feasible = feasible(Assignment(clusters, jobs, proposal.freq_khz, {p: s.cpus for p, s in proposal.jobs.items()}))
+    was_feasible = feasible(
+        Assignment(clusters, jobs, proposal.freq_khz, {p: s.cpus for p, s in proposal.jobs.items()})
+    )
     if was_feasible:
         assert r.decision is proposal and not r.events
 
@@ -284,7 +308,11 @@ def test_gate_agrees_with_brute_force_at_the_top_opps(inst):
     assert r.feasible == brute_force_exists(clusters, jobs, all_freqs=False)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(instances(max_cpus=3), st.data())
 def test_feasibility_is_monotone_in_frequency(inst, data):
     # the lemma behind the raise-only repair: a feasible point stays feasible at higher f
@@ -292,10 +320,16 @@ def test_feasibility_is_monotone_in_frequency(inst, data):
     r = FederatedGate(clusters).repair(proposal, jobs)
     assume(r.feasible)
     cpus = {p: s.cpus for p, s in r.decision.jobs.items()}
-    low = {k.name: data.draw(st.sampled_from(k.freqs_khz)) for k in clusters}
+    picks = data.draw(
+        st.lists(st.integers(0, 2), min_size=2 * len(clusters), max_size=2 * len(clusters))
+    )
+    low = {k.name: k.freqs_khz[picks[i] % len(k.freqs_khz)] for i, k in enumerate(clusters)}
     if not feasible(Assignment(clusters, jobs, low, cpus)):
         low = dict(r.decision.freq_khz)
-    high = {k.name: data.draw(st.sampled_from([f for f in k.freqs_khz if f >= low[k.name]])) for k in clusters}
+    high = {}
+    for i, k in enumerate(clusters):
+        start = k.freqs_khz.index(low[k.name])
+        high[k.name] = k.freqs_khz[min(start + picks[len(clusters) + i], len(k.freqs_khz) - 1)]
     assert feasible(Assignment(clusters, jobs, high, cpus))
 
 
@@ -318,4 +352,6 @@ def test_violations_name_the_cause():
     assert any("shared with pid 2" in r for r in reasons)
     assert alloc[1].kind == "heavy" and alloc[2].kind == "light"
     reasons, _ = analyse(Assignment((k,), jobs[:1], {"big": 1_234}, {1: (0, 7)}))
-    assert any("not an allowed OPP" in r for r in reasons) and any("core 7 is not online" in r for r in reasons)
+    assert any("not an allowed OPP" in r for r in reasons) and any(
+        "core 7 is not online" in r for r in reasons
+    )

@@ -22,7 +22,20 @@ from agents.governors import (
 from platforms.observation import ClusterObs, JobObs, Observation
 from platforms.spec import load_board
 
-TX2 = (345600, 499200, 652800, 806400, 960000, 1113600, 1267200, 1420800, 1574400, 1728000, 1881600, 2035200)
+TX2 = (
+    345600,
+    499200,
+    652800,
+    806400,
+    960000,
+    1113600,
+    1267200,
+    1420800,
+    1574400,
+    1728000,
+    1881600,
+    2035200,
+)
 #: 100 MHz steps up to 2 GHz: 5 % of max is exactly one entry
 EVEN = tuple(range(100_000, 2_000_001, 100_000))
 
@@ -56,11 +69,22 @@ def cluster(
 
 
 def observe(*clusters, t=0.0, jobs=()):
-    return Observation(t=t, board="test", clusters=tuple(clusters), zones=(), rails=(), jobs=tuple(jobs))
+    return Observation(
+        t=t, board="test", clusters=tuple(clusters), zones=(), rails=(), jobs=tuple(jobs)
+    )
 
 
 def job(pid, cpus=(), rt=0):
-    return JobObs(pid=pid, name=f"j{pid}", criticality="lo", release_t=0.0, elapsed_s=0.0, deadline_s=None, cpus=cpus, rt_priority=rt)
+    return JobObs(
+        pid=pid,
+        name=f"j{pid}",
+        criticality="lo",
+        release_t=0.0,
+        elapsed_s=0.0,
+        deadline_s=None,
+        cpus=cpus,
+        rt_priority=rt,
+    )
 
 
 def freq(policy, obs, name="a57"):
@@ -83,7 +107,10 @@ def test_schedutil_makes_busy_fraction_frequency_invariant():
     expected = min(f for f in TX2 if f >= target)
     assert freq(Schedutil(), observe(cluster(util=(0.5,), cur=1420800))) == expected == 960000
     # a backend that already reports invariant util is used as is
-    assert freq(Schedutil(util_is_invariant=True), observe(cluster(util=(0.5,), cur=1420800))) == 1420800
+    assert (
+        freq(Schedutil(util_is_invariant=True), observe(cluster(util=(0.5,), cur=1420800)))
+        == 1420800
+    )
 
 
 def test_schedutil_uses_busiest_cpu_and_respects_limits():
@@ -93,7 +120,9 @@ def test_schedutil_uses_busiest_cpu_and_respects_limits():
 
 
 def test_schedutil_rt_job_on_cluster_goes_to_max():
-    obs = observe(cluster(util=(0.05, 0.05), cur=345600, hi=1881600), jobs=(job(7, cpus=(1,), rt=50),))
+    obs = observe(
+        cluster(util=(0.05, 0.05), cur=345600, hi=1881600), jobs=(job(7, cpus=(1,), rt=50),)
+    )
     assert freq(Schedutil(), obs) == 1881600
     obs = observe(cluster(util=(0.05, 0.05), cur=345600), jobs=(job(7, cpus=(5,), rt=50),))
     assert freq(Schedutil(), obs) == 345600  # RT job elsewhere
@@ -155,9 +184,19 @@ def test_unavailable_util_keeps_the_frequency_instead_of_dropping():
 
 def test_conservative_steps_by_five_percent_of_max():
     gov = Conservative(period_s=0.01)
-    seq = [freq(gov, observe(cluster(util=(1.0,), table=EVEN, cur=1_000_000 if i == 0 else None), t=0.01 * i)) for i in range(3)]
+    seq = [
+        freq(
+            gov,
+            observe(
+                cluster(util=(1.0,), table=EVEN, cur=1_000_000 if i == 0 else None), t=0.01 * i
+            ),
+        )
+        for i in range(3)
+    ]
     assert seq == [1_100_000, 1_200_000, 1_300_000]
-    assert freq(gov, observe(cluster(util=(0.5,), table=EVEN), t=0.03)) == 1_300_000  # between thresholds
+    assert (
+        freq(gov, observe(cluster(util=(0.5,), table=EVEN), t=0.03)) == 1_300_000
+    )  # between thresholds
     assert freq(gov, observe(cluster(util=(0.1,), table=EVEN), t=0.04)) == 1_200_000  # below 20 %
 
 
@@ -166,7 +205,10 @@ def test_conservative_tracks_unsnapped_requested_frequency():
     # keeps 345600 after the first step, crosses to 499200 after the second and needs two
     # more to reach 652800.
     gov = Conservative(period_s=0.01)
-    out = [freq(gov, observe(cluster(util=(1.0,), cur=345600 if i == 0 else None), t=0.01 * i)) for i in range(4)]
+    out = [
+        freq(gov, observe(cluster(util=(1.0,), cur=345600 if i == 0 else None), t=0.01 * i))
+        for i in range(4)
+    ]
     step = 5 * 2035200 // 100
     expected = [max(f for f in TX2 if f <= 345600 + (i + 1) * step) for i in range(4)]
     assert out == expected == [345600, 499200, 499200, 652800]
@@ -224,11 +266,16 @@ def test_every_cluster_gets_a_frequency_and_jobs_get_all_online_cpus():
 
 
 def test_native_names_the_kernel_governor_when_available():
-    obs = observe(cluster(), cluster(name="gold", cpus=(4,), governors=("userspace", "performance")))
+    obs = observe(
+        cluster(), cluster(name="gold", cpus=(4,), governors=("userspace", "performance"))
+    )
     d = Conservative(native=True).decide(obs)
     assert d.governor == {"a57": "conservative"}
     assert any("not available on gold" in e for e in d.events)
-    assert Performance(native=True).decide(obs).governor == {"a57": "performance", "gold": "performance"}
+    assert Performance(native=True).decide(obs).governor == {
+        "a57": "performance",
+        "gold": "performance",
+    }
     assert Schedutil().decide(obs).governor == {}
 
 
@@ -252,7 +299,9 @@ def test_make_governor_names_periods_and_errors():
 
 # ---------------------------------------------------------------------------------- properties
 
-tables = st.lists(st.integers(100_000, 3_000_000), min_size=1, max_size=14, unique=True).map(lambda x: tuple(sorted(x)))
+tables = st.lists(st.integers(100_000, 3_000_000), min_size=1, max_size=14, unique=True).map(
+    lambda x: tuple(sorted(x))
+)
 
 
 @st.composite

@@ -151,6 +151,12 @@ def test_chatter_before_and_after():
     assert parse_output("completed!" + SAMPLE_O3).time_program_s == 0.812
 
 
+def test_key_like_chatter_before_a_row():
+    chatter = "Model = binomial tree\nNodes = about a million\n"
+    r = parse_output(chatter + HEADER_O4 + "\n" + ROW_O4 + "\n")
+    assert r.program == "Floorplan" and r.model == "OpenMP (using tasks)"
+
+
 def test_last_block_wins():
     first = SAMPLE_O3.replace("0.812000", "9.000000")
     assert parse_output(first + "\nrunning again\n" + SAMPLE_O3).time_program_s == 0.812

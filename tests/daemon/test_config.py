@@ -120,6 +120,7 @@ BAD = [
     ({"policy": "turbo"}, "policy", "one of hidvfs"),
     ({"board": 3}, "board", "string"),
     ({"board": "boards/tx2.yaml"}, "board", "absolute path"),
+    ({"board": "tx3"}, "board", "a shipped board (orin-nx, rubikpi3, tx2)"),
     ({"deadline_slack": 1.0}, "deadline_slack", "[0, 1)"),
     ({"deadline_slack": -0.1}, "deadline_slack", "[0, 1)"),
     ({"deadline_slack": float("nan")}, "deadline_slack", "[0, 1)"),

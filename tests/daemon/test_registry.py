@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from daemon.client import DaemonUnreachable, RegistryClient, RegistryError
+from daemon.client import DaemonUnreachable, RegistryClient, RegistryError, run_registered
 from daemon.jobs import JobTable
 from daemon.registry import (
     MAX_LINE,
@@ -85,7 +85,7 @@ def raw(path: str, payload: bytes, shutdown: bool = True, timeout: float = 5.0) 
 
 def still_serves(path: str) -> None:
     answer = RegistryClient(path).status()
-    assert answer["status"]["board"] == "tx2"
+    assert answer["board"] == "tx2"
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +102,11 @@ def test_register_status_unregister(server):
         and job["name"] == "fft"
     )
     st_ = client.status()
-    assert st_["status"] == {"board": "tx2", "policy": "hidvfs", "ticks": 7}
+    assert {k: v for k, v in st_.items() if k != "jobs"} == {
+        "board": "tx2",
+        "policy": "hidvfs",
+        "ticks": 7,
+    }
     assert [j["pid"] for j in st_["jobs"]] == [me]
     assert st_["jobs"][0]["elapsed_s"] >= 0
     entry = server.registry.table.get(me)
@@ -156,9 +160,9 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("payload", "error"), MALFORMED, ids=[m[1] for m in MALFORMED])
 def test_malformed_requests_get_an_error_and_the_server_keeps_serving(server, payload, error):
-    payload = payload.replace(b"DEAD", str(_dead_pid()).encode()).replace(
-        b"PID", str(os.getpid()).encode()
-    )
+    if b"DEAD" in payload:
+        payload = payload.replace(b"DEAD", str(_dead_pid()).encode())
+    payload = payload.replace(b"PID", str(os.getpid()).encode())
     answers = raw(server.path, payload)
     assert len(answers) == 1
     assert answers[0]["ok"] is False
@@ -400,3 +404,53 @@ def test_too_many_clients_get_an_error(sock_path):
                 s.close()
         time.sleep(0.1)
         assert RegistryClient(srv.path).status()["jobs"] == []
+
+
+# -- hidvfs run -------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_CHECK_REGISTERED = """
+import os, sys
+from daemon.client import RegistryClient
+jobs = RegistryClient(sys.argv[1]).status()["jobs"]
+mine = [j for j in jobs if j["pid"] == os.getpid()]
+sys.exit(0 if mine and mine[0]["criticality"] == "hi" and mine[0]["deadline_s"] == 30.0 else 3)
+"""
+
+
+def test_run_registered_launches_registers_and_unregisters(server, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    cmd = [sys.executable, "-c", _CHECK_REGISTERED, server.path]
+    result = run_registered(
+        cmd, deadline_s=30.0, criticality="hi", name="probe", socket_path=server.path
+    )
+    assert result["returncode"] == 0  # the child saw itself registered while it ran
+    assert result["name"] == "probe" and result["deadline_met"] is True and result["makespan_s"] > 0
+    assert len(server.registry.table) == 0  # unregistered after exit
+
+
+def test_run_registered_reports_failures(server):
+    r = run_registered([sys.executable, "-c", "import sys; sys.exit(4)"], socket_path=server.path)
+    assert (
+        r["returncode"] == 4
+        and r["deadline_met"] is None
+        and r["name"] == os.path.basename(sys.executable)
+    )
+    r = run_registered(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+        deadline_s=0.001,
+        socket_path=server.path,
+    )
+    assert r["signal"] == 15 and r["returncode"] == 143 and r["deadline_met"] is False
+    with pytest.raises(OSError, match="cannot launch"):
+        run_registered(["/nonexistent/bin/job"], socket_path=server.path)
+
+
+def test_run_registered_fails_before_launching_without_a_daemon(tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(DaemonUnreachable):
+        run_registered(
+            [sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+            socket_path=str(tmp_path / "none.sock"),
+        )
+    assert not marker.exists()

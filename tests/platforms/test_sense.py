@@ -282,3 +282,21 @@ def test_util_tracker_edge_cases():
     assert out == {0: pytest.approx(0.5)}  # cpu3 went offline: no line, no value
     out = tr.update(parse_proc_stat(STAT))  # counters went backwards (reset)
     assert out[0] is None and out[3] is None
+
+
+def test_refresh_picks_up_a_modprobed_governor(tmp_path):
+    w = write_fake_tree(RUBIK, tmp_path)
+    sensor = Sensor(RUBIK, DirSysfs(tmp_path), refresh_s=30.0)
+    assert "powersave" not in sensor.read(0.0).cluster("gold").governors
+    w.set_governor_list(4, ["userspace", "ondemand", "schedutil", "performance", "powersave"])
+    assert "powersave" not in sensor.read(29.0).cluster("gold").governors  # cached
+    assert "powersave" in sensor.read(30.0).cluster("gold").governors
+
+
+def test_clock_restart_does_not_stop_refreshing(tx2):
+    _, sensor = tx2
+    sensor.read(100.0)
+    n = sensor.discoveries
+    sensor.read(0.0)  # a replay started again from the top
+    sensor.read(31.0)
+    assert sensor.discoveries == n + 1

@@ -1,0 +1,201 @@
+"""The board daemon as a service: the one composition root for a live (or fake) tree.
+
+Order of a run: config -> logging -> board -> safety checks (root, writable tree) -> restore a
+stale snapshot and save the originals (before the first write) -> job registry socket ->
+optional metrics/telemetry -> READY -> control loop (watchdog, drift check, status) -> on
+SIGTERM/SIGINT/exit: STOPPING, stop servers, restore every saved setting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import replace
+
+from agents.factory import make_policy_stack
+from daemon.actuator import Actuator
+from daemon.config import Config, load_config, read_token
+from daemon.guard import ThermalGuard
+from daemon.jobs import JobTable
+from daemon.logs import log_event, setup_logging
+from daemon.loop import ControlLoop, TickResult
+from daemon.notify import Notifier, WatchdogPinger
+from daemon.restore import begin_session, detect_drift, restore_snapshot
+from daemon.statusfile import write_status
+from platforms import cpufreq
+from platforms.clock import MonotonicClock
+from platforms.errors import HidvfsError
+from platforms.liveprocs import LiveProcessControl
+from platforms.platform import Platform
+from platforms.probe import detect_board, probe
+from platforms.spec import BoardSpec, load_board, load_board_file
+from platforms.sysfs import DirSysfs
+
+log = logging.getLogger("hidvfs.daemon")
+
+
+class DaemonError(HidvfsError):
+    """The daemon cannot start safely; the message says why and what to do."""
+
+
+def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
+    if cfg.board:
+        if cfg.board.endswith(".yaml"):
+            return load_board_file(cfg.board)
+        return load_board(cfg.board)
+    name = detect_board(sysfs)
+    if name:
+        return load_board(name)
+    result = probe(sysfs)
+    if not result.spec.clusters:
+        raise DaemonError(
+            f"no cpufreq policy found under {sysfs.root}: nothing to control "
+            "(is this a board with a cpufreq driver? try `hidvfs probe`)"
+        )
+    log_event(log, "board_unknown", detail="using the probed topology", clusters=len(result.spec.clusters))
+    return result.spec
+
+
+def check_writable(sysfs: DirSysfs, spec: BoardSpec) -> None:
+    """Refuse to start on a tree we could not restore: every policy's limits must be writable."""
+    bad = []
+    for c in spec.clusters:
+        if not sysfs.exists(f"devices/system/cpu/cpufreq/policy{c.policy}"):
+            continue
+        for name in ("scaling_governor", "scaling_min_freq", "scaling_max_freq"):
+            path = f"devices/system/cpu/cpufreq/policy{c.policy}/{name}"
+            if not sysfs.writable(path):
+                bad.append(path)
+    if bad:
+        raise DaemonError(
+            f"cannot write {bad[0]} under {sysfs.root} (read-only tree or missing permission; "
+            f"{len(bad)} file(s)); run as root, or use --dry-run to see what would be written"
+        )
+
+
+def run_live(
+    *,
+    config_path: str | None = None,
+    sysfs_root: str = "/",
+    policy: str | None = None,
+    period_ms: int | None = None,
+    duration_s: float | None = None,
+    status_file: str | None = None,
+    socket_path: str | None = None,
+    state_dir: str | None = None,
+    dry_run: bool = False,
+    stop: threading.Event | None = None,
+) -> dict:
+    cfg = load_config(config_path)
+    if policy:
+        cfg = replace(cfg, policy=policy)
+    if period_ms:
+        cfg = replace(cfg, period_ms=period_ms)
+    if state_dir:
+        cfg = replace(cfg, state_dir=state_dir)
+    if socket_path:
+        cfg = replace(cfg, socket=replace(cfg.socket, path=socket_path))
+    setup_logging(cfg.logging.level, cfg.logging.format)
+
+    if sysfs_root == "/" and os.geteuid() != 0 and not dry_run:
+        raise DaemonError(
+            "the daemon writes cpufreq settings and must run as root "
+            "(sudo hidvfs daemon ..., or `sudo hidvfs service install`); "
+            "use --dry-run to see what it would write"
+        )
+    sysfs = DirSysfs(sysfs_root)
+    spec = resolve_board(cfg, sysfs)
+    if not any(cpufreq.list_policies(sysfs)):
+        raise DaemonError(f"no cpufreq policy under {sysfs.root}/devices/system/cpu/cpufreq: nothing to control")
+    if not dry_run:
+        check_writable(sysfs, spec)
+
+    procs = LiveProcessControl()
+    clock = MonotonicClock()
+    platform = Platform(spec, sysfs, procs, clock, kind="live" if sysfs_root == "/" else "fake")
+    pol, stages = make_policy_stack(cfg.policy, spec)
+    table = JobTable()
+    loop = ControlLoop(
+        platform, pol, period_s=cfg.period_ms / 1000.0, jobs=table, stages=stages,
+        guard=ThermalGuard(margin_c=cfg.thermal.margin_c),
+        actuator=Actuator(sysfs, procs, dry_run=dry_run),
+    )
+    stop = stop or threading.Event()
+    notifier = Notifier()
+    servers = []
+    snapshot = None
+    previous_handlers = {}
+
+    def on_signal(signum, _frame):
+        log_event(log, "signal", signal=signal.Signals(signum).name)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous_handlers[sig] = signal.signal(sig, on_signal)
+    try:
+        if not dry_run:
+            snapshot = begin_session(sysfs, spec, cfg.state_dir, log)
+        from daemon.registry import JobRegistry, RegistryServer
+
+        registry = JobRegistry(table, now=clock.now, alive=procs.alive, status_provider=loop.status,
+                               pid_owner=procs.owner_uid)
+        try:
+            servers.append(RegistryServer(registry, cfg.socket.path, group=cfg.socket.group,
+                                          mode=cfg.socket.mode).start())
+        except (OSError, HidvfsError) as err:
+            log_event(log, "registry_unavailable", level=logging.WARNING, socket=cfg.socket.path, detail=str(err))
+        if cfg.metrics.enabled:
+            from daemon.metrics import MetricsServer, metrics_from_status
+
+            servers.append(MetricsServer(cfg.metrics.listen, lambda: metrics_from_status(loop.status())).start())
+        if cfg.telemetry.listen:
+            from daemon.telemetry import TelemetryServer
+
+            servers.append(TelemetryServer(cfg.telemetry.listen, loop.status, read_token(cfg.telemetry)).start())
+
+        pinger = WatchdogPinger(notifier, clock.now)
+        last_status = [-1e18]
+
+        def after_tick(res: TickResult) -> None:
+            pinger.tick()
+            if cfg.recheck_each_tick and not dry_run:
+                for msg in detect_drift(sysfs, loop.actuator.expected):
+                    log_event(log, "drift", level=logging.WARNING, detail=msg)
+                    # Forget it so the next decision rewrites it (nvpmodel wins until then).
+                    path = msg.split(":", 1)[0]
+                    loop.actuator.expected.pop(path, None)
+                    loop.actuator._last_freq.clear()
+            if res.report.gone:
+                for pid in res.report.gone:
+                    log_event(log, "job_gone", level=logging.WARNING, pid=pid)
+            if status_file and res.t - last_status[0] >= 1.0:
+                last_status[0] = res.t
+                write_status(status_file, loop.status())
+            if dry_run and res.report.writes:
+                for path, value in res.report.writes:
+                    print(f"dry-run: would write {value} to {path}", flush=True)
+
+        loop.on_tick.append(after_tick)
+        notifier.ready(f"controlling {spec.name} with {pol.name}")
+        log_event(log, "ready", board=spec.name, policy=pol.name, period_ms=cfg.period_ms,
+                  root=sysfs.root, dry_run=dry_run)
+        loop.run(duration_s=duration_s, stop=stop)
+    finally:
+        notifier.stopping("restoring cpufreq settings")
+        for srv in reversed(servers):
+            try:
+                srv.stop()
+            except Exception as err:  # noqa: BLE001 - stopping must go on
+                log_event(log, "server_stop_failed", level=logging.WARNING, detail=str(err))
+        if snapshot is not None:
+            report = restore_snapshot(sysfs, snapshot, log, state_dir=cfg.state_dir)
+            log_event(log, "restored", ok=report.ok, detail=report.summary())
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+    status = loop.status()
+    if status_file:
+        write_status(status_file, status)
+    return status

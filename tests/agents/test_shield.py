@@ -1,0 +1,236 @@
+"""Split-conformal quantile, coverage, ACI long-run bound and the shield's fallback order."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from agents.shield import (
+    AdaptiveConformal,
+    Candidates,
+    Shield,
+    SplitConformal,
+    conformal_rank,
+    min_calibration_size,
+)
+
+# ---------------------------------------------------------------------------------- quantile
+
+
+@pytest.mark.parametrize(
+    ("n", "alpha", "k"),
+    [
+        (19, 0.05, 19),  # the smallest set with a finite bound at 5 %
+        (18, 0.05, 19),  # k > n: +inf
+        (100, 0.10, 91),  # ceil(90.9)
+        (10, 0.20, 9),  # ceil(8.8)
+        (9, 0.70, 3),  # 10 * 0.3 evaluates to 3.0000000000000004 in floating point
+        (99, 0.01, 99),
+        (200, 0.05, 191),
+    ],
+)
+def test_rank_matches_hand_values(n, alpha, k):
+    assert conformal_rank(n, alpha) == k
+
+
+def test_quantile_is_the_kth_smallest_signed_residual():
+    s = np.array([0.3, -1.0, 2.5, 0.0, -0.2, 1.1, 0.7, -0.5, 4.0, 0.9])  # n = 10
+    cal = SplitConformal(alpha=0.2).fit(s)
+    assert cal.k_ == 9 and cal.q_ == 2.5  # sorted: -1 -.5 -.2 0 .3 .7 .9 1.1 2.5 4
+    assert cal.upper(10.0) == 12.5
+    np.testing.assert_allclose(cal.upper(np.array([1.0, 2.0])), [3.5, 4.5])
+    assert SplitConformal(alpha=0.05).fit(s).q_ == math.inf  # n < 1/alpha - 1
+    assert min_calibration_size(0.05) == 19 and min_calibration_size(0.01) == 99
+    assert min_calibration_size(0.1) == 9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=300),
+    st.floats(0.005, 0.6),
+)
+def test_quantile_matches_numpy(residuals, alpha):
+    s = np.asarray(residuals)
+    n = s.size
+    k = math.ceil((n + 1) * (1 - alpha) - 1e-9)
+    q = SplitConformal(alpha).fit(s).q_
+    if k > n:
+        assert q == math.inf
+        return
+    assert q == np.sort(s)[k - 1]
+    assert q == np.quantile(s, k / n, method="inverted_cdf")
+    if n > 1:
+        assert q == np.quantile(s, (k - 1) / (n - 1), method="higher")
+    # models.md 2.1 states np.quantile(s, k/n, method="higher"); that is one order statistic
+    # higher (s_(k+1)) whenever k < n, so it over-covers: never below the exact quantile.
+    assert np.quantile(s, k / n, method="higher") >= q
+    if k < n:
+        assert np.quantile(s, k / n, method="higher") == np.sort(s)[k]
+
+
+def test_fit_validates():
+    with pytest.raises(ValueError, match="'alpha' parameter of SplitConformal"):
+        SplitConformal(alpha=1.5).fit([1.0])
+    with pytest.raises(ValueError, match="residual 1 is nan"):
+        SplitConformal().fit([1.0, float("nan")])
+    with pytest.raises(RuntimeError, match="not fitted"):
+        SplitConformal().upper(1.0)
+
+
+# ---------------------------------------------------------------------------------- coverage
+
+
+@pytest.mark.parametrize(("n", "alpha"), [(100, 0.10), (200, 0.05)])
+def test_coverage_matches_the_beta_law(n, alpha):
+    rng = np.random.default_rng(20260110)
+    trials, m = 400, 2000
+    # a biased predictor and heavy-tailed, skewed noise: the signed scores absorb both
+    x = rng.uniform(0, 1, size=(trials, n + m))
+    y = 2.0 * x + 1.0 + rng.standard_t(3, size=x.shape) + 0.3 * rng.exponential(1.0, size=x.shape)
+    pred = 2.0 * x + 0.8
+    scores = np.sort(y[:, :n] - pred[:, :n], axis=1)
+    k = conformal_rank(n, alpha)
+    q = scores[:, k - 1]
+    for i in range(3):  # the class agrees with the vectorised quantile
+        assert SplitConformal(alpha).fit(y[i, :n] - pred[i, :n]).q_ == q[i]
+    cover = (y[:, n:] <= pred[:, n:] + q[:, None]).mean(axis=1)
+    ell = math.floor((n + 1) * alpha)
+    law = stats.beta(n + 1 - ell, ell)
+    se = cover.std(ddof=1) / math.sqrt(trials)
+    assert cover.mean() >= 1 - alpha - 3 * se  # marginal guarantee
+    assert cover.mean() <= 1 - alpha + 1 / (n + 1) + 3 * se  # distinct scores: upper bound
+    assert abs(cover.mean() - law.mean()) <= 3 * se
+    # spread: the Beta sd plus the binomial noise of m test points
+    expected_sd = math.sqrt(law.var() + law.mean() * (1 - law.mean()) / m)
+    assert 0.75 * expected_sd <= cover.std(ddof=1) <= 1.25 * expected_sd
+    lo, hi = law.ppf(0.005), law.ppf(0.995)
+    assert np.mean((cover >= lo) & (cover <= hi)) >= 0.95  # 99 % band, test-set noise aside
+
+
+# ---------------------------------------------------------------------------------- ACI
+
+
+def _run_aci(alpha, gamma, ys, preds, adversary=None):
+    aci = AdaptiveConformal(alpha=alpha, gamma=gamma).fit(np.random.default_rng(0).normal(size=50))
+    for y, p in zip(ys, preds):
+        if adversary is not None:
+            y = adversary(aci, p)
+        aci.update(y, p)
+    return aci
+
+
+@pytest.mark.parametrize("gamma", [0.05, 0.01])
+def test_aci_long_run_error_rate_bound_on_adversarial_sequences(gamma):
+    alpha, T = 0.1, 1000
+    rng = np.random.default_rng(7)
+    preds = np.zeros(T)
+
+    def always_miss(aci, p):  # lands just outside the bound whenever the bound is finite
+        u = aci.upper(p)
+        return u + 1.0 if math.isfinite(u) else p
+
+    drift = np.cumsum(rng.normal(0.05, 1.0, size=T))  # a random walk the scores lag behind
+    regimes = np.where((np.arange(T) // 100) % 2 == 0, 0.1, 10.0) * rng.normal(size=T)
+    bound = (max(alpha, 1 - alpha) + gamma) / (gamma * T)
+    for ys, adv in ((preds, always_miss), (drift, None), (regimes, None)):
+        aci = _run_aci(alpha, gamma, ys, preds, adv)
+        assert aci.t_ == T
+        assert aci.regret_bound() == pytest.approx(bound)
+        assert abs(aci.miss_rate - alpha) <= bound
+    # the always-miss adversary really pushes ACI to its infinite-set edge
+    aci = _run_aci(alpha, gamma, preds, preds, always_miss)
+    assert aci.alpha_now <= 0.0 + gamma
+
+
+def test_aci_edge_cases():
+    aci = AdaptiveConformal(alpha=0.1, gamma=0.5, alpha_init=-0.2).fit([0.0, 1.0, 2.0])
+    assert aci.q() == math.inf and aci.update(1e9, 0.0) is False  # infinite set: never a miss
+    assert aci.alpha_now == pytest.approx(-0.2 + 0.5 * 0.1)
+    aci = AdaptiveConformal(alpha=0.1, gamma=0.5, alpha_init=1.0).fit([0.0, 1.0, 2.0])
+    assert aci.q() == -math.inf and aci.update(-1e9, 0.0) is True  # empty set: always a miss
+    assert aci.alpha_now == pytest.approx(1.0 + 0.5 * (0.1 - 1.0))
+    win = AdaptiveConformal(alpha=0.5, window=3).fit([5.0, 6.0, 7.0, 8.0])
+    assert sorted(win.sorted_) == [6.0, 7.0, 8.0]
+    win.update(1.0, 0.0)  # score 1 enters, 6 leaves
+    assert win.sorted_ == [1.0, 7.0, 8.0]
+
+
+# ---------------------------------------------------------------------------------- the shield
+
+
+def fixed(preds):
+    preds = np.asarray(preds, dtype=float)
+
+    def predictor(features):
+        assert features.shape[0] == preds.shape[0]
+        return preds
+
+    return predictor
+
+
+CAL = SplitConformal(alpha=0.2).fit(np.linspace(-1.0, 1.0, 9))  # k = 8 of 9 -> q = 0.75
+
+
+def cands(k, proposed=0, safest=-1):
+    return Candidates(
+        actions=[f"a{i}" for i in range(k)],
+        features=np.zeros((k, 3)),
+        proposed=proposed,
+        safest=safest,
+    )
+
+
+def test_proposal_kept_when_its_bound_meets_the_deadline():
+    assert CAL.q_ == pytest.approx(0.75)
+    r = Shield(fixed([1.0, 0.5, 0.2]), CAL).filter(cands(3), 1.8, cost=[1, 2, 3])
+    assert (r.index, r.certified, r.intervened) == (0, True, False)
+    assert r.upper_s == pytest.approx(1.75)
+
+
+def test_cheapest_certified_candidate_when_the_proposal_fails():
+    shield = Shield(fixed([1.5, 0.5, 0.2, 0.1]), CAL, correct_selection=False)
+    r = shield.filter(cands(4), 1.3, cost=[0.0, 5.0, 1.0, 9.0])
+    assert (r.action, r.certified, r.intervened) == ("a2", True, True)
+    assert "cheapest certified candidate 2" in r.event
+    r = shield.filter(cands(4), 1.3, cost=lambda a: {"a1": 1.0, "a2": 4.0, "a3": 2.0}.get(a, 0.0))
+    assert r.action == "a1"
+
+
+def test_maximum_performance_fallback_when_nothing_is_certified():
+    r = Shield(fixed([3.0, 2.0, 1.0]), CAL).filter(cands(3, safest=2), 1.0, cost=[1, 2, 3])
+    assert (r.index, r.certified, r.intervened) == (2, False, True)
+    assert "maximum-performance fallback 2" in r.event
+    # too small a calibration set: q = +inf, nothing is certifiable
+    tiny = SplitConformal(alpha=0.05).fit([0.0, 0.1])
+    r = Shield(fixed([0.0, 0.0]), tiny).filter(cands(2), 100.0, cost=[0, 1])
+    assert (r.index, r.certified) == (1, False) and "infinite bound" in r.event
+    # a NaN prediction is never certified
+    r = Shield(fixed([math.nan, 0.1]), CAL, correct_selection=False).filter(
+        cands(2), 5.0, cost=[0, 1]
+    )
+    assert r.index == 1 and r.certified
+
+
+def test_selection_among_k_is_certified_at_alpha_over_k():
+    cal = SplitConformal(alpha=0.2).fit(np.arange(100.0) / 100)
+    assert cal.q() == pytest.approx(0.80)  # k = ceil(101 * 0.8) = 81
+    assert cal.q(0.2 / 4) == pytest.approx(0.95)  # k = ceil(101 * 0.95) = 96
+    preds, cost = [2.0, 0.1, 0.05, 0.25], [0, 9, 5, 0]
+    # at alpha the three fallbacks pass (0.90, 0.85, 1.05 <= 1.1) and the cheapest is a3 ...
+    r = Shield(fixed(preds), cal, correct_selection=False).filter(cands(4), 1.1, cost=cost)
+    assert r.index == 3
+    # ... but choosing among 4 only keeps P(miss) <= alpha at alpha / 4: a3 (1.20) fails
+    r = Shield(fixed(preds), cal).filter(cands(4), 1.1, cost=cost)
+    assert r.index == 2 and r.upper_s == pytest.approx(0.05 + 0.95)
+
+
+def test_filter_validates_shapes():
+    with pytest.raises(ValueError, match=r"features must be \[k, d\]"):
+        Shield(fixed([1.0]), CAL).filter(Candidates(["a", "b"], np.zeros((3, 2))), 1.0, cost=[0, 0])
+    with pytest.raises(ValueError, match="cost has 1 values"):
+        Shield(fixed([9.0, 0.0]), CAL, correct_selection=False).filter(cands(2), 1.0, cost=[0])
