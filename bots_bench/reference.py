@@ -30,7 +30,7 @@ def measure_reference(board: str, kernel: str, cls: str, seed: int = 0) -> JobPr
     spec = load_board(board)
     dag = generate(kernel, cls, seed=seed)
     ref = reference_cluster(spec)
-    plant = Plant(spec, seed=seed, online=spec.cpus)
+    plant = Plant(spec, seed=seed, online=spec.cpus, governor="userspace")
     for c in spec.clusters:
         plant.set_freq(c.name, c.fmax_khz)
     pid = plant.submit(SimJob(dag=dag, name=f"{kernel}.{cls}"))

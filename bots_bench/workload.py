@@ -8,6 +8,7 @@ soft deadline of ``slack x reference makespan`` and some of those are high-criti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from platforms.sim.plant import SimJob
@@ -42,9 +43,18 @@ class WorkloadSpec:
     kernels: tuple[str, ...] = DEFAULT_KERNELS
 
 
-def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -> list[SimJob]:
+#: distinct DAG instances per kernel in a mix; jobs reuse them (DAGs are immutable)
+DAG_POOL = 4
+
+
+@lru_cache(maxsize=256)
+def _pooled_dag(kernel: str, cls: str, variant: int):
     from bots_bench.dags import generate
 
+    return generate(kernel, cls, seed=variant)
+
+
+def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -> list[SimJob]:
     w = w or WorkloadSpec()
     rng = np.random.default_rng(seed)
     profiles = {k: measure_reference(spec.name, k, w.cls, 0) for k in w.kernels}
@@ -60,7 +70,7 @@ def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -
         prof = profiles[kernel]
         has_deadline = bool(rng.random() < w.deadline_fraction)
         crit = "hi" if has_deadline and rng.random() < w.hi_fraction else "lo"
-        dag = generate(kernel, w.cls, seed=int(rng.integers(1 << 30)))
+        dag = _pooled_dag(kernel, w.cls, int(rng.integers(DAG_POOL)))
         jobs.append(
             SimJob(
                 dag=dag,

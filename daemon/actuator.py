@@ -60,7 +60,11 @@ class Actuator:
         if "userspace" in governors:
             try:
                 if self.dry_run:
-                    self._write(report, f"devices/system/cpu/cpufreq/policy{policy}/scaling_governor", "userspace")
+                    self._write(
+                        report,
+                        f"devices/system/cpu/cpufreq/policy{policy}/scaling_governor",
+                        "userspace",
+                    )
                 else:
                     cpufreq.set_governor(self.sysfs, policy, "userspace")
                     report.writes.append((f"policy{policy}/scaling_governor", "userspace"))
@@ -68,7 +72,9 @@ class Actuator:
                 self._mode[policy] = "setspeed"
                 return "setspeed"
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
-                report.errors.append(f"policy{policy}: userspace governor refused ({err}); using min/max bounds")
+                report.errors.append(
+                    f"policy{policy}: userspace governor refused ({err}); using min/max bounds"
+                )
         self._mode[policy] = "limits"
         return "limits"
 
@@ -82,12 +88,20 @@ class Actuator:
                 if self._mode.get(c.policy) != f"governor:{gov}":
                     try:
                         if self.dry_run:
-                            self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_governor", gov)
+                            self._write(
+                                report,
+                                f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_governor",
+                                gov,
+                            )
                         else:
                             cpufreq.set_governor(self.sysfs, c.policy, gov)
                             report.writes.append((f"policy{c.policy}/scaling_governor", gov))
                             self.expected[paths.policy_file(c.policy, "scaling_governor")] = gov
-                            for name in ("scaling_setspeed", "scaling_min_freq", "scaling_max_freq"):
+                            for name in (
+                                "scaling_setspeed",
+                                "scaling_min_freq",
+                                "scaling_max_freq",
+                            ):
                                 self.expected.pop(paths.policy_file(c.policy, name), None)
                         self._mode[c.policy] = f"governor:{gov}"
                         self._last_freq.pop(c.policy, None)
@@ -107,15 +121,27 @@ class Actuator:
             try:
                 if mode == "setspeed":
                     if self.dry_run:
-                        self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_setspeed", str(target))
+                        self._write(
+                            report,
+                            f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_setspeed",
+                            str(target),
+                        )
                     else:
                         cpufreq.set_setspeed(self.sysfs, c.policy, target)
                         report.writes.append((f"policy{c.policy}/scaling_setspeed", str(target)))
                         self.expected[paths.policy_file(c.policy, "scaling_setspeed")] = str(target)
                 else:
                     if self.dry_run:
-                        self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_min_freq", str(target))
-                        self._write(report, f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_max_freq", str(target))
+                        self._write(
+                            report,
+                            f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_min_freq",
+                            str(target),
+                        )
+                        self._write(
+                            report,
+                            f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_max_freq",
+                            str(target),
+                        )
                     else:
                         for path, value in cpufreq.set_limits(self.sysfs, c.policy, target, target):
                             report.writes.append((path, value))

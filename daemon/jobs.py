@@ -67,7 +67,9 @@ class JobTable:
         entry = self.unregister(pid)
         if entry is None:
             return None
-        out = JobOutcome(entry.pid, entry.name, entry.criticality, entry.release_t, finish_t, entry.deadline_s)
+        out = JobOutcome(
+            entry.pid, entry.name, entry.criticality, entry.release_t, finish_t, entry.deadline_s
+        )
         with self._lock:
             self.outcomes.append(out)
         return out

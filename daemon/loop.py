@@ -89,7 +89,10 @@ class ControlLoop:
                     finished.append(out)
                     log.info(
                         "event=job_done pid=%d name=%s makespan_s=%.3f deadline_met=%s",
-                        out.pid, out.name, out.makespan_s, out.deadline_met,
+                        out.pid,
+                        out.name,
+                        out.makespan_s,
+                        out.deadline_met,
                     )
                 continue
             try:
@@ -209,7 +212,9 @@ class ControlLoop:
                 "cpu": obs.cpu_power_w if obs else None,
             },
             "energy_j": round(self.energy_j, 6) if obs and obs.total_power_w is not None else None,
-            "cpu_energy_j": round(self.cpu_energy_j, 6) if obs and obs.cpu_power_w is not None else None,
+            "cpu_energy_j": round(self.cpu_energy_j, 6)
+            if obs and obs.cpu_power_w is not None
+            else None,
             "jobs_running": len(self.jobs),
             "jobs_done": len(self.jobs.outcomes),
             "deadline_misses": self.jobs.misses(),

@@ -15,6 +15,7 @@ import threading
 from dataclasses import replace
 
 from agents.factory import make_policy_stack
+from agents.mixed import ClusterReservation
 from daemon.actuator import Actuator
 from daemon.config import Config, load_config, read_token
 from daemon.guard import ThermalGuard
@@ -54,7 +55,9 @@ def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
             f"no cpufreq policy found under {sysfs.root}: nothing to control "
             "(is this a board with a cpufreq driver? try `hidvfs probe`)"
         )
-    log_event(log, "board_unknown", detail="using the probed topology", clusters=len(result.spec.clusters))
+    log_event(
+        log, "board_unknown", detail="using the probed topology", clusters=len(result.spec.clusters)
+    )
     return result.spec
 
 
@@ -108,7 +111,9 @@ def run_live(
     sysfs = DirSysfs(sysfs_root)
     spec = resolve_board(cfg, sysfs)
     if not any(cpufreq.list_policies(sysfs)):
-        raise DaemonError(f"no cpufreq policy under {sysfs.root}/devices/system/cpu/cpufreq: nothing to control")
+        raise DaemonError(
+            f"no cpufreq policy under {sysfs.root}/devices/system/cpu/cpufreq: nothing to control"
+        )
     if not dry_run:
         check_writable(sysfs, spec)
 
@@ -116,9 +121,14 @@ def run_live(
     clock = MonotonicClock()
     platform = Platform(spec, sysfs, procs, clock, kind="live" if sysfs_root == "/" else "fake")
     pol, stages = make_policy_stack(cfg.policy, spec)
+    stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
     table = JobTable()
     loop = ControlLoop(
-        platform, pol, period_s=cfg.period_ms / 1000.0, jobs=table, stages=stages,
+        platform,
+        pol,
+        period_s=cfg.period_ms / 1000.0,
+        jobs=table,
+        stages=stages,
         guard=ThermalGuard(margin_c=cfg.thermal.margin_c),
         actuator=Actuator(sysfs, procs, dry_run=dry_run),
     )
@@ -140,21 +150,43 @@ def run_live(
             snapshot = begin_session(sysfs, spec, cfg.state_dir, log)
         from daemon.registry import JobRegistry, RegistryServer
 
-        registry = JobRegistry(table, now=clock.now, alive=procs.alive, status_provider=loop.status,
-                               pid_owner=procs.owner_uid)
+        registry = JobRegistry(
+            table,
+            now=clock.now,
+            alive=procs.alive,
+            status_provider=loop.status,
+            pid_owner=procs.owner_uid,
+        )
         try:
-            servers.append(RegistryServer(registry, cfg.socket.path, group=cfg.socket.group,
-                                          mode=cfg.socket.mode).start())
+            servers.append(
+                RegistryServer(
+                    registry, cfg.socket.path, group=cfg.socket.group, mode=cfg.socket.mode
+                ).start()
+            )
         except (OSError, HidvfsError) as err:
-            log_event(log, "registry_unavailable", level=logging.WARNING, socket=cfg.socket.path, detail=str(err))
+            log_event(
+                log,
+                "registry_unavailable",
+                level=logging.WARNING,
+                socket=cfg.socket.path,
+                detail=str(err),
+            )
         if cfg.metrics.enabled:
             from daemon.metrics import MetricsServer, metrics_from_status
 
-            servers.append(MetricsServer(cfg.metrics.listen, lambda: metrics_from_status(loop.status())).start())
+            servers.append(
+                MetricsServer(
+                    cfg.metrics.listen, lambda: metrics_from_status(loop.status())
+                ).start()
+            )
         if cfg.telemetry.listen:
             from daemon.telemetry import TelemetryServer
 
-            servers.append(TelemetryServer(cfg.telemetry.listen, loop.status, read_token(cfg.telemetry)).start())
+            servers.append(
+                TelemetryServer(
+                    cfg.telemetry.listen, loop.status, read_token(cfg.telemetry)
+                ).start()
+            )
 
         pinger = WatchdogPinger(notifier, clock.now)
         last_status = [-1e18]
@@ -180,8 +212,15 @@ def run_live(
 
         loop.on_tick.append(after_tick)
         notifier.ready(f"controlling {spec.name} with {pol.name}")
-        log_event(log, "ready", board=spec.name, policy=pol.name, period_ms=cfg.period_ms,
-                  root=sysfs.root, dry_run=dry_run)
+        log_event(
+            log,
+            "ready",
+            board=spec.name,
+            policy=pol.name,
+            period_ms=cfg.period_ms,
+            root=sysfs.root,
+            dry_run=dry_run,
+        )
         loop.run(duration_s=duration_s, stop=stop)
     finally:
         notifier.stopping("restoring cpufreq settings")

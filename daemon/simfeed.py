@@ -14,7 +14,9 @@ from platforms.observation import JobProfile
 
 
 class SimFeeder:
-    def __init__(self, plant: Plant, table: JobTable, items: list[tuple[SimJob, JobProfile | None]]):
+    def __init__(
+        self, plant: Plant, table: JobTable, items: list[tuple[SimJob, JobProfile | None]]
+    ):
         self.plant = plant
         self.table = table
         self.pending: list[tuple[int, SimJob, JobProfile | None]] = []
@@ -28,8 +30,14 @@ class SimFeeder:
         while self._i < len(self.pending) and self.pending[self._i][1].release_t <= t + 1e-12:
             pid, job, prof = self.pending[self._i]
             self.table.register(
-                JobEntry(pid=pid, name=job.name, release_t=job.release_t, deadline_s=job.deadline_s,
-                         criticality=job.criticality, profile=prof)
+                JobEntry(
+                    pid=pid,
+                    name=job.name,
+                    release_t=job.release_t,
+                    deadline_s=job.deadline_s,
+                    criticality=job.criticality,
+                    profile=prof,
+                )
             )
             self._i += 1
 

@@ -11,15 +11,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from platforms.sim.plant import SimJob
-from platforms.sim import make_sim_platform
-
 from agents.policy import Policy
 from daemon.guard import ThermalGuard
 from daemon.jobs import JobTable
 from daemon.loop import ControlLoop, Stage, TickResult
 from daemon.simfeed import SimFeeder
 from platforms.observation import JobProfile
+from platforms.sim import make_sim_platform
+from platforms.sim.plant import SimJob
 
 log = logging.getLogger("hidvfs.simrun")
 
@@ -110,8 +109,15 @@ def run_sim(
     policy.reset(seed)
     if period_s is None:  # each policy decides at its own natural rate (governor sampling rate)
         period_s = max(float(getattr(policy, "period_s", 0.05) or 0.05), 0.005)
-    loop = ControlLoop(platform, policy, period_s=period_s, jobs=table, stages=stages, guard=guard,
-                       progress=feeder.progress)
+    loop = ControlLoop(
+        platform,
+        policy,
+        period_s=period_s,
+        jobs=table,
+        stages=stages,
+        guard=guard,
+        progress=feeder.progress,
+    )
     loop.before_tick.append(feeder)
     history: list[dict] = []
     if on_tick is not None:
@@ -144,8 +150,11 @@ def run_sim(
         loop.on_tick.append(push_status)
 
     def done() -> bool:
-        return until_idle and feeder.exhausted and len(table) == 0 and all(
-            js.finish_t is not None for js in plant.jobs.values()
+        return (
+            until_idle
+            and feeder.exhausted
+            and len(table) == 0
+            and all(js.finish_t is not None for js in plant.jobs.values())
         )
 
     loop.run(duration_s=duration_s if duration_s is not None else max_t, until=done)

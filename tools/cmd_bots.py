@@ -29,18 +29,71 @@ def _kernels(bench: str) -> list[str]:
 
 
 @bots.command("run")
-@click.option("--backend", type=click.Choice(["sim", "native"]), default="sim", show_default=True, help="Simulated board or the real one.")
-@click.option("--board", default="tx2", show_default=True, help="Board spec (sim) or board override (native).")
-@click.option("--bench", default="all", show_default=True, help="Kernels: all, or a comma list (fib,sort,...).")
-@click.option("--class", "cls", default="small", show_default=True, help="Input class (test, small, medium, ...).")
-@click.option("--policy", default="performance,schedutil,powersave", show_default=True, help="Comma list of policies; ratios are to the first.")
-@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1, 1000), help="Seeds 0..N-1 per kernel and policy.")
-@click.option("--deadline-slack", default=None, type=click.FloatRange(min=1.0), help="Give each job a deadline of SLACK x its reference makespan.")
-@click.option("--db", default=None, type=click.Path(dir_okay=False), help="SQLite results store; runs already in it are skipped.")
-@click.option("--bots-bin", default=None, type=click.Path(file_okay=False), help="Folder with BOTS binaries (native).")
-@click.option("--spec", "spec_file", default=None, type=click.Path(exists=True, dir_okay=False), help="Campaign spec YAML instead of flags.")
+@click.option(
+    "--backend",
+    type=click.Choice(["sim", "native"]),
+    default="sim",
+    show_default=True,
+    help="Simulated board or the real one.",
+)
+@click.option(
+    "--board", default="tx2", show_default=True, help="Board spec (sim) or board override (native)."
+)
+@click.option(
+    "--bench",
+    default="all",
+    show_default=True,
+    help="Kernels: all, or a comma list (fib,sort,...).",
+)
+@click.option(
+    "--class",
+    "cls",
+    default="small",
+    show_default=True,
+    help="Input class (test, small, medium, ...).",
+)
+@click.option(
+    "--policy",
+    default="performance,schedutil,powersave",
+    show_default=True,
+    help="Comma list of policies; ratios are to the first.",
+)
+@click.option(
+    "--seeds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Seeds 0..N-1 per kernel and policy.",
+)
+@click.option(
+    "--deadline-slack",
+    default=None,
+    type=click.FloatRange(min=1.0),
+    help="Give each job a deadline of SLACK x its reference makespan.",
+)
+@click.option(
+    "--db",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="SQLite results store; runs already in it are skipped.",
+)
+@click.option(
+    "--bots-bin",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder with BOTS binaries (native).",
+)
+@click.option(
+    "--spec",
+    "spec_file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Campaign spec YAML instead of flags.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the run records as a JSON list.")
-def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_bin, spec_file, as_json) -> None:
+def run_cmd(
+    backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_bin, spec_file, as_json
+) -> None:
     """Run a campaign and print run records (--json) or a table with ratios to the first policy."""
     from agents.factory import parse_policy_list
     from bots_bench.campaign_sim import SimRunConfig, ratio_table, run_one
@@ -49,9 +102,19 @@ def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_
     if spec_file or backend == "native":
         from tools.native_campaign import run_campaign_cli
 
-        run_campaign_cli(backend=backend, board=board, bench=bench, cls=cls, policy=policy,
-                         seeds=seeds, db=db, bots_bin=bots_bin, spec_file=spec_file,
-                         as_json=as_json, deadline_slack=deadline_slack)
+        run_campaign_cli(
+            backend=backend,
+            board=board,
+            bench=bench,
+            cls=cls,
+            policy=policy,
+            seeds=seeds,
+            db=db,
+            bots_bin=bots_bin,
+            spec_file=spec_file,
+            as_json=as_json,
+            deadline_slack=deadline_slack,
+        )
         return
     policies = parse_policy_list(policy)
     kernels = _kernels(bench)
@@ -60,7 +123,12 @@ def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_
     for k in kernels:
         if cls not in CLASSES[k]:
             fail(f"kernel {k} has no class {cls!r}; its classes: {', '.join(CLASSES[k])}")
-    configs = [SimRunConfig(k, cls, p, s, board, deadline_slack) for k in kernels for p in policies for s in range(seeds)]
+    configs = [
+        SimRunConfig(k, cls, p, s, board, deadline_slack)
+        for k in kernels
+        for p in policies
+        for s in range(seeds)
+    ]
     store = None
     done = set()
     if db:
@@ -84,7 +152,11 @@ def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_
                 store.add(rec)
             bar.advance()
     if store is not None:
-        records = [r for r in store.runs({"backend": "sim", "board": board}) if r["policy"] in policies and r["bench"] in kernels]
+        records = [
+            r
+            for r in store.runs({"backend": "sim", "board": board})
+            if r["policy"] in policies and r["bench"] in kernels
+        ]
     if as_json:
         emit_json([{k: v for k, v in r.items() if k != "series"} for r in records])
     else:
@@ -92,12 +164,24 @@ def run_cmd(backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_
 
 
 def _as_run_dict(cfg) -> dict:
-    return {"bench": cfg.bench, "class": cfg.cls, "policy": cfg.policy, "seed": cfg.seed,
-            "board": cfg.board, "backend": "sim", "rep": cfg.rep}
+    return {
+        "bench": cfg.bench,
+        "class": cfg.cls,
+        "policy": cfg.policy,
+        "seed": cfg.seed,
+        "board": cfg.board,
+        "backend": "sim",
+        "rep": cfg.rep,
+    }
 
 
 @bots.command("list")
-@click.option("--bots-bin", default=None, type=click.Path(file_okay=False), help="Folder with BOTS binaries to look for.")
+@click.option(
+    "--bots-bin",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder with BOTS binaries to look for.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_cmd(bots_bin: str | None, as_json: bool) -> None:
     """The 12 kernels: binary names, input classes, and which binaries were found."""
@@ -122,15 +206,34 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
         return
     for r in rows:
         have = ", ".join(sorted(r["binaries_found"])) if bots_bin else "-"
-        click.echo(f"{r['kernel']:<10} classes {','.join(r['classes']):<32} found: {have or 'none'}")
+        click.echo(
+            f"{r['kernel']:<10} classes {','.join(r['classes']):<32} found: {have or 'none'}"
+        )
     if not bots_bin:
         click.echo("(pass --bots-bin DIR to look for built binaries)")
 
 
 @bots.command("report")
-@click.option("--db", default="results.sqlite", show_default=True, type=click.Path(exists=True, dir_okay=False), help="Results store.")
-@click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--baseline", default=None, help="Policy the ratios are taken against (default: maxfreq if present, else the first).")
+@click.option(
+    "--db",
+    default="results.sqlite",
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Results store.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="report",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Output folder.",
+)
+@click.option(
+    "--baseline",
+    default=None,
+    help="Policy the ratios are taken against (default: maxfreq if present, else the first).",
+)
 def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
     """Write report.md, report.html and PNG plots from a results store."""
     from bots_bench.report import write_report

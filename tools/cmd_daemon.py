@@ -8,23 +8,100 @@ from tools.common import emit_json, fail, guard_errors
 
 
 @click.command("daemon")
-@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False), help="Config file (default /etc/hidvfs/config.yaml if present).")
-@click.option("--sysfs-root", default=None, type=click.Path(exists=True, file_okay=False), help="Drive a tree under DIR instead of / (e.g. a fake tree).")
-@click.option("--sim", "sim_board", default=None, help="Run on the simulated BOARD with a virtual clock and the built-in BOTS workload.")
-@click.option("--replay", "replay_trace", default=None, type=click.Path(exists=True, dir_okay=False), help="Run on a recorded trace (writes are captured, not applied).")
-@click.option("--policy", default=None, help="Policy: hidvfs, geardvfs, ztt, performance, powersave, ondemand, conservative, schedutil, maxfreq.")
-@click.option("--period-ms", default=None, type=click.IntRange(1, 60000), help="Control period (default 100 ms; 50 ms in --sim).")
-@click.option("--duration", "duration_s", default=None, type=click.FloatRange(min=0.001), help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped.")
-@click.option("--status-file", default=None, type=click.Path(dir_okay=False), help="Write a JSON status (time, frequencies, temperatures, power, jobs, energy) here.")
-@click.option("--socket", "socket_path", default=None, type=click.Path(dir_okay=False), help="Job-registry Unix socket (default /run/hidvfs/hidvfs.sock).")
-@click.option("--state-dir", default=None, type=click.Path(file_okay=False), help="Where the restore snapshot lives (default /var/lib/hidvfs).")
-@click.option("--dry-run", is_flag=True, help="Read and decide, but only print what would be written.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulated workload (--sim).")
-@click.option("--load", default=0.6, show_default=True, type=click.FloatRange(0.05, 3.0), help="Offered load of the simulated workload (--sim).")
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Config file (default /etc/hidvfs/config.yaml if present).",
+)
+@click.option(
+    "--sysfs-root",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="Drive a tree under DIR instead of / (e.g. a fake tree).",
+)
+@click.option(
+    "--sim",
+    "sim_board",
+    default=None,
+    help="Run on the simulated BOARD with a virtual clock and the built-in BOTS workload.",
+)
+@click.option(
+    "--replay",
+    "replay_trace",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Run on a recorded trace (writes are captured, not applied).",
+)
+@click.option(
+    "--policy",
+    default=None,
+    help="Policy: hidvfs, geardvfs, ztt, performance, powersave, ondemand, conservative, schedutil, maxfreq.",
+)
+@click.option(
+    "--period-ms",
+    default=None,
+    type=click.IntRange(1, 60000),
+    help="Control period (default 100 ms; 50 ms in --sim).",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    default=None,
+    type=click.FloatRange(min=0.001),
+    help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped.",
+)
+@click.option(
+    "--status-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write a JSON status (time, frequencies, temperatures, power, jobs, energy) here.",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Job-registry Unix socket (default /run/hidvfs/hidvfs.sock).",
+)
+@click.option(
+    "--state-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the restore snapshot lives (default /var/lib/hidvfs).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Read and decide, but only print what would be written."
+)
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed of the simulated workload (--sim)."
+)
+@click.option(
+    "--load",
+    default=0.6,
+    show_default=True,
+    type=click.FloatRange(0.05, 3.0),
+    help="Offered load of the simulated workload (--sim).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
 @guard_errors
-def daemon_cmd(config_path, sysfs_root, sim_board, replay_trace, policy, period_ms, duration_s,
-               status_file, socket_path, state_dir, dry_run, seed, load, as_json) -> None:
+def daemon_cmd(
+    config_path,
+    sysfs_root,
+    sim_board,
+    replay_trace,
+    policy,
+    period_ms,
+    duration_s,
+    status_file,
+    socket_path,
+    state_dir,
+    dry_run,
+    seed,
+    load,
+    as_json,
+) -> None:
     """Run the DVFS daemon: sense -> decide -> gate -> shield -> thermal guard -> actuate.
 
     On a board (as root, normally under systemd) it saves the original cpufreq settings, takes
@@ -38,8 +115,13 @@ def daemon_cmd(config_path, sysfs_root, sim_board, replay_trace, policy, period_
         from tools.simdaemon import run_sim_daemon
 
         status = run_sim_daemon(
-            sim_board, policy or "hidvfs", period_ms=period_ms or 50, duration_s=duration_s or 60.0,
-            status_file=status_file, seed=seed, load=load,
+            sim_board,
+            policy or "hidvfs",
+            period_ms=period_ms or 50,
+            duration_s=duration_s or 60.0,
+            status_file=status_file,
+            seed=seed,
+            load=load,
         )
         if as_json:
             emit_json(status)
@@ -62,14 +144,22 @@ def daemon_cmd(config_path, sysfs_root, sim_board, replay_trace, policy, period_
     from daemon.service import run_live
 
     run_live(
-        config_path=config_path, sysfs_root=sysfs_root or "/", policy=policy, period_ms=period_ms,
-        duration_s=duration_s, status_file=status_file, socket_path=socket_path,
-        state_dir=state_dir, dry_run=dry_run,
+        config_path=config_path,
+        sysfs_root=sysfs_root or "/",
+        policy=policy,
+        period_ms=period_ms,
+        duration_s=duration_s,
+        status_file=status_file,
+        socket_path=socket_path,
+        state_dir=state_dir,
+        dry_run=dry_run,
     )
 
 
 def _print_status(s: dict) -> None:
-    freqs = ", ".join(f"{k} {v // 1000 if v else '?'} MHz" for k, v in s.get("freq_khz", {}).items())
+    freqs = ", ".join(
+        f"{k} {v // 1000 if v else '?'} MHz" for k, v in s.get("freq_khz", {}).items()
+    )
     temps = s.get("temp_c", {})
     tmax = max(temps.values()) if temps else None
     energy = s.get("energy_j")
@@ -85,7 +175,13 @@ def _print_status(s: dict) -> None:
 
 
 @click.command("status")
-@click.option("--socket", "socket_path", default="/run/hidvfs/hidvfs.sock", show_default=True, help="The daemon's socket.")
+@click.option(
+    "--socket",
+    "socket_path",
+    default="/run/hidvfs/hidvfs.sock",
+    show_default=True,
+    help="The daemon's socket.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @guard_errors
 def status_cmd(socket_path: str, as_json: bool) -> None:
@@ -100,10 +196,28 @@ def status_cmd(socket_path: str, as_json: bool) -> None:
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
-@click.option("--deadline", "deadline_s", default=None, type=click.FloatRange(min=0.001), help="Soft deadline in seconds.")
-@click.option("--criticality", default="lo", show_default=True, type=click.Choice(["hi", "lo"]), help="hi jobs get a reserved cluster.")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    default=None,
+    type=click.FloatRange(min=0.001),
+    help="Soft deadline in seconds.",
+)
+@click.option(
+    "--criticality",
+    default="lo",
+    show_default=True,
+    type=click.Choice(["hi", "lo"]),
+    help="hi jobs get a reserved cluster.",
+)
 @click.option("--name", default=None, help="Job name (default: the command's basename).")
-@click.option("--socket", "socket_path", default="/run/hidvfs/hidvfs.sock", show_default=True, help="The daemon's socket.")
+@click.option(
+    "--socket",
+    "socket_path",
+    default="/run/hidvfs/hidvfs.sock",
+    show_default=True,
+    help="The daemon's socket.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guard_errors
@@ -114,12 +228,19 @@ def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> Non
     """
     from daemon.client import run_registered
 
-    result = run_registered(list(command), deadline_s=deadline_s, criticality=criticality,
-                            name=name, socket_path=socket_path)
+    result = run_registered(
+        list(command),
+        deadline_s=deadline_s,
+        criticality=criticality,
+        name=name,
+        socket_path=socket_path,
+    )
     if as_json:
         emit_json(result)
     else:
         met = result.get("deadline_met")
         tail = "" if met is None else (" (deadline met)" if met else " (DEADLINE MISSED)")
-        click.echo(f"{result['name']}: exit {result['returncode']}, makespan {result['makespan_s']:.3f} s{tail}")
+        click.echo(
+            f"{result['name']}: exit {result['returncode']}, makespan {result['makespan_s']:.3f} s{tail}"
+        )
     raise SystemExit(result["returncode"])

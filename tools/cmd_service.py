@@ -14,7 +14,12 @@ def service() -> None:
 
 @service.command("install")
 @click.option("--dry-run", is_flag=True, help="Print the steps without changing anything.")
-@click.option("--prefix", default="/", show_default=True, help="Install into a staging tree (files only, no systemctl).")
+@click.option(
+    "--prefix",
+    default="/",
+    show_default=True,
+    help="Install into a staging tree (files only, no systemctl).",
+)
 def install_cmd(dry_run: bool, prefix: str) -> None:
     """Install the unit and the default config (kept if present), create group hidvfs, enable --now."""
     from tools.service_plan import ServiceError, install_plan, run_plan

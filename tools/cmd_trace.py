@@ -17,12 +17,39 @@ def trace() -> None:
 
 
 @trace.command("record")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Trace file (.jsonl or .jsonl.gz).")
-@click.option("--sysfs-root", default="/", show_default=True, type=click.Path(exists=True, file_okay=False), help="Tree to sample.")
-@click.option("--period-ms", default=100, show_default=True, type=click.IntRange(1, 60000), help="Sampling period.")
-@click.option("--duration", "duration_s", default=10.0, show_default=True, type=click.FloatRange(min=0.001), help="Seconds to record.")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file (.jsonl or .jsonl.gz).",
+)
+@click.option(
+    "--sysfs-root",
+    default="/",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Tree to sample.",
+)
+@click.option(
+    "--period-ms",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 60000),
+    help="Sampling period.",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.001),
+    help="Seconds to record.",
+)
 @click.option("--board", default=None, help="Board name for the header (default: detected).")
-def record_cmd(out: str, sysfs_root: str, period_ms: int, duration_s: float, board: str | None) -> None:
+def record_cmd(
+    out: str, sysfs_root: str, period_ms: int, duration_s: float, board: str | None
+) -> None:
     """Sample every file the daemon reads (cpufreq, thermal, rails, /proc/stat) into a trace."""
     from platforms.probe import detect_board
 
@@ -32,7 +59,14 @@ def record_cmd(out: str, sysfs_root: str, period_ms: int, duration_s: float, boa
 
     sysfs = DirSysfs(sysfs_root)
     board = board or detect_board(sysfs) or "unknown"
-    n = record(sysfs, MonotonicClock(), out, period_s=period_ms / 1000.0, duration_s=duration_s, board=board)
+    n = record(
+        sysfs,
+        MonotonicClock(),
+        out,
+        period_s=period_ms / 1000.0,
+        duration_s=duration_s,
+        board=board,
+    )
     click.echo(f"recorded {n} samples of board {board} to {out}")
 
 
@@ -52,8 +86,15 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
 
 @trace.command("replay")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--policy", default="schedutil", show_default=True, help="Policy to run against the trace.")
-@click.option("--period-ms", default=None, type=click.IntRange(1, 60000), help="Decision period (default: the trace's).")
+@click.option(
+    "--policy", default="schedutil", show_default=True, help="Policy to run against the trace."
+)
+@click.option(
+    "--period-ms",
+    default=None,
+    type=click.IntRange(1, 60000),
+    help="Decision period (default: the trace's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the per-tick decisions as JSON.")
 def replay_cmd(trace_file: str, policy: str, period_ms: int | None, as_json: bool) -> None:
     """Run the daemon's control loop on a recorded trace and show its decisions.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agents.mixed import ClusterReservation
 from bots_bench.reference import measure_reference
 from bots_bench.workload import WorkloadSpec, default_mix
 from daemon.simrun import run_sim
@@ -9,8 +10,16 @@ from daemon.statusfile import write_status
 from tools.policies import build_policy_stack
 
 
-def run_sim_daemon(board: str, policy_name: str, *, period_ms: int, duration_s: float,
-                   status_file: str | None, seed: int, load: float) -> dict:
+def run_sim_daemon(
+    board: str,
+    policy_name: str,
+    *,
+    period_ms: int,
+    duration_s: float,
+    status_file: str | None,
+    seed: int,
+    load: float,
+) -> dict:
     """Run ``duration_s`` virtual seconds; the status file is refreshed every virtual second."""
     from platforms.spec import load_board
 
@@ -19,9 +28,19 @@ def run_sim_daemon(board: str, policy_name: str, *, period_ms: int, duration_s: 
     jobs = default_mix(spec, seed, w)
     items = [(j, measure_reference(spec.name, j.name.split(".")[0], w.cls, 0)) for j in jobs]
     policy, stages = build_policy_stack(policy_name, spec)
+    stages.append(ClusterReservation(True))
     cb = (lambda st: write_status(status_file, st)) if status_file else None
-    result = run_sim(spec.name, policy, items, seed=seed, period_s=period_ms / 1000.0,
-                     duration_s=duration_s, stages=stages, until_idle=False, status_cb=cb)
+    result = run_sim(
+        spec.name,
+        policy,
+        items,
+        seed=seed,
+        period_s=period_ms / 1000.0,
+        duration_s=duration_s,
+        stages=stages,
+        until_idle=False,
+        status_cb=cb,
+    )
     status = dict(result.status)
     status["energy_exact_j"] = round(result.energy_j, 6)
     status["peak_temp_c"] = round(result.peak_temp_c, 3)

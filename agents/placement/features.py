@@ -26,9 +26,9 @@ import numpy as np
 from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload
 
 N_STATIC = 16
-N_DYN = 6
+N_DYN = 7
 N_NODE = 6
-N_EDGE = 5
+N_EDGE = 7
 N_GLOBAL = 9
 N_PAIR = N_STATIC + N_DYN + N_NODE + N_EDGE + N_GLOBAL
 FEATURE_VERSION = 1
@@ -103,6 +103,8 @@ class LocalState:
         self.n_running = int(view.running.size)
         self.placed: list[tuple[int, int]] = []
         self.taken = np.zeros(view.ready.size, dtype=bool)  # by position in view.ready
+        self.reserved = np.zeros(view.n_nodes, dtype=bool)  # held for a waiting task this round
+        self.held: list[tuple[int, int]] = []
         self.cache: _ViewCache | None = None
 
     @property
@@ -120,11 +122,18 @@ class LocalState:
         self.free_mem[node] -= v.mem[task]
         self.n_running += 1
 
+    def hold(self, task: int, node: int, pos: int) -> None:
+        """Keep ``task`` waiting for the busy ``node``, reserved for it in this round."""
+        self.held.append((task, node))
+        self.taken[pos] = True
+        self.reserved[node] = True
+
     def fits_any(self) -> np.ndarray:
         """``[R]`` per ready position: not yet taken and fits some node's free capacity now."""
         v = self.view
-        order = np.argsort(-self.free_cpu, kind="stable")
-        fc = self.free_cpu[order]
+        free_cpu = np.where(self.reserved, -1.0, self.free_cpu)
+        order = np.argsort(-free_cpu, kind="stable")
+        fc = free_cpu[order]
         best_mem = np.maximum.accumulate(self.free_mem[order])
         c, m = v.cpu[v.ready], v.mem[v.ready]
         # number of nodes with at least c free cores (fc is descending)
@@ -153,6 +162,12 @@ class _ViewCache:
         keys = (self.work_r, -w.rank_u[r], v.ready_t[r], v.job_unstarted_work[w.task_job[r]])
         self.orders = [np.argsort(k, kind="stable") for k in keys] if r.size > fb.max_tasks else []
         self.node_fixed = np.column_stack([v.speed / fb.max_speed_, v.cap_cpu / 8.0, np.log1p(self.next_rel)])
+        # horizon: the latest completion any active chain could reach at full speed
+        run = v.running
+        tails = [v.t + w.rank_u[r] / fb.max_speed_]
+        if run.size:
+            tails.append(v.finish_est[run] + (w.rank_u[run] - w.work[run]) / fb.max_speed_)
+        self.horizon = float(max(float(np.max(a)) for a in tails if a.size)) if r.size or run.size else v.t
 
 
 def _pick_tasks(fb: FeatureBuilder, s: LocalState, valid: np.ndarray) -> np.ndarray:
@@ -187,16 +202,24 @@ class FeatureBuilder:
         self.job_n_ = np.diff(workload.job_ptr)
 
     def _node_classes(self, s: LocalState, min_cpu: float, min_mem: float) -> np.ndarray:
+        """Nodes that can take the smallest candidate now, one per class of identical state."""
         v = s.view
-        idx = np.flatnonzero((s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS))
+        idx = np.flatnonzero((s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS) & ~s.reserved)
         if idx.size <= 1:
             return idx
-        cols = (s.cache.next_rel[idx], v.cap_mem[idx], v.cap_cpu[idx], s.free_mem[idx], s.free_cpu[idx], v.speed[idx])
-        order = np.lexsort(cols)
-        key = np.round(np.column_stack(cols)[order], 6)
-        new = np.ones(idx.size, dtype=bool)
-        new[1:] = (key[1:] != key[:-1]).any(axis=1)
-        reps = np.sort(idx[order[new]])
+        cols = np.column_stack((v.speed[idx], s.free_cpu[idx], s.free_mem[idx], v.cap_cpu[idx], v.cap_mem[idx], s.cache.next_rel[idx]))
+        cols = np.round(cols, 6)
+        if idx.size <= 64:
+            seen: dict[tuple, int] = {}
+            for k, row in zip(idx.tolist(), map(tuple, cols.tolist())):
+                seen.setdefault(row, k)
+            reps = np.array(sorted(seen.values()), dtype=np.int64)
+        else:
+            order = np.lexsort(cols.T[::-1])
+            key = cols[order]
+            new = np.ones(idx.size, dtype=bool)
+            new[1:] = (key[1:] != key[:-1]).any(axis=1)
+            reps = np.sort(idx[order[new]])
         if reps.size <= self.max_node_classes:
             return reps
         # round-robin over speed groups, most free cores first, so slow nodes stay candidates
@@ -235,11 +258,15 @@ class FeatureBuilder:
             dtype=np.float32,
         )
 
-    def build(self, s: LocalState) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """``(pairs [P, N_PAIR], pair_task [P], pair_node [P], pair_pos [P], context)``, pair_pos
-        the task's position in ``view.ready``; P = 0 (context None) when nothing fits now."""
+    def build(self, s: LocalState):
+        """``(pairs [P, N_PAIR], pair_task, pair_node, pair_pos, pair_wait, context)``.
+
+        ``pair_pos`` is the task's position in ``view.ready``; ``pair_wait`` marks the edges
+        that hold the task for its best (busy) node instead of starting it now. P = 0 (and
+        context None) when no ready task fits a node now.
+        """
         v, w = s.view, self.w
-        empty = (np.zeros((0, N_PAIR), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), None)
+        empty = (np.zeros((0, N_PAIR), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), None)
         valid = s.fits_any()
         if not valid.any():
             return empty
@@ -253,9 +280,8 @@ class FeatureBuilder:
         ti, ni = np.nonzero(fit)
         if ti.size == 0:
             return empty
-        pt, pn = tasks[ti], nodes[ni]
-        # best finish anywhere if the task waited (busy nodes included), with this round's
-        # placements still holding their cores
+        # earliest finish on every node if the task waited for it (busy nodes included), with
+        # this round's placements still holding their cores and reserved nodes excluded
         times, pc, pm = cc.profile
         held_c = (v.free_cpu - s.free_cpu)[None, :, None]
         held_m = (v.free_mem - s.free_mem)[None, :, None]
@@ -264,8 +290,19 @@ class FeatureBuilder:
         later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)
         now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (m[:, None] <= s.free_mem[None, :] + _EPS)
         est = np.where(now, v.t, np.maximum(later, v.t))
+        est[:, s.reserved] = np.inf
         work_t = w.work[tasks]
-        best = (est + work_t[:, None] / v.speed[None, :]).min(axis=1)
+        eft = est + work_t[:, None] / v.speed[None, :]
+        bnode = np.argmin(eft, axis=1)
+        best = eft[np.arange(tasks.size), bnode]
+        # a "wait" edge per candidate whose best node is busy: hold it for that node
+        wi = np.flatnonzero(~now[np.arange(tasks.size), bnode] & np.isfinite(best))
+        ti = np.concatenate([ti, wi])
+        pn = np.concatenate([nodes[ni], bnode[wi]])
+        wait = np.zeros(ti.size, dtype=bool)
+        wait[ti.size - wi.size :] = True
+        delay = np.where(wait, est[ti, pn] - v.t, 0.0)
+        pt = tasks[ti]
         work = work_t[ti]
         spd = v.speed[pn]
         run_here = work / spd
@@ -280,6 +317,9 @@ class FeatureBuilder:
         x[:, o + 3] = np.log1p(v.t - w.job_arrival[jt])
         x[:, o + 4] = np.searchsorted(cc.sorted_work, work) / n_ready
         x[:, o + 5] = np.searchsorted(cc.sorted_rank, w.rank_u[pt]) / n_ready
+        # slack of the task's chain against the horizon: 0 = on the path that sets the makespan
+        span = cc.horizon - v.t + 1.0
+        x[:, o + 6] = np.clip((cc.horizon - v.t - w.rank_u[pt] / self.max_speed_) / span, 0.0, 1.0)
         o += N_DYN
         fixed = cc.node_fixed[pn]
         x[:, o + 0] = fixed[:, 0]
@@ -290,10 +330,12 @@ class FeatureBuilder:
         x[:, o + 5] = s.free_cpu[pn] >= v.cap_cpu[pn] - _EPS
         o += N_NODE
         x[:, o + 0] = np.log1p(run_here)
-        x[:, o + 1] = (v.t + run_here - best[ti]) / (run_here + 1.0)
+        x[:, o + 1] = (v.t + delay + run_here - best[ti]) / (run_here + 1.0)
         x[:, o + 2] = c[ti] * s.free_cpu[pn] / v.cap_cpu[pn] ** 2 + m[ti] * s.free_mem[pn] / v.cap_mem[pn] ** 2
         x[:, o + 3] = (s.free_cpu[pn] - c[ti]) / v.cap_cpu[pn]
         x[:, o + 4] = np.log1p(work * (1.0 / spd - 1.0 / self.max_speed_))
+        x[:, o + 5] = wait
+        x[:, o + 6] = np.log1p(delay)
         o += N_EDGE
         x[:, o:] = g
-        return x, pt, pn, tpos[ti], g
+        return x, pt, pn, tpos[ti], wait, g

@@ -9,7 +9,10 @@ Training (:mod:`agents.placement.train`) uses a hybrid reward: the makespan and 
 signal of the simulated cluster plus a topological prior for picking critical-path tasks.
 
 At a decision point the placer picks one edge at a time (greedy argmax when deployed,
-sampled when training) until no ready task fits a node, so it is work-conserving.
+sampled when training) until no ready task fits a node. Besides starting a task on a node
+that can take it now, the actor may *hold* a task for its earliest-finish node when that node
+is busy (the node is then reserved for the rest of the round), as HEFT does; since only busy
+nodes can be waited for, the cluster never idles with everything held.
 """
 
 from __future__ import annotations
@@ -66,9 +69,10 @@ class HigfrlPlacer:
         self.rng = np.random.default_rng(seed)
         self.trajectory = Trajectory()
 
-    def select(self, state: LocalState) -> tuple[int, int, int] | None:
-        """One decision: ``(task, node, position in view.ready)`` to start now, or None."""
-        x, pt, pn, pp, g = self.features.build(state)
+    def select(self, state: LocalState) -> tuple[int, int, int, bool] | None:
+        """One decision ``(task, node, position in view.ready, wait)``, or None when no
+        ready task fits a node now. ``wait`` holds the task for its (busy) best node."""
+        x, pt, pn, pp, pw, g = self.features.build(state)
         if pt.size == 0:
             return None
         if pt.size == 1:
@@ -92,7 +96,7 @@ class HigfrlPlacer:
                 tr.x.append(x)
                 tr.action.append(a)
                 tr.step_of_x.append(len(tr.t) - 1)
-        return int(pt[a]), int(pn[a]), int(pp[a])
+        return int(pt[a]), int(pn[a]), int(pp[a]), bool(pw[a])
 
     def place(self, view: ClusterView) -> list[tuple[int, int]]:
         state = LocalState(view)
@@ -100,7 +104,11 @@ class HigfrlPlacer:
             pick = self.select(state)
             if pick is None:
                 return state.placed
-            state.commit(*pick)
+            task, node, pos, wait = pick
+            if wait:
+                state.hold(task, node, pos)
+            else:
+                state.commit(task, node, pos)
 
     def node_scores(self, view: ClusterView, task: int) -> np.ndarray:
         """Actor logits of ``task`` on every node (-inf where it does not fit now)."""
@@ -110,7 +118,8 @@ class HigfrlPlacer:
         try:
             state = LocalState(view)
             state.taken[:] = view.ready != task
-            x, pt, pn, _, _ = fb.build(state)
+            x, pt, pn, _, pw, _ = fb.build(state)
+            x, pt, pn = x[~pw], pt[~pw], pn[~pw]
         finally:
             fb.max_node_classes = saved
         scores = np.full(view.n_nodes, -np.inf)

@@ -88,6 +88,8 @@ def generate(kernel: str, cls: str = "small", *, seed: int = 0, variant: str | N
         raise UnknownDagModel(
             f"unknown variant {variant!r} for kernel {kernel!r}; known: {', '.join(known)}"
         )
+    if seed < 0:
+        raise UnknownDagModel(f"seed must be a non-negative integer, got {seed}")
     chosen = variant or mod.VARIANTS[0]
     task_variant = mod.VARIANTS[0] if chosen in COMMON_VARIANTS else chosen
     struct_seq, jitter_seq = np.random.SeedSequence([seed, KERNELS.index(kernel)]).spawn(2)

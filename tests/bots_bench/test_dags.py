@@ -170,6 +170,8 @@ def test_unknown_names_are_refused_with_the_known_ones():
         dags.generate("fib", variant="for")
     with pytest.raises(ValueError, match="unknown kernel"):
         dags.describe("nope")
+    with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
+        dags.generate("fib", "test", seed=-1)
 
 
 @pytest.mark.parametrize("kernel", dags.KERNELS)

@@ -1,0 +1,115 @@
+"""Run exported agents with onnxruntime: one thread, no spinning, checked provenance.
+
+onnxruntime by default sizes its pool to the physical cores and lets idle workers spin, which
+would pollute the very utilisation, power and temperature readings the daemon acts on
+(reference/models.md 9.3). Sessions here use one intra-op and one inter-op thread, spinning
+off, and one warm-up run. A file whose metadata names another board or another observation
+schema than this daemon's is refused with :class:`ModelMismatch`, naming file, key and values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from agents.features import SCHEMA_VERSION, schema
+
+
+class ModelMismatch(ValueError):
+    """An ONNX file that must not be used by this daemon (board, schema or role differ)."""
+
+    def __init__(self, path: str | os.PathLike[str], key: str, expected: object, got: object):
+        self.path, self.key, self.expected, self.got = str(path), key, expected, got
+        super().__init__(
+            f"{path}: metadata {key!r} is {got!r}, this daemon needs {expected!r}; "
+            "refusing to load (retrain with `hidvfs agents train` for this board/schema)"
+        )
+
+
+def session_options():
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    return so
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The metadata_props of an ONNX file (via onnxruntime, no onnx package needed)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
+    return dict(sess.get_modelmeta().custom_metadata_map)
+
+
+class OnnxModel:
+    """One exported network: ``model(x)`` -> float32 outputs for a [N, in] float32 batch."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        board: str | None = None,
+        role: str | None = None,
+        schema_version: int = SCHEMA_VERSION,
+    ):
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"model file {self.path} does not exist")
+        self.sess = ort.InferenceSession(
+            str(self.path), session_options(), providers=["CPUExecutionProvider"]
+        )
+        self.meta = dict(self.sess.get_modelmeta().custom_metadata_map)
+        check_metadata(self.path, self.meta, board, role, schema_version)
+        inp = self.sess.get_inputs()[0]
+        self.input_name = inp.name
+        self.n_in = int(inp.shape[1])
+        self.output_names = [o.name for o in self.sess.get_outputs()]
+        self._out = [self.output_names[0]]
+        self(np.zeros((1, self.n_in), dtype=np.float32))  # warm-up
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim == 1:
+            x = x[None, :]
+        return self.sess.run(self._out, {self.input_name: x})[0]
+
+    def json_meta(self, key: str, default=None):
+        v = self.meta.get(key)
+        return default if v is None else json.loads(v)
+
+
+def check_metadata(
+    path: str | os.PathLike[str],
+    meta: dict[str, str],
+    board: str | None,
+    role: str | None,
+    schema_version: int = SCHEMA_VERSION,
+) -> None:
+    """Raise :class:`ModelMismatch` unless board, role and schema match this daemon's."""
+    got_v = meta.get("schema_version")
+    if got_v != str(schema_version):
+        raise ModelMismatch(path, "schema_version", str(schema_version), got_v)
+    if got_v == str(SCHEMA_VERSION) and "schema" in meta:
+        try:
+            got_schema = json.loads(meta["schema"])
+        except json.JSONDecodeError:
+            got_schema = meta["schema"]
+        if got_schema != schema():
+            raise ModelMismatch(path, "schema", schema(), got_schema)
+    if board is not None and meta.get("board") != board:
+        raise ModelMismatch(path, "board", board, meta.get("board"))
+    if role is not None and meta.get("role") != role:
+        raise ModelMismatch(path, "role", role, meta.get("role"))
+
+
+__all__ = ["ModelMismatch", "OnnxModel", "session_options", "read_metadata", "check_metadata"]

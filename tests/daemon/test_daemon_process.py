@@ -1,0 +1,199 @@
+"""The real daemon process against a fake tree: start, register a job over the socket, see the
+writes, SIGTERM and find every file back; kill -9, restart, and the stale snapshot is restored
+first. Bad inputs give a clear log line and no crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.client import RegistryClient
+from platforms import paths
+from platforms.faketree import write_fake_tree
+from platforms.spec import load_board
+
+POLICY_FILES = ("scaling_governor", "scaling_min_freq", "scaling_max_freq", "scaling_setspeed")
+
+
+def tree_state(root: Path, spec) -> dict[str, str]:
+    """Every restorable value. setspeed only counts under userspace: a plain folder cannot turn
+    it back into '<unsupported>' the way the kernel does when the governor changes."""
+    out = {}
+    for c in spec.clusters:
+        gov = (root / paths.policy_file(c.policy, "scaling_governor")).read_text().strip()
+        for name in POLICY_FILES:
+            p = root / paths.policy_file(c.policy, name)
+            if name == "scaling_setspeed" and gov != "userspace":
+                continue
+            if p.exists():
+                out[str(p.relative_to(root))] = p.read_text().strip()
+    for cpu in spec.cpus:
+        p = root / paths.cpu_online(cpu)
+        if p.exists():
+            out[str(p.relative_to(root))] = p.read_text().strip()
+    return out
+
+
+def start_daemon(
+    tree: Path, state: Path, *extra: str, policy: str = "maxfreq"
+) -> tuple[subprocess.Popen, Path]:
+    log = state / f"daemon-{time.monotonic_ns()}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools.cli",
+        "daemon",
+        "--sysfs-root",
+        str(tree),
+        "--policy",
+        policy,
+        "--period-ms",
+        "50",
+        "--state-dir",
+        str(state),
+        "--socket",
+        str(state / "hidvfs.sock"),
+        "--status-file",
+        str(state / "status.json"),
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=open(log, "w"),
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return proc, log
+
+
+def wait_for(cond, timeout=20.0, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def board(tmp_path):
+    spec = load_board("tx2")
+    tree = tmp_path / "tree"
+    write_fake_tree(spec, tree)
+    state = tmp_path / "state"
+    state.mkdir()
+    return spec, tree, state
+
+
+def test_start_register_write_sigterm_restores_everything(board):
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state)
+    try:
+        sock = state / "hidvfs.sock"
+        wait_for(sock.exists, what="the registry socket")
+        job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        client = RegistryClient(str(sock))
+        answer = client.register(job.pid, deadline_s=5.0, criticality="hi", name="sleeper")
+        assert answer.get("ok", True)
+        # maxfreq: userspace governor and the table maximum on every policy.
+        gov = tree / paths.policy_file(0, "scaling_governor")
+        wait_for(lambda: gov.read_text().strip() == "userspace", what="the userspace governor")
+        setspeed = tree / paths.policy_file(0, "scaling_setspeed")
+        wait_for(
+            lambda: setspeed.read_text().strip() == str(spec.clusters[0].fmax_khz), what="setspeed"
+        )
+        status = client.status()
+        assert status["board"] == "tx2" and any(j["pid"] == job.pid for j in status["jobs"])
+        assert (state / "restore.json").exists()
+        # A malformed request is answered with an error and the daemon keeps serving.
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(sock))
+            s.sendall(b"{not json\n")
+            reply = json.loads(s.makefile().readline())
+        assert reply["ok"] is False and reply["error"]
+        # The job vanishes: the daemon notices and carries on.
+        job.kill()
+        job.wait()
+        wait_for(lambda: client.status()["jobs_done"] >= 1, what="the job to be noticed as done")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+    assert tree_state(tree, spec) == original
+    assert not (state / "restore.json").exists()
+    text = log.read_text()
+    assert "event=restored" in text and "ok=true" in text
+
+
+def test_kill9_then_restart_restores_old_snapshot_first(board):
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state)
+    gov = tree / paths.policy_file(0, "scaling_governor")
+    wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert tree_state(tree, spec) != original  # the crash left our settings behind
+    assert (state / "restore.json").exists()
+    proc2, log2 = start_daemon(tree, state, "--duration", "0.5")
+    proc2.communicate(timeout=60)
+    assert proc2.returncode == 0, log2.read_text()
+    text = log2.read_text()
+    assert text.index("stale") < text.index("event=snapshot_saved")
+    assert tree_state(tree, spec) == original
+
+
+def test_missing_file_and_eagain_zone_are_logged_not_fatal(board):
+    spec, tree, state = board
+    (tree / paths.zone_file(0, "temp")).unlink()  # BCPU-therm vanishes
+    proc, log = start_daemon(tree, state, "--duration", "1")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    status = json.loads((state / "status.json").read_text())
+    assert any("thermal_zone0/temp" in u for u in status["unavailable"])
+    assert "BCPU-therm" not in status["temp_c"]  # unavailable, never 0
+
+
+def test_read_only_tree_is_refused_with_a_clear_message(board, monkeypatch):
+    from daemon.service import DaemonError, run_live
+
+    spec, tree, state = board
+    real_access = os.access
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda p, m, *a, **k: (
+            False if str(p).startswith(str(tree)) and m == os.W_OK else real_access(p, m, *a, **k)
+        ),
+    )
+    with pytest.raises(DaemonError, match="read-only tree"):
+        run_live(
+            sysfs_root=str(tree),
+            policy="maxfreq",
+            state_dir=str(state),
+            duration_s=0.2,
+            socket_path=str(state / "s.sock"),
+        )
+    assert not (state / "restore.json").exists()  # nothing was touched
+
+
+def test_dry_run_prints_writes_and_changes_nothing(board):
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state, "--duration", "0.5", "--dry-run")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    assert b"dry-run: would write" in out and b"scaling_setspeed" in out
+    assert tree_state(tree, spec) == original

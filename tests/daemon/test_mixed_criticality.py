@@ -1,0 +1,91 @@
+"""Mixed criticality in simulation: a periodic HI job under LO load never misses with cluster
+reservation, and the same run without reservation shows what it costs."""
+
+import pytest
+
+from agents.factory import make_policy
+from agents.mixed import ClusterReservation, needed_khz
+from agents.policy import Decision, JobSetting
+from bots_bench.dags import generate
+from bots_bench.reference import measure_reference
+from daemon.simrun import run_sim
+from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
+from platforms.sim.plant import SimJob
+from platforms.spec import load_board
+
+
+def _workload(board: str, n_hi: int = 8):
+    hi = measure_reference(board, "fib", "test", 0)
+    lo = measure_reference(board, "sort", "test", 0)
+    items = [
+        (
+            SimJob(
+                generate("fib", "test"),
+                f"fib#{i}",
+                deadline_s=1.5 * hi.ref_makespan_s,
+                criticality="hi",
+                release_t=i * 2 * hi.ref_makespan_s,
+            ),
+            hi,
+        )
+        for i in range(n_hi)
+    ]
+    items += [
+        (SimJob(generate("sort", "test", seed=i), f"sort#{i}", criticality="lo"), lo)
+        for i in range(4)
+    ]
+    return items
+
+
+@pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])
+def test_hi_never_misses_with_reservation_and_misses_without(board):
+    spec = load_board(board)
+    with_res = run_sim(
+        board, make_policy("schedutil", spec), _workload(board), stages=[ClusterReservation(True)]
+    )
+    without = run_sim(
+        board, make_policy("schedutil", spec), _workload(board), stages=[ClusterReservation(False)]
+    )
+    hi_miss, hi_n = with_res.miss_counts()["hi"]
+    assert hi_n == 8 and hi_miss == 0
+    # Without reservation the HI job shares cores with the LO load and misses.
+    assert without.miss_counts()["hi"][0] >= 3
+    # LO work still completes in both runs.
+    assert all(j.finish_t is not None for j in with_res.jobs)
+
+
+def _obs():
+    prof = JobProfile(
+        "x", work_s=4.0, span_s=0.1, beta=0.0, ref_makespan_s=1.0, ref_khz=2000, ref_cores=4
+    )
+    big = ClusterObs(
+        "big", 0, (0, 1, 2, 3), (0, 1, 2, 3), (1000, 1500, 2000), 1.0, 2000, 1000, 2000, "userspace"
+    )
+    little = ClusterObs("little", 4, (4, 5), (4, 5), (500, 1000), 0.5, 1000, 500, 1000, "userspace")
+    jobs = (
+        JobObs(10, "hi", "hi", 0.0, 0.0, 1.5, profile=prof),
+        JobObs(11, "lo", "lo", 0.0, 0.0, None),
+    )
+    return Observation(0.0, "toy", (big, little), (), (), jobs)
+
+
+def test_reservation_gives_hi_a_whole_cluster_and_confines_lo():
+    obs = _obs()
+    d = Decision(
+        {"big": 1000, "little": 500},
+        {10: JobSetting((0, 1, 2, 3, 4, 5)), 11: JobSetting((0, 1, 2, 3, 4, 5))},
+    )
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[10].cpus == (0, 1, 2, 3) and out.jobs[10].rt_priority > 0
+    assert out.jobs[11].cpus == (4, 5) and out.jobs[11].rt_priority == 0
+    # The reserved cluster runs at least as fast as the HI job needs: 4 s of work on 4 cores
+    # with a 1.5 s deadline needs more than 1000 kHz-equivalent.
+    assert out.freq_khz["big"] >= needed_khz(obs.jobs[0], obs.clusters[0]) > 1000
+    # The input decision is not modified.
+    assert d.jobs[10].cpus == (0, 1, 2, 3, 4, 5)
+
+
+def test_disabled_reservation_is_identity():
+    obs = _obs()
+    d = Decision({"big": 1000}, {})
+    assert ClusterReservation(False)(d, obs) is d
