@@ -27,6 +27,7 @@ class SimRunConfig:
     board: str
     deadline_slack: float | None = None
     rep: int = 0
+    deadline_s: float | None = None  # absolute deadline (a spec's deadline_s); slack wins
 
     @property
     def key(self) -> tuple:
@@ -87,7 +88,7 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
     try:
         dag = generate(cfg.bench, cfg.cls, seed=cfg.seed)
         profile = measure_reference(cfg.board, cfg.bench, cfg.cls, cfg.seed)
-        deadline = cfg.deadline_slack * profile.ref_makespan_s if cfg.deadline_slack else None
+        deadline = cfg.deadline_slack * profile.ref_makespan_s if cfg.deadline_slack else cfg.deadline_s
         job = SimJob(
             dag=dag,
             name=f"{cfg.bench}.{cfg.cls}",

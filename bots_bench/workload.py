@@ -36,7 +36,7 @@ DEFAULT_KERNELS = (
 class WorkloadSpec:
     duration_s: float = 60.0
     load: float = 0.6
-    cls: str = "test"
+    cls: str = "small"
     deadline_fraction: float = 0.7
     hi_fraction: float = 0.2
     slack: float = 1.5

@@ -169,6 +169,9 @@ class Actuator:
                 report.gone.append(pid)
                 self._last_jobs.pop(pid, None)
             except (PermissionError, OSError) as err:
+                # Remember the attempt: retrying the same refused setting every tick only
+                # floods the log. A new decision for this job tries again.
+                self._last_jobs[pid] = key
                 report.errors.append(f"pid {pid}: placement failed ({err})")
         for err in report.errors:
             log.warning("event=actuation_error detail=%r", err)

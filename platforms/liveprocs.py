@@ -182,3 +182,27 @@ def spawn(command: list[str]) -> subprocess.Popen:
         return subprocess.Popen(command)
     except OSError as err:
         raise OSError(err.errno, f"cannot launch {command[0]!r}: {err.strerror}") from None
+
+
+def spawn_job(argv: list[str], env: dict[str, str], stdout) -> subprocess.Popen:
+    """Launch a benchmark in its own session (so a timeout can kill its whole group)."""
+    if not argv:
+        raise ValueError("no command given to run")
+    try:
+        return subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    except OSError as err:
+        raise OSError(err.errno, f"cannot launch {argv[0]!r}: {err.strerror}") from None
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """Kill a job's whole process group (used past its timeout)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass

@@ -90,9 +90,27 @@ def _kernels(bench: str) -> list[str]:
     type=click.Path(exists=True, dir_okay=False),
     help="Campaign spec YAML instead of flags.",
 )
+@click.option(
+    "--sysfs-root",
+    default="/",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Tree the native backend drives (/ on a board; a fake tree to try it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the run records as a JSON list.")
 def run_cmd(
-    backend, board, bench, cls, policy, seeds, deadline_slack, db, bots_bin, spec_file, as_json
+    backend,
+    board,
+    bench,
+    cls,
+    policy,
+    seeds,
+    deadline_slack,
+    db,
+    bots_bin,
+    spec_file,
+    sysfs_root,
+    as_json,
 ) -> None:
     """Run a campaign and print run records (--json) or a table with ratios to the first policy."""
     from agents.factory import parse_policy_list
@@ -114,6 +132,7 @@ def run_cmd(
             spec_file=spec_file,
             as_json=as_json,
             deadline_slack=deadline_slack,
+            sysfs_root=sysfs_root,
         )
         return
     policies = parse_policy_list(policy)

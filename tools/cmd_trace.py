@@ -51,9 +51,8 @@ def record_cmd(
     out: str, sysfs_root: str, period_ms: int, duration_s: float, board: str | None
 ) -> None:
     """Sample every file the daemon reads (cpufreq, thermal, rails, /proc/stat) into a trace."""
-    from platforms.probe import detect_board
-
     from platforms.clock import MonotonicClock
+    from platforms.probe import detect_board
     from platforms.sysfs import DirSysfs
     from platforms.trace import record
 

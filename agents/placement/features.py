@@ -137,7 +137,7 @@ class LocalState:
         best_mem = np.maximum.accumulate(self.free_mem[order])
         c, m = v.cpu[v.ready], v.mem[v.ready]
         # number of nodes with at least c free cores (fc is descending)
-        cnt = np.searchsorted(-fc, -c - _EPS, side="right")
+        cnt = np.searchsorted(-fc, -c + _EPS, side="right")
         ok = cnt > 0
         mem_ok = np.zeros_like(ok)
         mem_ok[ok] = best_mem[cnt[ok] - 1] >= m[ok] - _EPS

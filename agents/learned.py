@@ -1,0 +1,135 @@
+"""Load the shipped learned policies (hidvfs, geardvfs, ztt) from ``agents/models/<board>/``.
+
+Layout of a board's folder (written by ``hidvfs agents train``, checked by ``agents check``):
+
+* ``manifest.json``: schema, seed, command, action space, the shield's alpha, q, coverage;
+* ``profiler.onnx``, ``thermal.onnx``, ``priority.onnx``: the hidvfs agents;
+* ``response_time.onnx``: the shield's predictor (log remaining response time);
+* ``noshaping/{profiler,thermal,priority}.onnx``: the same agents trained without shaping
+  (the ablation);
+* ``geardvfs.onnx``, ``ztt.onnx``: the fair baseline ports (Q networks);
+* ``reference.npz``: reference inputs/outputs of every network from training time, and the
+  conformal calibration scores.
+
+Every ONNX file is checked against this daemon's board and observation schema on load
+(:class:`agents.runtime.ModelMismatch`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from agents.features import SCHEMA_VERSION
+from agents.policy import Policy
+from agents.runtime import ModelMismatch, OnnxModel
+from platforms.spec import BoardSpec
+
+MODELS_DIR = Path(__file__).with_name("models")
+MANIFEST = "manifest.json"
+AGENT_FILES = ("profiler", "thermal", "priority")
+
+
+def model_dir(board: str, root: str | os.PathLike[str] | None = None) -> Path:
+    return Path(root) if root is not None else MODELS_DIR / board
+
+
+def load_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no trained models in {folder} ({MANIFEST} missing); run `hidvfs agents train`"
+        )
+    try:
+        man = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+    v = man.get("schema_version")
+    if v != SCHEMA_VERSION:
+        raise ModelMismatch(path, "schema_version", SCHEMA_VERSION, v)
+    return man
+
+
+def load_reference(folder: Path) -> dict[str, np.ndarray]:
+    path = folder / "reference.npz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} missing; run `hidvfs agents train`")
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _agents(folder: Path, board: str, variant: str | None) -> tuple[OnnxModel, ...]:
+    sub = folder / variant if variant else folder
+    return tuple(OnnxModel(sub / f"{n}.onnx", board, n) for n in AGENT_FILES)
+
+
+def make_hidvfs(
+    spec: BoardSpec,
+    *,
+    models: str | os.PathLike[str] | None = None,
+    gate: bool = True,
+    shield: bool = True,
+    variant: str | None = None,
+    period_s: float | None = None,
+):
+    """The hidvfs policy from ONNX; ``variant="noshaping"`` loads the no-shaping ablation."""
+    from agents.hidvfs import HidvfsPolicy, ShieldStage
+    from agents.shield import Shield, SplitConformal
+
+    folder = model_dir(spec.name, models)
+    man = load_manifest(folder)
+    prof, therm, prio = _agents(folder, spec.name, variant)
+    stage = None
+    if shield:
+        rt = OnnxModel(folder / "response_time.onnx", spec.name, "response_time")
+        ref = load_reference(folder)
+        cal = SplitConformal(float(man["shield"]["alpha"])).fit(ref["cal_scores"])
+        stage = ShieldStage(lambda x: rt(x).reshape(-1), Shield(lambda x: rt(x).reshape(-1), cal))
+    pol = HidvfsPolicy(
+        spec,
+        prof,
+        therm,
+        prio,
+        gate=gate,
+        shield=stage,
+        period_s=period_s or float(man.get("period_s", 0.05)),
+    )
+    suffix = "".join(
+        s for s, on in (("-noshield", not shield), ("-nogate", not gate), (f"-{variant}", variant)) if on
+    )
+    pol.name = "hidvfs" + suffix
+    return pol
+
+
+def make_learned_policy(name: str, spec: BoardSpec, **options) -> Policy:
+    """``make_policy`` hook for hidvfs / geardvfs / ztt (options: models, gate, shield, variant)."""
+    name = name.strip().lower()
+    if name == "hidvfs":
+        return make_hidvfs(spec, **options)
+    folder = model_dir(spec.name, options.get("models"))
+    man = load_manifest(folder)
+    period = options.get("period_s") or float(man.get("period_s", 0.05))
+    if name == "geardvfs":
+        from agents.geardvfs import GearDvfsPolicy
+
+        q = OnnxModel(folder / "geardvfs.onnx", spec.name, "geardvfs")
+        return GearDvfsPolicy(spec, q, period_s=period)
+    if name == "ztt":
+        from agents.ztt import ZttPolicy
+
+        q = OnnxModel(folder / "ztt.onnx", spec.name, "ztt")
+        return ZttPolicy(spec, q, period_s=period)
+    raise ValueError(f"unknown learned policy {name!r}; known: hidvfs, geardvfs, ztt")
+
+
+__all__ = [
+    "MODELS_DIR",
+    "model_dir",
+    "load_manifest",
+    "load_reference",
+    "make_hidvfs",
+    "make_learned_policy",
+]

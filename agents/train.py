@@ -1,0 +1,588 @@
+"""Training of the hidvfs agents in the simulator (numpy PPO-lite), and the shield's predictor.
+
+The learner never imports the simulator or the workloads: ``run_episode(policy, items, seed)``
+runs one episode of the real control loop and returns its result (``jobs`` with ``pid``,
+``release_t``, ``finish_t``, ``deadline_s``, ``criticality``; ``t_end``, ``energy_j``,
+``makespan_s``, ``peak_temp_c``), and ``make_mix(seed)`` returns that episode's items. The CLI
+(:mod:`tools.cmd_agents`) wires :func:`daemon.simrun.run_sim` and :mod:`bots_bench.workload`.
+
+Reward, per decision tick i (from the observations the policy recorded, Delta t to the next
+tick, time in units of :data:`TIME_SCALE_S`):
+
+* makespan: ``-Delta t`` while jobs are pending;
+* energy regulariser: ``-lambda_E * Delta E / P_scale`` (trapezoid of the total rail; P_scale
+  the board's power scale, so lambda_E = 1 weighs a relative energy change like a relative time
+  change, the first-order EDP trade-off);
+* temperature regulariser: ``-lambda_T * max(0, T - T_target) / 10 C * Delta t``;
+* terminal: ``-lambda_D`` per missed deadline (2x for hi jobs), added on the last tick;
+* shaping (flag): ``F = gamma * Phi(s') - Phi(s)``, ``Phi = -(Graham-style bound of the
+  remaining work at the current frequencies) / TIME_SCALE_S``, ``Phi(terminal) = 0``, with the
+  learner's gamma (Ng, Harada, Russell 1999: the optimal policy is unchanged).
+
+Learner: PPO-lite (clipped ratio, GAE(lambda), a value baseline on the profiler's input, entropy
+bonus) over batches of episodes, all numpy and seeded: the same seed gives the same networks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from agents.features import BoardScale, remaining_bound_s
+from agents.hidvfs import (
+    CORE_FRACTIONS,
+    HEAD,
+    N_CORES,
+    N_LEVELS,
+    PRIORITY_IN,
+    PRIORITY_SIGMA,
+    PROFILER_IN,
+    PROFILER_OUT,
+    THERMAL_IN,
+    HidvfsPolicy,
+    Recorder,
+    rt_features,
+)
+from agents.features import MAX_CLUSTERS
+from agents.nn import MLP, Adam, log_softmax, masked_logits, softmax
+from agents.policy import Decision
+from platforms.observation import Observation
+from platforms.spec import BoardSpec
+
+TIME_SCALE_S = 1.0
+#: seed ranges: training episodes, calibration episodes, held-out evaluation (disjoint)
+TRAIN_SEEDS = 0
+CALIB_SEEDS = 500_000
+EVAL_SEEDS = 900_000
+
+RunEpisode = Callable[..., object]
+MakeMix = Callable[[int], list]
+Log = Callable[[str], None]
+
+
+@dataclass
+class TrainConfig:
+    episodes: int = 160
+    batch: int = 8
+    epochs: int = 4
+    lr: float = 3e-3
+    gamma: float = 0.98
+    lam: float = 0.95
+    clip: float = 0.2
+    entropy: float = 0.01
+    value_coef: float = 0.5
+    lambda_e: float = 1.0
+    lambda_t: float = 0.5
+    lambda_d: float = 2.0
+    temp_margin_c: float = 20.0  # T_target = passive trip - margin
+    shaping: bool = True
+    period_s: float = 0.05
+    hidden: int = 64
+    #: shield predictor: calibration episodes and miscoverage
+    calib_episodes: int = 16
+    alpha: float = 0.1
+
+
+@dataclass
+class HidvfsNets:
+    profiler: MLP
+    thermal: MLP
+    priority: MLP
+    value: MLP
+
+    @classmethod
+    def init(cls, seed: int, hidden: int = 64) -> HidvfsNets:
+        rng = np.random.default_rng([seed, 7])
+        prof = MLP.init([PROFILER_IN, hidden, hidden, PROFILER_OUT], rng)
+        # prior: start near the fast end (race-to-idle is a safe start for deadlines) with all
+        # cores; the learner moves away from it where energy pays
+        for ci in range(MAX_CLUSTERS):
+            b = prof.biases[-1]
+            b[ci * HEAD : ci * HEAD + N_LEVELS] = np.linspace(-1.0, 1.0, N_LEVELS)
+            b[ci * HEAD + N_LEVELS : (ci + 1) * HEAD] = np.linspace(-0.5, 0.5, N_CORES)
+        therm = MLP.init([THERMAL_IN, 32, 32, 2], rng)
+        therm.biases[-1][:] = (1.0, -1.0)  # prior: take work
+        prio = MLP.init([PRIORITY_IN, 32, 32, 1], rng)
+        value = MLP.init([PROFILER_IN, hidden, hidden, 1], rng, out_scale=1.0)
+        return cls(prof, therm, prio, value)
+
+    def policy(self, spec: BoardSpec, **kw) -> HidvfsPolicy:
+        return HidvfsPolicy(
+            spec, self.profiler.forward, self.thermal.forward, self.priority.forward, **kw
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Rewards
+
+
+@dataclass
+class RewardParts:
+    time: float = 0.0
+    energy: float = 0.0
+    temp: float = 0.0
+    deadline: float = 0.0
+    shaping: float = 0.0
+
+
+def tick_rewards(
+    obs: list[Observation],
+    result,
+    scale: BoardScale,
+    cfg: TrainConfig,
+) -> tuple[np.ndarray, RewardParts]:
+    """Per-tick rewards of one episode (see the module docstring) and their totals."""
+    n = len(obs)
+    r = np.zeros(n)
+    parts = RewardParts()
+    if n == 0:
+        return r, parts
+    ts = np.array([o.t for o in obs])
+    t_end = float(getattr(result, "t_end", ts[-1]))
+    nxt = np.append(ts[1:], max(t_end, ts[-1]))
+    dt = np.maximum(nxt - ts, 0.0)
+    power = np.array([o.total_power_w if o.total_power_w is not None else np.nan for o in obs])
+    if np.isnan(power).all():
+        power[:] = 0.0
+    else:
+        power = np.where(np.isnan(power), np.nanmean(power), power)
+    p_next = np.append(power[1:], power[-1])
+    pending = np.array([1.0 if o.jobs else 0.0 for o in obs])
+    trip = min(scale.trips_c) if scale.trips_c else 85.0
+    t_target = trip - cfg.temp_margin_c
+    temps = np.array([o.max_cpu_temp_c if o.max_cpu_temp_c is not None else 0.0 for o in obs])
+    r_time = -dt * pending / TIME_SCALE_S
+    r_energy = -cfg.lambda_e * 0.5 * (power + p_next) * dt / (scale.power_w * TIME_SCALE_S)
+    r_temp = -cfg.lambda_t * np.maximum(temps - t_target, 0.0) / 10.0 * dt / TIME_SCALE_S
+    r = r_time + r_energy + r_temp
+    misses = 0.0
+    for j in getattr(result, "jobs", []):
+        if j.deadline_s is None:
+            continue
+        met = j.finish_t is not None and j.finish_t - j.release_t <= j.deadline_s + 1e-9
+        if not met:
+            misses += 2.0 if j.criticality == "hi" else 1.0
+    r[-1] -= cfg.lambda_d * misses
+    shaping = np.zeros(n)
+    if cfg.shaping:
+        phi = np.array([-remaining_bound_s(o) / TIME_SCALE_S for o in obs])
+        phi_next = np.append(phi[1:], 0.0)  # Phi(terminal) = 0
+        shaping = cfg.gamma * phi_next - phi
+        r = r + shaping
+    parts = RewardParts(
+        float(r_time.sum()),
+        float(r_energy.sum()),
+        float(r_temp.sum()),
+        -cfg.lambda_d * misses,
+        float(shaping.sum()),
+    )
+    return r, parts
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """Generalised advantage estimates of one episode (terminal value 0)."""
+    n = len(rewards)
+    adv = np.zeros(n)
+    last = 0.0
+    for i in range(n - 1, -1, -1):
+        v_next = values[i + 1] if i + 1 < n else 0.0
+        delta = rewards[i] + gamma * v_next - values[i]
+        last = delta + gamma * lam * last
+        adv[i] = last
+    return adv
+
+
+# --------------------------------------------------------------------------------------------
+# Response-time data (for the shield)
+
+
+class RtCollector:
+    """A last decision stage recording (t, pid, RT features) of every deadline job."""
+
+    def __init__(self):
+        self.rows: list[tuple[float, int, np.ndarray]] = []
+
+    def __call__(self, decision: Decision, obs: Observation) -> Decision:
+        for j in obs.jobs:
+            if j.deadline_s is None or j.profile is None:
+                continue
+            x = rt_features(obs, decision, j.pid)
+            if x is not None:
+                self.rows.append((obs.t, j.pid, x))
+        return decision
+
+    def dataset(self, result) -> tuple[np.ndarray, np.ndarray]:
+        """(X, log remaining response time) for the jobs that finished."""
+        fin = {j.pid: j.finish_t for j in getattr(result, "jobs", []) if j.finish_t is not None}
+        xs, ys = [], []
+        for t, pid, x in self.rows:
+            if pid in fin and fin[pid] > t:
+                xs.append(x)
+                ys.append(math.log(max(fin[pid] - t, 1e-4)))
+        if not xs:
+            return np.zeros((0, 8), np.float32), np.zeros(0)
+        return np.stack(xs), np.array(ys)
+
+
+# --------------------------------------------------------------------------------------------
+# PPO-lite
+
+
+@dataclass
+class Batch:
+    prof_x: list = field(default_factory=list)
+    prof_mf: list = field(default_factory=list)
+    prof_mc: list = field(default_factory=list)
+    levels: list = field(default_factory=list)
+    cores: list = field(default_factory=list)
+    therm_x: list = field(default_factory=list)
+    therm_m: list = field(default_factory=list)
+    therm_a: list = field(default_factory=list)
+    prio_x: list = field(default_factory=list)
+    prio_a: list = field(default_factory=list)
+    prio_tick: list = field(default_factory=list)
+    logp: list = field(default_factory=list)
+    adv: list = field(default_factory=list)
+    ret: list = field(default_factory=list)
+
+    def add_episode(self, rec: Recorder, adv: np.ndarray, ret: np.ndarray) -> None:
+        base = len(self.prof_x)
+        for i, (inp, ch) in enumerate(zip(rec.inputs, rec.choices)):
+            self.prof_x.append(inp.prof_x)
+            self.prof_mf.append(inp.prof_mask_f)
+            self.prof_mc.append(inp.prof_mask_c)
+            self.levels.append(ch.levels)
+            self.cores.append(ch.cores)
+            self.therm_x.append(inp.therm_x)
+            self.therm_m.append(inp.therm_mask)
+            self.therm_a.append(ch.therm)
+            for k in range(inp.prio_x.shape[0]):
+                self.prio_x.append(inp.prio_x[k])
+                self.prio_a.append(ch.prio[k])
+                self.prio_tick.append(base + i)
+            self.logp.append(ch.logp)
+        self.adv.extend(adv.tolist())
+        self.ret.extend(ret.tolist())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        n_in = PRIORITY_IN
+        return {
+            "prof_x": np.array(self.prof_x, np.float32),
+            "prof_mf": np.array(self.prof_mf, bool),
+            "prof_mc": np.array(self.prof_mc, bool),
+            "levels": np.array(self.levels, np.int64),
+            "cores": np.array(self.cores, np.int64),
+            "therm_x": np.array(self.therm_x, np.float32),
+            "therm_m": np.array(self.therm_m, bool),
+            "therm_a": np.array(self.therm_a, np.int64),
+            "prio_x": np.array(self.prio_x, np.float32).reshape(-1, n_in),
+            "prio_a": np.array(self.prio_a, np.float64),
+            "prio_tick": np.array(self.prio_tick, np.int64),
+            "logp": np.array(self.logp),
+            "adv": np.array(self.adv),
+            "ret": np.array(self.ret),
+        }
+
+
+def _cat_logp(z: np.ndarray, mask: np.ndarray, a: np.ndarray):
+    """Row-wise log pi(a) of masked heads z [N, K], probabilities, and entropy [N]."""
+    zz = masked_logits(z, mask).astype(np.float64)
+    lp = log_softmax(zz)
+    p = softmax(zz)
+    single = mask.sum(axis=1) <= 1
+    la = lp[np.arange(len(a)), a]
+    la = np.where(single, 0.0, la)
+    ent = -(np.where(mask, p * lp, 0.0)).sum(axis=1)
+    return la, p, ent, single
+
+
+def _cat_grad(p, mask, a, coef, ent_coef, lp_ent_terms):
+    """d loss / d z for loss = -coef * log pi(a) - ent_coef * H (masked rows zeroed)."""
+    zz_lp = lp_ent_terms
+    g = p.copy()
+    g[np.arange(len(a)), a] -= 1.0
+    g *= coef[:, None]
+    h = -(np.where(mask, p * zz_lp, 0.0)).sum(axis=1, keepdims=True)
+    g += ent_coef * p * (zz_lp + h)  # -(dH/dz) * ent_coef
+    g = np.where(mask, g, 0.0)
+    g[mask.sum(axis=1) <= 1] = 0.0
+    return g.astype(np.float32)
+
+
+def ppo_update(nets: HidvfsNets, opts: dict, data: dict, cfg: TrainConfig, rng) -> dict:
+    """Several epochs of the clipped PPO objective on one batch; returns diagnostics."""
+    adv = data["adv"]
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    n = len(adv)
+    n_cl = MAX_CLUSTERS
+    stats = {}
+    for _ in range(cfg.epochs):
+        # forward all heads
+        pz, pacts = nets.profiler.forward_cache(data["prof_x"])
+        tx = data["therm_x"].reshape(-1, THERMAL_IN)
+        tz, tacts = nets.thermal.forward_cache(tx)
+        logp = np.zeros(n)
+        grads_prof = np.zeros_like(pz)
+        heads = []
+        for ci in range(n_cl):
+            zf = pz[:, ci * HEAD : ci * HEAD + N_LEVELS]
+            zc = pz[:, ci * HEAD + N_LEVELS : (ci + 1) * HEAD]
+            for z, m, a, off in (
+                (zf, data["prof_mf"][:, ci], data["levels"][:, ci], ci * HEAD),
+                (zc, data["prof_mc"][:, ci], data["cores"][:, ci], ci * HEAD + N_LEVELS),
+            ):
+                la, p, ent, _ = _cat_logp(z, m, a)
+                logp += la
+                heads.append((z, m, a, off, p))
+        tm = data["therm_m"].reshape(-1, 2)
+        ta = data["therm_a"].reshape(-1)
+        tla, tp, tent, _ = _cat_logp(tz, tm, ta)
+        logp += tla.reshape(n, n_cl).sum(axis=1)
+        px = data["prio_x"]
+        if len(px):
+            sz, sacts = nets.priority.forward_cache(px)
+            mu = sz[:, 0].astype(np.float64)
+            eps = (data["prio_a"] - mu) / PRIORITY_SIGMA
+            np.add.at(logp, data["prio_tick"], -0.5 * eps**2)
+        ratio = np.exp(np.clip(logp - data["logp"], -20, 20))
+        clipped = ((adv > 0) & (ratio > 1 + cfg.clip)) | ((adv < 0) & (ratio < 1 - cfg.clip))
+        coef = adv * ratio * (~clipped) / n  # loss = -mean(coef * logp) locally
+        # profiler grads
+        for z, m, a, off, p in heads:
+            zz = masked_logits(z, m).astype(np.float64)
+            lp = log_softmax(zz)
+            grads_prof[:, off : off + z.shape[1]] = _cat_grad(p, m, a, coef, cfg.entropy / n, lp)
+        gp = nets.profiler.backward(pacts, grads_prof)
+        zz = masked_logits(tz, tm).astype(np.float64)
+        gt_z = _cat_grad(tp, tm, ta, np.repeat(coef, n_cl), cfg.entropy / n, log_softmax(zz))
+        gt = nets.thermal.backward(tacts, gt_z)
+        if len(px):
+            gs = -(coef[data["prio_tick"]] * eps / PRIORITY_SIGMA)[:, None].astype(np.float32)
+            gpr = nets.priority.backward(sacts, gs)
+            opts["priority"].step(gpr)
+        opts["profiler"].step(gp)
+        opts["thermal"].step(gt)
+        v, vacts = nets.value.forward_cache(data["prof_x"])
+        gv = (cfg.value_coef * (v[:, 0] - data["ret"]) / n)[:, None].astype(np.float32)
+        opts["value"].step(nets.value.backward(vacts, gv))
+        stats = {
+            "ratio_mean": float(ratio.mean()),
+            "clip_frac": float(clipped.mean()),
+            "value_mse": float(((v[:, 0] - data["ret"]) ** 2).mean()),
+        }
+    return stats
+
+
+def make_optimizers(nets: HidvfsNets, lr: float) -> dict:
+    return {
+        "profiler": Adam(nets.profiler.params, lr),
+        "thermal": Adam(nets.thermal.params, lr),
+        "priority": Adam(nets.priority.params, lr),
+        "value": Adam(nets.value.params, lr),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The training run
+
+
+@dataclass
+class EpisodeStats:
+    episode: int
+    ret: float
+    makespan_s: float | None
+    energy_j: float
+    peak_temp_c: float
+    misses: int
+    parts: dict
+
+
+@dataclass
+class TrainResult:
+    nets: HidvfsNets
+    history: list[EpisodeStats]
+    rt_X: np.ndarray
+    rt_y: np.ndarray
+    rt_episode: np.ndarray
+    config: dict
+    wall_s: float
+
+
+def _misses(result) -> int:
+    return sum(
+        1
+        for j in getattr(result, "jobs", [])
+        if j.deadline_s is not None
+        and not (j.finish_t is not None and j.finish_t - j.release_t <= j.deadline_s + 1e-9)
+    )
+
+
+def train_hidvfs(
+    spec: BoardSpec,
+    run_episode: RunEpisode,
+    make_mix: MakeMix,
+    seed: int,
+    cfg: TrainConfig | None = None,
+    log: Log | None = None,
+) -> TrainResult:
+    """Train the three agents with PPO-lite; also collects the shield's training data."""
+    cfg = cfg or TrainConfig()
+    log = log or (lambda s: None)
+    nets = HidvfsNets.init(seed, cfg.hidden)
+    opts = make_optimizers(nets, cfg.lr)
+    scale = BoardScale.of(spec)
+    rng = np.random.default_rng([seed, 11])
+    history: list[EpisodeStats] = []
+    rt_X, rt_y, rt_ep = [], [], []
+    batch = Batch()
+    t0 = time.monotonic()
+    for ep in range(cfg.episodes):
+        ep_seed = TRAIN_SEEDS + seed * 10_000 + ep
+        rec = Recorder()
+        coll = RtCollector()
+        pol = nets.policy(
+            spec,
+            gate=True,
+            shield=None,
+            period_s=cfg.period_s,
+            explore_seed=int(rng.integers(1 << 31)),
+            recorder=rec,
+            extra_stages=[coll],
+        )
+        items = make_mix(ep_seed)
+        res = run_episode(pol, items, ep_seed)
+        r, parts = tick_rewards(rec.obs, res, scale, cfg)
+        if len(r):
+            x = np.array([i.prof_x for i in rec.inputs], np.float32)
+            v = nets.value.forward(x)[:, 0].astype(np.float64)
+            adv = gae(r, v, cfg.gamma, cfg.lam)
+            batch.add_episode(rec, adv, adv + v)
+        X, y = coll.dataset(res)
+        if len(y):
+            rt_X.append(X)
+            rt_y.append(y)
+            rt_ep.append(np.full(len(y), ep))
+        st = EpisodeStats(
+            ep,
+            float(r.sum()) - float(parts.shaping),
+            getattr(res, "makespan_s", None),
+            float(getattr(res, "energy_j", 0.0)),
+            float(getattr(res, "peak_temp_c", 0.0)),
+            _misses(res),
+            asdict(parts),
+        )
+        history.append(st)
+        if (ep + 1) % cfg.batch == 0 or ep + 1 == cfg.episodes:
+            diag = ppo_update(nets, opts, batch.arrays(), cfg, rng) if batch.adv else {}
+            batch = Batch()
+            recent = history[-cfg.batch :]
+            el = time.monotonic() - t0
+            eta = el / (ep + 1) * (cfg.episodes - ep - 1)
+            ms = [h.makespan_s for h in recent if h.makespan_s is not None]
+            log(
+                f"[hidvfs {spec.name}] episode {ep + 1}/{cfg.episodes} "
+                f"return {np.mean([h.ret for h in recent]):+.3f} "
+                f"makespan {np.mean(ms) if ms else float('nan'):.3f}s "
+                f"energy {np.mean([h.energy_j for h in recent]):.2f}J "
+                f"misses {sum(h.misses for h in recent)} "
+                f"clip {diag.get('clip_frac', 0):.2f} ETA {eta:.0f}s"
+            )
+    cat = (lambda xs, d: np.concatenate(xs) if xs else np.zeros((0,) + d))
+    return TrainResult(
+        nets,
+        history,
+        cat(rt_X, (8,)).astype(np.float32),
+        cat(rt_y, ()),
+        cat(rt_ep, ()).astype(np.int64),
+        asdict(cfg),
+        time.monotonic() - t0,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The shield's response-time predictor
+
+
+@dataclass
+class RtModel:
+    estimator: object
+    scores: np.ndarray  # signed calibration residuals (log scale)
+    q: float
+    alpha: float
+    n_train: int
+    n_cal: int
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.estimator.predict(np.asarray(X, np.float32))
+
+
+def fit_response_time(
+    X: np.ndarray, y: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray, alpha: float, seed: int
+) -> RtModel:
+    """Gradient-boosted trees on log response time; split-conformal q on the calibration set."""
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    from agents.shield import SplitConformal
+
+    est = GradientBoostingRegressor(
+        n_estimators=120, max_depth=3, learning_rate=0.1, subsample=0.8, random_state=seed
+    )
+    est.fit(np.asarray(X, np.float32), y)
+    pred = est.predict(np.asarray(X_cal, np.float32))
+    scores = np.asarray(y_cal) - pred
+    cal = SplitConformal(alpha).fit(scores)
+    return RtModel(est, cal.scores_, float(cal.q_), alpha, len(y), len(y_cal))
+
+
+def coverage(model: RtModel, X: np.ndarray, y: np.ndarray, q: float | None = None) -> float:
+    """Empirical P(y <= prediction + q) on held-out data."""
+    if len(y) == 0:
+        return math.nan
+    qq = model.q if q is None else q
+    return float(np.mean(np.asarray(y) <= model.predict(X) + qq))
+
+
+def collect_rt(
+    policy_factory: Callable[[RtCollector], object],
+    run_episode: RunEpisode,
+    make_mix: MakeMix,
+    seeds: list[int],
+) -> tuple[np.ndarray, np.ndarray, list]:
+    """Run ``policy_factory(collector)`` on the given seeds; RT data and the episode results."""
+    xs, ys, results = [], [], []
+    for s in seeds:
+        coll = RtCollector()
+        pol = policy_factory(coll)
+        res = run_episode(pol, make_mix(s), s)
+        X, y = coll.dataset(res)
+        xs.append(X)
+        ys.append(y)
+        results.append(res)
+    X = np.concatenate(xs) if xs else np.zeros((0, 8), np.float32)
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    return X, y, results
+
+
+__all__ = [
+    "TrainConfig",
+    "HidvfsNets",
+    "RewardParts",
+    "tick_rewards",
+    "gae",
+    "RtCollector",
+    "ppo_update",
+    "train_hidvfs",
+    "TrainResult",
+    "RtModel",
+    "fit_response_time",
+    "coverage",
+    "collect_rt",
+    "TRAIN_SEEDS",
+    "CALIB_SEEDS",
+    "EVAL_SEEDS",
+    "CORE_FRACTIONS",
+]

@@ -1,0 +1,240 @@
+"""Native BOTS runs: the real binaries, under a policy acting through the daemon's control loop.
+
+One campaign opens the board once (live ``/`` or a ``--sysfs-root`` tree), saves the original
+cpufreq settings before its first write and restores them at the end (a crash leaves the
+snapshot for the next start). Each run: cool down to a start temperature, launch the binary in
+its own session, register it with the loop, sample the power rails in a separate thread at
+>= 100 Hz, wait (killing it past its timeout), then parse and verify its output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bots_bench import registry
+from bots_bench.parser import BotsParseError, parse_output, verification_error
+from bots_bench.spec import RunConfig
+from daemon.actuator import Actuator
+from daemon.jobs import JobEntry, JobTable
+from daemon.loop import ControlLoop
+from daemon.restore import begin_session, restore_snapshot
+from platforms import cpufreq
+from platforms.clock import MonotonicClock
+from platforms.liveprocs import LiveProcessControl, kill_job, spawn_job
+from platforms.platform import Platform
+from platforms.probe import detect_board, probe
+from platforms.sampler import RailSampler
+from platforms.sense import Sensor
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs
+
+log = logging.getLogger("hidvfs.native")
+
+
+@dataclass
+class NativeBoard:
+    platform: Platform
+    can_set_frequency: bool
+    state_dir: str
+    snapshot: object | None = None
+    notes: list[str] = field(default_factory=list)
+    sample_hz: float = 200.0
+
+    def close(self) -> None:
+        if self.snapshot is not None:
+            report = restore_snapshot(
+                self.platform.sysfs, self.snapshot, log, state_dir=self.state_dir
+            )
+            log.info("event=restored ok=%s detail=%r", report.ok, report.summary())
+            self.snapshot = None
+
+
+def open_board(
+    sysfs_root: str = "/",
+    board: str | None = None,
+    state_dir: str | None = None,
+    say: Callable[[str], None] = print,
+) -> NativeBoard:
+    sysfs = DirSysfs(sysfs_root)
+    name = board or detect_board(sysfs)
+    spec = load_board(name) if name else probe(sysfs).spec
+    platform = Platform(
+        spec,
+        sysfs,
+        LiveProcessControl(),
+        MonotonicClock(),
+        kind="live" if sysfs_root == "/" else "fake",
+    )
+    policies = cpufreq.list_policies(sysfs)
+    writable = bool(policies) and all(
+        sysfs.writable(f"devices/system/cpu/cpufreq/policy{p}/scaling_max_freq") for p in policies
+    )
+    state_dir = state_dir or os.path.join(tempfile.gettempdir(), "hidvfs-native-state")
+    nb = NativeBoard(platform, can_set_frequency=writable, state_dir=state_dir)
+    if not writable:
+        say(
+            f"note: this machine cannot set CPU frequencies ({'no cpufreq policy' if not policies else 'cpufreq files are read-only'} "
+            f"under {sysfs.root}); runs go on with CPU affinity and priority only"
+        )
+    else:
+        nb.snapshot = begin_session(sysfs, spec, state_dir, log)
+    return nb
+
+
+def cool_down(
+    nb: NativeBoard, start_temp_c: float, max_wait_s: float
+) -> tuple[float | None, float]:
+    """Wait until the hottest CPU zone is at or below ``start_temp_c`` (or ``max_wait_s``)."""
+    sensor = Sensor(nb.platform.spec, nb.platform.sysfs)
+    t0 = time.monotonic()
+    temp = None
+    while True:
+        temp = sensor.read(0.0).max_cpu_temp_c
+        waited = time.monotonic() - t0
+        if temp is None or temp <= start_temp_c or waited >= max_wait_s:
+            return temp, waited
+        time.sleep(0.5)
+
+
+def run_native(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> dict:
+    """One native run -> a run record (failures are recorded, never raised)."""
+    spec = nb.platform.spec
+    rec: dict = {
+        "bench": cfg.bench,
+        "class": cfg.cls,
+        "policy": cfg.policy,
+        "seed": cfg.seed,
+        "board": cfg.board,
+        "backend": "native",
+        "rep": cfg.rep,
+        "makespan_s": None,
+        "energy_j": None,
+        "cpu_energy_j": None,
+        "edp": None,
+        "peak_temp_c": None,
+        "deadline_s": cfg.deadline_s,
+        "deadline_met": None,
+        "lower_bound_s": None,
+        "graham_bound_s": None,
+        "ok": False,
+        "error": None,
+        "time_program_s": None,
+    }
+    if not cfg.bots_bin:
+        rec["error"] = "no BOTS binary folder given (--bots-bin or bots_bin in the spec)"
+        return rec
+    online = tuple(sorted(c for cl in spec.clusters for c in cl.cpus)) or tuple(
+        range(os.cpu_count() or 1)
+    )
+    threads = cfg.threads or min(len(online), os.cpu_count() or 1)
+    try:
+        cmd = registry.command_for(
+            cfg.bench,
+            cfg.cls,
+            cfg.bots_bin,
+            threads,
+            variant=cfg.variant,
+            label=cfg.label,
+            check=cfg.check,
+            base_env=dict(os.environ),
+        )
+    except (registry.RegistryError, OSError) as err:
+        rec["error"] = str(err)
+        return rec
+    if cfg.cooldown is not None:
+        temp, waited = cool_down(nb, cfg.cooldown.start_temp_c, cfg.cooldown.max_wait_s)
+        rec["start_temp_c"], rec["cooldown_s"] = temp, round(waited, 3)
+    policy, stages = build_policy(cfg.policy, spec)
+    table = JobTable()
+    procs = nb.platform.procs
+    loop = ControlLoop(
+        nb.platform,
+        policy,
+        period_s=max(getattr(policy, "period_s", 0.1), 0.01),
+        jobs=table,
+        stages=stages,
+        actuator=Actuator(nb.platform.sysfs, procs),
+    )
+    stop = threading.Event()
+    sampler = RailSampler(spec, nb.platform.sysfs, rate_hz=nb.sample_hz)
+    out = tempfile.TemporaryFile(mode="w+b")
+    try:
+        sampler.start()
+        t_launch = time.monotonic()
+        proc = spawn_job(list(cmd.argv), dict(cmd.env), out)
+        table.register(
+            JobEntry(
+                pid=proc.pid,
+                name=f"{cfg.bench}.{cfg.cls}",
+                release_t=nb.platform.clock.now(),
+                deadline_s=cfg.deadline_s,
+                criticality="lo",
+            )
+        )
+        worker = threading.Thread(
+            target=loop.run, kwargs={"stop": stop}, name="hidvfs-loop", daemon=True
+        )
+        worker.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=cfg.timeout_s)
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+            timed_out = True
+            kill_job(proc)
+            proc.wait()
+        t_exit = time.monotonic()
+    except OSError as err:
+        rec["error"] = str(err)
+        stop.set()
+        sampler.stop()
+        return rec
+    finally:
+        stop.set()
+    worker.join(timeout=5.0)
+    samples = sampler.stop()
+    out.seek(0)
+    text = out.read().decode("utf-8", errors="replace")
+    out.close()
+    makespan = t_exit - t_launch
+    rec.update(
+        makespan_s=makespan,
+        energy_j=samples.energy_j,
+        cpu_energy_j=samples.cpu_energy_j,
+        peak_temp_c=samples.peak_temp_c,
+        sample_rate_hz=round(samples.rate_hz, 1),
+        power_samples=samples.samples,
+        series=samples.series,
+        stdout=text[-20000:],
+        returncode=proc.returncode,
+        argv=list(cmd.argv),
+        threads=threads,
+        frequency_control=nb.can_set_frequency,
+    )
+    if samples.energy_j is not None:
+        rec["edp"] = samples.energy_j * makespan
+    if cfg.deadline_s is not None:
+        rec["deadline_met"] = makespan <= cfg.deadline_s
+    if timed_out:
+        rec["error"] = f"timeout: killed after {cfg.timeout_s:g} s"
+        return rec
+    try:
+        result = parse_output(text)
+    except BotsParseError as err:
+        rec["error"] = f"exit status {proc.returncode}; {err}"
+        return rec
+    rec["time_program_s"] = result.time_program_s
+    rec["verification"] = result.verification
+    problem = verification_error(result, cmd.check)
+    if problem:
+        rec["error"] = problem
+    elif proc.returncode != 0:
+        rec["error"] = f"exit status {proc.returncode}"
+    else:
+        rec["ok"] = True
+    return rec

@@ -1,0 +1,160 @@
+"""``hidvfs bots run --spec F`` and ``--backend native``: resumable campaigns on any backend."""
+
+from __future__ import annotations
+
+import click
+
+from tools.common import emit_json
+
+
+def build_spec(
+    *,
+    backend,
+    board,
+    bench,
+    cls,
+    policy,
+    seeds,
+    bots_bin,
+    spec_file,
+    deadline_s=None,
+    cooldown=None,
+    timeout_s=600.0,
+):
+    from bots_bench.spec import load_spec, parse_spec
+
+    if spec_file:
+        return load_spec(spec_file)
+    data = {
+        "kernels": "all" if bench == "all" else [b.strip() for b in bench.split(",") if b.strip()],
+        "classes": [cls],
+        "policies": [p.strip() for p in policy.split(",") if p.strip()],
+        "seeds": seeds,
+        "board": board,
+        "backend": backend,
+        "bots_bin": bots_bin,
+        "timeout_s": timeout_s,
+        "deadline_s": deadline_s,
+    }
+    if cooldown is not None:
+        data["cooldown"] = cooldown
+    return parse_spec(data, "<command line>")
+
+
+def run_configs(
+    configs,
+    store,
+    *,
+    backend,
+    sysfs_root="/",
+    board=None,
+    state_dir=None,
+    quiet=False,
+    deadline_slack=None,
+    say=click.echo,
+):
+    """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary."""
+    from bots_bench.progress import Progress
+    from bots_bench.store import run_pending
+    from tools.policies import build_policy_stack
+
+    nb = None
+    if backend == "native":
+        from bots_bench.native import open_board, run_native
+
+        nb = open_board(sysfs_root, board, state_dir, say=lambda m: click.echo(m, err=True))
+
+        def run_fn(cfg):
+            return run_native(cfg, nb, build_policy_stack)
+    else:
+        from bots_bench.campaign_sim import SimRunConfig, run_one
+
+        def run_fn(cfg):
+            return run_one(
+                SimRunConfig(
+                    cfg.bench,
+                    cfg.cls,
+                    cfg.policy,
+                    cfg.seed,
+                    cfg.board,
+                    deadline_slack,
+                    cfg.rep,
+                    cfg.deadline_s,
+                ),
+                build_policy_stack,
+            )
+
+    bar = Progress(len(configs), json_mode=quiet)
+
+    def on_done(cfg, rec):
+        bar.done()
+        if not rec.get("ok") and not quiet:
+            bar.message(f"failed: {cfg.bench}/{cfg.policy}/seed{cfg.seed}: {rec.get('error')}")
+
+    try:
+        summary = run_pending(
+            configs,
+            run_fn,
+            store,
+            on_skip=lambda cfg: bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
+            on_start=lambda cfg: bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
+            on_done=on_done,
+        )
+    finally:
+        bar.close()
+        if nb is not None:
+            nb.close()
+    return summary
+
+
+def run_campaign_cli(
+    *,
+    backend,
+    board,
+    bench,
+    cls,
+    policy,
+    seeds,
+    db,
+    bots_bin,
+    spec_file,
+    as_json,
+    deadline_slack=None,
+    sysfs_root="/",
+):
+    from bots_bench.campaign_sim import ratio_table
+    from bots_bench.spec import expand
+    from bots_bench.store import Store
+
+    spec = build_spec(
+        backend=backend,
+        board=board,
+        bench=bench,
+        cls=cls,
+        policy=policy,
+        seeds=seeds,
+        bots_bin=bots_bin,
+        spec_file=spec_file,
+    )
+    configs = expand(spec)
+    store = Store(db or "results.sqlite")
+    run_configs(
+        configs,
+        store,
+        backend=spec.backend,
+        sysfs_root=sysfs_root,
+        board=None if spec.backend == "native" else spec.board,
+        quiet=as_json,
+        deadline_slack=deadline_slack,
+    )
+    keys = {c.key for c in configs}
+    records = [r for r in store.runs() if store.key_for(r) in keys]
+    if as_json:
+        emit_json(
+            [
+                {k: v for k, v in r.items() if k not in ("series", "stdout", "timeseries")}
+                for r in records
+            ]
+        )
+    else:
+        click.echo(ratio_table(records, list(spec.policies)))
