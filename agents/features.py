@@ -251,11 +251,14 @@ class FeatureTracker:
             )
         ref_khz = ref_khz or sc.fmax_speed
         cur_thr = sum(s * n for s, n in speeds) / ref_khz  # reference-core equivalents
-        max_thr = sum(
-            byname[n].capacity * (byname[n].freqs_khz or (1,))[-1] * len(byname[n].online)
-            for n in self.names
-            if n in byname
-        ) / ref_khz
+        max_thr = (
+            sum(
+                byname[n].capacity * (byname[n].freqs_khz or (1,))[-1] * len(byname[n].online)
+                for n in self.names
+                if n in byname
+            )
+            / ref_khz
+        )
         fast_core = max((s for s, n in speeds if n), default=ref_khz) / ref_khz
         g_max = span_max_ref / max(best_speed / ref_khz, 1e-9) + rem_total / max(max_thr, 1e-9)
         g_cur = span_max_ref / max(fast_core, 1e-9) + rem_total / max(cur_thr, 1e-9)

@@ -15,13 +15,16 @@ One tick (:meth:`HidvfsPolicy.decide`):
    priorities (90, 85, ...) and the placement order: deadline jobs, in that order, each go to
    the active cores of the taking cluster with the most speed per job assigned so far (one
    cluster per deadline job, as federated scheduling wants); best-effort jobs share every active
-   core below them.
+   core below them. A cluster that runs no job (none at all, or none placed there) is set to
+   its lowest allowed level: a structural rule, not learned (nothing there to speed up).
 
 The decision then goes through ``policy.stages``: the federated gate (:mod:`agents.gate`)
 repairs it so every deadline job is feasible under the federated model, then the shield
 (:class:`ShieldStage`) raises a deadline job's cluster frequency until the response-time
 predictor's split-conformal bound meets the remaining deadline (else the cluster's maximum).
-Both stages only add cores or raise frequencies.
+Both stages only add cores or raise frequencies. A last stage (:class:`SpillStage`) hands the
+profiler's active cores that the gate left unused back to the running jobs, at a speed that
+keeps the gate's bound valid (work conservation).
 
 The three networks are plain callables ``x [N, in] -> y [N, out]``: numpy MLPs while training
 (:mod:`agents.nn`), onnxruntime sessions on the board (:mod:`agents.runtime`).
@@ -165,11 +168,15 @@ def build_inputs(feats, obs: Observation, space: ActionSpace) -> TickInputs:
 
 
 def _pick(z: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None) -> tuple[int, float]:
-    zz = masked_logits(z, mask).astype(np.float64)
+    """(action, log-prob) of one masked head: argmax without ``rng``, a sample with it."""
     if rng is None:
-        a = int(np.argmax(zz))
-    else:
-        a = int(rng.choice(len(zz), p=softmax(zz)))
+        return int(np.argmax(np.where(mask, z, -np.inf))), 0.0
+    zz = masked_logits(z, mask).astype(np.float64)
+    p = softmax(zz)
+    a = int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
+    a = min(a, len(p) - 1)
+    while not mask[a]:  # float edge: never return a masked action
+        a -= 1
     return a, float(log_softmax(zz)[a]) if mask.sum() > 1 else 0.0
 
 
@@ -224,6 +231,22 @@ def choose(
     return TickChoice(therm, levels, cores, score, mean, logp)
 
 
+def active_cores(
+    obs: Observation, space: ActionSpace, ch: TickChoice
+) -> dict[str, tuple[int, ...]]:
+    """The profiler's active cores per cluster taking work (thermal "must cool" ones: none)."""
+    byname = {c.name: c for c in obs.clusters}
+    out = {}
+    for ci, name in enumerate(space.clusters):
+        cl = byname.get(name)
+        if cl is None or not cl.online or ch.therm[ci] != 0:
+            continue
+        online = tuple(sorted(cl.online))
+        n = max(1, int(round(CORE_FRACTIONS[int(ch.cores[ci])] * len(online))))
+        out[name] = online[:n]
+    return out
+
+
 def to_decision(
     obs: Observation, space: ActionSpace, ch: TickChoice, feats_jobs: np.ndarray
 ) -> Decision:
@@ -250,8 +273,10 @@ def to_decision(
         return Decision(freq, {j.pid: JobSetting(online) for j in obs.jobs})
     for ci, name in enumerate(space.clusters):
         if name in freq and not any(a[0] == ci for a in active):
-            freq[name] = space.tables[ci][0] if byname[name].min_khz is None else max(
-                space.tables[ci][0], byname[name].min_khz
+            freq[name] = (
+                space.tables[ci][0]
+                if byname[name].min_khz is None
+                else max(space.tables[ci][0], byname[name].min_khz)
             )
     union = tuple(sorted(c for _, cpus, _ in active for c in cpus))
     order = np.argsort(-ch.prio, kind="stable") if len(ch.prio) else []
@@ -266,6 +291,13 @@ def to_decision(
             jobs[j.pid] = JobSetting(active[best][1], prio)
         else:
             jobs[j.pid] = JobSetting(union, prio)
+    # a cluster that runs no job has nothing to speed up: its lowest allowed level
+    used = {c for s in jobs.values() for c in s.cpus}
+    for ci, name in enumerate(space.clusters):
+        cl = byname.get(name)
+        if cl is not None and used.isdisjoint(cl.cpus):
+            lo = cl.min_khz or 0
+            freq[name] = min((x for x in space.tables[ci] if x >= lo), default=freq[name])
     return Decision(freq, jobs)
 
 
@@ -373,9 +405,7 @@ class ShieldStage:
             hi = cl.max_khz if cl.max_khz is not None else cl.freqs_khz[-1]
             cur = out.freq_khz.get(cl.name, hi)
             cands = [f for f in cl.freqs_khz if cur <= f <= hi] or [cur]
-            rows = np.stack(
-                [rt_row(j, s, cl.capacity, f, obs, out, out.freq_khz) for f in cands]
-            )
+            rows = np.stack([rt_row(j, s, cl.capacity, f, obs, out, out.freq_khz) for f in cands])
             rem = j.remaining_s
             if rem <= 0:
                 res_f, ev = cands[-1], f"shield: pid {j.pid} past its deadline; maximum frequency"
@@ -385,10 +415,106 @@ class ShieldStage:
                     Candidates(cands, rows, 0, len(cands) - 1), math.log(rem), cands
                 )
                 res_f, ev = r.action, (r.event if r.intervened else "")
-                self.last_bounds[j.pid] = math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
+                self.last_bounds[j.pid] = (
+                    math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
+                )
             if res_f != cur:
                 out.freq_khz[cl.name] = res_f
                 out.events.append(f"pid {j.pid} on {cl.name}: {ev} -> {res_f} kHz")
+        return out
+
+
+class SpillStage:
+    """Work conservation after the gate and the shield: unused active cores are lent out.
+
+    The gate hands each deadline job the fewest cores its federated analysis needs, inside one
+    cluster, which can leave cores the profiler activated (or a whole cluster) without work.
+    ``active()`` gives the profiler's active cores per cluster of this tick (clusters the
+    thermal agent sent to cool have none, so they never receive work here). Those that no job
+    uses go back to the jobs, cores only added, never removed:
+
+    * inside a cluster that runs jobs: to its best-effort jobs if it has any, else to the
+      deadline job of that cluster with the most remaining work (same cores, same frequency,
+      so the gate's bound R <= L + (C - L)/n only improves with n' >= n; heavy cores stay
+      exclusive because lent cores were unused);
+    * a cluster that runs no job: to every best-effort job, else to the deadline job with the
+      most remaining work, at the lowest table entry whose per-core speed (capacity x f) is at
+      least the borrowers' home speed, so no task can run slower than on its home cores; a
+      cluster that cannot match that speed lends nothing to a deadline job.
+    """
+
+    def __init__(self, active: Callable[[], dict[str, tuple[int, ...]]] | None = None):
+        self.active = active
+
+    def __call__(self, decision: Decision, obs: Observation) -> Decision:
+        if not obs.jobs or not decision.jobs:
+            return decision
+        act = self.active() if self.active is not None else None
+        if act is None:
+            act = {c.name: tuple(sorted(c.online)) for c in obs.clusters}
+        out = decision.copy()
+        where = {c: cl for cl in obs.clusters for c in cl.cpus}
+        jobs = {j.pid: j for j in obs.jobs if j.pid in out.jobs}
+
+        def rem_work(j: JobObs) -> float:
+            return job_remaining(j) * j.profile.work_s if j.profile is not None else 0.0
+
+        def lend(pids, cores) -> None:
+            for pid in pids:
+                st = out.jobs[pid]
+                out.jobs[pid] = JobSetting(
+                    tuple(sorted(set(st.cpus) | set(cores))), st.rt_priority, st.nice
+                )
+
+        idle_clusters = []
+        for cl in obs.clusters:
+            mine = [c for c in act.get(cl.name, ()) if c in cl.online]
+            if not mine:
+                continue
+            used = {c for st in out.jobs.values() for c in st.cpus}
+            free = [c for c in mine if c not in used]
+            if not free:
+                continue
+            here = [pid for pid, st in out.jobs.items() if set(st.cpus) & set(cl.cpus)]
+            if not here:
+                idle_clusters.append((cl, free))
+                continue
+            be = [pid for pid in here if jobs.get(pid) is not None and jobs[pid].deadline_s is None]
+            if be:
+                lend(be, free)
+            else:
+                dl = [pid for pid in here if pid in jobs and jobs[pid].profile is not None]
+                if dl:
+                    lend([max(dl, key=lambda p: (rem_work(jobs[p]), -p))], free)
+        if not idle_clusters:
+            return out
+        best_effort = [pid for pid, j in jobs.items() if j.deadline_s is None]
+        if best_effort:
+            borrowers = best_effort
+        else:
+            dl = [pid for pid, j in jobs.items() if j.profile is not None]
+            if not dl:
+                return out
+            borrowers = [max(dl, key=lambda p: (rem_work(jobs[p]), -p))]
+
+        def home_speed(pid: int) -> float:
+            st = out.jobs[pid]
+            cl = where.get(st.cpus[0]) if st.cpus else None
+            if cl is None:
+                return 0.0
+            f = out.freq_khz.get(cl.name) or cl.cur_khz or cl.freqs_khz[-1]
+            return cl.capacity * f
+
+        for cl, free in idle_clusters:
+            hi = cl.max_khz if cl.max_khz is not None else cl.freqs_khz[-1]
+            lo = cl.min_khz if cl.min_khz is not None else 0
+            allowed = [f for f in cl.freqs_khz if lo <= f <= hi] or [hi]
+            need = max(home_speed(pid) for pid in borrowers)
+            ok = [f for f in allowed if cl.capacity * f >= need - 1e-6]
+            if not ok and not best_effort:
+                continue
+            out.freq_khz[cl.name] = ok[0] if ok else allowed[-1]
+            lend(borrowers, free)
         return out
 
 
@@ -459,16 +585,18 @@ class HidvfsPolicy(Policy):
         self.recorder = recorder
         self.gate_stage = GateStage() if gate else None
         self.shield_stage = shield
+        # gate -> shield -> (recorders) -> spill: the shield and the recorders see the
+        # federated placement the gate certified; the spill only adds cores afterwards
         self.stages = [s for s in (self.gate_stage, self.shield_stage) if s is not None]
         self.stages += list(extra_stages)
+        self.last_active: dict[str, tuple[int, ...]] = {}
+        self.stages.append(SpillStage(lambda: self.last_active))
         self.n_present = len(self.space.clusters)
 
     def reset(self, seed: int | None = None) -> None:
         self.tracker.reset()
         if self.explore_seed is not None:
-            self.rng = np.random.default_rng(
-                [self.explore_seed, 0 if seed is None else int(seed)]
-            )
+            self.rng = np.random.default_rng([self.explore_seed, 0 if seed is None else int(seed)])
         if self.recorder is not None:
             self.recorder.clear()
 
@@ -480,7 +608,9 @@ class HidvfsPolicy(Policy):
             self.recorder.inputs.append(inp)
             self.recorder.choices.append(ch)
             self.recorder.obs.append(obs)
-        return to_decision(obs, self.space, ch, feats[2])
+        d = to_decision(obs, self.space, ch, feats[2])
+        self.last_active = active_cores(obs, self.space, ch)
+        return d
 
 
 __all__ = [
@@ -502,6 +632,7 @@ __all__ = [
     "rt_row",
     "ShieldStage",
     "GateStage",
+    "SpillStage",
     "Recorder",
     "HidvfsPolicy",
 ]

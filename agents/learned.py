@@ -98,7 +98,9 @@ def make_hidvfs(
         period_s=period_s or float(man.get("period_s", 0.05)),
     )
     suffix = "".join(
-        s for s, on in (("-noshield", not shield), ("-nogate", not gate), (f"-{variant}", variant)) if on
+        s
+        for s, on in (("-noshield", not shield), ("-nogate", not gate), (f"-{variant}", variant))
+        if on
     )
     pol.name = "hidvfs" + suffix
     return pol
@@ -125,7 +127,71 @@ def make_learned_policy(name: str, spec: BoardSpec, **options) -> Policy:
     raise ValueError(f"unknown learned policy {name!r}; known: hidvfs, geardvfs, ztt")
 
 
+#: (file, role, reference key prefix) of everything a trained board folder holds
+CHECKED = (
+    ("profiler.onnx", "profiler", "profiler"),
+    ("thermal.onnx", "thermal", "thermal"),
+    ("priority.onnx", "priority", "priority"),
+    ("response_time.onnx", "response_time", "response_time"),
+    ("noshaping/profiler.onnx", "profiler", "noshaping_profiler"),
+    ("noshaping/thermal.onnx", "thermal", "noshaping_thermal"),
+    ("noshaping/priority.onnx", "priority", "noshaping_priority"),
+    ("geardvfs.onnx", "geardvfs", "geardvfs"),
+    ("ztt.onnx", "ztt", "ztt"),
+)
+TOLERANCE = 1e-5
+
+
+def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dict:
+    """Load every file with the daemon's checks and compare with the training-time outputs."""
+    folder = model_dir(board, models)
+    report: dict = {"board": board, "folder": str(folder), "files": [], "ok": True}
+    try:
+        man = load_manifest(folder)
+        ref = load_reference(folder)
+    except (OSError, ValueError) as err:
+        report["ok"] = False
+        report["files"].append({"file": "manifest.json", "ok": False, "error": str(err)})
+        return report
+    if man.get("board") != board:
+        report["ok"] = False
+        report["files"].append(
+            {
+                "file": "manifest.json",
+                "ok": False,
+                "error": f"manifest board is {man.get('board')!r}, expected {board!r}",
+            }
+        )
+    for fname, role, key in CHECKED:
+        row: dict = {"file": fname, "ok": False}
+        try:
+            m = OnnxModel(folder / fname, board, role)
+            x, y = ref[f"{key}_x"], ref[f"{key}_y"]
+            got = m(x).reshape(y.shape)
+            diff = float(np.max(np.abs(got.astype(np.float64) - y.astype(np.float64))))
+            row["max_abs_diff"] = diff
+            row["ok"] = diff <= TOLERANCE * max(1.0, float(np.max(np.abs(y))))
+            row["seed"] = m.meta.get("seed")
+            row["command"] = m.meta.get("command")
+            row["git_commit"] = m.meta.get("git_commit")
+            if not row["ok"]:
+                row["error"] = f"outputs differ from training time by {diff:.3g} > {TOLERANCE}"
+        except KeyError as err:
+            row["error"] = f"no reference outputs {err} in reference.npz"
+        except (OSError, ValueError) as err:
+            row["error"] = str(err)
+        except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
+            row["error"] = f"{type(err).__name__}: {err}"
+        report["ok"] &= row["ok"]
+        report["files"].append(row)
+    if "cal_scores" not in ref:
+        report["ok"] = False
+        report["files"].append({"file": "reference.npz", "ok": False, "error": "no cal_scores"})
+    return report
+
+
 __all__ = [
+    "check_board",
     "MODELS_DIR",
     "model_dir",
     "load_manifest",

@@ -24,9 +24,7 @@ class MLP:
     biases: list[np.ndarray]
 
     @classmethod
-    def init(
-        cls, sizes: list[int], rng: np.random.Generator, out_scale: float = 0.01
-    ) -> MLP:
+    def init(cls, sizes: list[int], rng: np.random.Generator, out_scale: float = 0.01) -> MLP:
         """He init for hidden layers, a small output layer (near-uniform initial policy)."""
         ws, bs = [], []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):

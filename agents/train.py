@@ -10,9 +10,10 @@ Reward, per decision tick i (from the observations the policy recorded, Delta t 
 tick, time in units of :data:`TIME_SCALE_S`):
 
 * makespan: ``-Delta t`` while jobs are pending;
-* energy regulariser: ``-lambda_E * Delta E / P_scale`` (trapezoid of the total rail; P_scale
-  the board's power scale, so lambda_E = 1 weighs a relative energy change like a relative time
-  change, the first-order EDP trade-off);
+* energy regulariser: ``-lambda_E * Delta E / P_ref`` (trapezoid of the total rail; P_ref the
+  board's mean power over one ``maxfreq`` episode, measured at the start of training, so
+  lambda_E = 1 weighs a relative energy change like a relative time change: the first-order
+  EDP trade-off, d log(E T) = (dT + dE / P_ref) / T);
 * temperature regulariser: ``-lambda_T * max(0, T - T_target) / 10 C * Delta t``;
 * terminal: ``-lambda_D`` per missed deadline (2x for hi jobs), added on the last tick;
 * shaping (flag): ``F = gamma * Phi(s') - Phi(s)``, ``Phi = -(Graham-style bound of the
@@ -21,10 +22,15 @@ tick, time in units of :data:`TIME_SCALE_S`):
 
 Learner: PPO-lite (clipped ratio, GAE(lambda), a value baseline on the profiler's input, entropy
 bonus) over batches of episodes, all numpy and seeded: the same seed gives the same networks.
+Model selection: the greedy policy is scored on a few validation mixes (their own seed range,
+disjoint from training, calibration and evaluation) before training and every ``val_every``
+episodes; the best-scoring networks are kept (a policy-gradient run on a noisy objective can
+drift; the prior itself is a candidate).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -32,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from agents.features import BoardScale, remaining_bound_s
+from agents.features import MAX_CLUSTERS, BoardScale, remaining_bound_s
 from agents.hidvfs import (
     CORE_FRACTIONS,
     HEAD,
@@ -47,7 +53,6 @@ from agents.hidvfs import (
     Recorder,
     rt_features,
 )
-from agents.features import MAX_CLUSTERS
 from agents.nn import MLP, Adam, log_softmax, masked_logits, softmax
 from agents.policy import Decision
 from platforms.observation import Observation
@@ -57,6 +62,7 @@ TIME_SCALE_S = 1.0
 #: seed ranges: training episodes, calibration episodes, held-out evaluation (disjoint)
 TRAIN_SEEDS = 0
 CALIB_SEEDS = 500_000
+VAL_SEEDS = 700_000
 EVAL_SEEDS = 900_000
 
 RunEpisode = Callable[..., object]
@@ -67,8 +73,8 @@ Log = Callable[[str], None]
 @dataclass
 class TrainConfig:
     episodes: int = 160
-    batch: int = 8
-    epochs: int = 4
+    batch: int = 4
+    epochs: int = 8
     lr: float = 3e-3
     gamma: float = 0.98
     lam: float = 0.95
@@ -83,7 +89,10 @@ class TrainConfig:
     period_s: float = 0.05
     hidden: int = 64
     #: shield predictor: calibration episodes and miscoverage
-    calib_episodes: int = 16
+    calib_episodes: int = 24
+    #: model selection: greedy validation episodes, every ``val_every`` training episodes
+    val_episodes: int = 4
+    val_every: int = 32
     alpha: float = 0.1
 
 
@@ -103,7 +112,7 @@ class HidvfsNets:
         for ci in range(MAX_CLUSTERS):
             b = prof.biases[-1]
             b[ci * HEAD : ci * HEAD + N_LEVELS] = np.linspace(-1.0, 1.0, N_LEVELS)
-            b[ci * HEAD + N_LEVELS : (ci + 1) * HEAD] = np.linspace(-0.5, 0.5, N_CORES)
+            b[ci * HEAD + N_LEVELS : (ci + 1) * HEAD] = np.linspace(-1.0, 1.0, N_CORES)
         therm = MLP.init([THERMAL_IN, 32, 32, 2], rng)
         therm.biases[-1][:] = (1.0, -1.0)  # prior: take work
         prio = MLP.init([PRIORITY_IN, 32, 32, 1], rng)
@@ -134,6 +143,7 @@ def tick_rewards(
     result,
     scale: BoardScale,
     cfg: TrainConfig,
+    p_ref: float | None = None,
 ) -> tuple[np.ndarray, RewardParts]:
     """Per-tick rewards of one episode (see the module docstring) and their totals."""
     n = len(obs)
@@ -156,7 +166,8 @@ def tick_rewards(
     t_target = trip - cfg.temp_margin_c
     temps = np.array([o.max_cpu_temp_c if o.max_cpu_temp_c is not None else 0.0 for o in obs])
     r_time = -dt * pending / TIME_SCALE_S
-    r_energy = -cfg.lambda_e * 0.5 * (power + p_next) * dt / (scale.power_w * TIME_SCALE_S)
+    p_norm = p_ref if p_ref and p_ref > 0 else scale.power_w
+    r_energy = -cfg.lambda_e * 0.5 * (power + p_next) * dt / (p_norm * TIME_SCALE_S)
     r_temp = -cfg.lambda_t * np.maximum(temps - t_target, 0.0) / 10.0 * dt / TIME_SCALE_S
     r = r_time + r_energy + r_temp
     misses = 0.0
@@ -410,6 +421,8 @@ class TrainResult:
     rt_episode: np.ndarray
     config: dict
     wall_s: float
+    p_ref: float = 0.0
+    validation: list = field(default_factory=list)
 
 
 def _misses(result) -> int:
@@ -419,6 +432,41 @@ def _misses(result) -> int:
         if j.deadline_s is not None
         and not (j.finish_t is not None and j.finish_t - j.release_t <= j.deadline_s + 1e-9)
     )
+
+
+def reference_power(
+    spec: BoardSpec, run_episode: RunEpisode, make_mix: MakeMix, seed: int
+) -> float:
+    """Mean total power (W) of one ``maxfreq`` episode on the first training mix."""
+    from agents.governors import make_governor
+
+    s = TRAIN_SEEDS + seed * 10_000
+    res = run_episode(make_governor("maxfreq"), make_mix(s), s)
+    t = float(getattr(res, "t_end", 0.0))
+    e = float(getattr(res, "energy_j", 0.0))
+    return e / t if t > 0 and e > 0 else BoardScale.of(spec).power_w
+
+
+def validation_score(
+    spec: BoardSpec,
+    nets: HidvfsNets,
+    run_episode: RunEpisode,
+    make_mix: MakeMix,
+    seeds: list[int],
+    cfg: TrainConfig,
+    p_ref: float,
+) -> float:
+    """Mean unshaped return of the greedy policy (gate on) on validation mixes."""
+    scale = BoardScale.of(spec)
+    plain = TrainConfig(**{**asdict(cfg), "shaping": False})
+    total = 0.0
+    for s in seeds:
+        rec = Recorder()
+        pol = nets.policy(spec, gate=True, shield=None, period_s=cfg.period_s, recorder=rec)
+        res = run_episode(pol, make_mix(s), s)
+        r, _ = tick_rewards(rec.obs, res, scale, plain, p_ref)
+        total += float(r.sum())
+    return total / max(len(seeds), 1)
 
 
 def train_hidvfs(
@@ -440,6 +488,25 @@ def train_hidvfs(
     rt_X, rt_y, rt_ep = [], [], []
     batch = Batch()
     t0 = time.monotonic()
+    p_ref = reference_power(spec, run_episode, make_mix, seed)
+    log(f"[hidvfs {spec.name}] reference power (maxfreq episode) {p_ref:.3f} W")
+    val_seeds = [VAL_SEEDS + seed * 1000 + i for i in range(cfg.val_episodes)]
+
+    def validate(after: int) -> None:
+        if not val_seeds:
+            return
+        score = validation_score(spec, nets, run_episode, make_mix, val_seeds, cfg, p_ref)
+        validation.append({"after_episode": after, "score": score})
+        if best[0] is None or score > best[0]:
+            best[0], best[1] = score, copy.deepcopy(nets)
+        log(
+            f"[hidvfs {spec.name}] validation after {after} episodes: {score:+.4f} "
+            f"(best {best[0]:+.4f})"
+        )
+
+    validation: list[dict] = []
+    best: list = [None, None]
+    validate(0)
     for ep in range(cfg.episodes):
         ep_seed = TRAIN_SEEDS + seed * 10_000 + ep
         rec = Recorder()
@@ -455,7 +522,7 @@ def train_hidvfs(
         )
         items = make_mix(ep_seed)
         res = run_episode(pol, items, ep_seed)
-        r, parts = tick_rewards(rec.obs, res, scale, cfg)
+        r, parts = tick_rewards(rec.obs, res, scale, cfg, p_ref)
         if len(r):
             x = np.array([i.prof_x for i in rec.inputs], np.float32)
             v = nets.value.forward(x)[:, 0].astype(np.float64)
@@ -491,7 +558,14 @@ def train_hidvfs(
                 f"misses {sum(h.misses for h in recent)} "
                 f"clip {diag.get('clip_frac', 0):.2f} ETA {eta:.0f}s"
             )
-    cat = (lambda xs, d: np.concatenate(xs) if xs else np.zeros((0,) + d))
+            if (ep + 1) % cfg.val_every == 0 or ep + 1 == cfg.episodes:
+                validate(ep + 1)
+    if best[1] is not None:
+        nets = best[1]
+
+    def cat(xs, d):
+        return np.concatenate(xs) if xs else np.zeros((0,) + d)
+
     return TrainResult(
         nets,
         history,
@@ -500,6 +574,8 @@ def train_hidvfs(
         cat(rt_ep, ()).astype(np.int64),
         asdict(cfg),
         time.monotonic() - t0,
+        p_ref,
+        validation,
     )
 
 
@@ -586,3 +662,188 @@ __all__ = [
     "EVAL_SEEDS",
     "CORE_FRACTIONS",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# One board: train everything, fit the shield, export the folder
+
+
+POLICIES = ("hidvfs", "noshaping", "geardvfs", "ztt")
+
+
+def _ref_inputs(n_in: int, seed: int, n: int = 8) -> np.ndarray:
+    return np.random.default_rng([seed, 99]).uniform(-1.0, 2.0, size=(n, n_in)).astype(np.float32)
+
+
+def train_board(
+    spec: BoardSpec,
+    run_episode: RunEpisode,
+    make_mix: MakeMix,
+    seed: int,
+    out_dir,
+    command: str,
+    *,
+    episodes: int = 160,
+    policies: tuple[str, ...] = POLICIES,
+    cfg: TrainConfig | None = None,
+    log: Log | None = None,
+) -> dict:
+    """Train the requested policies of one board and export them to ``out_dir``.
+
+    The shield needs the hidvfs run: its predictor is fitted on the training episodes' data,
+    calibrated on :data:`CALIB_SEEDS` episodes of the trained policy, and its coverage measured
+    on held-out :data:`EVAL_SEEDS` episodes with the shield on. Returns the manifest.
+    """
+    import json
+    from pathlib import Path
+
+    from agents.geardvfs import GEAR_IN, DqnConfig, train_geardvfs
+    from agents.onnx_export import provenance, save_mlp
+    from agents.ztt import ZTT_IN, train_ztt, ztt_config
+
+    log = log or (lambda s: None)
+    cfg = cfg or TrainConfig(episodes=episodes)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    man_path = out / "manifest.json"
+    man = json.loads(man_path.read_text()) if man_path.is_file() else {}
+    ref_path = out / "reference.npz"
+    ref: dict[str, np.ndarray] = {}
+    if ref_path.is_file():
+        with np.load(ref_path) as z:
+            ref = {k: z[k] for k in z.files}
+    from agents.features import SCHEMA_VERSION, schema
+    from agents.hidvfs import ActionSpace
+
+    man.update(
+        {
+            "format": "hidvfs-models",
+            "board": spec.name,
+            "schema_version": SCHEMA_VERSION,
+            "schema": schema(),
+            "seed": seed,
+            "command": command,
+            "period_s": cfg.period_s,
+            "action_space": ActionSpace.of(spec).to_json(),
+            "seed_ranges": {
+                "train": TRAIN_SEEDS,
+                "calibration": CALIB_SEEDS,
+                "validation": VAL_SEEDS,
+                "eval": EVAL_SEEDS,
+            },
+        }
+    )
+    man.setdefault("policies", {})
+
+    def meta(role: str, extra=None):
+        return provenance(spec.name, role, seed, command, extra)
+
+    def export_agents(nets: HidvfsNets, sub: Path, prefix: str) -> None:
+        for role, net in (
+            ("profiler", nets.profiler),
+            ("thermal", nets.thermal),
+            ("priority", nets.priority),
+        ):
+            save_mlp(net, sub / f"{role}.onnx", meta(role, {"sizes": net.sizes}))
+            x = _ref_inputs(net.sizes[0], seed)
+            ref[f"{prefix}{role}_x"] = x
+            ref[f"{prefix}{role}_y"] = net.forward(x)
+
+    for pol in policies:
+        t0 = time.monotonic()
+        if pol in ("hidvfs", "noshaping"):
+            c = TrainConfig(**{**asdict(cfg), "shaping": pol == "hidvfs"})
+            tr = train_hidvfs(spec, run_episode, make_mix, seed, c, log)
+            sub = out if pol == "hidvfs" else out / "noshaping"
+            export_agents(tr.nets, sub, "" if pol == "hidvfs" else "noshaping_")
+            entry = {
+                "config": tr.config,
+                "wall_s": round(tr.wall_s, 1),
+                "p_ref_w": tr.p_ref,
+                "validation": tr.validation,
+                "first_returns": [round(h.ret, 4) for h in tr.history[: cfg.batch]],
+                "last_returns": [round(h.ret, 4) for h in tr.history[-cfg.batch :]],
+            }
+            if pol == "hidvfs":
+                entry["shield"] = _fit_shield(
+                    spec, tr, run_episode, make_mix, seed, c, out, meta, ref, log
+                )
+                man["shield"] = entry["shield"]
+            man["policies"][pol] = entry
+        elif pol == "geardvfs":
+            dc = DqnConfig(episodes=cfg.episodes, period_s=cfg.period_s)
+            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log)
+            save_mlp(tr.dqn.q, out / "geardvfs.onnx", meta("geardvfs", {"n_in": GEAR_IN}))
+            x = _ref_inputs(GEAR_IN, seed)
+            ref["geardvfs_x"], ref["geardvfs_y"] = x, tr.dqn.q.forward(x)
+            man["policies"][pol] = {"config": tr.config, "wall_s": round(tr.wall_s, 1)}
+        elif pol == "ztt":
+            dc = ztt_config(cfg.episodes, cfg.period_s)
+            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log)
+            save_mlp(tr.dqn.q, out / "ztt.onnx", meta("ztt", {"n_in": ZTT_IN}))
+            x = _ref_inputs(ZTT_IN, seed)
+            ref["ztt_x"], ref["ztt_y"] = x, tr.dqn.q.forward(x)
+            man["policies"][pol] = {"config": tr.config, "wall_s": round(tr.wall_s, 1)}
+        else:
+            raise ValueError(f"unknown policy {pol!r} to train; known: {', '.join(POLICIES)}")
+        log(f"[{pol} {spec.name}] trained and exported in {time.monotonic() - t0:.0f}s")
+        np.savez(ref_path, **ref)
+        man_path.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
+    return man
+
+
+def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, meta, ref, log):
+    from agents.hidvfs import N_RT, RT_FIELDS, ShieldStage
+    from agents.onnx_export import save_sklearn
+    from agents.runtime import OnnxModel
+    from agents.shield import Shield, SplitConformal
+
+    # calibration: the TRAINED policy (greedy, gate on, no shield) on calibration seeds
+    def greedy(coll, shield=None):
+        return tr.nets.policy(
+            spec, gate=True, shield=shield, period_s=cfg.period_s, extra_stages=[coll]
+        )
+
+    cal_seeds = [CALIB_SEEDS + seed * 1000 + i for i in range(cfg.calib_episodes)]
+    Xc, yc, _ = collect_rt(greedy, run_episode, make_mix, cal_seeds)
+    # the predictor is fitted on the training episodes only: calibration rows stay disjoint
+    model = fit_response_time(tr.rt_X, tr.rt_y, Xc, yc, cfg.alpha, seed)
+    path = save_sklearn(
+        model.estimator,
+        N_RT,
+        out / "response_time.onnx",
+        meta("response_time", {"fields": list(RT_FIELDS), "target": "log remaining response s"}),
+    )
+    rt = OnnxModel(path, spec.name, "response_time")
+    x = tr.rt_X[:16] if len(tr.rt_X) >= 16 else _ref_inputs(N_RT, seed)
+    ref["response_time_x"] = x.astype(np.float32)
+    ref["response_time_y"] = model.predict(x).astype(np.float32)
+    ref["cal_scores"] = model.scores
+    # held-out coverage, with the shield on (the executed, certified actions)
+    cal = SplitConformal(cfg.alpha).fit(model.scores)
+
+    def pred(z):
+        return rt(z).reshape(-1)
+
+    def shielded(coll):
+        return greedy(coll, ShieldStage(pred, Shield(pred, cal)))
+
+    ev_seeds = [EVAL_SEEDS + 50_000 + seed * 1000 + i for i in range(cfg.calib_episodes)]
+    Xe, ye, _ = collect_rt(shielded, run_episode, make_mix, ev_seeds)
+    cov = coverage(model, Xe, ye)
+    cov_train = coverage(model, Xc, yc)
+    log(
+        f"[shield {spec.name}] n_train {model.n_train} n_cal {model.n_cal} q {model.q:.4f} "
+        f"(log s) coverage held-out {cov:.3f} (target >= {1 - cfg.alpha:.2f}, n={len(ye)})"
+    )
+    return {
+        "alpha": cfg.alpha,
+        "q": model.q,
+        "q_scale": "log seconds (bound = prediction * exp(q))",
+        "n_train": model.n_train,
+        "n_cal": model.n_cal,
+        "coverage_heldout": cov,
+        "n_heldout": int(len(ye)),
+        "coverage_calibration": cov_train,
+        "fields": list(RT_FIELDS),
+    }

@@ -10,11 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from platforms.sim.plant import SimJob
-
 from bots_bench.reference import measure_reference
 from daemon.simrun import run_sim
 from platforms.dag import DAG
+from platforms.sim.plant import SimJob
 from platforms.spec import BoardSpec, load_board
 
 
@@ -88,7 +87,9 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
     try:
         dag = generate(cfg.bench, cfg.cls, seed=cfg.seed)
         profile = measure_reference(cfg.board, cfg.bench, cfg.cls, cfg.seed)
-        deadline = cfg.deadline_slack * profile.ref_makespan_s if cfg.deadline_slack else cfg.deadline_s
+        deadline = (
+            cfg.deadline_slack * profile.ref_makespan_s if cfg.deadline_slack else cfg.deadline_s
+        )
         job = SimJob(
             dag=dag,
             name=f"{cfg.bench}.{cfg.cls}",
@@ -103,7 +104,7 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
         jr = res.jobs[0]
         if jr.finish_t is None:
             raise RuntimeError(f"job did not finish within {res.t_end:.0f} s of simulated time")
-        lower, upper = makespan_bounds(dag, spec)
+        lower, upper = makespan_bounds(res.executed_dags.get(jr.pid, dag), spec)
         rec.update(
             makespan_s=jr.makespan_s,
             energy_j=res.energy_j,

@@ -23,9 +23,8 @@ def reference_cluster(spec: BoardSpec):
 
 @lru_cache(maxsize=512)
 def measure_reference(board: str, kernel: str, cls: str, seed: int = 0) -> JobProfile:
-    from platforms.sim.plant import Plant, SimJob
-
     from bots_bench.dags import generate
+    from platforms.sim.plant import Plant, SimJob
 
     spec = load_board(board)
     dag = generate(kernel, cls, seed=seed)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from platforms.sim.plant import SimJob
 
 from bots_bench.reference import measure_reference
+from platforms.sim.plant import SimJob
 from platforms.spec import BoardSpec
 
 DEFAULT_KERNELS = (

@@ -7,10 +7,9 @@ can reason about its deadline.
 
 from __future__ import annotations
 
-from platforms.sim.plant import Plant, SimJob
-
 from daemon.jobs import JobEntry, JobTable
 from platforms.observation import JobProfile
+from platforms.sim.plant import Plant, SimJob
 
 
 class SimFeeder:

@@ -58,6 +58,8 @@ class SimRunResult:
     jobs: list[SimJobResult] = field(default_factory=list)
     status: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    #: the DAG each job actually ran (the plant adds seeded per-task jitter), by pid
+    executed_dags: dict = field(default_factory=dict, repr=False)
 
     @property
     def makespan_s(self) -> float | None:
@@ -176,4 +178,5 @@ def run_sim(
         jobs=jobs,
         status=loop.status(),
         history=history,
+        executed_dags={pid: plant.job_dag(pid) for pid in plant.jobs},
     )

@@ -39,7 +39,9 @@ def work_span_bounds(work_s: float, span_s: float, m: int) -> MakespanBounds:
         raise ValueError(f"core count must be >= 1, got {m}")
     if span_s > work_s + 1e-12 * max(1.0, work_s) or span_s < 0:
         raise ValueError(f"need 0 <= L <= C, got L={span_s}, C={work_s}")
-    return MakespanBounds(work_s, span_s, m, max(span_s, work_s / m), span_s + (work_s - span_s) / m)
+    return MakespanBounds(
+        work_s, span_s, m, max(span_s, work_s / m), span_s + (work_s - span_s) / m
+    )
 
 
 def makespan_bounds(dag: DAG, f_hz: float, capacity: float = 1.0, m: int = 1) -> MakespanBounds:
@@ -72,7 +74,12 @@ class PowerCurve:
 
     def __post_init__(self):
         f = self.freqs_hz
-        if not f or len(f) != len(self.power_w) or any(b <= a for a, b in zip(f, f[1:])) or f[0] <= 0:
+        if (
+            not f
+            or len(f) != len(self.power_w)
+            or any(b <= a for a, b in zip(f, f[1:]))
+            or f[0] <= 0
+        ):
             raise ValueError("PowerCurve needs matching, strictly increasing positive frequencies")
 
 
@@ -113,7 +120,7 @@ def energy_per_cycle(curve: PowerCurve, s_hz: float) -> float:
 
 def critical_speed(curve: PowerCurve) -> float:
     """The speed minimising energy per cycle (a hull vertex: P/s is monotone on each segment)."""
-    f, p = curve.freqs_hz, curve.power_w
+    f = curve.freqs_hz
     return min((f[k] for k in lower_hull(curve)), key=lambda fk: hull_power(curve, fk) / fk)
 
 
@@ -157,11 +164,16 @@ def energy_lower_bound(
     path_time = deadline_s - span_mem_s
     s_work = work_cycles / core_time if core_time > 0 else math.inf
     s_path = span_cycles / path_time if path_time > 0 else math.inf
-    feasible = (work_cycles == 0 or s_work <= fmax * (1 + 1e-9)) and (span_cycles == 0 or s_path <= fmax * (1 + 1e-9))
+    feasible = (work_cycles == 0 or s_work <= fmax * (1 + 1e-9)) and (
+        span_cycles == 0 or s_path <= fmax * (1 + 1e-9)
+    )
     if not feasible:
         return EnergyBound(math.inf, math.inf, math.inf, fc, False)
     work_j = work_cycles * energy_per_cycle(curve, min(max(fc, s_work), fmax))
-    path_j = span_cycles * energy_per_cycle(curve, min(max(fc, s_path), fmax)) + (work_cycles - span_cycles) * e_crit
+    path_j = (
+        span_cycles * energy_per_cycle(curve, min(max(fc, s_path), fmax))
+        + (work_cycles - span_cycles) * e_crit
+    )
     return EnergyBound(work_j, path_j, max(work_j, path_j), fc, True)
 
 
@@ -205,4 +217,6 @@ def dag_energy_lower_bound(dag: DAG, curve: PowerCurve, m: int, deadline_s: floa
 
 def hetero_energy_lower_bound(work_ref_cycles: float, curves: list[PowerCurve]) -> float:
     """E ≥ W·min_k min_f P_k(f)/(κ_k f): the cheapest reference cycle on any core type."""
-    return work_ref_cycles * min(energy_per_cycle(c, critical_speed(c)) / c.capacity for c in curves)
+    return work_ref_cycles * min(
+        energy_per_cycle(c, critical_speed(c)) / c.capacity for c in curves
+    )

@@ -339,3 +339,30 @@ class FeatureBuilder:
         o += N_EDGE
         x[:, o:] = g
         return x, pt, pn, tpos[ti], wait, g
+
+
+# column positions used by the training signals
+COL_LOG_WORK = 0
+COL_WAIT = N_STATIC + 0
+COL_SLACK = N_STATIC + 6
+COL_SPEED = N_STATIC + N_DYN + 0
+COL_REGRET = N_STATIC + N_DYN + N_NODE + 1
+COL_LEFTOVER = N_STATIC + N_DYN + N_NODE + 3
+COL_IS_WAIT = N_STATIC + N_DYN + N_NODE + 5
+PRIOR_TAU = 0.05
+
+
+def topological_prior(x: np.ndarray) -> np.ndarray:
+    """``[P]`` topological prior of each edge in 0..1: high for a task on the critical path
+    that sets the horizon (slack ~ 0, decaying with ``PRIOR_TAU``), discounted by the
+    finish-time regret of the edge (so holding it for its best node scores as starting it
+    there, and starting it on a slow node scores less)."""
+    return np.exp(-x[:, COL_SLACK] / PRIOR_TAU) * (1.0 - np.clip(x[:, COL_REGRET], 0.0, 1.0))
+
+
+def sjf_choice(x: np.ndarray, pair_task: np.ndarray) -> int:
+    """Index of the edge the ``sjf`` heuristic would take first: shortest task, then the one
+    ready longest, then the lowest id, on the fastest node with the best fit; never a wait."""
+    key_node = -(x[:, COL_SPEED] - 1e-3 * x[:, COL_LEFTOVER])
+    order = np.lexsort((key_node, pair_task, -x[:, COL_WAIT], x[:, COL_LOG_WORK], x[:, COL_IS_WAIT]))
+    return int(order[0])

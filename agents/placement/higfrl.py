@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.placement.features import FeatureBuilder, LocalState
+from agents.placement.features import FeatureBuilder, LocalState, sjf_choice
 from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "cluster" / "higfrl.onnx"
@@ -35,11 +35,12 @@ class Trajectory:
 
     t: list[float] = field(default_factory=list)
     area: list[float] = field(default_factory=list)  # integral of tasks in system so far
-    prior: list[float] = field(default_factory=list)  # critical-path rank of the pick, 0..1
-    x: list[np.ndarray] = field(default_factory=list)  # pair rows (only steps with > 1 pair)
-    action: list[int] = field(default_factory=list)
-    step_of_x: list[int] = field(default_factory=list)  # which decision each x belongs to
     context: list[np.ndarray] = field(default_factory=list)
+    # decisions with more than one edge (the only ones with a gradient)
+    x: list[np.ndarray] = field(default_factory=list)
+    action: list[int] = field(default_factory=list)
+    teacher: list[int] = field(default_factory=list)  # the sjf heuristic's edge
+    step_of_x: list[int] = field(default_factory=list)  # which decision each x belongs to
 
 
 class HigfrlPlacer:
@@ -86,15 +87,13 @@ class HigfrlPlacer:
                 a = min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), cdf.size - 1)
         if self.record:
             tr = self.trajectory
-            v = state.view
-            rank = self.features.w.rank_u[pt]
-            tr.t.append(v.t)
-            tr.area.append(v.flow_area)
-            tr.prior.append(float(rank[a] / max(rank.max(), 1e-9)))
+            tr.t.append(state.view.t)
+            tr.area.append(state.view.flow_area)
             tr.context.append(g)
             if pt.size > 1:
                 tr.x.append(x)
                 tr.action.append(a)
+                tr.teacher.append(sjf_choice(x, pt))
                 tr.step_of_x.append(len(tr.t) - 1)
         return int(pt[a]), int(pn[a]), int(pp[a]), bool(pw[a])
 

@@ -3,16 +3,21 @@
 Advantage actor-critic (numpy, hand-written backprop, Adam), reproducible from one seed:
 
 - every iteration draws a fresh synthetic trace (training seeds never overlap the held-out
-  evaluation seeds) at a random load, and runs ``rollouts`` sampled episodes on it;
-- **hybrid reward** per decision k: r_k = -(dA_k / A_ref + w_m dt_k / T_ref) + beta p_k / K,
-  with A the integral of tasks in the system (its total is the sum of task flow times), t the
-  clock (its total is the makespan), ``A_ref``/``T_ref`` the values of a reference heuristic
-  on the same trace, and p_k the topological prior: the critical-path rank (rank_u) of the
-  picked task relative to the largest among the candidates; K the number of decisions;
-- baseline: the mean over the rollouts of the return-to-go at the same simulated time (an
-  input-dependent baseline: all rollouts see the same arrivals) averaged with the evaluator's
-  (critic's) estimate from the global context; the critic regresses the return-to-go;
-- entropy bonus and prior weight anneal linearly to their final values.
+  evaluation seeds) at a random load and runs ``rollouts`` sampled episodes on it;
+- **hybrid reward**. The makespan/flow signal per decision k is
+  r_k = -(dA_k / A_ref + w_m dt_k / T_ref), with A the integral of the number of tasks in the
+  system (its total is the sum of task flow times), t the clock (its total is the makespan)
+  and ``A_ref``/``T_ref`` a reference heuristic's totals on the same trace; its return-to-go
+  carries the long-term credit. The **topological prior** p (critical-path position of the
+  picked task against the horizon, discounted by its finish-time regret; see
+  :func:`features.topological_prior`) is an immediate reward added with weight beta;
+- advantage = return-to-go - baseline, the baseline being the mean over the rollouts of the
+  return-to-go at the same simulated time (input-dependent: every rollout sees the same
+  arrivals) averaged with the evaluator's estimate from the global context; the evaluator
+  (critic) regresses the return-to-go; the prior's advantage is p - E_pi[p];
+- the allocator (actor) starts from imitation: a cross-entropy term towards the ``sjf``
+  heuristic's edge whose weight decays to zero over the first ``bc_fraction`` of training,
+  after which only the reward drives it; entropy bonus and prior weight anneal linearly.
 
 ``python -m tools.coordinator_cmd train --seed 0`` trains and exports the shipped model
 (``tools`` owns the clock and the file paths; this module only computes).
@@ -26,11 +31,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from agents.placement.features import FEATURE_VERSION, N_GLOBAL, N_PAIR
+from agents.placement.features import FEATURE_VERSION, N_GLOBAL, N_PAIR, topological_prior
 from agents.placement.heuristics import HEURISTICS, make_heuristic
 from agents.placement.higfrl import HigfrlPlacer, Trajectory
 from agents.placement.onnx_mlp import Mlp, NumpyPolicyModel
-from platforms.cluster.simcluster import NodeSpec, SimResult, Workload, capacity, parse_nodes_spec, simulate
+from platforms.cluster.simcluster import (
+    NodeSpec,
+    SimResult,
+    Workload,
+    capacity,
+    parse_nodes_spec,
+    simulate,
+)
 from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
 
 DEFAULT_NODES = "tx2:4,orin-nx:2,rubikpi3:2"
@@ -41,20 +53,22 @@ EVAL_SEEDS = (900_001, 900_002, 900_003)
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    iterations: int = 120
-    rollouts: int = 3
-    jobs_per_episode: int = 60
-    load_range: tuple[float, float] = (0.6, 1.1)
+    iterations: int = 80
+    rollouts: int = 2
+    jobs_per_episode: int = 40
+    load_range: tuple[float, float] = (0.6, 1.2)
     nodes: str = DEFAULT_NODES
     hidden: tuple[int, ...] = (64, 32)
     critic_hidden: tuple[int, ...] = (32,)
-    lr: float = 1e-3
+    lr: float = 2e-3
     critic_lr: float = 3e-3
     makespan_weight: float = 1.0
-    prior_weight: float = 0.05
-    prior_final: float = 0.0
-    entropy: float = 0.01
-    entropy_final: float = 0.001
+    prior_weight: float = 0.5
+    prior_final: float = 0.2
+    bc_weight: float = 1.0
+    bc_fraction: float = 0.4
+    entropy: float = 0.003
+    entropy_final: float = 0.0005
     grad_clip: float = 1.0
     reference: str = "sjf"
 
@@ -91,13 +105,11 @@ def episode_workload(seed: int, n_jobs: int, load: float, nodes: Sequence[NodeSp
     return Workload.from_jobs(synthetic_trace(cfg).jobs)
 
 
-def rewards(tr: Trajectory, res: SimResult, a_ref: float, t_ref: float, w_mk: float, beta: float) -> np.ndarray:
-    """Hybrid reward per decision (see the module docstring)."""
+def rewards(tr: Trajectory, res: SimResult, a_ref: float, t_ref: float, w_mk: float) -> np.ndarray:
+    """Makespan and flow-time signal per decision (see the module docstring)."""
     t = np.asarray(tr.t + [float(res.finish.max())])
     area = np.asarray(tr.area + [float((res.finish - res.ready_t).sum())])
-    k = len(tr.t)
-    r = -(np.diff(area) / a_ref + w_mk * np.diff(t) / t_ref)
-    return r + beta * np.asarray(tr.prior) / max(k, 1)
+    return -(np.diff(area) / a_ref + w_mk * np.diff(t) / t_ref)
 
 
 def returns_to_go(r: np.ndarray) -> np.ndarray:
@@ -116,27 +128,40 @@ def time_baseline(times: list[np.ndarray], rets: list[np.ndarray]) -> list[np.nd
     return out
 
 
-def actor_grads(model: NumpyPolicyModel, xs: list[np.ndarray], actions: np.ndarray, adv: np.ndarray, ent: float):
-    """Gradients of -mean(adv * log pi(a)) - ent * mean(H) over a batch of decisions."""
+def actor_grads(
+    model: NumpyPolicyModel, xs: list[np.ndarray], actions: np.ndarray, teacher: np.ndarray, adv: np.ndarray, beta: float, bc: float, ent: float
+):
+    """Gradients over a batch of decisions of
+    -mean[(adv + beta (p_a - E_pi p)) log pi(a)] - bc mean[log pi(teacher)] - ent mean[H]."""
     sizes = np.array([x.shape[0] for x in xs])
     offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     seg = np.repeat(np.arange(sizes.size), sizes)
-    xin = (np.concatenate(xs).astype(np.float64) - model.mean) / model.std
-    out, acts = model.actor.forward_cache(xin)
-    logit = out[:, 0]
+    xcat = np.concatenate(xs)
+    xin = ((xcat - model.mean) / model.std).astype(np.float32)
+    net = Mlp([(w.astype(np.float32), b.astype(np.float32)) for w, b in model.actor.layers])
+    out, acts = net.forward_cache(xin)
+    logit = out[:, 0].astype(np.float64)
     mx = np.maximum.reduceat(logit, offs)
     e = np.exp(logit - mx[seg])
     z = np.add.reduceat(e, offs)
     p = e / z[seg]
     logp = np.log(np.maximum(p, 1e-12))
     h = -np.add.reduceat(p * logp, offs)
-    n = sizes.size
-    g = adv[seg] * p
-    g[offs + actions] -= adv
+    prior = topological_prior(xcat)
+    prior_adv = prior[offs + actions] - np.add.reduceat(p * prior, offs)
+    a_tot = adv + beta * prior_adv
+    g = a_tot[seg] * p
+    g[offs + actions] -= a_tot
+    g += bc * p
+    g[offs + teacher] -= bc
     g += ent * p * (logp + h[seg])
-    grads = model.actor.backward(acts, (g / n)[:, None])
-    chosen = logp[offs + actions]
-    return [a for wb in grads for a in wb], float(h.mean()), float(-(adv * chosen).mean())
+    grads = net.backward(acts, (g / sizes.size).astype(np.float32)[:, None])
+    stats = {
+        "entropy": float(h.mean()),
+        "agree_sjf": float(np.mean(actions == teacher)),
+        "prior": float(prior[offs + actions].mean()),
+    }
+    return [a.astype(np.float64) for wb in grads for a in wb], stats
 
 
 def critic_grads(model: NumpyPolicyModel, ctx: np.ndarray, target: np.ndarray):
@@ -179,6 +204,7 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
         frac = it / max(cfg.iterations - 1, 1)
         beta = cfg.prior_weight + (cfg.prior_final - cfg.prior_weight) * frac
         ent = cfg.entropy + (cfg.entropy_final - cfg.entropy) * frac
+        bc = cfg.bc_weight * max(0.0, 1.0 - frac / cfg.bc_fraction) if cfg.bc_fraction > 0 else 0.0
         load = float(rng.uniform(*cfg.load_range))
         w = episode_workload(TRAIN_SEED_BASE + cfg.seed * 100_000 + it, cfg.jobs_per_episode, load, nodes)
         ref = simulate(w, nodes, make_heuristic(cfg.reference))
@@ -187,30 +213,28 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
         runs = [_rollout(model, w, nodes, seed=int(rng.integers(1 << 30))) for _ in range(cfg.rollouts)]
         times, rets, ctxs = [], [], []
         for res, tr in runs:
-            g = returns_to_go(rewards(tr, res, a_ref, t_ref, cfg.makespan_weight, beta))
             times.append(np.asarray(tr.t))
-            rets.append(g)
+            rets.append(returns_to_go(rewards(tr, res, a_ref, t_ref, cfg.makespan_weight)))
             ctxs.append(np.asarray(tr.context, dtype=np.float64))
         base = time_baseline(times, rets)
-        ctx_all = np.concatenate(ctxs)
         g_all = np.concatenate(rets)
-        c_grads, c_loss, v_all = critic_grads(model, ctx_all, g_all)
+        c_grads, c_loss, v_all = critic_grads(model, np.concatenate(ctxs), g_all)
         adv_steps = g_all - 0.5 * (np.concatenate(base) + v_all)
-        xs, acts, adv = [], [], []
+        xs, acts, teach, adv = [], [], [], []
         off = 0
         for (_, tr), g in zip(runs, rets):
             if tr.x:
                 xs += tr.x
                 acts.append(np.asarray(tr.action))
+                teach.append(np.asarray(tr.teacher))
                 adv.append(adv_steps[off + np.asarray(tr.step_of_x)])
             off += g.size
+        stats = {"entropy": 0.0, "agree_sjf": 0.0, "prior": 0.0}
         if xs:
             adv_a = np.concatenate(adv)
             adv_a = (adv_a - adv_a.mean()) / (adv_a.std() + 1e-8)
-            a_grads, entropy, _ = actor_grads(model, xs, np.concatenate(acts), adv_a, ent)
+            a_grads, stats = actor_grads(model, xs, np.concatenate(acts), np.concatenate(teach), adv_a, beta, bc, ent)
             opt_a.step(_clip(a_grads, cfg.grad_clip))
-        else:
-            entropy = 0.0
         opt_c.step(_clip(c_grads, cfg.grad_clip))
         flow = float(np.mean([r.mean_flow for r, _ in runs]))
         mk = float(np.mean([r.makespan for r, _ in runs]))
@@ -222,7 +246,8 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
             "makespan_ratio": mk / t_ref,
             "return": float(np.mean([g[0] for g in rets])),
             "critic_mse": c_loss,
-            "entropy": entropy,
+            "bc": bc,
+            **stats,
         }
         history.append(row)
         if log is not None:

@@ -220,6 +220,27 @@ class Workload:
         )
 
 
+def single_task_workload(name: str, work_s: float, cpu: float, mem: float, rank_s: float | None = None, arrival: float = 0.0) -> Workload:
+    """A one-task workload (a pod to place live): ``rank_s`` is the critical path left from
+    this task, itself included (defaults to its own work)."""
+    one = np.zeros(1, dtype=np.int64)
+    return Workload(
+        job_names=(name,),
+        job_arrival=np.array([arrival], dtype=float),
+        job_ptr=np.array([0, 1], dtype=np.int64),
+        task_names=(name,),
+        task_job=one.copy(),
+        work=np.array([work_s], dtype=float),
+        cpu=np.array([cpu], dtype=float),
+        mem=np.array([mem], dtype=float),
+        succ_ptr=np.zeros(2, dtype=np.int64),
+        succ_idx=np.zeros(0, dtype=np.int64),
+        pred_ptr=np.zeros(2, dtype=np.int64),
+        pred_idx=np.zeros(0, dtype=np.int64),
+        rank_u=np.array([max(work_s, rank_s if rank_s is not None else work_s)], dtype=float),
+    )
+
+
 def _csr(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(src, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)

@@ -31,4 +31,6 @@ def make_sim_platform(board: str | BoardSpec, seed: int = 0, **plant_kwargs) -> 
     spec = load_board(board) if isinstance(board, str) else board
     plant = Plant(spec, seed=seed, **plant_kwargs)
     clock = VirtualClock(plant.t, on_advance=plant.advance)
-    return Platform(spec=spec, sysfs=SimSysfs(plant), procs=SimProcessControl(plant), clock=clock, kind="sim")
+    return Platform(
+        spec=spec, sysfs=SimSysfs(plant), procs=SimProcessControl(plant), clock=clock, kind="sim"
+    )

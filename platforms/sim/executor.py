@@ -75,7 +75,9 @@ class ExecJob:
         "weight",
     )
 
-    def __init__(self, st: Any, pid: int, order: int, cyc, mem, ptr, idx, npred, affinity, prio, weight):
+    def __init__(
+        self, st: Any, pid: int, order: int, cyc, mem, ptr, idx, npred, affinity, prio, weight
+    ):
         self.st = st
         self.pid = pid
         self.order = order
@@ -123,7 +125,9 @@ class Executor:
     # ------------------------------------------------------------------------------------------
     # public operations
 
-    def add_job(self, st, pid: int, cyc, mem, ptr, idx, npred, affinity, prio: int, weight: float, t: float) -> None:
+    def add_job(
+        self, st, pid: int, cyc, mem, ptr, idx, npred, affinity, prio: int, weight: float, t: float
+    ) -> None:
         job = ExecJob(st, pid, next(self._order), cyc, mem, ptr, idx, npred, affinity, prio, weight)
         self._set_allowed(job)
         self.jobs[pid] = job

@@ -163,7 +163,17 @@ class _P:
             raise self.err(key, "a mapping", d)
         return d
 
-    def num(self, d: dict, key: str, path: str, default: float | None = None, *, lo=None, lo_open=False, hi=None) -> float:
+    def num(
+        self,
+        d: dict,
+        key: str,
+        path: str,
+        default: float | None = None,
+        *,
+        lo=None,
+        lo_open=False,
+        hi=None,
+    ) -> float:
         if key not in d or d[key] is None:
             if default is None:
                 raise self.err(path, "a number (missing)")
@@ -191,7 +201,9 @@ def parse_sim(spec: BoardSpec) -> SimParams:
     p = _P(file)
     raw = spec.sim
     if not isinstance(raw, dict) or not raw:
-        raise SpecError(file, "sim", "a mapping of simulator parameters (missing or empty)", raw or None)
+        raise SpecError(
+            file, "sim", "a mapping of simulator parameters (missing or empty)", raw or None
+        )
 
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
@@ -301,7 +313,9 @@ def parse_sim(spec: BoardSpec) -> SimParams:
         )
     extra = sorted(set(raw_cl) - {c.name for c in spec.clusters})
     if extra:
-        raise p.err("clusters", f"cluster names of the spec {[c.name for c in spec.clusters]}", extra)
+        raise p.err(
+            "clusters", f"cluster names of the spec {[c.name for c in spec.clusters]}", extra
+        )
 
     # -- rails ------------------------------------------------------------------------------
     rail_names = [r.name for r in spec.rails if r.role != "total"]
@@ -332,6 +346,9 @@ def parse_sim(spec: BoardSpec) -> SimParams:
             raise p.err(f"rail_voltage_mv.{rn}", "a positive integer (mV)", mv)
 
     step = p.num(raw, "thermal_step_s", "thermal_step_s", 0.01, lo=1e-4, hi=1.0)
+    uncore_node = clusters[0].node
+    if "cpu_uncore_node" in raw:
+        uncore_node = p.name(raw, "cpu_uncore_node", "cpu_uncore_node", node_names)
     dts = raw.get("dtsfilename")
     if dts is not None and not isinstance(dts, str):
         raise p.err("dtsfilename", "a string", dts)
@@ -348,12 +365,7 @@ def parse_sim(spec: BoardSpec) -> SimParams:
         history_period_s=p.num(raw, "history_period_s", "history_period_s", 0.1, lo=0.0),
         sensor_resolution_mc=res,
         cpu_uncore_w=p.num(raw, "cpu_uncore_w", "cpu_uncore_w", 0.0, lo=0.0),
-        cpu_uncore_node=p.name(
-            raw if "cpu_uncore_node" in raw else {"n": clusters[0].node},
-            "cpu_uncore_node" if "cpu_uncore_node" in raw else "n",
-            "cpu_uncore_node",
-            node_names,
-        ),
+        cpu_uncore_node=uncore_node,
         clusters=tuple(clusters),
         rails=tuple(rails),
         rail_voltage_mv=tuple((k, int(v)) for k, v in volts.items()),

@@ -25,8 +25,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from operator import mul
 from dataclasses import dataclass, field
+from operator import mul
 
 import numpy as np
 
@@ -130,10 +130,6 @@ class ClusterState:
     def cap_khz(self) -> int:
         return self.freqs[len(self.freqs) - 1 - self.cap_state]
 
-    @property
-    def coef_w(self) -> float:
-        return self.table.coef_w[self.k]
-
 
 def resolve_freq(table: tuple[int, ...], target: float, lo: float, hi: float) -> int:
     """Highest table entry at or below ``target`` within [lo, hi]; the lowest in range if none.
@@ -184,10 +180,17 @@ class Plant:
         self._core_cluster: list[ClusterState] = [None] * len(self.cpu_ids)  # type: ignore[list-item]
         for cs in spec.clusters:
             cp = p.cluster(cs.name)
-            cl = ClusterState(cs, ClusterPowerTable.build(cs, cp), [self._core_of[c] for c in cs.cpus], self.net.index(cp.node))
+            cl = ClusterState(
+                cs,
+                ClusterPowerTable.build(cs, cp),
+                [self._core_of[c] for c in cs.cpus],
+                self.net.index(cp.node),
+            )
             if governor is not None:
                 if governor not in cs.governors:
-                    raise ValueError(f"{spec.name}: cluster {cs.name} has no governor {governor!r} (available: {list(cs.governors)})")
+                    raise ValueError(
+                        f"{spec.name}: cluster {cs.name} has no governor {governor!r} (available: {list(cs.governors)})"
+                    )
                 cl.governor = governor
             if cl.governor == "powersave":
                 cl.target_khz = cl.cur_khz = cl.min_khz
@@ -229,21 +232,33 @@ class Plant:
         self._busy_snap = [0.0] * len(self.cpu_ids)
 
         # thermal zones and throttling
-        self._zones = [z for z in p.zones]
+        self._zones = list(p.zones)
         self._zone_nodes = [tuple(self.net.index(n) for n in z.nodes) for z in self._zones]
         zone_pos = {z.type: i for i, z in enumerate(self._zones)}
         for z in spec.zones:
             trip = z.passive_trip_mc
             if trip is None or z.type not in zone_pos:
                 continue
-            hyst = next((t.hyst_mc for t in z.trips if t.type == "passive" and t.temp_mc == trip), 0)
+            hyst = next(
+                (t.hyst_mc for t in z.trips if t.type == "passive" and t.temp_mc == trip), 0
+            )
             for cname in z.clusters:
                 self.clusters[cname].trips.append((zone_pos[z.type], trip / 1000.0, hyst / 1000.0))
-        self._cpu_zones = [i for i, z in enumerate(self._zones) if spec.zone(z.type).role == "cpu"] or list(range(len(self._zones)))
+        self._cpu_zones = [
+            i for i, z in enumerate(self._zones) if spec.zone(z.type).role == "cpu"
+        ] or list(range(len(self._zones)))
         self._throttle_every = max(1, round(p.throttle_period_s / self._dt))
         hp = p.history_period_s
         self._history_every = max(1, round(hp / self._dt)) if hp > 0 else 0
-        self.history = History(hp, freq_khz={c: [] for c in self.clusters}, temp_c={z.type: [] for z in self._zones}) if hp > 0 else None
+        self.history = (
+            History(
+                hp,
+                freq_khz={c: [] for c in self.clusters},
+                temp_c={z.type: [] for z in self._zones},
+            )
+            if hp > 0
+            else None
+        )
         self._hist_e = (0.0, 0.0)
         self._ticks = 0
         self._next_tick = self._dt
@@ -274,10 +289,14 @@ class Plant:
     def submit(self, job: SimJob) -> int:
         """Queue ``job``; it is released at ``job.release_t`` (a time in the past means now)."""
         if job.criticality not in ("hi", "lo"):
-            raise ValueError(f"job {job.name!r}: criticality must be 'hi' or 'lo', got {job.criticality!r}")
+            raise ValueError(
+                f"job {job.name!r}: criticality must be 'hi' or 'lo', got {job.criticality!r}"
+            )
         pid = next(self._pids)
         rel = max(float(job.release_t), self.t)
-        st = JobState(pid, job.name, rel, job.deadline_s, job.criticality, job.dag.n, cpus=self.cpu_ids)
+        st = JobState(
+            pid, job.name, rel, job.deadline_s, job.criticality, job.dag.n, cpus=self.cpu_ids
+        )
         self.jobs[pid] = st
         self._pending_dags[pid] = job.dag
         if rel <= self.t:
@@ -305,20 +324,38 @@ class Plant:
             cyc, mem, run = dag.cycles, dag.mem_s, dag
         self._realised[pid] = run
         st.released = True
+        st.peak_temp_c = self._cpu_temp_now()
         self.events.append((self.t, "release", pid))
         cores = [self._core_of[c] for c in st.cpus]
         prio, weight = self._prio(st)
         self._exe.add_job(
-            st, pid, cyc.tolist(), mem.tolist(), dag.succ_ptr.tolist(), dag.succ_idx.tolist(), dag.npred.tolist(), cores, prio, weight, self.t
+            st,
+            pid,
+            cyc.tolist(),
+            mem.tolist(),
+            dag.succ_ptr.tolist(),
+            dag.succ_idx.tolist(),
+            dag.npred.tolist(),
+            cores,
+            prio,
+            weight,
+            self.t,
         )
         self._log_finished()
 
     def _log_finished(self) -> None:
         fin = self._exe.finished
         if fin:
+            peak = self._cpu_temp_now()
+            self.peak_temp_c = max(self.peak_temp_c, peak)
             for st in fin:
                 self.events.append((st.finish_t, "finish", st.pid))
+                st.peak_temp_c = peak if st.peak_temp_c is None else max(st.peak_temp_c, peak)
             fin.clear()
+
+    def _cpu_temp_now(self) -> float:
+        zt = self._zone_temps()
+        return max((zt[i] for i in self._cpu_zones), default=self.ambient_c)
 
     @staticmethod
     def _prio(st: JobState) -> tuple[int, float]:
@@ -331,7 +368,9 @@ class Plant:
         cpus = tuple(sorted(set(int(c) for c in cpus)))
         bad = [c for c in cpus if c not in self._core_of]
         if not cpus or bad:
-            raise ValueError(f"pid {pid}: invalid CPU set {list(cpus)} (board CPUs {list(self.cpu_ids)})")
+            raise ValueError(
+                f"pid {pid}: invalid CPU set {list(cpus)} (board CPUs {list(self.cpu_ids)})"
+            )
         if not any(self._exe.online[self._core_of[c]] for c in cpus):
             raise ValueError(f"pid {pid}: none of CPUs {list(cpus)} is online")
         st.cpus = cpus
@@ -383,12 +422,25 @@ class Plant:
         if until <= self.t:
             return self.t
         exe = self._exe
-        if until == INF and not self._pending and self._next_freq == INF and exe.next_time() == INF:
-            if exe.jobs:
-                raise RuntimeError(f"jobs {sorted(exe.jobs)} can make no progress (a cycle in the DAG?)")
-            return self.t
         while True:
-            t_ctrl = min(until, self._next_tick, self._next_freq, self._pending[0][0] if self._pending else INF)
+            if (
+                until == INF
+                and not self._pending
+                and self._next_freq == INF
+                and exe.next_time() == INF
+            ):
+                # nothing can ever happen again: refuse to tick forever
+                if exe.jobs:
+                    raise RuntimeError(
+                        f"jobs {sorted(exe.jobs)} can make no progress (a cycle in the DAG?)"
+                    )
+                return self.t
+            t_ctrl = min(
+                until,
+                self._next_tick,
+                self._next_freq,
+                self._pending[0][0] if self._pending else INF,
+            )
             stop = exe.run(t_ctrl)
             if stop is not None:
                 self.t = stop
@@ -422,7 +474,9 @@ class Plant:
     def _cluster(self, name: str) -> ClusterState:
         cl = self.clusters.get(name)
         if cl is None:
-            raise KeyError(f"{self.spec.name} has no cluster {name!r} (clusters: {list(self.clusters)})")
+            raise KeyError(
+                f"{self.spec.name} has no cluster {name!r} (clusters: {list(self.clusters)})"
+            )
         return cl
 
     def effective_request(self, cl: ClusterState) -> int:
@@ -457,16 +511,22 @@ class Plant:
         """Request ``khz`` (snapped to the table at or below, within the limits)."""
         cl = self._cluster(cluster)
         if cl.governor in PINNING_GOVERNORS:
-            raise ValueError(f"cluster {cluster}: governor {cl.governor!r} pins the frequency; select 'userspace' first")
+            raise ValueError(
+                f"cluster {cluster}: governor {cl.governor!r} pins the frequency; select 'userspace' first"
+            )
         if isinstance(khz, bool) or not isinstance(khz, (int, float)) or khz <= 0:
-            raise ValueError(f"cluster {cluster}: frequency must be a positive kHz value, got {khz!r}")
+            raise ValueError(
+                f"cluster {cluster}: frequency must be a positive kHz value, got {khz!r}"
+            )
         cl.target_khz = int(khz)
         self._request(cl)
 
     def set_governor(self, cluster: str, name: str) -> None:
         cl = self._cluster(cluster)
         if name not in cl.spec.governors:
-            raise ValueError(f"cluster {cluster}: governor {name!r} is not available ({list(cl.spec.governors)})")
+            raise ValueError(
+                f"cluster {cluster}: governor {name!r} is not available ({list(cl.spec.governors)})"
+            )
         cl.governor = name
         self._governor_target(cl, keep=True)
         self._request(cl)
@@ -479,14 +539,18 @@ class Plant:
         elif keep:  # userspace starts at the current frequency; the others keep it
             cl.target_khz = cl.cur_khz
 
-    def set_limits(self, cluster: str, min_khz: int | None = None, max_khz: int | None = None) -> None:
+    def set_limits(
+        self, cluster: str, min_khz: int | None = None, max_khz: int | None = None
+    ) -> None:
         """Set scaling_min/max_freq (clamped to the cpuinfo range; min > max is refused)."""
         cl = self._cluster(cluster)
         lo_hw, hi_hw = cl.spec.fmin_khz, cl.spec.fmax_khz
         new_min = cl.min_khz if min_khz is None else min(max(int(min_khz), lo_hw), hi_hw)
         new_max = cl.max_khz if max_khz is None else min(max(int(max_khz), lo_hw), hi_hw)
         if new_min > new_max:
-            raise ValueError(f"cluster {cluster}: scaling_min_freq {new_min} > scaling_max_freq {new_max}")
+            raise ValueError(
+                f"cluster {cluster}: scaling_min_freq {new_min} > scaling_max_freq {new_max}"
+            )
         if not any(new_min <= f <= new_max for f in cl.freqs):  # the kernel's table verify
             new_max = next(f for f in cl.freqs if f >= new_min)
         cl.min_khz, cl.max_khz = new_min, new_max
@@ -533,7 +597,9 @@ class Plant:
 
     def cpu_online_s(self, cpu: int) -> float:
         i = self._core_of[cpu]
-        return self._online_acc[i] + (self.t - self._online_since[i] if self._exe.online[i] else 0.0)
+        return self._online_acc[i] + (
+            self.t - self._online_since[i] if self._exe.online[i] else 0.0
+        )
 
     # ------------------------------------------------------------------------------------------
     # power
@@ -607,7 +673,9 @@ class Plant:
         act = exe.act
         cpu = 0.0
         for cl in self._cl_list:
-            cpu += cl.table.coef_w[cl.k] * sum(act[c] for c in cl.cores) + cl.leak_core_w * cl.n_online
+            cpu += (
+                cl.table.coef_w[cl.k] * sum(act[c] for c in cl.cores) + cl.leak_core_w * cl.n_online
+            )
         cpu += self._uncore_w
         nb = exe.n_busy()
         out: dict[str, float] = {}
@@ -730,8 +798,7 @@ class Plant:
     def _sample_peak(self) -> None:
         """Peak CPU temperature, sampled at the thermal governor's polling period (and at job
         release/completion) so that it does not depend on how often anyone reads."""
-        zt = self._zone_temps()
-        peak = max((zt[i] for i in self._cpu_zones), default=self.ambient_c)
+        peak = self._cpu_temp_now()
         if peak > self.peak_temp_c:
             self.peak_temp_c = peak
         for job in self._exe.jobs.values():

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 from platforms.bounds import PowerCurve
-from platforms.spec import BoardSpec, ClusterSpec
 from platforms.sim.params import ClusterPower, SimParams, parse_sim
+from platforms.spec import BoardSpec, ClusterSpec
 
 
 def dyn_w(cdyn_uw_mhz_v2: float, volt_v: float, f_khz: float, activity: float = 1.0) -> float:

@@ -123,7 +123,10 @@ class SimSysfs(SysfsBackend):
     def _build(self) -> None:
         spec, plant = self.spec, self.plant
         cpus = spec.cpus
-        self._add(f"{paths.CPU}/online", lambda: paths.format_cpu_ranges(c for c in cpus if plant.is_online(c)))
+        self._add(
+            f"{paths.CPU}/online",
+            lambda: paths.format_cpu_ranges(c for c in cpus if plant.is_online(c)),
+        )
         self._add(f"{paths.CPU}/present", lambda: paths.format_cpu_ranges(cpus))
         self._add(f"{paths.CPU}/possible", lambda: paths.format_cpu_ranges(cpus))
         for cpu in cpus:
@@ -134,7 +137,9 @@ class SimSysfs(SysfsBackend):
                 reader, writer = self._policy_file(cs.name, name)
                 self._add(paths.policy_file(cs.policy, name), reader, writer)
                 for cpu in cs.cpus:
-                    self._add(f"{paths.cpu_cpufreq(cpu)}/{name}", reader, writer, self._online_pred(cpu))
+                    self._add(
+                        f"{paths.cpu_cpufreq(cpu)}/{name}", reader, writer, self._online_pred(cpu)
+                    )
         for i, z in enumerate(spec.zones):
             self._add(paths.zone_file(i, "type"), lambda z=z: z.type)
             self._add(paths.zone_file(i, "temp"), self._temp_reader(z))
@@ -183,7 +188,9 @@ class SimSysfs(SysfsBackend):
             "scaling_min_freq": lambda: str(cl.min_khz),
             "scaling_max_freq": lambda: str(cl.max_khz),
             "scaling_cur_freq": lambda: str(cl.cur_khz),
-            "scaling_setspeed": lambda: str(cl.cur_khz) if cl.governor == "userspace" else "<unsupported>",
+            "scaling_setspeed": lambda: (
+                str(cl.cur_khz) if cl.governor == "userspace" else "<unsupported>"
+            ),
             "cpuinfo_min_freq": lambda: str(cs.fmin_khz),
             "cpuinfo_max_freq": lambda: str(cs.fmax_khz),
             "cpuinfo_transition_latency": lambda: str(cs.transition_latency_ns),
@@ -191,12 +198,16 @@ class SimSysfs(SysfsBackend):
 
         def governor(value: str) -> None:
             if value not in cs.governors:
-                raise SysfsWriteError(path, value, errno.EINVAL, f"governor not available ({' '.join(cs.governors)})")
+                raise SysfsWriteError(
+                    path, value, errno.EINVAL, f"governor not available ({' '.join(cs.governors)})"
+                )
             plant.set_governor(cluster, value)
 
         def setspeed(value: str) -> None:
             if cl.governor != "userspace":
-                raise SysfsWriteError(path, value, errno.EINVAL, f"governor is {cl.governor}, not userspace")
+                raise SysfsWriteError(
+                    path, value, errno.EINVAL, f"governor is {cl.governor}, not userspace"
+                )
             khz = _parse_khz(path, value)
             if khz <= 0:
                 raise SysfsWriteError(path, value, errno.EINVAL, "frequency must be > 0")
@@ -297,7 +308,9 @@ class SimSysfs(SysfsBackend):
         lines.append(f"ctxt {plant.n_task_events}")
         lines.append("btime 0")
         lines.append(f"processes {len(plant.jobs)}")
-        lines.append(f"procs_running {sum(1 for c in self.spec.cpus if plant.is_online(c) and plant.cpu_running(c))}")
+        lines.append(
+            f"procs_running {sum(1 for c in self.spec.cpus if plant.is_online(c) and plant.cpu_running(c))}"
+        )
         lines.append("procs_blocked 0")
         return "\n".join(lines)
 

@@ -27,7 +27,9 @@ class ThermalNetwork:
         self.ambient_c = float(ambient_c)
         n = len(self.names)
         if self.cap.shape != (n,) or self.g.shape != (n, n):
-            raise ValueError("thermal network: capacitance/conductance shapes do not match the nodes")
+            raise ValueError(
+                "thermal network: capacitance/conductance shapes do not match the nodes"
+            )
         s = 1.0 / np.sqrt(self.cap)
         m = s[:, None] * self.g * s[None, :]
         lam, u = np.linalg.eigh(m)
@@ -90,8 +92,3 @@ class ThermalNetwork:
         """Exact rise at time ``t`` from ``rise0`` under constant ``p_w`` (one ZOH step)."""
         phi, gamma = self.matrices(t)
         return phi @ np.asarray(rise0, dtype=np.float64) + gamma @ np.asarray(p_w, dtype=np.float64)
-
-
-def matvec(m: list[list[float]], v: list[float]) -> list[float]:
-    """Plain-Python matrix-vector product for the small (n <= 8) network matrices."""
-    return [sum(a * b for a, b in zip(row, v)) for row in m]

@@ -101,9 +101,17 @@ def test_start_register_write_sigterm_restores_everything(board):
     proc, log = start_daemon(tree, state)
     try:
         sock = state / "hidvfs.sock"
-        wait_for(sock.exists, what="the registry socket")
-        job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         client = RegistryClient(str(sock))
+
+        def serving():
+            try:
+                client.status()
+                return True
+            except Exception:  # noqa: BLE001 - not listening yet
+                return False
+
+        wait_for(serving, what="the registry socket")
+        job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         answer = client.register(job.pid, deadline_s=5.0, criticality="hi", name="sleeper")
         assert answer.get("ok", True)
         # maxfreq: userspace governor and the table maximum on every policy.
@@ -167,7 +175,10 @@ def test_missing_file_and_eagain_zone_are_logged_not_fatal(board):
 
 
 def test_read_only_tree_is_refused_with_a_clear_message(board, monkeypatch):
+    import daemon.service
     from daemon.service import DaemonError, run_live
+
+    monkeypatch.setattr(daemon.service, "setup_logging", lambda *a, **k: None)  # keep pytest's
 
     spec, tree, state = board
     real_access = os.access

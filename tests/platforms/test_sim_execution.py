@@ -42,7 +42,9 @@ def fork_join(rng, width=7, depth=4, mem=0.0) -> DAG:
     b = DagBuilder("forkjoin")
     join = b.add(rng.uniform(1e5, 1e6))
     for _ in range(depth):
-        forks = [b.add(rng.uniform(1e6, 3e7), mem * rng.uniform(0, 1e-3), (join,)) for _ in range(width)]
+        forks = [
+            b.add(rng.uniform(1e6, 3e7), mem * rng.uniform(0, 1e-3), (join,)) for _ in range(width)
+        ]
         join = b.add(rng.uniform(1e5, 1e6), 0.0, forks)
     return b.build()
 
@@ -214,7 +216,10 @@ def test_cyclic_dag_is_reported_not_hung():
 def _campaign(seed: int) -> tuple:
     rng = np.random.default_rng(11)
     plant = Plant(TX2, seed=seed, online=TX2.cpus)
-    pids = [plant.submit(SimJob(shape(rng, mem=1.0), shape.__name__, release_t=0.05 * k)) for k, shape in enumerate(SHAPES)]
+    pids = [
+        plant.submit(SimJob(shape(rng, mem=1.0), shape.__name__, release_t=0.05 * k))
+        for k, shape in enumerate(SHAPES)
+    ]
     plant.set_priority(pids[2], rt_priority=10)
     plant.run_until_idle()
     return (

@@ -50,15 +50,24 @@ def test_layout_matches_paths_for_the_spec(board):
     assert fs.list(paths.CPUFREQ) == sorted(f"policy{c.policy}" for c in spec.clusters)
     for cs in spec.clusters:
         assert set(paths.POLICY_FILES) <= set(fs.list(paths.policy_dir(cs.policy)))
-        assert fs.read(paths.policy_file(cs.policy, "related_cpus")).split() == [str(c) for c in cs.cpus]
-        assert fs.read_ints(paths.policy_file(cs.policy, "scaling_available_frequencies")) == list(cs.freqs_khz)
+        assert fs.read(paths.policy_file(cs.policy, "related_cpus")).split() == [
+            str(c) for c in cs.cpus
+        ]
+        assert fs.read_ints(paths.policy_file(cs.policy, "scaling_available_frequencies")) == list(
+            cs.freqs_khz
+        )
         assert fs.read(paths.policy_file(cs.policy, "scaling_driver")) == cs.scaling_driver
         assert fs.read(paths.policy_file(cs.policy, "scaling_governor")) == cs.default_governor
-        assert fs.read_int(paths.policy_file(cs.policy, "cpuinfo_transition_latency")) == cs.transition_latency_ns
+        assert (
+            fs.read_int(paths.policy_file(cs.policy, "cpuinfo_transition_latency"))
+            == cs.transition_latency_ns
+        )
     cpus = spec.cpus
     assert not fs.exists(paths.cpu_online(cpus[0]))  # cpu0: not hot-pluggable
     for cpu in cpus[1:]:
-        assert fs.read(paths.cpu_online(cpu)) == ("0" if any(cpu in c.offline_by_default for c in spec.clusters) else "1")
+        assert fs.read(paths.cpu_online(cpu)) == (
+            "0" if any(cpu in c.offline_by_default for c in spec.clusters) else "1"
+        )
     assert fs.read(f"{paths.CPU}/possible") == paths.format_cpu_ranges(cpus)
     zones = fs.list(paths.THERMAL)
     assert zones == sorted(f"thermal_zone{i}" for i in range(len(spec.zones)))
@@ -117,7 +126,11 @@ def test_hwmon_rails_on_orin():
     power = fs.plant.rail_power_w()
     for rail in spec.rails:
         assert fs.read(f"{d}/in{rail.channel}_label") == rail.name
-        mw = fs.read_int(f"{d}/in{rail.channel}_input") * fs.read_int(f"{d}/curr{rail.channel}_input") / 1000
+        mw = (
+            fs.read_int(f"{d}/in{rail.channel}_input")
+            * fs.read_int(f"{d}/curr{rail.channel}_input")
+            / 1000
+        )
         assert mw == pytest.approx(power[rail.name] * 1000, abs=5.0)
 
 
@@ -152,7 +165,9 @@ def test_governor_writes():
     fs.write(gov, "performance")
     settle(fs)
     assert fs.read_int(f"{P0}/scaling_cur_freq") == 2035200
-    assert fs.read(paths.policy_file(1, "scaling_governor")) == "schedutil"  # other policy untouched
+    assert (
+        fs.read(paths.policy_file(1, "scaling_governor")) == "schedutil"
+    )  # other policy untouched
 
 
 def test_modular_governor_is_refused_until_loaded():
@@ -249,7 +264,11 @@ def test_reads_track_the_plant():
     assert busy_mw > idle_mw + 800  # two A57 cores at 2 GHz
     temp = fs.read_int(paths.zone_file(0, "temp"))
     assert temp % 500 == 0 and temp == pytest.approx(plant.temps_c()["BCPU-therm"] * 1000, abs=250)
-    stat = {ln.split()[0]: [int(x) for x in ln.split()[1:]] for ln in fs.read(paths.PROC_STAT).splitlines() if ln.startswith("cpu")}
+    stat = {
+        ln.split()[0]: [int(x) for x in ln.split()[1:]]
+        for ln in fs.read(paths.PROC_STAT).splitlines()
+        if ln.startswith("cpu")
+    }
     assert stat["cpu0"][0] == 100 and stat["cpu3"][0] == 100  # 1 s busy in USER_HZ
     assert stat["cpu4"][0] == 0 and stat["cpu4"][3] == 100  # 1 s idle
     assert "cpu1" not in stat  # offline CPUs are not listed
@@ -281,7 +300,11 @@ def test_sim_process_control():
     assert procs.cpu_time(pid) == pytest.approx(0.5, rel=1e-6)  # two cores for 0.25 s
     plant.advance(10.0)
     assert not procs.alive(pid)
-    for call in (lambda: procs.cpu_time(pid), lambda: procs.set_affinity(pid, (0,)), lambda: procs.get_affinity(99)):
+    for call in (
+        lambda: procs.cpu_time(pid),
+        lambda: procs.set_affinity(pid, (0,)),
+        lambda: procs.get_affinity(99),
+    ):
         with pytest.raises(ProcessGone):
             call()
 

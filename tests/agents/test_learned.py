@@ -1,0 +1,171 @@
+"""The shipped hidvfs policy: loads from ONNX, decides valid, gated and shielded decisions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.factory import make_policy
+from agents.gate import FederatedGate, jobs_from_obs
+from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage
+from agents.learned import MODELS_DIR, check_board, make_hidvfs
+from agents.policy import Decision, JobSetting
+from agents.runtime import ModelMismatch, OnnxModel
+from platforms.spec import load_board
+
+BOARDS = ("tx2", "orin-nx", "rubikpi3")
+
+
+@cache
+def observations(board: str, seed: int = 900_123) -> tuple:
+    """Observations with running jobs, from a maxfreq run of a held-out-style mix."""
+    from daemon.simrun import run_sim
+    from tools.cmd_agents import EpisodeSpec, episode_items
+
+    seen = []
+    items = episode_items(board, seed, EpisodeSpec(n_jobs=4))
+    run_sim(
+        board,
+        make_policy("maxfreq", load_board(board)),
+        items,
+        seed=seed,
+        on_tick=lambda r: seen.append(r.obs) if r.obs.jobs else None,
+    )
+    return tuple(seen)
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_shipped_models_pass_check(board):
+    report = check_board(board)
+    assert report["ok"], report
+    names = {f["file"] for f in report["files"]}
+    assert {"profiler.onnx", "thermal.onnx", "priority.onnx", "response_time.onnx"} <= names
+    for f in report["files"]:
+        if f["file"].endswith(".onnx"):
+            assert f["command"].startswith(f"hidvfs agents train --board {board}")
+            assert f["max_abs_diff"] <= 1e-5
+
+
+def test_models_of_another_board_are_refused():
+    with pytest.raises(ModelMismatch, match="board"):
+        OnnxModel(MODELS_DIR / "tx2" / "profiler.onnx", "orin-nx", "profiler")
+    with pytest.raises(ModelMismatch):
+        make_hidvfs(load_board("orin-nx"), models=MODELS_DIR / "tx2")
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_decisions_are_valid(board):
+    spec = load_board(board)
+    pol = make_policy("hidvfs", spec)
+    assert isinstance(pol, HidvfsPolicy) and len(pol.stages) == 3
+    tables = {c.name: set(c.freqs_khz) for c in spec.clusters}
+    pol.reset(0)
+    for obs in observations(board):
+        d = pol.decide(obs)
+        for st_ in pol.stages:
+            d = st_(d, obs)
+        online = {c for cl in obs.clusters for c in cl.online}
+        assert set(d.freq_khz) == {c.name for c in obs.clusters}
+        for name, f in d.freq_khz.items():
+            assert f in tables[name]
+        assert set(d.jobs) == {j.pid for j in obs.jobs}
+        for s in d.jobs.values():
+            assert s.cpus and set(s.cpus) <= online
+            assert 1 <= s.rt_priority <= 99
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_gate_stage_output_is_feasible_when_the_gate_finds_it(board):
+    spec = load_board(board)
+    pol = make_hidvfs(spec, shield=False)
+    gate_stage = pol.stages[0]
+    for obs in observations(board)[:40]:
+        d = gate_stage(pol.decide(obs), obs)
+        jobs = jobs_from_obs(obs)
+        if jobs and gate_stage.last is not None and gate_stage.last.feasible:
+            reasons, _ = FederatedGate.from_observation(obs).check(d, jobs)
+            assert reasons == []
+
+
+def _tight(obs):
+    """The same observation with every deadline job almost out of time."""
+    jobs = tuple(
+        replace(j, deadline_s=j.elapsed_s + 0.02) if j.deadline_s is not None else j
+        for j in obs.jobs
+    )
+    return obs.with_jobs(jobs)
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_shield_raises_frequency_for_a_tight_deadline(board):
+    spec = load_board(board)
+    pol = make_hidvfs(spec, gate=False)
+    shield = pol.stages[0]
+    raised = 0
+    for obs in observations(board)[:30]:
+        o = _tight(obs)
+        if not any(j.deadline_s is not None for j in o.jobs):
+            continue
+        d = pol.decide(o)
+        low = Decision({c.name: c.freqs_khz[0] for c in o.clusters}, d.jobs)
+        out = shield(low, o)
+        for name, f in out.freq_khz.items():
+            assert f >= low.freq_khz[name]  # the shield only raises
+        raised += any(out.freq_khz[n] > low.freq_khz[n] for n in out.freq_khz)
+    assert raised > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_spill_only_adds_cores_at_matching_speed(data):
+    board = data.draw(st.sampled_from(BOARDS))
+    obs_all = observations(board)
+    obs = obs_all[data.draw(st.integers(0, len(obs_all) - 1))]
+    space = ActionSpace.of(load_board(board))
+    freq = {c.name: data.draw(st.sampled_from(c.freqs_khz)) for c in obs.clusters}
+    first = obs.clusters[0]
+    jobs = {
+        j.pid: JobSetting(first.online[: data.draw(st.integers(1, len(first.online)))], 50)
+        for j in obs.jobs
+    }
+    d = Decision(freq, jobs)
+    out = SpillStage()(d, obs)
+    for pid, s in d.jobs.items():
+        assert set(s.cpus) <= set(out.jobs[pid].cpus)
+    home_speed = first.capacity * freq[first.name]
+    for cl in obs.clusters[1:]:
+        lent = any(set(cl.cpus) & set(s.cpus) for s in out.jobs.values())
+        if lent and any(j.deadline_s is None for j in obs.jobs) is False:
+            assert cl.capacity * out.freq_khz[cl.name] >= home_speed - 1e-6
+    assert space.clusters[0] == first.name
+
+
+def test_ablation_options_build_distinct_pipelines():
+    spec = load_board("tx2")
+    assert len(make_hidvfs(spec).stages) == 3
+    assert len(make_hidvfs(spec, shield=False).stages) == 2
+    assert len(make_hidvfs(spec, gate=False).stages) == 2
+    p = make_hidvfs(spec, variant="noshaping")
+    assert p.name == "hidvfs-noshaping"
+
+
+def test_greedy_policy_is_deterministic():
+    spec = load_board("rubikpi3")
+    obs = observations("rubikpi3")[:20]
+    runs = []
+    for _ in range(2):
+        pol = make_hidvfs(spec)
+        pol.reset(1)
+        out = []
+        for o in obs:
+            d = pol.decide(o)
+            out.append((tuple(sorted(d.freq_khz.items())), tuple(sorted(d.jobs.items()))))
+        runs.append(out)
+    assert runs[0] == runs[1]
+    assert not math.isnan(float(np.mean([len(r) for r in runs])))

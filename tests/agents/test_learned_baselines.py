@@ -1,0 +1,106 @@
+"""The GearDVFS and zTT ports: action spaces, rewards as documented, DQN learning, ONNX parity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.factory import make_policy
+from agents.features import BoardScale
+from agents.geardvfs import (
+    GEAR_IN,
+    N_W,
+    BranchDQN,
+    DqnConfig,
+    GearDvfsPolicy,
+    GearState,
+    branch_sizes,
+    gear_reward,
+    work_done,
+)
+from agents.hidvfs import ActionSpace
+from agents.ztt import BETA, T_TARGET_C, ZttPolicy, grid, ztt_reward
+from platforms.spec import load_board
+from tests.agents.test_learned import observations
+
+
+@pytest.mark.parametrize("board,n", [("tx2", 9), ("orin-nx", 9), ("rubikpi3", 27)])
+def test_ztt_grid_is_3_per_cluster(board, n):
+    g = grid(load_board(board))
+    assert len(g) == n
+    spec = load_board(board)
+    if board == "tx2":  # the published {3, 7, 11} of the 12 TX2 levels
+        assert sorted({a[0] for a in g}) == [3, 7, 11]
+    for a in g:
+        for ci, idx in enumerate(a):
+            assert 0 <= idx < len(spec.clusters[ci].freqs_khz)
+
+
+def test_geardvfs_action_space_is_the_profilers():
+    spec = load_board("rubikpi3")
+    space = ActionSpace.of(spec)
+    assert branch_sizes() == [len(space.levels[0]) if len(space.levels[0]) == 8 else 8, 4] * 3
+
+
+def test_gear_window_has_n_w_readings():
+    spec = load_board("tx2")
+    st = GearState(spec)
+    obs = observations("tx2")
+    for i, o in enumerate(obs[:15]):
+        x, _ = st(o)
+        assert x.shape == (GEAR_IN,)
+        filled = min(i + 1, N_W)
+        per = GEAR_IN // N_W
+        assert np.count_nonzero(np.abs(x[: (N_W - filled) * per])) == 0
+
+
+def test_rewards_follow_their_definitions():
+    spec = load_board("tx2")
+    obs = observations("tx2")
+    a, b = obs[0], obs[1]
+    assert work_done(a, b) >= 0
+    r = gear_reward(spec, BoardScale.of(spec), a, b)
+    assert np.isfinite(r) and r >= 0  # jobs running: performance per watt
+    z = ztt_reward(a, b, 0.05)
+    t = a.max_cpu_temp_c
+    v1 = -2.0 if t >= T_TARGET_C else 0.2 * np.tanh(T_TARGET_C - t)
+    assert z - v1 - BETA / a.total_power_w == pytest.approx(
+        min(1.0, z - v1 - BETA / a.total_power_w)
+    )
+
+
+def test_branch_dqn_learns_a_bandit():
+    """Two branches, reward 1 only for (2, 0): the greedy action converges to it."""
+    cfg = DqnConfig(hidden=(16,), lr=1e-2, replay=2000, batch=64, start_samples=32, gamma=0.0)
+    dqn = BranchDQN(3, [3, 2], cfg, seed=0)
+    rng = np.random.default_rng(0)
+    masks = [np.ones(3, bool), np.ones(2, bool)]
+    x = np.ones(3, np.float32)
+    for _ in range(600):
+        a = [int(rng.integers(3)), int(rng.integers(2))]
+        r = float(a[0] == 2) + float(a[1] == 0)
+        dqn.remember(x, masks, a, r, x, masks, True)
+        dqn.update()
+    assert dqn.act(x, masks, explore=False) == [2, 0]
+
+
+def test_masked_branch_actions_are_never_taken():
+    cfg = DqnConfig(hidden=(8,))
+    dqn = BranchDQN(2, [4], cfg, seed=1)
+    m = [np.array([False, True, False, True])]
+    for _ in range(50):
+        assert dqn.act(np.zeros(2, np.float32), m, explore=True)[0] in (1, 3)
+
+
+@pytest.mark.parametrize("name,cls", [("geardvfs", GearDvfsPolicy), ("ztt", ZttPolicy)])
+@pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])
+def test_shipped_baselines_decide_valid(board, name, cls):
+    spec = load_board(board)
+    pol = make_policy(name, spec)
+    assert isinstance(pol, cls) and pol.stages == []
+    tables = {c.name: set(c.freqs_khz) for c in spec.clusters}
+    pol.reset(0)
+    for o in observations(board)[:30]:
+        d = pol.decide(o)
+        assert all(f in tables[n] for n, f in d.freq_khz.items())
+        assert set(d.jobs) == {j.pid for j in o.jobs}

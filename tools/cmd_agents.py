@@ -1,0 +1,331 @@
+"""``hidvfs agents train|check|eval``: train the learned policies in the simulator, verify the
+shipped ONNX files, and compare policies on held-out job mixes.
+
+This module is the glue the layering asks for: the learners in ``agents/`` take the episode
+runner and the workload generator as arguments; here they are :func:`daemon.simrun.run_sim`
+and :func:`bots_bench.workload.default_mix`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import click
+
+from tools.common import Friendly, emit_json, fail
+
+BOARDS = ("tx2", "orin-nx", "rubikpi3")
+#: kernels whose `test`-class reference makespan (50-500 ms) leaves a 50 ms control loop room
+#: to act on a 1.5x deadline; the sub-10 ms kernels (floorplan, knapsack, nqueens, sparselu,
+#: strassen) finish before a second decision could be taken
+EPISODE_KERNELS = ("fib", "sort", "fft", "health", "uts", "alignment", "concom")
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    n_jobs: int = 5
+    cls: str = "test"
+    load: float = 0.6
+    slack: float = 1.5
+    deadline_fraction: float = 0.7
+    hi_fraction: float = 0.2
+    period_s: float = 0.05
+
+
+def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
+    """A random mix of ``n_jobs`` BOTS jobs with deadlines (slack x reference), seeded."""
+    from bots_bench.reference import measure_reference
+    from bots_bench.workload import WorkloadSpec, default_mix
+    from platforms.spec import load_board
+
+    spec = load_board(board)
+    refs = {k: measure_reference(board, k, ep.cls, 0) for k in EPISODE_KERNELS}
+    mean_ref = sum(p.ref_makespan_s for p in refs.values()) / len(refs)
+    w = WorkloadSpec(
+        duration_s=4.0 * ep.n_jobs * mean_ref / max(ep.load, 1e-3),
+        load=ep.load,
+        cls=ep.cls,
+        deadline_fraction=ep.deadline_fraction,
+        hi_fraction=ep.hi_fraction,
+        slack=ep.slack,
+        kernels=EPISODE_KERNELS,
+    )
+    jobs = default_mix(spec, seed, w)[: ep.n_jobs]
+    return [(j, refs[j.name.split("#")[0].split(".")[0]]) for j in jobs]
+
+
+def make_runner(board: str, ep: EpisodeSpec):
+    from daemon.simrun import run_sim
+
+    def run_episode(policy, items, seed):
+        return run_sim(
+            board,
+            policy,
+            items,
+            seed=seed,
+            period_s=ep.period_s,
+            stages=list(getattr(policy, "stages", []) or []),
+        )
+
+    return run_episode
+
+
+@click.group("agents", cls=Friendly)
+def agents() -> None:
+    """Train, check and evaluate the learned policies (hidvfs, geardvfs, ztt)."""
+
+
+def _boards(text: str) -> list[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    if names == ["all"]:
+        return list(BOARDS)
+    return names
+
+
+TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
+
+
+@agents.command("train")
+@click.option("--board", required=True, help="board name (tx2, orin-nx, rubikpi3)")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--policy",
+    "policies",
+    default=",".join(TRAINABLE),
+    show_default=True,
+    help="which to train: hidvfs, noshaping (ablation), geardvfs, ztt",
+)
+@click.option("--episodes", type=int, default=160, show_default=True)
+@click.option("--jobs", "n_jobs", type=int, default=5, show_default=True, help="jobs per episode")
+@click.option("--out", "out_dir", default=None, help="output folder (default agents/models/BOARD)")
+def train_cmd(board, seed, policies, episodes, n_jobs, out_dir) -> None:
+    """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
+    from agents.learned import model_dir
+    from agents.train import TrainConfig, train_board
+    from platforms.spec import load_board
+
+    spec = load_board(board)
+    pols = tuple(p.strip() for p in policies.split(",") if p.strip())
+    for p in pols:
+        if p not in TRAINABLE:
+            fail(f"unknown policy {p!r} to train; known: {', '.join(TRAINABLE)}")
+    ep = EpisodeSpec(n_jobs=n_jobs)
+    out = model_dir(board, out_dir)
+    command = (
+        f"hidvfs agents train --board {board} --seed {seed} --policy {','.join(pols)} "
+        f"--episodes {episodes} --jobs {n_jobs}"
+    )
+    t0 = time.monotonic()
+    man = train_board(
+        spec,
+        make_runner(board, ep),
+        lambda s: episode_items(board, s, ep),
+        seed,
+        out,
+        command,
+        episodes=episodes,
+        policies=pols,
+        cfg=TrainConfig(episodes=episodes, period_s=ep.period_s),
+        log=lambda s: click.echo(s, err=True),
+    )
+    click.echo(f"trained {', '.join(pols)} for {board} in {time.monotonic() - t0:.0f}s -> {out}")
+    if "shield" in man:
+        sh = man["shield"]
+        click.echo(
+            f"shield: alpha {sh['alpha']} q {sh['q']:.4f} coverage {sh['coverage_heldout']:.3f}"
+        )
+
+
+@agents.command("check")
+@click.option("--board", "boards", default="all", show_default=True)
+@click.option("--models", default=None, help="models folder (default agents/models/BOARD)")
+@click.option("--json", "as_json", is_flag=True)
+def check_cmd(boards, models, as_json) -> None:
+    """Verify each ONNX file loads, matches its training-time outputs to 1e-5 and the schema."""
+    from agents.learned import check_board
+
+    reports = [check_board(b, models if models else None) for b in _boards(boards)]
+    if as_json:
+        emit_json(reports)
+    else:
+        for r in reports:
+            for f in r["files"]:
+                click.echo(
+                    f"{r['board']:9s} {f['file']:32s} {'ok' if f['ok'] else 'FAIL'} "
+                    f"max|diff| {f.get('max_abs_diff', float('nan')):.2e} {f.get('error', '')}"
+                )
+    bad = [r["board"] for r in reports if not r["ok"]]
+    if bad:
+        fail(f"model check failed for {', '.join(bad)}", code=1)
+
+
+# --------------------------------------------------------------------------------------------
+# eval
+
+BASE_EVAL = ("hidvfs", "geardvfs", "ztt", "schedutil", "maxfreq")
+ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
+METRICS = ("makespan_s", "energy_j", "edp", "miss_ratio", "peak_temp_c")
+
+
+def _build(name: str, spec, models):
+    from agents.factory import make_policy
+    from agents.learned import make_hidvfs
+
+    if name.startswith("hidvfs"):
+        opts = {"models": models}
+        if name == "hidvfs-noshield":
+            opts["shield"] = False
+        elif name == "hidvfs-nogate":
+            opts["gate"] = False
+        elif name == "hidvfs-noshaping":
+            opts["variant"] = "noshaping"
+        elif name != "hidvfs":
+            raise ValueError(f"unknown hidvfs variant {name!r}")
+        return make_hidvfs(spec, **opts)
+    if name in ("geardvfs", "ztt"):
+        return make_policy(name, spec, models=models)
+    return make_policy(name, spec)
+
+
+def _record(board, policy, seed, res, ep: EpisodeSpec) -> dict:
+    dl = [j for j in res.jobs if j.deadline_s is not None]
+    miss = sum(1 for j in dl if not j.deadline_met)
+    ms = res.makespan_s
+    return {
+        "kind": "run",
+        "bench": "mix",
+        "class": ep.cls,
+        "policy": policy,
+        "seed": seed,
+        "board": board,
+        "backend": "sim",
+        "makespan_s": ms,
+        "energy_j": res.energy_j,
+        "edp": None if ms is None else res.energy_j * ms,
+        "peak_temp_c": res.peak_temp_c,
+        "deadline_s": None,
+        "deadline_met": miss == 0 if dl else None,
+        "deadline_jobs": len(dl),
+        "misses": miss,
+        "miss_ratio": miss / len(dl) if dl else 0.0,
+        "jobs": len(res.jobs),
+        "interventions": res.interventions,
+        "lower_bound_s": None,
+        "graham_bound_s": None,
+        "ok": ms is not None,
+        "error": None if ms is not None else "a job did not finish",
+    }
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    v = sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
+    return m, math.sqrt(v)
+
+
+def evaluate(board: str, names: list[str], seeds: int, ep: EpisodeSpec, models=None, log=None):
+    """Side-by-side runs of every policy on the same held-out mixes; records and summary."""
+    from agents.train import EVAL_SEEDS
+    from platforms.spec import load_board
+
+    spec = load_board(board)
+    run = make_runner(board, ep)
+    records = []
+    policies = {n: _build(n, spec, models) for n in names}
+    for i in range(seeds):
+        s = EVAL_SEEDS + i
+        items = episode_items(board, s, ep)
+        for n, pol in policies.items():
+            res = run(pol, items, s)
+            records.append(_record(board, n, s, res, ep))
+            if log:
+                r = records[-1]
+                log(
+                    f"[eval {board}] seed {s} {n:18s} makespan {r['makespan_s']:.3f}s "
+                    f"energy {r['energy_j']:.2f}J misses {r['misses']}/{r['deadline_jobs']}"
+                )
+    summary = []
+    by = {n: [r for r in records if r["policy"] == n] for n in names}
+    for n in names:
+        row = {"kind": "summary", "board": board, "policy": n, "seeds": seeds}
+        for m in METRICS:
+            row[m] = _mean_std([r[m] for r in by[n]])
+        tot_dl = sum(r["deadline_jobs"] for r in by[n])
+        row["misses_total"] = sum(r["misses"] for r in by[n])
+        row["deadline_jobs_total"] = tot_dl
+        summary.append(row)
+    ratios = []
+    for n in names:
+        if not n.startswith("hidvfs"):
+            continue
+        for b in names:
+            if b == n or b.startswith("hidvfs"):
+                continue
+            row = {"kind": "ratio", "board": board, "policy": n, "baseline": b}
+            for m in ("makespan_s", "energy_j", "edp"):
+                xs = [
+                    a[m] / c[m]
+                    for a, c in zip(by[n], by[b])
+                    if a[m] is not None and c[m] not in (None, 0)
+                ]
+                row[m] = _mean_std(xs)
+            ratios.append(row)
+    return records, summary, ratios
+
+
+@agents.command("eval")
+@click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
+@click.option("--policy", "policies", default=",".join(BASE_EVAL), show_default=True)
+@click.option("--seeds", type=int, default=5, show_default=True)
+@click.option("--ablations/--no-ablations", default=True, show_default=True)
+@click.option("--jobs", "n_jobs", type=int, default=5, show_default=True)
+@click.option("--slack", type=float, default=1.5, show_default=True)
+@click.option("--models", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json) -> None:
+    """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if ablations and "hidvfs" in names:
+        names += [a for a in ABLATIONS if a not in names]
+    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
+    out = []
+    for b in _boards(boards):
+        log = None if as_json else None
+        recs, summ, rat = evaluate(b, names, seeds, ep, models, log)
+        out.extend(recs + summ + rat)
+        if not as_json:
+            _print_table(b, summ, rat)
+    if as_json:
+        emit_json(out)
+
+
+def _fmt(ms: tuple[float, float], digits: int = 3) -> str:
+    m, s = ms
+    return f"{m:.{digits}f}±{s:.{digits}f}"
+
+
+def _print_table(board, summary, ratios) -> None:
+    click.echo(f"\n== {board} ==")
+    click.echo(
+        f"{'policy':18s} {'makespan s':>14s} {'energy J':>14s} {'EDP J·s':>14s} "
+        f"{'miss ratio':>13s} {'peak C':>12s}"
+    )
+    for r in summary:
+        click.echo(
+            f"{r['policy']:18s} {_fmt(r['makespan_s']):>14s} {_fmt(r['energy_j'], 2):>14s} "
+            f"{_fmt(r['edp'], 2):>14s} {_fmt(r['miss_ratio']):>13s} {_fmt(r['peak_temp_c'], 1):>12s}"
+        )
+    click.echo("ratios (per seed, policy / baseline):")
+    for r in ratios:
+        click.echo(
+            f"  {r['policy']:18s} / {r['baseline']:10s} makespan {_fmt(r['makespan_s'])} "
+            f"energy {_fmt(r['energy_j'])} EDP {_fmt(r['edp'])}"
+        )
+
+
+COMMAND = agents
