@@ -20,8 +20,10 @@ tick, time in units of :data:`TIME_SCALE_S`):
   remaining work at the current frequencies) / TIME_SCALE_S``, ``Phi(terminal) = 0``, with the
   learner's gamma (Ng, Harada, Russell 1999: the optimal policy is unchanged).
 
-Learner: PPO-lite (clipped ratio, GAE(lambda), a value baseline on the profiler's input, entropy
-bonus) over batches of episodes, all numpy and seeded: the same seed gives the same networks.
+Learner: PPO-lite (clipped ratio, entropy bonus) over groups of ``batch`` rollouts of the same
+job mix and plant seed, with a grouped leave-one-out baseline at equal simulated time
+(:func:`grouped_advantages`, the GRPO idea at tick level: the mix's own variance, which a state
+value cannot predict because arrivals are not observable, cancels out), all numpy and seeded: the same seed gives the same networks.
 Model selection: the greedy policy is scored on a few validation mixes (their own seed range,
 disjoint from training, calibration and evaluation) before training and every ``val_every``
 episodes; the best-scoring networks are kept (a policy-gradient run on a noisy objective can
@@ -205,6 +207,40 @@ def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float) -> np
         last = delta + gamma * lam * last
         adv[i] = last
     return adv
+
+
+def reward_to_go(r: np.ndarray, gamma: float) -> np.ndarray:
+    g = np.zeros(len(r))
+    acc = 0.0
+    for i in range(len(r) - 1, -1, -1):
+        acc = r[i] + gamma * acc
+        g[i] = acc
+    return g
+
+
+def grouped_advantages(group, gamma: float):
+    """Advantages with a grouped (leave-one-out) baseline over rollouts of the SAME mix.
+
+    For tick t of rollout i: A = G_i(t) - mean_{j != i} G_j(t'), G the discounted reward-to-go
+    and t' the first tick of rollout j at or after the same simulated time (0 past its end).
+    Arrivals are exogenous and the plant seed is shared, so the baseline carries the future
+    of the mix that no state-value estimate can see; what is left is the policy's effect.
+    A single rollout falls back to G minus its mean. Yields (recorder, advantages, returns).
+    """
+    gs = [reward_to_go(r, gamma) for _, _, r in group]
+    for i, (rec, ts, _) in enumerate(group):
+        others = [j for j in range(len(group)) if j != i]
+        if not others:
+            yield rec, gs[i] - gs[i].mean(), gs[i]
+            continue
+        base = np.zeros(len(ts))
+        for j in others:
+            tj = group[j][1]
+            k = np.searchsorted(tj, ts - 1e-9)
+            gj = np.append(gs[j], 0.0)
+            base += gj[np.minimum(k, len(tj))]
+        base /= len(others)
+        yield rec, gs[i] - base, gs[i]
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,8 +543,10 @@ def train_hidvfs(
     validation: list[dict] = []
     best: list = [None, None]
     validate(0)
+    group: list[tuple[Recorder, np.ndarray, np.ndarray]] = []
     for ep in range(cfg.episodes):
-        ep_seed = TRAIN_SEEDS + seed * 10_000 + ep
+        # one mix (and plant seed) per group of ``batch`` rollouts: the grouped baseline
+        ep_seed = TRAIN_SEEDS + seed * 10_000 + ep // cfg.batch
         rec = Recorder()
         coll = RtCollector()
         pol = nets.policy(
@@ -524,10 +562,7 @@ def train_hidvfs(
         res = run_episode(pol, items, ep_seed)
         r, parts = tick_rewards(rec.obs, res, scale, cfg, p_ref)
         if len(r):
-            x = np.array([i.prof_x for i in rec.inputs], np.float32)
-            v = nets.value.forward(x)[:, 0].astype(np.float64)
-            adv = gae(r, v, cfg.gamma, cfg.lam)
-            batch.add_episode(rec, adv, adv + v)
+            group.append((rec, np.array([o.t for o in rec.obs]), r))
         X, y = coll.dataset(res)
         if len(y):
             rt_X.append(X)
@@ -544,6 +579,9 @@ def train_hidvfs(
         )
         history.append(st)
         if (ep + 1) % cfg.batch == 0 or ep + 1 == cfg.episodes:
+            for rec_i, adv_i, ret_i in grouped_advantages(group, cfg.gamma):
+                batch.add_episode(rec_i, adv_i, ret_i)
+            group = []
             diag = ppo_update(nets, opts, batch.arrays(), cfg, rng) if batch.adv else {}
             batch = Batch()
             recent = history[-cfg.batch :]

@@ -8,7 +8,7 @@ from platforms.clock import VirtualClock
 from platforms.platform import Platform
 from platforms.procs import ProcessControl, ProcessGone
 from platforms.spec import load_board
-from platforms.trace import ReplaySysfs, read_trace
+from platforms.trace import ReplaySysfs, compare_writes, read_trace
 
 
 class NoProcesses(ProcessControl):
@@ -32,7 +32,14 @@ class NoProcesses(ProcessControl):
 
 def replay_trace(path: str, policy_name: str, period_ms: int | None = None) -> dict:
     trace = read_trace(path)
-    spec = load_board(trace.header.board)
+    try:
+        spec = load_board(trace.header.board)
+    except Exception:  # noqa: BLE001 - an unknown board: describe it from the recording
+        from platforms.probe import probe
+
+        spec = probe(
+            ReplaySysfs(trace, VirtualClock(trace.samples[0].t if trace.samples else 0.0))
+        ).spec
     clock = VirtualClock(trace.samples[0].t if trace.samples else 0.0)
     sysfs = ReplaySysfs(trace, clock)
     platform = Platform(spec, sysfs, NoProcesses(), clock, kind="replay")
@@ -42,13 +49,14 @@ def replay_trace(path: str, policy_name: str, period_ms: int | None = None) -> d
     loop.run(duration_s=max(duration, period))
     recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]
     ours = [(t, p, v) for (t, p, v) in sysfs.writes]
-    rec_set = {(p, v) for _, p, v in recorded}
+    mismatches = compare_writes(trace, ours) if recorded else []
     return {
         "board": spec.name,
         "policy": policy_name,
         "ticks": loop.ticks,
         "writes": ours,
         "recorded_writes": len(recorded),
-        "matching_writes": sum(1 for _, p, v in ours if (p, v) in rec_set),
+        "mismatches": [str(m) for m in mismatches],
+        "matching_writes": max(0, len(recorded) - len(mismatches)) if recorded else 0,
         "status": loop.status(),
     }

@@ -1,0 +1,196 @@
+"""Glue for ``hidvfs coordinator``: plain functions the click CLI calls, plus a small argparse
+entry (``python -m tools.coordinator_cmd train|evaluate|simulate|serve``) used to produce the
+shipped model before the click wiring exists.
+
+Metrics in every table: makespan = last completion - first job arrival; task flow time =
+completion - ready time; task wait time = start - ready time (ready = all parents done, or
+the job's arrival for a root task), both averaged over tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from platforms.cluster.simcluster import parse_nodes_spec
+
+DEFAULT_POLICIES = ("higfrl", "fifo", "sjf", "heft", "tetris", "cp", "random")
+TOKEN_ENV = "HIDVFS_TELEMETRY_TOKEN"
+
+
+def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
+    """Add ``*_vs_best`` ratios against the best heuristic (every policy but higfrl)."""
+    keys = ("makespan_s", "mean_flow_s", "mean_wait_s")
+    groups = sorted({r.get(group) for r in rows}, key=str) if group else [None]
+    for g in groups:
+        sub = [r for r in rows if group is None or r.get(group) == g]
+        heur = [r for r in sub if r["policy"] != "higfrl"] or sub
+        for k in keys:
+            best = min(r[k] for r in heur)
+            for r in sub:
+                r[k.replace("_s", "").replace("mean_", "") + "_vs_best"] = r[k] / best if best > 0 else 1.0
+    return rows
+
+
+def simulate(trace_path: str, policies: Sequence[str] = DEFAULT_POLICIES, nodes_spec: str = "tx2:4,orin-nx:2,rubikpi3:2", seed: int = 0) -> list[dict]:
+    """Replay a ``batch_task.csv`` on the simulated cluster under each policy.
+
+    One row per policy with the simulator's metrics and ratios to the best heuristic; the
+    trace's issues (skipped jobs with file, line and reason) are logged and counted."""
+    from agents.placement.train import make_placer
+    from platforms.cluster.alibaba import read_batch_task
+    from platforms.cluster.simcluster import Workload
+    from platforms.cluster.simcluster import simulate as run
+
+    load = read_batch_task(trace_path)
+    log = logging.getLogger("hidvfs.coordinator")
+    for issue in load.issues:
+        (log.warning if issue.skipped else log.info)("%s", issue)
+    if not load.jobs:
+        raise ValueError(f"{trace_path}: no usable job ({len(load.issues)} issues)")
+    w = Workload.from_jobs(load.jobs)
+    nodes = parse_nodes_spec(nodes_spec)
+    rows = []
+    for name in policies:
+        res = run(w, nodes, make_placer(name), seed=seed)
+        rows.append({**res.metrics(), "trace": os.fspath(trace_path), "skipped_jobs": len(load.skipped_jobs), "seed": seed})
+    return _with_ratios(rows)
+
+
+def format_table(rows: list[dict]) -> str:
+    """A text table: per policy (and load, when present) the metrics and ratios to the best
+    heuristic."""
+    if not rows:
+        return "(no rows)"
+    if "makespan_vs_best" not in rows[0] and "flow_vs_best" not in rows[0]:
+        rows = _with_ratios([dict(r) for r in rows], "load" if "load" in rows[0] else None)
+    has_load = "load" in rows[0]
+    head = (["load"] if has_load else []) + ["policy", "tasks", "makespan_s", "flow_s", "wait_s", "mk/best", "flow/best", "wait/best"]
+    lines = []
+    for r in rows:
+        cells = ([f"{r['load']:g}"] if has_load else []) + [
+            str(r["policy"]),
+            str(int(r.get("tasks", 0))),
+            f"{r['makespan_s']:.1f}",
+            f"{r['mean_flow_s']:.2f}",
+            f"{r['mean_wait_s']:.2f}",
+            f"{r['makespan_vs_best']:.4f}",
+            f"{r['flow_vs_best']:.4f}",
+            f"{r['wait_vs_best']:.4f}",
+        ]
+        lines.append(cells)
+    width = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in width)
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in width))]
+    out += [fmt.format(*c) for c in lines]
+    out.append("makespan = last completion - first arrival; flow = completion - ready; wait = start - ready (task means)")
+    return "\n".join(out)
+
+
+def _token(token: str | None) -> str | None:
+    if token:
+        return token
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    cred = os.environ.get("CREDENTIALS_DIRECTORY")  # systemd LoadCredential=
+    if cred and os.path.exists(os.path.join(cred, "telemetry-token")):
+        with open(os.path.join(cred, "telemetry-token"), encoding="utf-8") as f:
+            return f.read().strip() or None
+    return None
+
+
+def serve(host: str = "127.0.0.1", port: int = 8888, policy: str = "higfrl", nodes=None, token: str | None = None, timeout_s: float = 0.5, model_path=None) -> None:
+    """Run the scheduler extender until interrupted. ``nodes``: ``"name=board@url,..."``."""
+    from daemon.coordinator import build_server
+
+    srv = build_server(host, port, policy, nodes, token=_token(token), timeout_s=timeout_s, model_path=model_path)
+    h, p = srv.server_address[:2]
+    logging.getLogger("hidvfs.coordinator").info("extender on http://%s:%d (policy %s)", h, p, policy)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+        srv.coordinator.telemetry.close()
+
+
+def train(seed: int = 0, out: str | None = None, iterations: int | None = None, quiet: bool = False) -> str:
+    """Train ``higfrl`` in the simulated cluster and export the ONNX model; returns its path."""
+    from agents.placement.higfrl import DEFAULT_MODEL
+    from agents.placement.train import TrainConfig, export
+    from agents.placement.train import train as run
+
+    out = os.fspath(out or DEFAULT_MODEL)
+    kw = {"seed": seed} if iterations is None else {"seed": seed, "iterations": iterations}
+    cfg = TrainConfig(**kw)
+    t0 = time.monotonic()
+
+    def log(row):
+        if not quiet:
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} | {"elapsed_s": round(time.monotonic() - t0, 1)}), file=sys.stderr, flush=True)
+
+    model, history = run(cfg, log)
+    command = f"python -m tools.coordinator_cmd train --seed {seed}" + ("" if iterations is None else f" --iterations {iterations}")
+    date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    export(model, out, cfg, command, date, history, {"train_seconds": f"{time.monotonic() - t0:.1f}"})
+    return out
+
+
+def evaluate(model_path=None, n_jobs: int = 500, loads: Sequence[float] = (0.7, 1.0, 1.2), seeds: Sequence[int] | None = None, nodes: str | None = None) -> list[dict]:
+    """Held-out comparison (see :func:`agents.placement.train.evaluate`), summarised per load."""
+    from agents.placement import train as t
+
+    rows = t.evaluate(model_path, n_jobs=n_jobs, loads=loads, seeds=seeds or t.EVAL_SEEDS, nodes=nodes or t.DEFAULT_NODES)
+    return t.summarize(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.coordinator_cmd")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--out")
+    p.add_argument("--quiet", action="store_true")
+    p = sub.add_parser("evaluate")
+    p.add_argument("--model")
+    p.add_argument("--jobs", type=int, default=500)
+    p.add_argument("--loads", default="0.7,1.0,1.2")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("simulate")
+    p.add_argument("--trace", required=True)
+    p.add_argument("--policy", default=",".join(DEFAULT_POLICIES))
+    p.add_argument("--nodes", default="tx2:4,orin-nx:2,rubikpi3:2")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("serve")
+    p.add_argument("--listen", default="127.0.0.1:8888")
+    p.add_argument("--policy", default="higfrl")
+    p.add_argument("--nodes", default="")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if a.cmd == "train":
+        t0 = time.monotonic()
+        path = train(a.seed, a.out, a.iterations, a.quiet)
+        print(f"wrote {path} in {time.monotonic() - t0:.1f} s")
+    elif a.cmd == "evaluate":
+        rows = evaluate(a.model, a.jobs, [float(x) for x in a.loads.split(",")])
+        print(json.dumps(rows, indent=1) if a.json else format_table(rows))
+    elif a.cmd == "simulate":
+        rows = simulate(a.trace, [x for x in a.policy.split(",") if x], a.nodes, a.seed)
+        print(json.dumps(rows, indent=1) if a.json else format_table(rows))
+    else:
+        host, _, port = a.listen.rpartition(":")
+        serve(host or "127.0.0.1", int(port), a.policy, a.nodes or None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
