@@ -259,3 +259,91 @@ def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
 
     files = write_report(db, out_dir, baseline=baseline)
     click.echo(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots")
+
+
+@bots.command("study")
+@click.argument(
+    "name", type=click.Choice(["deadline-vs-maxfreq", "mixed-criticality", "vs-geardvfs"])
+)
+@click.option("--board", default="tx2", show_default=True, help="Board (simulated).")
+@click.option(
+    "--backend",
+    type=click.Choice(["sim", "native"]),
+    default="sim",
+    show_default=True,
+    help="Simulated board or the real one.",
+)
+@click.option(
+    "--seeds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 100),
+    help="Seeds per comparison.",
+)
+@click.option("--bench", default="all", show_default=True, help="Kernels for the campaign studies.")
+@click.option("--class", "cls", default="small", show_default=True, help="Input class.")
+@click.option(
+    "--slack",
+    default=1.5,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Deadline = SLACK x reference makespan.",
+)
+@click.option(
+    "--policy",
+    default="hidvfs",
+    show_default=True,
+    help="Deadline-aware policy for deadline-vs-maxfreq.",
+)
+@click.option(
+    "--bots-bin", default=None, type=click.Path(file_okay=False), help="BOTS binaries (native)."
+)
+@click.option(
+    "--sysfs-root",
+    default="/",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Tree for native runs.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def study_cmd(
+    name, board, backend, seeds, bench, cls, slack, policy, bots_bin, sysfs_root, as_json
+) -> None:
+    """Run a canned study and print a short table (exit 1 if its assertion fails)."""
+    from bots_bench import studies
+
+    kernels = _kernels(bench)
+    runner = None
+    nb = None
+    if backend == "native":
+        if name == "mixed-criticality":
+            fail("mixed-criticality runs in the simulator (it needs a controlled periodic HI job)")
+        from tools.native_study import native_runner
+
+        runner, nb = native_runner(
+            board, cls, bots_bin, sysfs_root, slack if name == "deadline-vs-maxfreq" else None
+        )
+    try:
+        if name == "deadline-vs-maxfreq":
+            res = studies.deadline_vs_maxfreq(
+                board,
+                policy=policy,
+                seeds=seeds,
+                slack=slack,
+                kernels=kernels,
+                cls=cls,
+                runner=runner,
+            )
+        elif name == "vs-geardvfs":
+            res = studies.vs_geardvfs(board, seeds=seeds, kernels=kernels, cls=cls, runner=runner)
+        else:
+            res = studies.mixed_criticality(board, seeds=seeds)
+    finally:
+        if nb is not None:
+            nb.close()
+    if as_json:
+        emit_json(res.to_dict())
+    else:
+        click.echo(studies.format_study(res))
+    if not res.ok:
+        raise SystemExit(1)

@@ -1,0 +1,38 @@
+"""Native runners for the canned studies: the reference makespan is measured on this board
+(maxfreq, once per kernel), then deadlines are slack x that reference."""
+
+from __future__ import annotations
+
+from bots_bench.native import open_board, run_native
+from bots_bench.spec import RunConfig
+from tools.policies import build_policy_stack
+
+
+def native_runner(board: str, cls: str, bots_bin: str | None, sysfs_root: str, slack: float | None):
+    nb = open_board(sysfs_root, None, None)
+    refs: dict[str, float] = {}
+
+    def cfg(kernel: str, seed: int, policy: str, deadline_s: float | None) -> RunConfig:
+        return RunConfig(
+            bench=kernel,
+            cls=cls,
+            policy=policy,
+            seed=seed,
+            board=nb.platform.spec.name,
+            backend="native",
+            rep=0,
+            deadline_s=deadline_s,
+            bots_bin=bots_bin,
+            cooldown=None,
+        )
+
+    def native(kernel: str, seed: int, policy: str) -> dict:
+        deadline = None
+        if slack is not None:
+            if kernel not in refs:
+                ref = run_native(cfg(kernel, 0, "maxfreq", None), nb, build_policy_stack)
+                refs[kernel] = ref["makespan_s"] if ref["ok"] else None
+            deadline = slack * refs[kernel] if refs[kernel] else None
+        return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack)
+
+    return native, nb
