@@ -61,6 +61,10 @@ from platforms.observation import Observation
 from platforms.spec import BoardSpec
 
 TIME_SCALE_S = 1.0
+#: strength of the initial preference for the fast end and all cores (logit ramp +-PRIOR):
+#: exploration stays near the prior (p(top level) ~ 0.58, p(all cores) ~ 0.87), so rollouts of
+#: one mix differ locally and the grouped baseline sees the effect of small changes
+PRIOR = 3.0
 #: seed ranges: training episodes, calibration episodes, held-out evaluation (disjoint)
 TRAIN_SEEDS = 0
 CALIB_SEEDS = 500_000
@@ -113,8 +117,8 @@ class HidvfsNets:
         # cores; the learner moves away from it where energy pays
         for ci in range(MAX_CLUSTERS):
             b = prof.biases[-1]
-            b[ci * HEAD : ci * HEAD + N_LEVELS] = np.linspace(-1.0, 1.0, N_LEVELS)
-            b[ci * HEAD + N_LEVELS : (ci + 1) * HEAD] = np.linspace(-1.0, 1.0, N_CORES)
+            b[ci * HEAD : ci * HEAD + N_LEVELS] = np.linspace(-PRIOR, PRIOR, N_LEVELS)
+            b[ci * HEAD + N_LEVELS : (ci + 1) * HEAD] = np.linspace(-PRIOR, PRIOR, N_CORES)
         therm = MLP.init([THERMAL_IN, 32, 32, 2], rng)
         therm.biases[-1][:] = (1.0, -1.0)  # prior: take work
         prio = MLP.init([PRIORITY_IN, 32, 32, 1], rng)

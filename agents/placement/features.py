@@ -7,7 +7,8 @@
    SGC simplification of a hypergraph convolution), and concatenated with the raw attributes
    and the task's position on its job's critical path.
 2. **Dynamic global graph of the cluster**: node states (speed, free cores and memory, time to
-   the next release) and active jobs pooled into one context vector with the backlog.
+   the next release) and active jobs pooled into one context vector with the backlog and the
+   arrival state (time since the last job arrived, over the mean gap between arrivals).
 3. **Local bipartite graph** of candidate ready tasks and nodes that can take them now, with
    edge features: run time there, finish-time regret against the best node if one waited
    for it (from the expected releases), packing alignment, fit left over.
@@ -29,7 +30,7 @@ N_STATIC = 16
 N_DYN = 7
 N_NODE = 6
 N_EDGE = 7
-N_GLOBAL = 9
+N_GLOBAL = 10
 N_PAIR = N_STATIC + N_DYN + N_NODE + N_EDGE + N_GLOBAL
 FEATURE_VERSION = 1
 _EPS = 1e-9
@@ -154,6 +155,12 @@ class _ViewCache:
         self.next_rel = v.next_release()
         n_arr = int(np.searchsorted(w.job_arrival, v.t, side="right"))
         self.active = int(np.count_nonzero(v.job_left_tasks[:n_arr]))
+        # quiet time: seconds since the last arrival over the mean gap between arrivals so far
+        if n_arr >= 2:
+            gap = (w.job_arrival[n_arr - 1] - w.job_arrival[0]) / (n_arr - 1)
+            self.quiet = float((v.t - w.job_arrival[n_arr - 1]) / max(gap, 1e-9))
+        else:
+            self.quiet = 0.0
         self.unstarted = float(v.job_unstarted_work[:n_arr].sum())
         self.work_r = w.work[r]
         self.wait_r = v.t - v.ready_t[r]
@@ -254,6 +261,7 @@ class FeatureBuilder:
                 float(np.mean(speedw)),
                 np.log1p(wait),
                 np.log1p(cc.unstarted / self.capacity_),
+                np.log1p(cc.quiet),
             ],
             dtype=np.float32,
         )
@@ -349,6 +357,8 @@ COL_SPEED = N_STATIC + N_DYN + 0
 COL_REGRET = N_STATIC + N_DYN + N_NODE + 1
 COL_LEFTOVER = N_STATIC + N_DYN + N_NODE + 3
 COL_IS_WAIT = N_STATIC + N_DYN + N_NODE + 5
+COL_QUIET = N_STATIC + N_DYN + N_NODE + N_EDGE + 9
+COL_LOG_RANK = 1
 PRIOR_TAU = 0.05
 
 

@@ -53,7 +53,7 @@ EVAL_SEEDS = (900_001, 900_002, 900_003)
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    iterations: int = 80
+    iterations: int = 100
     rollouts: int = 2
     jobs_per_episode: int = 40
     load_range: tuple[float, float] = (0.6, 1.2)
@@ -62,11 +62,11 @@ class TrainConfig:
     critic_hidden: tuple[int, ...] = (32,)
     lr: float = 2e-3
     critic_lr: float = 3e-3
-    makespan_weight: float = 1.0
+    makespan_weight: float = 2.0
     prior_weight: float = 0.5
     prior_final: float = 0.2
     bc_weight: float = 1.0
-    bc_fraction: float = 0.4
+    bc_fraction: float = 0.6
     entropy: float = 0.003
     entropy_final: float = 0.0005
     grad_clip: float = 1.0

@@ -19,7 +19,7 @@ from agents.geardvfs import (
     work_done,
 )
 from agents.hidvfs import ActionSpace
-from agents.ztt import BETA, T_TARGET_C, ZttPolicy, grid, ztt_reward
+from agents.ztt import BETA, T_TARGET_C, ZttPolicy, grid, ztt_reward, ztt_u
 from platforms.spec import load_board
 from tests.agents.test_learned import observations
 
@@ -39,7 +39,8 @@ def test_ztt_grid_is_3_per_cluster(board, n):
 def test_geardvfs_action_space_is_the_profilers():
     spec = load_board("rubikpi3")
     space = ActionSpace.of(spec)
-    assert branch_sizes() == [len(space.levels[0]) if len(space.levels[0]) == 8 else 8, 4] * 3
+    assert branch_sizes() == [8, 4] * 3
+    assert all(len(lv) <= 8 for lv in space.levels)
 
 
 def test_gear_window_has_n_w_readings():
@@ -62,11 +63,13 @@ def test_rewards_follow_their_definitions():
     r = gear_reward(spec, BoardScale.of(spec), a, b)
     assert np.isfinite(r) and r >= 0  # jobs running: performance per watt
     z = ztt_reward(a, b, 0.05)
+    u = ztt_u(a, b, 0.05)
+    assert 0.0 <= u <= 1.0
     t = a.max_cpu_temp_c
     v1 = -2.0 if t >= T_TARGET_C else 0.2 * np.tanh(T_TARGET_C - t)
-    assert z - v1 - BETA / a.total_power_w == pytest.approx(
-        min(1.0, z - v1 - BETA / a.total_power_w)
-    )
+    assert z == pytest.approx(u + v1 + BETA / a.total_power_w)
+    idle = a.with_jobs(())
+    assert gear_reward(spec, BoardScale.of(spec), idle, b) < 0  # idle: only power counts
 
 
 def test_branch_dqn_learns_a_bandit():

@@ -1,0 +1,186 @@
+"""Placement heuristics, the higfrl features and model, its ONNX export and training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.placement.features import N_GLOBAL, N_PAIR, FeatureBuilder, LocalState, hypergraph_propagate, static_features, topological_prior
+from agents.placement.heuristics import HeftPlacer, make_heuristic
+from agents.placement.higfrl import DEFAULT_MODEL, HigfrlPlacer
+from agents.placement.onnx_mlp import Mlp, NumpyPolicyModel, OnnxPolicyModel
+from agents.placement.train import TrainConfig, evaluate, export, summarize, train
+from platforms.cluster.alibaba import parse_batch_task
+from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload, simulate
+
+
+def _w(rows):
+    return Workload.from_jobs(parse_batch_task(rows).jobs)
+
+
+def _view(w, nodes, ready, free_cpu, running=(), finish=(), on=1):
+    run_node = np.full(w.n_tasks, -1)
+    fe = np.full(w.n_tasks, np.inf)
+    for t, f in zip(running, finish):
+        run_node[t] = on
+        fe[t] = f
+    return ClusterView(
+        t=0.0,
+        workload=w,
+        nodes=tuple(nodes),
+        ready=np.array(ready),
+        ready_t=np.zeros(w.n_tasks),
+        free_cpu=np.array(free_cpu, dtype=float),
+        free_mem=np.array([n.mem for n in nodes]),
+        speed=np.array([n.speed for n in nodes]),
+        run_node=run_node,
+        finish_est=fe,
+        running=np.array(running, dtype=np.int64),
+    )
+
+
+ROWS = [
+    "M1,1,j,1,Terminated,0,50,100,0.1",  # long root of a chain
+    "R2_1,1,j,1,Terminated,50,100,100,0.1",
+    "M3,1,j,1,Terminated,0,2,100,0.1",  # short independent task
+]
+SLOW_FAST = [NodeSpec("slow", "x", 1, 4, 1.0), NodeSpec("fast", "x", 1, 4, 2.0)]
+
+
+def test_rank_u_is_the_longest_path_to_an_exit():
+    w = _w(ROWS)
+    assert w.rank_u.tolist() == [100.0, 50.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "name, first",
+    [("sjf", ("M3", "fast")), ("cp", ("M1", "fast")), ("fifo", ("M1", "fast")), ("heft", ("M1", "fast"))],
+)
+def test_list_policies_pick_their_task_first(name, first):
+    w = _w(ROWS)
+    p = make_heuristic(name)
+    p.reset(w, SLOW_FAST, 0)
+    out = p.place(_view(w, SLOW_FAST, [0, 2], [1, 1]))
+    task, node = out[0]
+    assert (w.task_names[task], SLOW_FAST[node].name) == first
+
+
+def test_heft_holds_a_critical_task_for_a_busy_fast_node():
+    # fast node busy until t=1; M1 (50 s) finishes at 1 + 25 there, at 50 on the slow node
+    w = _w(ROWS)
+    p = HeftPlacer()
+    p.reset(w, SLOW_FAST, 0)
+    view = _view(w, SLOW_FAST, [0], [1, 0], running=[2], finish=[1.0])
+    assert p.place(view) == []
+    eager = HeftPlacer(hold=False)
+    eager.reset(w, SLOW_FAST, 0)
+    assert eager.place(view) == [(0, 0)]
+
+
+def test_tetris_prefers_the_aligned_node():
+    w = _w(["M1,1,j,1,Terminated,0,5,200,2.0"])
+    nodes = [NodeSpec("small", "x", 2, 2, 1.0), NodeSpec("big", "x", 8, 16, 1.0)]
+    p = make_heuristic("tetris")
+    p.reset(w, nodes, 0)
+    scores = p.node_scores(_view(w, nodes, [0], [2, 8]), 0)
+    assert scores[0] > scores[1]  # the task fills the small node exactly
+
+
+def test_static_hypergraph_features():
+    w = _w(ROWS)
+    x = np.column_stack([np.arange(3.0)])
+    (h1,) = hypergraph_propagate(w, x, hops=1)
+    # M1 and R2_1 share both hyperedges; M3 is isolated and keeps its own value
+    assert h1[0, 0] == pytest.approx(0.5) and h1[1, 0] == pytest.approx(0.5) and h1[2, 0] == 2.0
+    assert static_features(w).shape == (3, 16)
+
+
+def test_pairs_include_wait_edges_and_prior():
+    w = _w(ROWS)
+    fb = FeatureBuilder()
+    fb.reset(w, SLOW_FAST)
+    view = _view(w, SLOW_FAST, [0], [1, 0], running=[2], finish=[1.0])
+    x, pt, pn, pp, pw, g = fb.build(LocalState(view))
+    assert x.shape == (2, N_PAIR) and g.shape == (N_GLOBAL,)
+    assert set(zip(pn.tolist(), pw.tolist())) == {(0, False), (1, True)}  # start on slow, or wait for fast
+    prior = topological_prior(x)
+    assert prior[pw].item() > prior[~pw].item()  # holding the critical task for its best node
+
+
+def test_shipped_model_loads_with_provenance():
+    m = OnnxPolicyModel(DEFAULT_MODEL)
+    for key in ("seed", "command", "date", "train_config", "feature_version"):
+        assert m.metadata.get(key), key
+    assert "coordinator_cmd train" in m.metadata["command"]
+    assert (m.n_pair, m.n_global) == (N_PAIR, N_GLOBAL)
+    x = np.random.default_rng(0).normal(size=(7, N_PAIR)).astype(np.float32)
+    assert m.logits(x).shape == (7,)
+
+
+def test_onnx_export_matches_numpy(tmp_path):
+    rng = np.random.default_rng(1)
+    mean, std = rng.normal(size=N_PAIR), rng.uniform(0.5, 2, size=N_PAIR)
+    gm, gs = rng.normal(size=N_GLOBAL), rng.uniform(0.5, 2, size=N_GLOBAL)
+    model = NumpyPolicyModel(Mlp.init([N_PAIR, 8, 1], rng, out_scale=1.0), Mlp.init([N_GLOBAL, 4, 1], rng, 1.0), mean, std, gm, gs)
+    path = tmp_path / "m.onnx"
+    model.export(path, {"seed": "1", "command": "test", "date": "2024-01-01T00:00:00+00:00"})
+    onx = OnnxPolicyModel(path)
+    x = rng.normal(size=(5, N_PAIR)).astype(np.float32)
+    np.testing.assert_allclose(onx.logits(x), model.logits(x), rtol=1e-4, atol=1e-4)
+    g = rng.normal(size=N_GLOBAL).astype(np.float32)
+    assert onx.value(g) == pytest.approx(model.value(g), rel=1e-4, abs=1e-4)
+    probs = onx.session.run(["probs"], {"pairs": x, "context": g[None]})[0]
+    assert probs.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_backprop_matches_finite_differences():
+    rng = np.random.default_rng(2)
+    net = Mlp.init([3, 5, 1], rng, out_scale=1.0)
+    x = rng.normal(size=(4, 3))
+    out, acts = net.forward_cache(x)
+    (gw0, gb0), (gw1, _) = net.backward(acts, np.ones_like(out))
+    eps = 1e-6
+    w0 = net.layers[0][0]
+    w0[1, 2] += eps
+    up = net.forward(x).sum()
+    w0[1, 2] -= 2 * eps
+    down = net.forward(x).sum()
+    w0[1, 2] += eps
+    assert gw0[1, 2] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-7)
+
+
+def test_tiny_training_runs_and_is_deterministic(tmp_path):
+    cfg = TrainConfig(seed=3, iterations=2, rollouts=2, jobs_per_episode=4, hidden=(8,), critic_hidden=(4,))
+    m1, h1 = train(cfg)
+    m2, h2 = train(cfg)
+    assert h1 == h2
+    for (a, b), (c, d) in zip(m1.actor.layers, m2.actor.layers):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, d)
+    m3, _ = train(TrainConfig(**{**cfg.__dict__, "seed": 4}))
+    assert not np.array_equal(m1.actor.layers[0][0], m3.actor.layers[0][0])
+    path = tmp_path / "tiny.onnx"
+    export(m1, path, cfg, "test", "2024-01-01T00:00:00+00:00", h1)
+    onx = OnnxPolicyModel(path)
+    assert onx.metadata["seed"] == "3"
+    res = simulate(_w(ROWS), SLOW_FAST, HigfrlPlacer(model=onx))
+    assert np.isfinite(res.finish).all()
+
+
+def test_higfrl_node_scores_rank_the_fast_node():
+    w = _w(["M1,1,j,1,Terminated,0,50,100,0.1"])
+    p = HigfrlPlacer()
+    p.reset(w, SLOW_FAST, 0)
+    s = p.node_scores(_view(w, SLOW_FAST, [0], [1, 1]), 0)
+    assert np.isfinite(s).all()
+    s_busy = p.node_scores(_view(w, SLOW_FAST, [0], [1, 0]), 0)
+    assert np.isneginf(s_busy[1]) and np.isfinite(s_busy[0])
+
+
+def test_evaluation_function_shape():
+    rows = evaluate(n_jobs=6, loads=(0.8,), seeds=(7,), policies=("higfrl", "sjf", "heft"))
+    summary = summarize(rows)
+    assert {r["policy"] for r in summary} == {"higfrl", "sjf", "heft"}
+    best = min(r["mean_flow_s"] for r in summary if r["policy"] != "higfrl")
+    for r in summary:
+        assert r["flow_vs_best"] == pytest.approx(r["mean_flow_s"] / best)

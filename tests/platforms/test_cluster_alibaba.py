@@ -1,0 +1,141 @@
+"""Alibaba v2018 batch_task reader and the synthetic generator."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from platforms.cluster.alibaba import parse_batch_task, parse_task_name, read_batch_task
+from platforms.cluster.synthetic import SyntheticConfig, generate_rows, synthetic_trace, write_batch_task
+
+SAMPLE = "/work/shared/data/alibaba-v2018-dag-sample.csv"
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("M1", (1, ())),
+        ("M2_1", (2, (1,))),
+        ("M5_3_4", (5, (3, 4))),
+        ("R13_2_3_12", (13, (2, 3, 12))),
+        ("J10_7_9_Stg4", (10, (7, 9))),  # non-numeric tokens are ignored
+        ("M7_Stg3", (7, ())),
+        ("task_Nzg3ODAwNDgzMTAwNTc2NTQ2Mw==", (None, ())),
+        ("MergeTask", (None, ())),
+    ],
+)
+def test_parse_task_name(name, expected):
+    assert parse_task_name(name) == expected
+
+
+def test_dag_edges_durations_and_units():
+    rows = [
+        "M1,1.0,j_1,1,Terminated,100,110,100.0,0.2",
+        "M2,1.0,j_1,1,Terminated,100,104,50.0,0.3",
+        "R3_1_2,2.0,j_1,1,Terminated,110,130,200.0,0.5",
+        "task_abc==,1.0,j_1,1,Terminated,101,103,100.0,0.1",
+    ]
+    load = parse_batch_task(rows)
+    assert not load.issues
+    (job,) = load.jobs
+    names = [t.name for t in job.tasks]
+    r3 = names.index("R3_1_2")
+    assert sorted(names[p] for p in np.flatnonzero([r3 in job.dag.successors(i) for i in range(4)])) == ["M1", "M2"]
+    assert job.dag.npred[names.index("task_abc==")] == 0
+    assert job.work_s.tolist() == [10.0, 4.0, 20.0, 2.0]
+    assert job.cpu.tolist() == [1.0, 0.5, 2.0, 1.0]
+    assert job.arrival == 100
+    assert job.tasks[r3].instances == 2
+
+
+def _good_job(job: str, t0: int = 0) -> list[str]:
+    return [f"M1,1.0,{job},1,Terminated,{t0},{t0 + 5},100.0,0.2", f"R2_1,1.0,{job},1,Terminated,{t0 + 5},{t0 + 9},100.0,0.2"]
+
+
+@pytest.mark.parametrize(
+    "bad_rows, kind, bad_line",
+    [
+        (["R1_2,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,0,5,100.0,0.2"], "cycle", 3),
+        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_7,1.0,j_bad,1,Terminated,0,5,100.0,0.2"], "dangling-parent", 4),
+        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,abc,5,100.0,0.2"], "bad-row", 4),
+        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,9,5,100.0"], "bad-row", 4),
+        (["M1,1.0,j_bad,1,Terminated,9,5,100.0,0.2"], "bad-row", 3),  # end < start
+        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2"], "duplicate-task", 4),
+        (["M1,1.0,j_bad,1,Running,0,5,100.0,0.2"], "status", 3),
+    ],
+)
+def test_broken_job_is_reported_and_only_it_skipped(bad_rows, kind, bad_line):
+    rows = _good_job("j_a") + bad_rows + _good_job("j_b", 50)
+    load = parse_batch_task(rows, source="trace.csv")
+    assert [j.name for j in load.jobs] == ["j_a", "j_b"]
+    skipped = [i for i in load.issues if i.skipped]
+    assert len(skipped) == 1
+    issue = skipped[0]
+    assert (issue.kind, issue.job, issue.line) == (kind, "j_bad", bad_line)
+    text = str(issue)
+    assert "trace.csv" in text and f"line {bad_line}" in text and "j_bad" in text
+
+
+def test_missing_values_are_imputed_not_skipped():
+    load = parse_batch_task(["M1,,j_1,1,Terminated,0,5,,"], statuses=None)
+    assert len(load.jobs) == 1
+    assert load.jobs[0].tasks[0].cpu == 1.0
+    assert {i.kind for i in load.issues} == {"imputed"}
+    assert not any(i.skipped for i in load.issues)
+
+
+def test_rows_of_a_job_may_be_interleaved_and_max_jobs():
+    rows = ["M1,1,j_1,1,Terminated,0,1,100,0.1", "M1,1,j_2,1,Terminated,0,1,100,0.1", "R2_1,1,j_1,1,Terminated,1,2,100,0.1"]
+    load = parse_batch_task(rows)
+    assert [len(j.tasks) for j in load.jobs] == [2, 1]
+    assert [j.name for j in parse_batch_task(rows, max_jobs=1).jobs] == ["j_1"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n_jobs=st.integers(1, 30), load=st.floats(0.2, 2.0))
+def test_synthetic_traces_parse_cleanly(seed, n_jobs, load):
+    cfg = SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load)
+    rows = generate_rows(cfg)
+    assert all(len(r.split(",")) == 9 for r in rows)
+    tr = parse_batch_task(rows)
+    assert tr.issues == []
+    assert len(tr.jobs) == n_jobs
+    for job in tr.jobs:
+        job.dag.topo_order()  # acyclic
+        assert (job.work_s >= 1).all()
+        assert set(job.cpu.tolist()) <= {0.5, 1.0, 2.0}
+
+
+def test_synthetic_is_reproducible_and_hits_the_load():
+    a = generate_rows(SyntheticConfig(n_jobs=200, seed=3))
+    assert a == generate_rows(SyntheticConfig(n_jobs=200, seed=3))
+    assert a != generate_rows(SyntheticConfig(n_jobs=200, seed=4))
+    cfg = SyntheticConfig(n_jobs=400, seed=5, load=0.8, capacity=20.0)
+    tr = synthetic_trace(cfg)
+    work = sum(float((j.work_s * j.cpu).sum()) for j in tr.jobs)
+    span = max(j.arrival for j in tr.jobs) - min(j.arrival for j in tr.jobs)
+    assert 0.6 < work / span / cfg.capacity < 1.05
+    sizes = np.array([len(j.tasks) for j in tr.jobs])
+    assert sizes.min() >= 1 and np.median(sizes) >= 3
+
+
+def test_file_roundtrip(tmp_path):
+    rows = generate_rows(SyntheticConfig(n_jobs=20, seed=1))
+    path = tmp_path / "batch_task.csv"
+    write_batch_task(path, rows)
+    load = read_batch_task(path)
+    assert len(load.jobs) == 20 and load.rows == len(rows)
+
+
+@pytest.mark.skipif(not os.path.exists(SAMPLE), reason="real trace sample not present")
+def test_real_sample_reports_cycles_and_keeps_the_rest():
+    load = read_batch_task(SAMPLE)
+    kinds = {i.kind for i in load.issues if i.skipped}
+    assert "cycle" in kinds
+    assert len(load.jobs) > 300
+    for issue in load.issues:
+        assert issue.line > 0 and issue.job

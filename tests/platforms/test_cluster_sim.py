@@ -1,0 +1,153 @@
+"""The event-driven cluster simulator: nodes, speed hook, validation and metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from platforms.cluster.alibaba import parse_batch_task
+from platforms.cluster.simcluster import (
+    ClusterView,
+    NodeSpec,
+    PiecewiseSpeed,
+    PlacementError,
+    SimError,
+    Workload,
+    board_node,
+    capacity,
+    parse_nodes_spec,
+    simulate,
+)
+from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
+
+
+class FirstFit:
+    """A minimal placer for the simulator's own tests: ready order, first node that fits."""
+
+    name = "first-fit"
+
+    def reset(self, workload, nodes, seed):
+        pass
+
+    def place(self, view: ClusterView):
+        free_c, free_m = view.free_cpu.copy(), view.free_mem.copy()
+        out = []
+        for t in view.ready.tolist():
+            ok = np.flatnonzero((free_c >= view.cpu[t] - 1e-9) & (free_m >= view.mem[t] - 1e-9))
+            if ok.size:
+                k = int(ok[0])
+                out.append((t, k))
+                free_c[k] -= view.cpu[t]
+                free_m[k] -= view.mem[t]
+        return out
+
+
+def _workload(rows):
+    return Workload.from_jobs(parse_batch_task(rows).jobs)
+
+
+def test_board_presets_and_nodes_spec():
+    tx2 = board_node("tx2")
+    assert tx2.cpus == 4  # the Denver pair is offline by default
+    orin = board_node("orin-nx")
+    assert orin.cpus == 8 and orin.mem == 16 and orin.speed > tx2.speed
+    nodes = parse_nodes_spec("tx2:2,orin-nx:1:speed=1.5:cpus=6")
+    assert [n.name for n in nodes] == ["tx2-0", "tx2-1", "orin-nx-0"]
+    assert nodes[2].speed == 1.5 and nodes[2].cpus == 6
+    assert capacity(nodes) == pytest.approx(2 * 4 * tx2.speed + 6 * 1.5)
+    for bad in ("tx2:x", "tx2:2:volts=3", "tx2:0", ""):
+        with pytest.raises(SimError):
+            parse_nodes_spec(bad)
+
+
+def test_chain_runs_at_node_speed_and_metrics():
+    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1", "R2_1,1,j,1,Terminated,10,30,100,0.1"])
+    node = NodeSpec("n", "x", cpus=1, mem=1, speed=2.0)
+    res = simulate(w, [node], FirstFit())
+    assert res.start.tolist() == [0.0, 5.0]
+    assert res.finish.tolist() == [5.0, 15.0]
+    assert res.makespan == 15.0
+    assert res.mean_flow == pytest.approx(7.5)  # (5 + 10) / 2, flow from the ready time
+    assert res.mean_wait == 0.0
+
+
+def test_waiting_for_capacity_counts_as_wait():
+    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1", "M2,1,j,1,Terminated,0,10,100,0.1"])
+    res = simulate(w, [NodeSpec("n", "x", cpus=1, mem=1, speed=1.0)], FirstFit())
+    assert sorted(res.start.tolist()) == [0.0, 10.0]
+    assert res.mean_wait == 5.0 and res.mean_flow == 15.0 and res.makespan == 20.0
+
+
+def test_speed_hook_is_piecewise_exact():
+    # half speed from t=4 to t=8: 10 s of work = 4 + 4*0.5 + 4 -> finishes at 12
+    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1"])
+    node = NodeSpec("n", "x", cpus=1, mem=1, speed=1.0, speed_fn=PiecewiseSpeed((0.0, 4.0, 8.0), (1.0, 0.5, 1.0)))
+    res = simulate(w, [node], FirstFit())
+    assert res.finish[0] == pytest.approx(12.0)
+
+
+def test_speed_hook_sampled_callable():
+    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1"])
+    node = NodeSpec("n", "x", cpus=1, mem=1, speed=1.0, speed_fn=lambda t: 0.5 if t >= 2.0 else 1.0, speed_period_s=1.0)
+    res = simulate(w, [node], FirstFit())
+    assert res.finish[0] == pytest.approx(2.0 + 8.0 / 0.5)
+
+
+def test_oversized_tasks_are_clamped_and_counted():
+    w = _workload(["M1,1,j,1,Terminated,0,10,800,0.1"])  # 8 cores
+    res = simulate(w, [NodeSpec("n", "x", cpus=4, mem=1, speed=1.0)], FirstFit())
+    assert res.clamped == 1 and res.cpu[0] == 4
+
+
+class Cheater(FirstFit):
+    name = "cheater"
+
+    def place(self, view):
+        return [(int(t), 0) for t in view.ready]  # ignores capacity
+
+
+class Idler(FirstFit):
+    name = "idler"
+
+    def place(self, view):
+        return []
+
+
+def test_invalid_placements_are_refused_with_the_cause():
+    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1", "M2,1,j,1,Terminated,0,10,100,0.1"])
+    with pytest.raises(PlacementError, match="does not fit node 'n'"):
+        simulate(w, [NodeSpec("n", "x", cpus=1, mem=1, speed=1.0)], Cheater())
+    with pytest.raises(PlacementError, match="idle cluster"):
+        simulate(w, [NodeSpec("n", "x", cpus=1, mem=1, speed=1.0)], Idler())
+
+
+def test_release_profile_and_earliest_start():
+    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1", "M2,1,j,1,Terminated,0,4,100,0.1", "M3,1,j,1,Terminated,0,1,200,0.1"])
+    nodes = (NodeSpec("a", "x", cpus=2, mem=1, speed=1.0), NodeSpec("b", "x", cpus=2, mem=1, speed=1.0))
+    view = ClusterView(
+        t=1.0,
+        workload=w,
+        nodes=nodes,
+        ready=np.array([2]),
+        ready_t=np.zeros(3),
+        free_cpu=np.array([0.0, 1.0]),
+        free_mem=np.array([0.8, 0.9]),
+        speed=np.ones(2),
+        run_node=np.array([0, 0, -1]),
+        finish_est=np.array([10.0, 4.0, np.inf]),
+        running=np.array([0, 1]),
+    )
+    times, cpu, _ = view.release_profile()
+    assert times[0].tolist() == [4.0, 10.0]
+    assert cpu[0].tolist() == [1.0, 2.0]
+    assert np.isinf(times[1]).all()
+    assert view.earliest_start(2.0, 0.1).tolist() == [10.0, np.inf]  # b never has 2 cores
+    assert view.earliest_start(1.0, 0.1).tolist() == [4.0, 1.0]
+    assert view.next_release().tolist() == [3.0, 0.0]
+
+
+def test_ten_thousand_tasks_replay_reasonably_fast():
+    cfg = SyntheticConfig(n_jobs=150, seed=2, load=0.9)
+    w = Workload.from_jobs(synthetic_trace(cfg).jobs)
+    res = simulate(w, parse_nodes_spec("orin-nx:4,tx2:4"), FirstFit())
+    assert np.isfinite(res.finish).all() and (res.start >= res.ready_t - 1e-9).all()
