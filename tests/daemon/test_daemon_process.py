@@ -208,3 +208,76 @@ def test_dry_run_prints_writes_and_changes_nothing(board):
     assert proc.returncode == 0, log.read_text()
     assert b"dry-run: would write" in out and b"scaling_setspeed" in out
     assert tree_state(tree, spec) == original
+
+
+def test_hidvfs_run_launches_registers_and_reports_makespan(board):
+    spec, tree, state = board
+    proc, log = start_daemon(tree, state)
+    sock = state / "hidvfs.sock"
+    try:
+        client = RegistryClient(str(sock))
+
+        def serving():
+            try:
+                client.status()
+                return True
+            except Exception:  # noqa: BLE001
+                return False
+
+        wait_for(serving, what="the registry socket")
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "run",
+            "--deadline",
+            "10",
+            "--criticality",
+            "hi",
+            "--socket",
+            str(sock),
+            "--json",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(0.3)",
+        ]
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2]
+        )
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert 0.3 <= result["makespan_s"] < 10 and result["deadline_met"] is True
+        # A failing command's exit status is passed through.
+        bad = subprocess.run(
+            cmd[:-3] + [sys.executable, "-c", "raise SystemExit(3)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert bad.returncode == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_hidvfs_run_without_a_daemon_is_a_clear_error(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "run",
+            "--socket",
+            str(tmp_path / "none.sock"),
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 2 and "cannot reach the hidvfs daemon" in out.stderr

@@ -1,0 +1,56 @@
+"""The thermal guard caps frequency hard at trip minus margin, whatever the policy wants."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents.policy import Decision
+from daemon.guard import ThermalGuard
+from platforms.observation import ClusterObs, Observation, ZoneObs
+
+TABLE = (500, 1000, 1500, 2000)
+
+
+def obs(temp, cur=2000, trip=85.0):
+    c = ClusterObs("big", 0, (0, 1), (0, 1), TABLE, 1.0, cur, 500, 2000, "userspace")
+    z = ZoneObs("cpu-therm", "cpu", temp, ("big",), passive_trip_c=trip)
+    return Observation(0.0, "toy", (c,), (z,), ())
+
+
+def test_cap_engages_at_trip_minus_margin_and_steps_down():
+    g = ThermalGuard(margin_c=5.0, hysteresis_c=3.0)
+    d = Decision({"big": 2000})
+    assert g.apply(d, obs(79.0)).freq_khz["big"] == 2000  # below 80: untouched
+    out = g.apply(d, obs(80.0))
+    assert out.freq_khz["big"] == 1500 and out.cap_khz["big"] == 1500 and out.events
+    out = g.apply(d, obs(82.0, cur=1500))
+    assert out.freq_khz["big"] == 1000  # still hot: one more OPP down
+
+
+def test_cap_releases_only_below_the_hysteresis_band():
+    g = ThermalGuard(margin_c=5.0, hysteresis_c=3.0)
+    d = Decision({"big": 2000})
+    g.apply(d, obs(81.0))
+    assert g.apply(d, obs(78.0, cur=1500)).freq_khz["big"] == 1500  # inside the band: hold
+    assert g.apply(d, obs(76.0, cur=1500)).freq_khz["big"] == 2000  # below 77: step back up
+
+
+def test_unavailable_sensor_never_relaxes_a_cap():
+    g = ThermalGuard()
+    d = Decision({"big": 2000})
+    g.apply(d, obs(90.0))
+    assert g.apply(d, obs(None, cur=1500)).freq_khz["big"] == 1500
+
+
+@given(st.lists(st.floats(20.0, 110.0), min_size=1, max_size=30), st.sampled_from(TABLE))
+def test_output_never_exceeds_the_cap_or_leaves_the_table(temps, want):
+    g = ThermalGuard(margin_c=5.0)
+    cur = 2000
+    for t in temps:
+        out = g.apply(Decision({"big": want}), obs(t, cur=cur))
+        f = out.freq_khz["big"]
+        assert f in TABLE and f <= want
+        if "big" in out.cap_khz:
+            assert f <= out.cap_khz["big"]
+        if t >= 80.0:
+            assert f < 2000 or want < 2000
+        cur = f
