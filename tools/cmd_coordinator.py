@@ -1,0 +1,130 @@
+"""``hidvfs coordinator simulate|serve|train|evaluate``: DAG job placement across boards."""
+
+from __future__ import annotations
+
+import click
+
+from tools.common import Friendly, emit_json
+
+
+@click.group("coordinator", cls=Friendly)
+def coordinator() -> None:
+    """Place DAG jobs across a fleet of boards running the daemon.
+
+    `simulate` replays an Alibaba cluster-trace-v2018 batch_task.csv on a simulated cluster;
+    `serve` is a Kubernetes scheduler extender (filter/prioritize) scoring nodes from their
+    daemons' live telemetry.
+    """
+
+
+@coordinator.command("simulate")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="batch_task.csv (no header).",
+)
+@click.option(
+    "--policy",
+    default="all",
+    show_default=True,
+    help="all, or a comma list of higfrl,fifo,sjf,heft,tetris,cp,random.",
+)
+@click.option(
+    "--nodes",
+    default="tx2:4,orin-nx:2,rubikpi3:2",
+    show_default=True,
+    help="Cluster: board:count,...",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulation.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
+    """Side-by-side makespan, mean flow and wait time per policy, with ratios to the best heuristic."""
+    from tools.coordinator_cmd import DEFAULT_POLICIES, format_table, simulate
+
+    policies = (
+        DEFAULT_POLICIES
+        if policy.strip().lower() == "all"
+        else [p.strip() for p in policy.split(",") if p.strip()]
+    )
+    rows = simulate(trace_path, policies, nodes, seed)
+    if as_json:
+        emit_json(rows)
+    else:
+        click.echo(format_table(rows))
+
+
+@coordinator.command("serve")
+@click.option(
+    "--listen", default="127.0.0.1:8888", show_default=True, help="HOST:PORT of the extender."
+)
+@click.option(
+    "--policy", default="higfrl", show_default=True, help="Placement policy used to score nodes."
+)
+@click.option(
+    "--nodes",
+    default=None,
+    help="name=board@http://host:port/status,... (each node's daemon telemetry).",
+)
+@click.option(
+    "--token", default=None, help="Bearer token for remote telemetry (or HIDVFS_TELEMETRY_TOKEN)."
+)
+def serve_cmd(listen, policy, nodes, token) -> None:
+    """Run the scheduler extender (filter and prioritize verbs) until interrupted."""
+    from tools.coordinator_cmd import serve
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    serve(host, int(port), policy, nodes, token=token)
+
+
+@coordinator.command("train")
+@click.option("--seed", default=0, show_default=True, type=int, help="Training seed.")
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="ONNX file (default: the shipped model path).",
+)
+@click.option(
+    "--iterations",
+    default=None,
+    type=click.IntRange(1),
+    help="Training iterations (default: the full budget).",
+)
+def train_cmd(seed, out, iterations) -> None:
+    """Train the higfrl actor-critic in the simulated cluster and export it to ONNX."""
+    from tools.coordinator_cmd import train
+
+    click.echo(train(seed=seed, out=out, iterations=iterations))
+
+
+@coordinator.command("evaluate")
+@click.option(
+    "--jobs",
+    "n_jobs",
+    default=500,
+    show_default=True,
+    type=click.IntRange(10),
+    help="Jobs per held-out trace.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+def evaluate_cmd(n_jobs, as_json) -> None:
+    """higfrl against every heuristic on held-out synthetic traces, including a high load."""
+    from tools.coordinator_cmd import evaluate
+
+    rows = evaluate(n_jobs=n_jobs)
+    if as_json:
+        emit_json(rows)
+    else:
+        for r in rows:
+            click.echo(
+                "  ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
+                )
+            )
+
+
+COMMAND = coordinator
