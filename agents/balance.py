@@ -123,7 +123,9 @@ def _kk_states(w: np.ndarray, s: np.ndarray) -> list[list[int]]:
     return heap[0][3] if heap else [[] for _ in range(k)]
 
 
-def _local_search(parts: list[list[int]], w: np.ndarray, s: np.ndarray, o: np.ndarray, rounds: int = 200) -> list[list[int]]:
+def _local_search(
+    parts: list[list[int]], w: np.ndarray, s: np.ndarray, o: np.ndarray, rounds: int = 200
+) -> list[list[int]]:
     """Moves and swaps off the node that finishes last, while they lower the maximum."""
     sums = np.array([w[p].sum() if p else 0.0 for p in parts])
     for _ in range(rounds):
@@ -210,7 +212,9 @@ class Rebalancer:
         now = np.asarray(speeds, dtype=float)
         return np.flatnonzero(now < (1.0 - self.threshold) * self.speeds_)
 
-    def update(self, speeds, pending: Sequence[int], busy_s: Sequence[float] | None = None) -> Split | None:
+    def update(
+        self, speeds, pending: Sequence[int], busy_s: Sequence[float] | None = None
+    ) -> Split | None:
         """New telemetry. ``pending``: samples not started yet; ``busy_s[i]``: seconds node i
         still needs for what it has started. Returns the new split of ``pending`` (indices
         into the original batch) when a node slowed down, else None."""
@@ -218,7 +222,9 @@ class Rebalancer:
         if self.slowed(now).size == 0:
             return None
         pending = np.asarray(pending, dtype=np.int64)
-        sub = balance(self.costs[pending], now, None if busy_s is None else np.asarray(busy_s, dtype=float))
+        sub = balance(
+            self.costs[pending], now, None if busy_s is None else np.asarray(busy_s, dtype=float)
+        )
         parts = tuple(tuple(int(pending[i]) for i in p) for p in sub.parts)
         self.split_ = Split(parts, sub.finish, sub.method)
         self.speeds_ = now.copy()

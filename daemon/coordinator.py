@@ -72,7 +72,13 @@ def parse_status(node: str, data: object) -> NodeTelemetry:
             table = ci_get(c, "freqs_khz") or []
             if top is None and table:
                 top = max(table)
-            n_all = len(cpus) if isinstance(cpus, list) and cpus else len(online) if isinstance(online, list) else 0
+            n_all = (
+                len(cpus)
+                if isinstance(cpus, list) and cpus
+                else len(online)
+                if isinstance(online, list)
+                else 0
+            )
             n_on = len(online) if isinstance(online, list) else n_all
             if cur is not None and top:
                 num += cap * float(cur) * n_on
@@ -92,7 +98,9 @@ def parse_status(node: str, data: object) -> NodeTelemetry:
         speed = None if speed is None else min(max(float(speed), 0.0), 1.0)
         free = None if free is None else max(float(free), 0.0)
     except (TypeError, ValueError):
-        return NodeTelemetry(node, False, f"status has a non-numeric speed_factor or free_cpus ({speed!r}, {free!r})")
+        return NodeTelemetry(
+            node, False, f"status has a non-numeric speed_factor or free_cpus ({speed!r}, {free!r})"
+        )
     temp = ci_get(data, "max_cpu_temp_c")
     thr = ci_get(data, "throttled")
     return NodeTelemetry(
@@ -154,11 +162,17 @@ class TelemetryClient:
             self._cache[node] = (now, tel)
         return tel
 
-    def _fetch(self, node: str) -> NodeTelemetry:
+    def request(self, node: str) -> urllib.request.Request:
+        """The status request for ``node``: a bearer token goes to remote hosts only."""
         url = self.url(node)
         req = urllib.request.Request(url, headers={"Accept": "application/json"})
         if self.token and not _is_loopback(url):
             req.add_header("Authorization", f"Bearer {self.token}")
+        return req
+
+    def _fetch(self, node: str) -> NodeTelemetry:
+        req = self.request(node)
+        url = req.full_url
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 body = resp.read(1 << 20)
@@ -186,7 +200,9 @@ def _make_placer(policy: str, model_path=None):
     if policy == "higfrl":
         return HigfrlPlacer(model_path=model_path)
     if policy not in HEURISTICS:
-        raise ValueError(f"unknown placement policy {policy!r}; known: higfrl, {', '.join(sorted(HEURISTICS))}")
+        raise ValueError(
+            f"unknown placement policy {policy!r}; known: higfrl, {', '.join(sorted(HEURISTICS))}"
+        )
     return make_heuristic(policy)
 
 
@@ -196,7 +212,11 @@ def scale_scores(scores: np.ndarray) -> np.ndarray:
     fin = np.isfinite(scores)
     if fin.any():
         lo, hi = float(scores[fin].min()), float(scores[fin].max())
-        out[fin] = MAX_SCORE if hi - lo < 1e-12 else np.rint(1 + (MAX_SCORE - 1) * (scores[fin] - lo) / (hi - lo)).astype(np.int64)
+        out[fin] = (
+            MAX_SCORE
+            if hi - lo < 1e-12
+            else np.rint(1 + (MAX_SCORE - 1) * (scores[fin] - lo) / (hi - lo)).astype(np.int64)
+        )
     return out
 
 
@@ -207,7 +227,14 @@ class Coordinator:
     else ``default_board``); the board gives the nominal cores, memory and speed.
     """
 
-    def __init__(self, policy: str, telemetry: TelemetryClient, boards: Mapping[str, str] | None = None, default_board: str = DEFAULT_BOARD, model_path=None):
+    def __init__(
+        self,
+        policy: str,
+        telemetry: TelemetryClient,
+        boards: Mapping[str, str] | None = None,
+        default_board: str = DEFAULT_BOARD,
+        model_path=None,
+    ):
         self.policy = policy
         self.telemetry = telemetry
         self.boards = dict(boards or {})
@@ -223,7 +250,9 @@ class Coordinator:
                 return str(node.labels[key])
         return self.default_board
 
-    def _nodes(self, args: ExtenderArgs, tel: dict[str, NodeTelemetry]) -> tuple[list[NodeSpec], np.ndarray, np.ndarray]:
+    def _nodes(
+        self, args: ExtenderArgs, tel: dict[str, NodeTelemetry]
+    ) -> tuple[list[NodeSpec], np.ndarray, np.ndarray]:
         specs, free_cpu, speed = [], [], []
         for n in args.nodes:
             try:
@@ -235,7 +264,9 @@ class Coordinator:
             spec = NodeSpec(n.name, base.board, max(cpus, 1e-3), max(mem, 1e-3), base.speed)
             t = tel[n.name]
             specs.append(spec)
-            free_cpu.append(min(t.free_cpus, spec.cpus) if t.ok and t.free_cpus is not None else spec.cpus)
+            free_cpu.append(
+                min(t.free_cpus, spec.cpus) if t.ok and t.free_cpus is not None else spec.cpus
+            )
             factor = t.speed_factor if t.ok and t.speed_factor else 1.0
             speed.append(spec.speed * max(factor, 1e-3))
         return specs, np.array(free_cpu), np.array(speed)
@@ -244,8 +275,7 @@ class Coordinator:
         specs, free_cpu, speed = self._nodes(args, tel)
         p = args.pod
         w = single_task_workload(p.name, p.work_s, p.cpu, p.mem_gb, p.rank_s)
-        with self._lock:
-            self.placer.reset(w, specs, 0)
+        self.placer.reset(w, specs, 0)
         return ClusterView(
             t=0.0,
             workload=w,
@@ -265,14 +295,16 @@ class Coordinator:
             if n.cpu is not None and args.pod.cpu > n.cpu + 1e-9:
                 failed[n.name] = f"pod requests {args.pod.cpu:g} cores, node allocatable {n.cpu:g}"
             elif t.ok and t.free_cpus is not None and args.pod.cpu > t.free_cpus + 1e-9:
-                failed[n.name] = f"pod requests {args.pod.cpu:g} cores, telemetry shows {t.free_cpus:.2f} free"
+                failed[n.name] = (
+                    f"pod requests {args.pod.cpu:g} cores, telemetry shows {t.free_cpus:.2f} free"
+                )
         return failed
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
         names = [n.name for n in args.nodes]
         tel = self.telemetry.fetch_many(names)
-        view = self._view(args, tel)
-        with self._lock:
+        with self._lock:  # the placer keeps the workload of the current pod
+            view = self._view(args, tel)
             raw = np.asarray(self.placer.node_scores(view, 0), dtype=float)
         reachable = np.array([tel[n].ok for n in names])
         scores = np.full(len(names), NEUTRAL_SCORE, dtype=np.int64)
@@ -319,10 +351,23 @@ def parse_nodes_arg(nodes: str | Mapping | None) -> tuple[dict[str, str], dict[s
     return urls, boards
 
 
-def build_server(host: str, port: int, policy: str, nodes=None, token: str | None = None, timeout_s: float = 0.5, model_path=None):
+def build_server(
+    host: str,
+    port: int,
+    policy: str,
+    nodes=None,
+    token: str | None = None,
+    timeout_s: float = 0.5,
+    model_path=None,
+):
     """The extender HTTP server, ready for ``serve_forever()`` (port 0 = ephemeral)."""
     urls, boards = parse_nodes_arg(nodes)
-    coord = Coordinator(policy, TelemetryClient(urls, token=token, timeout_s=timeout_s), boards, model_path=model_path)
+    coord = Coordinator(
+        policy,
+        TelemetryClient(urls, token=token, timeout_s=timeout_s),
+        boards,
+        model_path=model_path,
+    )
     srv = make_server(host, port, coord.verbs())
     srv.coordinator = coord
     return srv

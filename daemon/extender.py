@@ -46,8 +46,21 @@ def ci_get(d: object, key: str, default=None):
 _CPU_RE = re.compile(r"^([0-9.]+)(m?)$")
 _MEM_RE = re.compile(r"^([0-9.]+(?:[eE][0-9]+)?)([KMGTPE]i?|k|m)?$")
 _MEM_UNIT = {
-    None: 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "m": 1e-3,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    None: 1.0,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "m": 1e-3,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
 }
 
 
@@ -182,7 +195,9 @@ def filter_reply(args: ExtenderArgs, failed: dict[str, str], error: str = "") ->
     }
     if args.raw_nodes is not None:
         keep_set = set(keep)
-        items = [i for i in args.raw_nodes if ci_get(ci_get(i, "metadata", {}) or {}, "name") in keep_set]
+        items = [
+            i for i in args.raw_nodes if ci_get(ci_get(i, "metadata", {}) or {}, "name") in keep_set
+        ]
         out[_key("Nodes", args.lower)] = {"items": items}
     else:
         out[_key("NodeNames", args.lower)] = keep
@@ -190,7 +205,10 @@ def filter_reply(args: ExtenderArgs, failed: dict[str, str], error: str = "") ->
 
 
 def prioritize_reply(args: ExtenderArgs, scores: dict[str, int]) -> list[dict]:
-    return [{_key("Host", args.lower): n.name, _key("Score", args.lower): int(scores.get(n.name, 0))} for n in args.nodes]
+    return [
+        {_key("Host", args.lower): n.name, _key("Score", args.lower): int(scores.get(n.name, 0))}
+        for n in args.nodes
+    ]
 
 
 @dataclass

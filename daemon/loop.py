@@ -221,4 +221,21 @@ class ControlLoop:
             "interventions": self.events_total,
             "last_events": list(last.decision.events[-5:]) if last else [],
             "unavailable": list(obs.errors[:10]) if obs else [],
+            # What the fleet coordinator scores a node with (daemon/coordinator.parse_status).
+            "clusters": [
+                {
+                    "name": c.name,
+                    "cpus": list(c.cpus),
+                    "online": list(c.online),
+                    "cur_khz": c.cur_khz,
+                    "max_khz": c.freqs_khz[-1] if c.freqs_khz else None,
+                    "capacity": c.capacity,
+                    "util": list(c.util),
+                }
+                for c in obs.clusters
+            ]
+            if obs
+            else [],
+            "max_cpu_temp_c": obs.max_cpu_temp_c if obs else None,
+            "throttled": bool(self.guard.levels),
         }

@@ -34,11 +34,18 @@ def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
         for k in keys:
             best = min(r[k] for r in heur)
             for r in sub:
-                r[k.replace("_s", "").replace("mean_", "") + "_vs_best"] = r[k] / best if best > 0 else 1.0
+                r[k.replace("_s", "").replace("mean_", "") + "_vs_best"] = (
+                    r[k] / best if best > 0 else 1.0
+                )
     return rows
 
 
-def simulate(trace_path: str, policies: Sequence[str] = DEFAULT_POLICIES, nodes_spec: str = "tx2:4,orin-nx:2,rubikpi3:2", seed: int = 0) -> list[dict]:
+def simulate(
+    trace_path: str,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    nodes_spec: str = "tx2:4,orin-nx:2,rubikpi3:2",
+    seed: int = 0,
+) -> list[dict]:
     """Replay a ``batch_task.csv`` on the simulated cluster under each policy.
 
     One row per policy with the simulator's metrics and ratios to the best heuristic; the
@@ -59,7 +66,14 @@ def simulate(trace_path: str, policies: Sequence[str] = DEFAULT_POLICIES, nodes_
     rows = []
     for name in policies:
         res = run(w, nodes, make_placer(name), seed=seed)
-        rows.append({**res.metrics(), "trace": os.fspath(trace_path), "skipped_jobs": len(load.skipped_jobs), "seed": seed})
+        rows.append(
+            {
+                **res.metrics(),
+                "trace": os.fspath(trace_path),
+                "skipped_jobs": len(load.skipped_jobs),
+                "seed": seed,
+            }
+        )
     return _with_ratios(rows)
 
 
@@ -71,7 +85,16 @@ def format_table(rows: list[dict]) -> str:
     if "makespan_vs_best" not in rows[0] and "flow_vs_best" not in rows[0]:
         rows = _with_ratios([dict(r) for r in rows], "load" if "load" in rows[0] else None)
     has_load = "load" in rows[0]
-    head = (["load"] if has_load else []) + ["policy", "tasks", "makespan_s", "flow_s", "wait_s", "mk/best", "flow/best", "wait/best"]
+    head = (["load"] if has_load else []) + [
+        "policy",
+        "tasks",
+        "makespan_s",
+        "flow_s",
+        "wait_s",
+        "mk/best",
+        "flow/best",
+        "wait/best",
+    ]
     lines = []
     for r in rows:
         cells = ([f"{r['load']:g}"] if has_load else []) + [
@@ -89,7 +112,9 @@ def format_table(rows: list[dict]) -> str:
     fmt = "  ".join(f"{{:>{w}}}" for w in width)
     out = [fmt.format(*head), fmt.format(*("-" * w for w in width))]
     out += [fmt.format(*c) for c in lines]
-    out.append("makespan = last completion - first arrival; flow = completion - ready; wait = start - ready (task means)")
+    out.append(
+        "makespan = last completion - first arrival; flow = completion - ready; wait = start - ready (task means)"
+    )
     return "\n".join(out)
 
 
@@ -105,13 +130,25 @@ def _token(token: str | None) -> str | None:
     return None
 
 
-def serve(host: str = "127.0.0.1", port: int = 8888, policy: str = "higfrl", nodes=None, token: str | None = None, timeout_s: float = 0.5, model_path=None) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8888,
+    policy: str = "higfrl",
+    nodes=None,
+    token: str | None = None,
+    timeout_s: float = 0.5,
+    model_path=None,
+) -> None:
     """Run the scheduler extender until interrupted. ``nodes``: ``"name=board@url,..."``."""
     from daemon.coordinator import build_server
 
-    srv = build_server(host, port, policy, nodes, token=_token(token), timeout_s=timeout_s, model_path=model_path)
+    srv = build_server(
+        host, port, policy, nodes, token=_token(token), timeout_s=timeout_s, model_path=model_path
+    )
     h, p = srv.server_address[:2]
-    logging.getLogger("hidvfs.coordinator").info("extender on http://%s:%d (policy %s)", h, p, policy)
+    logging.getLogger("hidvfs.coordinator").info(
+        "extender on http://%s:%d (policy %s)", h, p, policy
+    )
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
@@ -121,7 +158,9 @@ def serve(host: str = "127.0.0.1", port: int = 8888, policy: str = "higfrl", nod
         srv.coordinator.telemetry.close()
 
 
-def train(seed: int = 0, out: str | None = None, iterations: int | None = None, quiet: bool = False) -> str:
+def train(
+    seed: int = 0, out: str | None = None, iterations: int | None = None, quiet: bool = False
+) -> str:
     """Train ``higfrl`` in the simulated cluster and export the ONNX model; returns its path."""
     from agents.placement.higfrl import DEFAULT_MODEL
     from agents.placement.train import TrainConfig, export
@@ -134,20 +173,43 @@ def train(seed: int = 0, out: str | None = None, iterations: int | None = None, 
 
     def log(row):
         if not quiet:
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} | {"elapsed_s": round(time.monotonic() - t0, 1)}), file=sys.stderr, flush=True)
+            print(
+                json.dumps(
+                    {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+                    | {"elapsed_s": round(time.monotonic() - t0, 1)}
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
 
     model, history = run(cfg, log)
-    command = f"python -m tools.coordinator_cmd train --seed {seed}" + ("" if iterations is None else f" --iterations {iterations}")
+    command = f"python -m tools.coordinator_cmd train --seed {seed}" + (
+        "" if iterations is None else f" --iterations {iterations}"
+    )
     date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    export(model, out, cfg, command, date, history, {"train_seconds": f"{time.monotonic() - t0:.1f}"})
+    export(
+        model, out, cfg, command, date, history, {"train_seconds": f"{time.monotonic() - t0:.1f}"}
+    )
     return out
 
 
-def evaluate(model_path=None, n_jobs: int = 500, loads: Sequence[float] = (0.7, 1.0, 1.2), seeds: Sequence[int] | None = None, nodes: str | None = None) -> list[dict]:
+def evaluate(
+    model_path=None,
+    n_jobs: int = 500,
+    loads: Sequence[float] = (0.7, 1.0, 1.2),
+    seeds: Sequence[int] | None = None,
+    nodes: str | None = None,
+) -> list[dict]:
     """Held-out comparison (see :func:`agents.placement.train.evaluate`), summarised per load."""
     from agents.placement import train as t
 
-    rows = t.evaluate(model_path, n_jobs=n_jobs, loads=loads, seeds=seeds or t.EVAL_SEEDS, nodes=nodes or t.DEFAULT_NODES)
+    rows = t.evaluate(
+        model_path,
+        n_jobs=n_jobs,
+        loads=loads,
+        seeds=seeds or t.EVAL_SEEDS,
+        nodes=nodes or t.DEFAULT_NODES,
+    )
     return t.summarize(rows)
 
 

@@ -168,13 +168,17 @@ class _ViewCache:
         self.sorted_rank = np.sort(w.rank_u[r])
         keys = (self.work_r, -w.rank_u[r], v.ready_t[r], v.job_unstarted_work[w.task_job[r]])
         self.orders = [np.argsort(k, kind="stable") for k in keys] if r.size > fb.max_tasks else []
-        self.node_fixed = np.column_stack([v.speed / fb.max_speed_, v.cap_cpu / 8.0, np.log1p(self.next_rel)])
+        self.node_fixed = np.column_stack(
+            [v.speed / fb.max_speed_, v.cap_cpu / 8.0, np.log1p(self.next_rel)]
+        )
         # horizon: the latest completion any active chain could reach at full speed
         run = v.running
         tails = [v.t + w.rank_u[r] / fb.max_speed_]
         if run.size:
             tails.append(v.finish_est[run] + (w.rank_u[run] - w.work[run]) / fb.max_speed_)
-        self.horizon = float(max(float(np.max(a)) for a in tails if a.size)) if r.size or run.size else v.t
+        self.horizon = (
+            float(max(float(np.max(a)) for a in tails if a.size)) if r.size or run.size else v.t
+        )
 
 
 def _pick_tasks(fb: FeatureBuilder, s: LocalState, valid: np.ndarray) -> np.ndarray:
@@ -211,22 +215,27 @@ class FeatureBuilder:
     def _node_classes(self, s: LocalState, min_cpu: float, min_mem: float) -> np.ndarray:
         """Nodes that can take the smallest candidate now, one per class of identical state."""
         v = s.view
-        idx = np.flatnonzero((s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS) & ~s.reserved)
+        idx = np.flatnonzero(
+            (s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS) & ~s.reserved
+        )
         if idx.size <= 1:
             return idx
-        cols = np.column_stack((v.speed[idx], s.free_cpu[idx], s.free_mem[idx], v.cap_cpu[idx], v.cap_mem[idx], s.cache.next_rel[idx]))
+        cols = np.column_stack(
+            (
+                v.speed[idx],
+                s.free_cpu[idx],
+                s.free_mem[idx],
+                v.cap_cpu[idx],
+                v.cap_mem[idx],
+                s.cache.next_rel[idx],
+            )
+        )
         cols = np.round(cols, 6)
-        if idx.size <= 64:
-            seen: dict[tuple, int] = {}
-            for k, row in zip(idx.tolist(), map(tuple, cols.tolist())):
-                seen.setdefault(row, k)
-            reps = np.array(sorted(seen.values()), dtype=np.int64)
-        else:
-            order = np.lexsort(cols.T[::-1])
-            key = cols[order]
-            new = np.ones(idx.size, dtype=bool)
-            new[1:] = (key[1:] != key[:-1]).any(axis=1)
-            reps = np.sort(idx[order[new]])
+        order = np.lexsort(cols.T[::-1])
+        key = cols[order]
+        new = np.ones(idx.size, dtype=bool)
+        new[1:] = (key[1:] != key[:-1]).any(axis=1)
+        reps = np.sort(idx[order[new]])
         if reps.size <= self.max_node_classes:
             return reps
         # round-robin over speed groups, most free cores first, so slow nodes stay candidates
@@ -274,7 +283,14 @@ class FeatureBuilder:
         context None) when no ready task fits a node now.
         """
         v, w = s.view, self.w
-        empty = (np.zeros((0, N_PAIR), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), None)
+        empty = (
+            np.zeros((0, N_PAIR), np.float32),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros(0, bool),
+            None,
+        )
         valid = s.fits_any()
         if not valid.any():
             return empty
@@ -284,19 +300,24 @@ class FeatureBuilder:
         tasks = v.ready[tpos]
         c, m = v.cpu[tasks], v.mem[tasks]
         nodes = self._node_classes(s, float(c.min()), float(m.min()))
-        fit = (c[:, None] <= s.free_cpu[nodes][None, :] + _EPS) & (m[:, None] <= s.free_mem[nodes][None, :] + _EPS)
+        fit = (c[:, None] <= s.free_cpu[nodes][None, :] + _EPS) & (
+            m[:, None] <= s.free_mem[nodes][None, :] + _EPS
+        )
         ti, ni = np.nonzero(fit)
         if ti.size == 0:
             return empty
         # earliest finish on every node if the task waited for it (busy nodes included), with
-        # this round's placements still holding their cores and reserved nodes excluded
-        times, pc, pm = cc.profile
+        # this round's placements still holding their cores and reserved nodes excluded. The
+        # wait estimate counts cores only (one row per distinct core demand, memory checked now)
+        times, pc, _ = cc.profile
         held_c = (v.free_cpu - s.free_cpu)[None, :, None]
-        held_m = (v.free_mem - s.free_mem)[None, :, None]
-        ok = (pc[None] - held_c >= c[:, None, None] - _EPS) & (pm[None] - held_m >= m[:, None, None] - _EPS)
+        uc, inv = np.unique(c, return_inverse=True)
+        ok = pc[None] - held_c >= uc[:, None, None] - _EPS
         first = np.argmax(ok, axis=2)
-        later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)
-        now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (m[:, None] <= s.free_mem[None, :] + _EPS)
+        later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)[inv]
+        now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (
+            m[:, None] <= s.free_mem[None, :] + _EPS
+        )
         est = np.where(now, v.t, np.maximum(later, v.t))
         est[:, s.reserved] = np.inf
         work_t = w.work[tasks]
@@ -339,7 +360,10 @@ class FeatureBuilder:
         o += N_NODE
         x[:, o + 0] = np.log1p(run_here)
         x[:, o + 1] = (v.t + delay + run_here - best[ti]) / (run_here + 1.0)
-        x[:, o + 2] = c[ti] * s.free_cpu[pn] / v.cap_cpu[pn] ** 2 + m[ti] * s.free_mem[pn] / v.cap_mem[pn] ** 2
+        x[:, o + 2] = (
+            c[ti] * s.free_cpu[pn] / v.cap_cpu[pn] ** 2
+            + m[ti] * s.free_mem[pn] / v.cap_mem[pn] ** 2
+        )
         x[:, o + 3] = (s.free_cpu[pn] - c[ti]) / v.cap_cpu[pn]
         x[:, o + 4] = np.log1p(work * (1.0 / spd - 1.0 / self.max_speed_))
         x[:, o + 5] = wait
@@ -374,5 +398,7 @@ def sjf_choice(x: np.ndarray, pair_task: np.ndarray) -> int:
     """Index of the edge the ``sjf`` heuristic would take first: shortest task, then the one
     ready longest, then the lowest id, on the fastest node with the best fit; never a wait."""
     key_node = -(x[:, COL_SPEED] - 1e-3 * x[:, COL_LEFTOVER])
-    order = np.lexsort((key_node, pair_task, -x[:, COL_WAIT], x[:, COL_LOG_WORK], x[:, COL_IS_WAIT]))
+    order = np.lexsort(
+        (key_node, pair_task, -x[:, COL_WAIT], x[:, COL_LOG_WORK], x[:, COL_IS_WAIT])
+    )
     return int(order[0])

@@ -29,12 +29,16 @@ _EPS = 1e-9
 _CHUNK = 128
 
 
-def fit_matrix(cpu: np.ndarray, mem: np.ndarray, free_cpu: np.ndarray, free_mem: np.ndarray) -> np.ndarray:
+def fit_matrix(
+    cpu: np.ndarray, mem: np.ndarray, free_cpu: np.ndarray, free_mem: np.ndarray
+) -> np.ndarray:
     """``[R, N]`` True where a task's demand fits a node's free capacity."""
     return (cpu[:, None] <= free_cpu[None, :] + _EPS) & (mem[:, None] <= free_mem[None, :] + _EPS)
 
 
-def fastest_fit_scores(view: ClusterView, cpu: float, free_cpu: np.ndarray, free_mem: np.ndarray, mem: float) -> np.ndarray:
+def fastest_fit_scores(
+    view: ClusterView, cpu: float, free_cpu: np.ndarray, free_mem: np.ndarray, mem: float
+) -> np.ndarray:
     """Node scores for "fastest node that fits, then best fit"; -inf where it does not fit."""
     fits = (free_cpu >= cpu - _EPS) & (free_mem >= mem - _EPS)
     left = (free_cpu - cpu) / view.cap_cpu
@@ -54,9 +58,18 @@ class OrderedPlacer:
         raise NotImplementedError
 
     def node_scores(self, view: ClusterView, task: int) -> np.ndarray:
-        return fastest_fit_scores(view, view.cpu[task], view.free_cpu, view.free_mem, view.mem[task])
+        return fastest_fit_scores(
+            view, view.cpu[task], view.free_cpu, view.free_mem, view.mem[task]
+        )
 
-    def choose_node(self, view: ClusterView, fit_row: np.ndarray, task: int, free_cpu: np.ndarray, free_mem: np.ndarray) -> int:
+    def choose_node(
+        self,
+        view: ClusterView,
+        fit_row: np.ndarray,
+        task: int,
+        free_cpu: np.ndarray,
+        free_mem: np.ndarray,
+    ) -> int:
         left = (free_cpu - view.cpu[task]) / view.cap_cpu
         return int(np.argmax(np.where(fit_row, view.speed - 1e-3 * left, -np.inf)))
 
@@ -136,14 +149,12 @@ class HeftPlacer(OrderedPlacer):
         r = view.ready
         return r[np.lexsort((r, view.ready_t[r], -self.w.rank_u[r]))]
 
-    def _eft(self, view: ClusterView, task: int, free_cpu: np.ndarray, free_mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        times, pc, pm = view.release_profile()
+    def _eft(
+        self, view: ClusterView, task: int, free_cpu: np.ndarray, free_mem: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         c, m = view.cpu[task], view.mem[task]
         fits_now = (free_cpu >= c - _EPS) & (free_mem >= m - _EPS)
-        # capacity after releases, with what this round already placed still held
-        ok = (pc - (view.free_cpu - free_cpu)[:, None] >= c - _EPS) & (pm - (view.free_mem - free_mem)[:, None] >= m - _EPS)
-        later = np.where(ok.any(axis=1), times[np.arange(view.n_nodes), np.argmax(ok, axis=1)], np.inf)
-        est = np.where(fits_now, view.t, np.maximum(later, view.t))
+        est = view.earliest_start(c, m, free_cpu, free_mem)
         return est + self.w.work[task] / view.speed, fits_now
 
     def node_scores(self, view: ClusterView, task: int) -> np.ndarray:
@@ -181,8 +192,12 @@ class TetrisPlacer(OrderedPlacer):
     name = "tetris"
 
     @staticmethod
-    def _align(view: ClusterView, c: np.ndarray, m: np.ndarray, free_cpu: np.ndarray, free_mem: np.ndarray) -> np.ndarray:
-        a = np.multiply.outer(c, free_cpu / view.cap_cpu**2) + np.multiply.outer(m, free_mem / view.cap_mem**2)
+    def _align(
+        view: ClusterView, c: np.ndarray, m: np.ndarray, free_cpu: np.ndarray, free_mem: np.ndarray
+    ) -> np.ndarray:
+        a = np.multiply.outer(c, free_cpu / view.cap_cpu**2) + np.multiply.outer(
+            m, free_mem / view.cap_mem**2
+        )
         return a * (view.speed / view.speed.max())
 
     def _priority(self, view: ClusterView, tasks: np.ndarray, align: np.ndarray) -> np.ndarray:
@@ -215,7 +230,9 @@ class TetrisPlacer(OrderedPlacer):
             free_cpu[k] -= c[i]
             free_mem[k] -= m[i]
             fit_k = (c <= free_cpu[k] + _EPS) & (m <= free_mem[k] + _EPS) & ~placed
-            a_k = (c * free_cpu[k] / view.cap_cpu[k] ** 2 + m * free_mem[k] / view.cap_mem[k] ** 2) * (view.speed[k] / view.speed.max())
+            a_k = (
+                c * free_cpu[k] / view.cap_cpu[k] ** 2 + m * free_mem[k] / view.cap_mem[k] ** 2
+            ) * (view.speed[k] / view.speed.max())
             score[:, k] = np.where(fit_k, a_k + pri, -np.inf)
             score[i, :] = -np.inf
         return out
@@ -235,4 +252,6 @@ def make_heuristic(name: str) -> OrderedPlacer:
     try:
         return HEURISTICS[name]()
     except KeyError:
-        raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(sorted(HEURISTICS))}") from None
+        raise ValueError(
+            f"unknown placement policy {name!r}; known: {', '.join(sorted(HEURISTICS))}"
+        ) from None

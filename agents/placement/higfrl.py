@@ -48,7 +48,15 @@ class HigfrlPlacer:
 
     name = "higfrl"
 
-    def __init__(self, model=None, model_path: str | Path | None = None, greedy: bool = True, record: bool = False, max_tasks: int = 16, max_node_classes: int = 16):
+    def __init__(
+        self,
+        model=None,
+        model_path: str | Path | None = None,
+        greedy: bool = True,
+        record: bool = False,
+        max_tasks: int = 16,
+        max_node_classes: int = 16,
+    ):
         self.model = model
         self.model_path = model_path
         self.greedy = greedy
@@ -84,7 +92,10 @@ class HigfrlPlacer:
                 a = int(np.argmax(logits))
             else:
                 cdf = np.cumsum(np.exp(logits - logits.max()))
-                a = min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), cdf.size - 1)
+                a = min(
+                    int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")),
+                    cdf.size - 1,
+                )
         if self.record:
             tr = self.trajectory
             tr.t.append(state.view.t)
@@ -126,9 +137,15 @@ class HigfrlPlacer:
             logits = self._model().logits(x)
             scores[pn] = logits
             # identical nodes collapsed into one class share its score
-            fits = (view.free_cpu >= view.cpu[task] - 1e-9) & (view.free_mem >= view.mem[task] - 1e-9)
+            fits = (view.free_cpu >= view.cpu[task] - 1e-9) & (
+                view.free_mem >= view.mem[task] - 1e-9
+            )
             for k in np.flatnonzero(fits & ~np.isfinite(scores)).tolist():
-                same = (view.speed[pn] == view.speed[k]) & (view.free_cpu[pn] == view.free_cpu[k]) & (view.free_mem[pn] == view.free_mem[k])
+                same = (
+                    (view.speed[pn] == view.speed[k])
+                    & (view.free_cpu[pn] == view.free_cpu[k])
+                    & (view.free_mem[pn] == view.free_mem[k])
+                )
                 if same.any():
                     scores[k] = logits[np.flatnonzero(same)[0]]
         return scores

@@ -51,7 +51,9 @@ class Mlp:
             acts.append(h)
         return h, acts
 
-    def backward(self, acts: list[np.ndarray], grad_out: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    def backward(
+        self, acts: list[np.ndarray], grad_out: np.ndarray
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Gradients of sum(grad_out * output) for every (W, b)."""
         grads = []
         g = grad_out
@@ -79,9 +81,15 @@ def _mlp_nodes(helper, numpy_helper, mlp: Mlp, prefix: str, x: str, out: str):
     h = x
     for i, (w, b) in enumerate(mlp.layers):
         wn, bn = f"{prefix}_W{i}", f"{prefix}_b{i}"
-        inits += [numpy_helper.from_array(w.astype(np.float32), wn), numpy_helper.from_array(b.astype(np.float32), bn)]
+        inits += [
+            numpy_helper.from_array(w.astype(np.float32), wn),
+            numpy_helper.from_array(b.astype(np.float32), bn),
+        ]
         mm, ad = f"{prefix}_mm{i}", (out if i == len(mlp.layers) - 1 else f"{prefix}_add{i}")
-        nodes += [helper.make_node("MatMul", [h, wn], [mm]), helper.make_node("Add", [mm, bn], [ad])]
+        nodes += [
+            helper.make_node("MatMul", [h, wn], [mm]),
+            helper.make_node("Add", [mm, bn], [ad]),
+        ]
         h = ad
         if i < len(mlp.layers) - 1:
             r = f"{prefix}_relu{i}"
@@ -115,7 +123,9 @@ def build_onnx(actor: Mlp, critic: Mlp, metadata: dict[str, str]) -> bytes:
         ],
         initializer=a_init + c_init,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="hidvfs")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="hidvfs"
+    )
     model.ir_version = IR_VERSION
     for k, v in metadata.items():
         entry = model.metadata_props.add()
@@ -139,7 +149,9 @@ class OnnxPolicyModel:
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         try:
-            self.session = ort.InferenceSession(self.path, sess_options=opts, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(
+                self.path, sess_options=opts, providers=["CPUExecutionProvider"]
+            )
         except Exception as err:  # onnxruntime raises its own exception types
             raise ValueError(f"{self.path}: not a loadable ONNX model ({err})") from err
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -153,19 +165,31 @@ class OnnxPolicyModel:
         self.logits(np.zeros((1, self.n_pair), np.float32))  # warm-up run
 
     def logits(self, pairs: np.ndarray) -> np.ndarray:
-        out = self.session.run(["logits"], {"pairs": np.ascontiguousarray(pairs, np.float32), "context": self._ctx0})
+        out = self.session.run(
+            ["logits"], {"pairs": np.ascontiguousarray(pairs, np.float32), "context": self._ctx0}
+        )
         return out[0][:, 0]
 
     def value(self, context: np.ndarray) -> float:
         x = np.zeros((1, self.n_pair), np.float32)
-        out = self.session.run(["value"], {"pairs": x, "context": np.asarray(context, np.float32).reshape(1, -1)})
+        out = self.session.run(
+            ["value"], {"pairs": x, "context": np.asarray(context, np.float32).reshape(1, -1)}
+        )
         return float(out[0][0, 0])
 
 
 class NumpyPolicyModel:
     """Same interface as :class:`OnnxPolicyModel` on raw inputs, for training and checks."""
 
-    def __init__(self, actor: Mlp, critic: Mlp, mean: np.ndarray, std: np.ndarray, g_mean: np.ndarray, g_std: np.ndarray):
+    def __init__(
+        self,
+        actor: Mlp,
+        critic: Mlp,
+        mean: np.ndarray,
+        std: np.ndarray,
+        g_mean: np.ndarray,
+        g_std: np.ndarray,
+    ):
         self.actor, self.critic = actor, critic
         self.mean, self.std, self.g_mean, self.g_std = mean, std, g_mean, g_std
         self.metadata: dict[str, str] = {}
@@ -176,10 +200,16 @@ class NumpyPolicyModel:
         return self.actor.forward((pairs - self.mean) / self.std)[:, 0]
 
     def value(self, context: np.ndarray) -> float:
-        return float(self.critic.forward(((np.asarray(context) - self.g_mean) / self.g_std)[None, :])[0, 0])
+        return float(
+            self.critic.forward(((np.asarray(context) - self.g_mean) / self.g_std)[None, :])[0, 0]
+        )
 
     def export(self, path: str | os.PathLike[str], metadata: dict[str, str]) -> None:
-        data = build_onnx(self.actor.folded(self.mean, self.std), self.critic.folded(self.g_mean, self.g_std), metadata)
+        data = build_onnx(
+            self.actor.folded(self.mean, self.std),
+            self.critic.folded(self.g_mean, self.g_std),
+            metadata,
+        )
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "wb") as f:

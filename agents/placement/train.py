@@ -74,7 +74,14 @@ class TrainConfig:
 
 
 class Adam:
-    def __init__(self, params: list[np.ndarray], lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+    def __init__(
+        self,
+        params: list[np.ndarray],
+        lr: float,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-8,
+    ):
         self.params, self.lr, self.b1, self.b2, self.eps = params, lr, b1, b2, eps
         self.m = [np.zeros_like(p) for p in params]
         self.v = [np.zeros_like(p) for p in params]
@@ -129,7 +136,14 @@ def time_baseline(times: list[np.ndarray], rets: list[np.ndarray]) -> list[np.nd
 
 
 def actor_grads(
-    model: NumpyPolicyModel, xs: list[np.ndarray], actions: np.ndarray, teacher: np.ndarray, adv: np.ndarray, beta: float, bc: float, ent: float
+    model: NumpyPolicyModel,
+    xs: list[np.ndarray],
+    actions: np.ndarray,
+    teacher: np.ndarray,
+    adv: np.ndarray,
+    beta: float,
+    bc: float,
+    ent: float,
 ):
     """Gradients over a batch of decisions of
     -mean[(adv + beta (p_a - E_pi p)) log pi(a)] - bc mean[log pi(teacher)] - ent mean[H]."""
@@ -172,7 +186,9 @@ def critic_grads(model: NumpyPolicyModel, ctx: np.ndarray, target: np.ndarray):
     return [a for wb in grads for a in wb], float((err**2).mean()), out[:, 0]
 
 
-def _rollout(model, w: Workload, nodes, seed: int, greedy: bool = False) -> tuple[SimResult, Trajectory]:
+def _rollout(
+    model, w: Workload, nodes, seed: int, greedy: bool = False
+) -> tuple[SimResult, Trajectory]:
     placer = HigfrlPlacer(model=model, greedy=greedy, record=True)
     res = simulate(w, nodes, placer, seed=seed)
     return res, placer.trajectory
@@ -181,9 +197,16 @@ def _rollout(model, w: Workload, nodes, seed: int, greedy: bool = False) -> tupl
 def _init_model(cfg: TrainConfig, rng: np.random.Generator, nodes) -> NumpyPolicyModel:
     actor = Mlp.init([N_PAIR, *cfg.hidden, 1], rng)
     critic = Mlp.init([N_GLOBAL, *cfg.critic_hidden, 1], rng, out_scale=1.0)
-    model = NumpyPolicyModel(actor, critic, np.zeros(N_PAIR), np.ones(N_PAIR), np.zeros(N_GLOBAL), np.ones(N_GLOBAL))
+    model = NumpyPolicyModel(
+        actor, critic, np.zeros(N_PAIR), np.ones(N_PAIR), np.zeros(N_GLOBAL), np.ones(N_GLOBAL)
+    )
     # input statistics from one exploratory episode, then frozen (folded into the export)
-    w = episode_workload(int(rng.integers(1 << 30)) % 1000 + TRAIN_SEED_BASE // 2, cfg.jobs_per_episode, float(np.mean(cfg.load_range)), nodes)
+    w = episode_workload(
+        int(rng.integers(1 << 30)) % 1000 + TRAIN_SEED_BASE // 2,
+        cfg.jobs_per_episode,
+        float(np.mean(cfg.load_range)),
+        nodes,
+    )
     _, tr = _rollout(model, w, nodes, seed=int(rng.integers(1 << 30)))
     x = np.concatenate(tr.x).astype(np.float64)
     g = np.asarray(tr.context, dtype=np.float64)
@@ -206,11 +229,15 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
         ent = cfg.entropy + (cfg.entropy_final - cfg.entropy) * frac
         bc = cfg.bc_weight * max(0.0, 1.0 - frac / cfg.bc_fraction) if cfg.bc_fraction > 0 else 0.0
         load = float(rng.uniform(*cfg.load_range))
-        w = episode_workload(TRAIN_SEED_BASE + cfg.seed * 100_000 + it, cfg.jobs_per_episode, load, nodes)
+        w = episode_workload(
+            TRAIN_SEED_BASE + cfg.seed * 100_000 + it, cfg.jobs_per_episode, load, nodes
+        )
         ref = simulate(w, nodes, make_heuristic(cfg.reference))
         a_ref = max(float((ref.finish - ref.ready_t).sum()), 1e-9)
         t_ref = max(ref.makespan, 1e-9)
-        runs = [_rollout(model, w, nodes, seed=int(rng.integers(1 << 30))) for _ in range(cfg.rollouts)]
+        runs = [
+            _rollout(model, w, nodes, seed=int(rng.integers(1 << 30))) for _ in range(cfg.rollouts)
+        ]
         times, rets, ctxs = [], [], []
         for res, tr in runs:
             times.append(np.asarray(tr.t))
@@ -233,7 +260,9 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
         if xs:
             adv_a = np.concatenate(adv)
             adv_a = (adv_a - adv_a.mean()) / (adv_a.std() + 1e-8)
-            a_grads, stats = actor_grads(model, xs, np.concatenate(acts), np.concatenate(teach), adv_a, beta, bc, ent)
+            a_grads, stats = actor_grads(
+                model, xs, np.concatenate(acts), np.concatenate(teach), adv_a, beta, bc, ent
+            )
             opt_a.step(_clip(a_grads, cfg.grad_clip))
         opt_c.step(_clip(c_grads, cfg.grad_clip))
         flow = float(np.mean([r.mean_flow for r, _ in runs]))
@@ -255,7 +284,15 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
     return model, history
 
 
-def export(model: NumpyPolicyModel, path, cfg: TrainConfig, command: str, date: str, history: list[dict], extra: dict | None = None) -> None:
+def export(
+    model: NumpyPolicyModel,
+    path,
+    cfg: TrainConfig,
+    command: str,
+    date: str,
+    history: list[dict],
+    extra: dict | None = None,
+) -> None:
     """Write the ONNX model with its provenance (seed, command, date, config, summary)."""
     last = history[-20:] if history else []
     meta = {
@@ -267,8 +304,12 @@ def export(model: NumpyPolicyModel, path, cfg: TrainConfig, command: str, date: 
         "train_summary": json.dumps(
             {
                 "iterations": len(history),
-                "last20_flow_ratio_vs_ref": float(np.mean([h["flow_ratio"] for h in last])) if last else None,
-                "last20_makespan_ratio_vs_ref": float(np.mean([h["makespan_ratio"] for h in last])) if last else None,
+                "last20_flow_ratio_vs_ref": float(np.mean([h["flow_ratio"] for h in last]))
+                if last
+                else None,
+                "last20_makespan_ratio_vs_ref": float(np.mean([h["makespan_ratio"] for h in last]))
+                if last
+                else None,
             }
         ),
     }
@@ -317,11 +358,16 @@ def summarize(rows: list[dict]) -> list[dict]:
         agg = {}
         for p in pols:
             rs = [r for r in sub if r["policy"] == p]
-            agg[p] = {k: float(np.mean([r[k] for r in rs])) for k in ("makespan_s", "mean_flow_s", "mean_wait_s")}
+            agg[p] = {
+                k: float(np.mean([r[k] for r in rs]))
+                for k in ("makespan_s", "mean_flow_s", "mean_wait_s")
+            }
             agg[p]["runs"] = len(rs)
             agg[p]["tasks"] = int(np.mean([r["tasks"] for r in rs]))
         heur = [p for p in pols if p != "higfrl"] or pols
-        best = {k: min(agg[p][k] for p in heur) for k in ("makespan_s", "mean_flow_s", "mean_wait_s")}
+        best = {
+            k: min(agg[p][k] for p in heur) for k in ("makespan_s", "mean_flow_s", "mean_wait_s")
+        }
         for p in pols:
             a = agg[p]
             out.append(
@@ -329,9 +375,15 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "load": load,
                     "policy": p,
                     **a,
-                    "makespan_vs_best": a["makespan_s"] / best["makespan_s"] if best["makespan_s"] else 1.0,
-                    "flow_vs_best": a["mean_flow_s"] / best["mean_flow_s"] if best["mean_flow_s"] else 1.0,
-                    "wait_vs_best": a["mean_wait_s"] / best["mean_wait_s"] if best["mean_wait_s"] else 1.0,
+                    "makespan_vs_best": a["makespan_s"] / best["makespan_s"]
+                    if best["makespan_s"]
+                    else 1.0,
+                    "flow_vs_best": a["mean_flow_s"] / best["mean_flow_s"]
+                    if best["mean_flow_s"]
+                    else 1.0,
+                    "wait_vs_best": a["mean_wait_s"] / best["mean_wait_s"]
+                    if best["mean_wait_s"]
+                    else 1.0,
                 }
             )
     return out

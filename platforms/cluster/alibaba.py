@@ -209,14 +209,20 @@ def _build_job(
         if t.tid in by_id:
             first = tasks[by_id[t.tid]]
             return None, TraceIssue(
-                source, t.line, job, "duplicate-task", f"task id {t.tid} in {t.name!r} already used by {first.name!r} (line {first.line})"
+                source,
+                t.line,
+                job,
+                "duplicate-task",
+                f"task id {t.tid} in {t.name!r} already used by {first.name!r} (line {first.line})",
             )
         by_id[t.tid] = i
     fresh = max(by_id, default=0) + 1
     numbered = []
     for t in tasks:
         if t.tid < 0:
-            t = TraceTask(t.name, fresh, (), t.instances, t.status, t.start, t.end, t.cpu, t.mem, t.line)
+            t = TraceTask(
+                t.name, fresh, (), t.instances, t.status, t.start, t.end, t.cpu, t.mem, t.line
+            )
             fresh += 1
         numbered.append(t)
     preds: list[list[int]] = []
@@ -225,7 +231,11 @@ def _build_job(
         for p in t.parents:
             if p not in by_id:
                 return None, TraceIssue(
-                    source, t.line, job, "dangling-parent", f"{t.name!r} depends on task {p}, which the job does not have"
+                    source,
+                    t.line,
+                    job,
+                    "dangling-parent",
+                    f"{t.name!r} depends on task {p}, which the job does not have",
                 )
             ps.append(by_id[p])
         preds.append(ps)
@@ -263,7 +273,11 @@ def parse_batch_task(
         rows += 1
         job = row[2].strip() if len(row) > 2 else ""
         if not job:
-            issues.append(TraceIssue(source, lineno, "", "bad-row", "job_name missing; row ignored", skipped=False))
+            issues.append(
+                TraceIssue(
+                    source, lineno, "", "bad-row", "job_name missing; row ignored", skipped=False
+                )
+            )
             continue
         if job not in groups:
             if max_jobs is not None and len(order) >= max_jobs:
@@ -277,13 +291,33 @@ def parse_batch_task(
             continue
         if statuses is not None and task.status not in statuses:
             bad.setdefault(
-                job, TraceIssue(source, lineno, job, "status", f"{task.name!r} has status {task.status!r}, accepted: {', '.join(statuses)}")
+                job,
+                TraceIssue(
+                    source,
+                    lineno,
+                    job,
+                    "status",
+                    f"{task.name!r} has status {task.status!r}, accepted: {', '.join(statuses)}",
+                ),
             )
             continue
         for note in imputed:
-            issues.append(TraceIssue(source, lineno, job, "imputed", f"{task.name!r}: {note}", skipped=False))
+            issues.append(
+                TraceIssue(source, lineno, job, "imputed", f"{task.name!r}: {note}", skipped=False)
+            )
         groups[job].append(
-            TraceTask(task.name, task.tid, task.parents, task.instances, task.status, task.start, task.end, task.cpu, task.mem, lineno)
+            TraceTask(
+                task.name,
+                task.tid,
+                task.parents,
+                task.instances,
+                task.status,
+                task.start,
+                task.end,
+                task.cpu,
+                task.mem,
+                lineno,
+            )
         )
     jobs: list[TraceJob] = []
     for job in order:

@@ -95,8 +95,17 @@ def board_node(
 ) -> NodeSpec:
     """A node of a shipped board type, sized from its spec (cores online by default)."""
     spec = load_board(board)
-    cores = [(c.capacity, c.fmax_khz) for c in spec.clusters for cpu in c.cpus if cpu not in c.offline_by_default]
-    per_core = float(np.mean([cap * f for cap, f in cores])) / REF_CORE_KHZ * BOARD_REF_PERF.get(board, 1.0)
+    cores = [
+        (c.capacity, c.fmax_khz)
+        for c in spec.clusters
+        for cpu in c.cpus
+        if cpu not in c.offline_by_default
+    ]
+    per_core = (
+        float(np.mean([cap * f for cap, f in cores]))
+        / REF_CORE_KHZ
+        * BOARD_REF_PERF.get(board, 1.0)
+    )
     return NodeSpec(
         name=name or board,
         board=board,
@@ -220,7 +229,14 @@ class Workload:
         )
 
 
-def single_task_workload(name: str, work_s: float, cpu: float, mem: float, rank_s: float | None = None, arrival: float = 0.0) -> Workload:
+def single_task_workload(
+    name: str,
+    work_s: float,
+    cpu: float,
+    mem: float,
+    rank_s: float | None = None,
+    arrival: float = 0.0,
+) -> Workload:
     """A one-task workload (a pod to place live): ``rank_s`` is the critical path left from
     this task, itself included (defaults to its own work)."""
     one = np.zeros(1, dtype=np.int64)
@@ -261,7 +277,9 @@ def topo_order(succ_ptr, succ_idx, pred_ptr) -> np.ndarray:
             if indeg[s] == 0:
                 stack.append(s)
     if len(order) != indeg.shape[0]:
-        raise SimError(f"workload has a dependency cycle ({indeg.shape[0] - len(order)} tasks unreachable)")
+        raise SimError(
+            f"workload has a dependency cycle ({indeg.shape[0] - len(order)} tasks unreachable)"
+        )
     return np.array(order, dtype=np.int64)
 
 
@@ -296,6 +314,8 @@ class ClusterView:
         free_cpu: np.ndarray,
         free_mem: np.ndarray,
         speed: np.ndarray,
+        cap_cpu: np.ndarray | None = None,
+        cap_mem: np.ndarray | None = None,
         cpu: np.ndarray | None = None,
         mem: np.ndarray | None = None,
         run_node: np.ndarray | None = None,
@@ -313,8 +333,10 @@ class ClusterView:
         self.ready_t = ready_t
         self.free_cpu = np.asarray(free_cpu, dtype=float)
         self.free_mem = np.asarray(free_mem, dtype=float)
-        self.cap_cpu = np.array([n.cpus for n in nodes], dtype=float)
-        self.cap_mem = np.array([n.mem for n in nodes], dtype=float)
+        self.cap_cpu = (
+            np.array([n.cpus for n in nodes], dtype=float) if cap_cpu is None else cap_cpu
+        )
+        self.cap_mem = np.array([n.mem for n in nodes], dtype=float) if cap_mem is None else cap_mem
         self.speed = np.asarray(speed, dtype=float)
         self.cpu = workload.cpu if cpu is None else cpu  # demands after clamping
         self.mem = workload.mem if mem is None else mem
@@ -322,9 +344,15 @@ class ClusterView:
         self.finish_est = np.full(t_n, np.inf) if finish_est is None else finish_est
         self.running = np.zeros(0, dtype=np.int64) if running is None else running
         if job_unstarted_work is None:
-            job_unstarted_work = np.add.reduceat(workload.work, workload.job_ptr[:-1]) if t_n else np.zeros(workload.n_jobs)
+            job_unstarted_work = (
+                np.add.reduceat(workload.work, workload.job_ptr[:-1])
+                if t_n
+                else np.zeros(workload.n_jobs)
+            )
         self.job_unstarted_work = job_unstarted_work
-        self.job_left_tasks = np.diff(workload.job_ptr) if job_left_tasks is None else job_left_tasks
+        self.job_left_tasks = (
+            np.diff(workload.job_ptr) if job_left_tasks is None else job_left_tasks
+        )
         self.n_in_system = int(self.ready.size + self.running.size)
         self.flow_area = float(flow_area)
         self._profile: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -340,6 +368,8 @@ class ClusterView:
             free_cpu=sim.free_cpu.copy(),
             free_mem=sim.free_mem.copy(),
             speed=sim.speed.copy(),
+            cap_cpu=sim.cap_cpu,
+            cap_mem=sim.cap_mem,
             cpu=sim.cpu,
             mem=sim.mem,
             run_node=sim.run_node,
@@ -390,12 +420,24 @@ class ClusterView:
         times = self.release_profile()[0][:, 0]
         return np.where(np.isfinite(times), times - self.t, 0.0)
 
-    def earliest_start(self, cpu: float, mem: float) -> np.ndarray:
+    def earliest_start(
+        self,
+        cpu: float,
+        mem: float,
+        free_cpu: np.ndarray | None = None,
+        free_mem: np.ndarray | None = None,
+    ) -> np.ndarray:
         """``[N]`` earliest time each node has ``cpu`` cores and ``mem`` free (inf: never),
-        assuming running tasks finish at their expected times and nothing else is placed."""
-        fits_now = (self.free_cpu >= cpu - _EPS) & (self.free_mem >= mem - _EPS)
+        assuming running tasks finish at their expected times. ``free_cpu``/``free_mem``:
+        the free capacity after the placements a policy already made in this round (those
+        keep their share, as their release is not in the profile)."""
+        fc = self.free_cpu if free_cpu is None else free_cpu
+        fm = self.free_mem if free_mem is None else free_mem
+        fits_now = (fc >= cpu - _EPS) & (fm >= mem - _EPS)
         times, pc, pm = self.release_profile()
-        ok = (pc >= cpu - _EPS) & (pm >= mem - _EPS)
+        ok = (pc - (self.free_cpu - fc)[:, None] >= cpu - _EPS) & (
+            pm - (self.free_mem - fm)[:, None] >= mem - _EPS
+        )
         idx = np.argmax(ok, axis=1)
         later = np.where(ok.any(axis=1), times[np.arange(self.n_nodes), idx], np.inf)
         return np.where(fits_now, self.t, np.maximum(later, self.t))
@@ -473,12 +515,16 @@ class SimResult:
 class ClusterSim:
     """One run of ``workload`` on ``nodes`` under ``placer``; call :meth:`run` once."""
 
-    def __init__(self, workload: Workload, nodes: Sequence[NodeSpec], placer: Placer, seed: int = 0):
+    def __init__(
+        self, workload: Workload, nodes: Sequence[NodeSpec], placer: Placer, seed: int = 0
+    ):
         if not nodes:
             raise SimError("the cluster has no node")
         for n in nodes:
             if n.cpus <= 0 or n.mem <= 0 or n.speed <= 0:
-                raise SimError(f"node {n.name!r}: cpus, mem and speed must be > 0 (got {n.cpus}, {n.mem}, {n.speed})")
+                raise SimError(
+                    f"node {n.name!r}: cpus, mem and speed must be > 0 (got {n.cpus}, {n.mem}, {n.speed})"
+                )
         self.w = workload
         self.nodes = tuple(nodes)
         self.placer = placer
@@ -504,7 +550,11 @@ class ClusterSim:
         self.remaining = workload.work.astype(float).copy()
         self.updated = np.zeros(t_n)
         self.version = np.zeros(t_n, dtype=np.int64)
-        self.job_unstarted_work = np.add.reduceat(workload.work, workload.job_ptr[:-1]) if t_n else np.zeros(workload.n_jobs)
+        self.job_unstarted_work = (
+            np.add.reduceat(workload.work, workload.job_ptr[:-1])
+            if t_n
+            else np.zeros(workload.n_jobs)
+        )
         self.job_left_tasks = np.diff(workload.job_ptr).copy()
         self.on_node: list[set[int]] = [set() for _ in range(n_n)]
         self.flow_area = 0.0
@@ -529,11 +579,15 @@ class ClusterSim:
         fn = self.nodes[k].speed_fn
         new = self.nominal[k] * float(fn(self.t))
         if not new > 0:
-            raise SimError(f"node {self.nodes[k].name!r}: speed_fn({self.t:g}) gave {new / self.nominal[k]!r}, expected > 0")
+            raise SimError(
+                f"node {self.nodes[k].name!r}: speed_fn({self.t:g}) gave {new / self.nominal[k]!r}, expected > 0"
+            )
         old = self.speed[k]
         if new != old:
             for task in self.on_node[k]:
-                self.remaining[task] = max(self.remaining[task] - (self.t - self.updated[task]) * old, 0.0)
+                self.remaining[task] = max(
+                    self.remaining[task] - (self.t - self.updated[task]) * old, 0.0
+                )
                 self.updated[task] = self.t
                 self.version[task] += 1
                 self.finish_est[task] = self.t + self.remaining[task] / new
@@ -567,8 +621,16 @@ class ClusterSim:
 
     def _start(self, task: int, k: int) -> None:
         if task not in self.ready:
-            state = "running" if task in self.running else "finished" if np.isfinite(self.finish[task]) else "not ready"
-            raise PlacementError(f"policy {self.placer.name!r}: task {self.w.task_names[task]!r} is {state}")
+            state = (
+                "running"
+                if task in self.running
+                else "finished"
+                if np.isfinite(self.finish[task])
+                else "not ready"
+            )
+            raise PlacementError(
+                f"policy {self.placer.name!r}: task {self.w.task_names[task]!r} is {state}"
+            )
         if not 0 <= k < len(self.nodes):
             raise PlacementError(f"policy {self.placer.name!r}: node index {k} out of range")
         if self.cpu[task] > self.free_cpu[k] + _EPS or self.mem[task] > self.free_mem[k] + _EPS:
@@ -599,7 +661,9 @@ class ClusterSim:
             return False
         if ready.size * len(self.nodes) > 20000:
             return True
-        fit = (c[:, None] <= self.free_cpu[None, :] + _EPS) & (m[:, None] <= self.free_mem[None, :] + _EPS)
+        fit = (c[:, None] <= self.free_cpu[None, :] + _EPS) & (
+            m[:, None] <= self.free_mem[None, :] + _EPS
+        )
         return bool(fit.any())
 
     def _decide(self) -> None:
@@ -661,11 +725,19 @@ class ClusterSim:
         )
 
 
-def _clamp_demands(w: Workload, cap_cpu: np.ndarray, cap_mem: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def _clamp_demands(
+    w: Workload, cap_cpu: np.ndarray, cap_mem: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Demands that fit at least one node: a task too big for every node is shrunk to the
     largest node's capacity (counted in ``clamped``) so a real trace still runs."""
     cpu, mem = w.cpu.copy(), w.mem.copy()
-    fits = ((cpu[:, None] <= cap_cpu[None, :] + _EPS) & (mem[:, None] <= cap_mem[None, :] + _EPS)).any(axis=1) if cpu.size else np.zeros(0, bool)
+    fits = (
+        ((cpu[:, None] <= cap_cpu[None, :] + _EPS) & (mem[:, None] <= cap_mem[None, :] + _EPS)).any(
+            axis=1
+        )
+        if cpu.size
+        else np.zeros(0, bool)
+    )
     bad = np.flatnonzero(~fits)
     if bad.size:
         big = int(np.argmax(cap_cpu * 1e6 + cap_mem))
@@ -674,6 +746,8 @@ def _clamp_demands(w: Workload, cap_cpu: np.ndarray, cap_mem: np.ndarray) -> tup
     return cpu, mem, int(bad.size)
 
 
-def simulate(workload: Workload, nodes: Sequence[NodeSpec], placer: Placer, seed: int = 0) -> SimResult:
+def simulate(
+    workload: Workload, nodes: Sequence[NodeSpec], placer: Placer, seed: int = 0
+) -> SimResult:
     """Run ``workload`` on ``nodes`` under ``placer`` and return the schedule and metrics."""
     return ClusterSim(workload, nodes, placer, seed).run()

@@ -107,10 +107,20 @@ def generate_rows(cfg: SyntheticConfig) -> list[str]:
         independent = rng.random() < cfg.independent_frac
         n = int(rng.integers(1, 6)) if independent else _job_size(rng, cfg.size_mix)
         u = rng.random()
-        shape = "gather" if u < cfg.gather_frac else "scatter" if u < cfg.gather_frac + cfg.scatter_frac else "mixed"
-        parents = [[] for _ in range(n)] if independent else _dag_parents(rng, _levels(rng, n, shape))
+        shape = (
+            "gather"
+            if u < cfg.gather_frac
+            else "scatter"
+            if u < cfg.gather_frac + cfg.scatter_frac
+            else "mixed"
+        )
+        parents = (
+            [[] for _ in range(n)] if independent else _dag_parents(rng, _levels(rng, n, shape))
+        )
         scale = rng.lognormal(0.0, cfg.job_scale_sigma)
-        dur = np.clip(np.ceil(scale * rng.lognormal(mu, cfg.duration_sigma, size=n)), 1, cfg.max_duration_s)
+        dur = np.clip(
+            np.ceil(scale * rng.lognormal(mu, cfg.duration_sigma, size=n)), 1, cfg.max_duration_s
+        )
         base_cpu = rng.choice(CPU_CHOICES, p=CPU_PROBS)
         cpu = np.where(rng.random(n) < 0.8, base_cpu, rng.choice(CPU_CHOICES, size=n, p=CPU_PROBS))
         lo, hi = cfg.mem_range

@@ -76,7 +76,9 @@ def test_rebalance_when_a_node_throttles():
     pending = np.arange(60, 120)
     throttled = speeds.copy()
     throttled[1] = 0.8  # the fast board hits its thermal cap
-    stale_finish = np.array([costs[[i for i in p if i >= 60]].sum() for p in first.parts]) / throttled
+    stale_finish = (
+        np.array([costs[[i for i in p if i >= 60]].sum() for p in first.parts]) / throttled
+    )
     new = rb.update(throttled, pending=pending, busy_s=[0.0, 2.0, 0.0])
     assert new is not None and rb.replans_ == 1
     assert sorted(i for p in new.parts for i in p) == pending.tolist()

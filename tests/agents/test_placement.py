@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.placement.features import N_GLOBAL, N_PAIR, FeatureBuilder, LocalState, hypergraph_propagate, static_features, topological_prior
+from agents.placement.features import (
+    N_GLOBAL,
+    N_PAIR,
+    FeatureBuilder,
+    LocalState,
+    hypergraph_propagate,
+    static_features,
+    topological_prior,
+)
 from agents.placement.heuristics import HeftPlacer, make_heuristic
 from agents.placement.higfrl import DEFAULT_MODEL, HigfrlPlacer
 from agents.placement.onnx_mlp import Mlp, NumpyPolicyModel, OnnxPolicyModel
@@ -54,7 +62,12 @@ def test_rank_u_is_the_longest_path_to_an_exit():
 
 @pytest.mark.parametrize(
     "name, first",
-    [("sjf", ("M3", "fast")), ("cp", ("M1", "fast")), ("fifo", ("M1", "fast")), ("heft", ("M1", "fast"))],
+    [
+        ("sjf", ("M3", "fast")),
+        ("cp", ("M1", "fast")),
+        ("fifo", ("M1", "fast")),
+        ("heft", ("M1", "fast")),
+    ],
 )
 def test_list_policies_pick_their_task_first(name, first):
     w = _w(ROWS)
@@ -102,7 +115,10 @@ def test_pairs_include_wait_edges_and_prior():
     view = _view(w, SLOW_FAST, [0], [1, 0], running=[2], finish=[1.0])
     x, pt, pn, pp, pw, g = fb.build(LocalState(view))
     assert x.shape == (2, N_PAIR) and g.shape == (N_GLOBAL,)
-    assert set(zip(pn.tolist(), pw.tolist())) == {(0, False), (1, True)}  # start on slow, or wait for fast
+    assert set(zip(pn.tolist(), pw.tolist())) == {
+        (0, False),
+        (1, True),
+    }  # start on slow, or wait for fast
     prior = topological_prior(x)
     assert prior[pw].item() > prior[~pw].item()  # holding the critical task for its best node
 
@@ -121,7 +137,14 @@ def test_onnx_export_matches_numpy(tmp_path):
     rng = np.random.default_rng(1)
     mean, std = rng.normal(size=N_PAIR), rng.uniform(0.5, 2, size=N_PAIR)
     gm, gs = rng.normal(size=N_GLOBAL), rng.uniform(0.5, 2, size=N_GLOBAL)
-    model = NumpyPolicyModel(Mlp.init([N_PAIR, 8, 1], rng, out_scale=1.0), Mlp.init([N_GLOBAL, 4, 1], rng, 1.0), mean, std, gm, gs)
+    model = NumpyPolicyModel(
+        Mlp.init([N_PAIR, 8, 1], rng, out_scale=1.0),
+        Mlp.init([N_GLOBAL, 4, 1], rng, 1.0),
+        mean,
+        std,
+        gm,
+        gs,
+    )
     path = tmp_path / "m.onnx"
     model.export(path, {"seed": "1", "command": "test", "date": "2024-01-01T00:00:00+00:00"})
     onx = OnnxPolicyModel(path)
@@ -150,7 +173,9 @@ def test_backprop_matches_finite_differences():
 
 
 def test_tiny_training_runs_and_is_deterministic(tmp_path):
-    cfg = TrainConfig(seed=3, iterations=2, rollouts=2, jobs_per_episode=4, hidden=(8,), critic_hidden=(4,))
+    cfg = TrainConfig(
+        seed=3, iterations=2, rollouts=2, jobs_per_episode=4, hidden=(8,), critic_hidden=(4,)
+    )
     m1, h1 = train(cfg)
     m2, h2 = train(cfg)
     assert h1 == h2

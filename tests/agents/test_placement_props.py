@@ -33,10 +33,14 @@ def violations(res: SimResult) -> list[str]:
     for t in range(w.n_tasks):
         for p in w.predecessors(t).tolist():
             if res.start[t] < res.finish[p] - 1e-9:
-                out.append(f"task {t} started at {res.start[t]} before parent {p} finished at {res.finish[p]}")
+                out.append(
+                    f"task {t} started at {res.start[t]} before parent {p} finished at {res.finish[p]}"
+                )
     for k, node in enumerate(res.nodes):
         on = np.flatnonzero((res.node == k) & (res.finish > res.start))
-        ev = sorted([(res.start[i], 1, i) for i in on] + [(res.finish[i], 0, i) for i in on])  # release first
+        ev = sorted(
+            [(res.start[i], 1, i) for i in on] + [(res.finish[i], 0, i) for i in on]
+        )  # release first
         cpu = mem = 0.0
         for _, kind, i in ev:
             sign = 1 if kind else -1
@@ -72,9 +76,13 @@ node_st = st.builds(
     nodes=st.lists(node_st, min_size=1, max_size=4),
 )
 def test_every_policy_respects_dependencies_and_capacity(seed, n_jobs, load, nodes):
-    nodes = [NodeSpec(f"n{i}", n.board, n.cpus, n.mem, n.speed, n.speed_fn) for i, n in enumerate(nodes)]
+    nodes = [
+        NodeSpec(f"n{i}", n.board, n.cpus, n.mem, n.speed, n.speed_fn) for i, n in enumerate(nodes)
+    ]
     cap = sum(n.cpus * n.speed for n in nodes)
-    w = Workload.from_jobs(synthetic_trace(SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=cap)).jobs)
+    w = Workload.from_jobs(
+        synthetic_trace(SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=cap)).jobs
+    )
     for name in POLICIES:
         res = simulate(w, nodes, placer(name), seed=seed)
         assert violations(res) == [], name
@@ -87,10 +95,34 @@ def test_checker_catches_a_broken_schedule():
     nodes = [NodeSpec("n0", "x", 4.0, 8.0, 1.0)]
     res = simulate(w, nodes, make_heuristic("fifo"))
     child = int(np.flatnonzero(w.npred > 0)[0]) if (w.npred > 0).any() else None
-    broken = SimResult(res.policy, w, res.nodes, res.start.copy(), res.finish, res.node, res.ready_t, res.cpu * 100, res.mem, 0, 0)
+    broken = SimResult(
+        res.policy,
+        w,
+        res.nodes,
+        res.start.copy(),
+        res.finish,
+        res.node,
+        res.ready_t,
+        res.cpu * 100,
+        res.mem,
+        0,
+        0,
+    )
     assert violations(broken)  # capacity
     if child is not None:
         early = res.start.copy()
         early[child] = -1.0
-        bad = SimResult(res.policy, w, res.nodes, early, res.finish, res.node, res.ready_t, res.cpu, res.mem, 0, 0)
+        bad = SimResult(
+            res.policy,
+            w,
+            res.nodes,
+            early,
+            res.finish,
+            res.node,
+            res.ready_t,
+            res.cpu,
+            res.mem,
+            0,
+            0,
+        )
         assert violations(bad)

@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from platforms.cluster.alibaba import parse_batch_task, parse_task_name, read_batch_task
-from platforms.cluster.synthetic import SyntheticConfig, generate_rows, synthetic_trace, write_batch_task
+from platforms.cluster.synthetic import (
+    SyntheticConfig,
+    generate_rows,
+    synthetic_trace,
+    write_batch_task,
+)
 
 SAMPLE = "/work/shared/data/alibaba-v2018-dag-sample.csv"
 
@@ -44,7 +49,9 @@ def test_dag_edges_durations_and_units():
     (job,) = load.jobs
     names = [t.name for t in job.tasks]
     r3 = names.index("R3_1_2")
-    assert sorted(names[p] for p in np.flatnonzero([r3 in job.dag.successors(i) for i in range(4)])) == ["M1", "M2"]
+    assert sorted(
+        names[p] for p in np.flatnonzero([r3 in job.dag.successors(i) for i in range(4)])
+    ) == ["M1", "M2"]
     assert job.dag.npred[names.index("task_abc==")] == 0
     assert job.work_s.tolist() == [10.0, 4.0, 20.0, 2.0]
     assert job.cpu.tolist() == [1.0, 0.5, 2.0, 1.0]
@@ -53,18 +60,50 @@ def test_dag_edges_durations_and_units():
 
 
 def _good_job(job: str, t0: int = 0) -> list[str]:
-    return [f"M1,1.0,{job},1,Terminated,{t0},{t0 + 5},100.0,0.2", f"R2_1,1.0,{job},1,Terminated,{t0 + 5},{t0 + 9},100.0,0.2"]
+    return [
+        f"M1,1.0,{job},1,Terminated,{t0},{t0 + 5},100.0,0.2",
+        f"R2_1,1.0,{job},1,Terminated,{t0 + 5},{t0 + 9},100.0,0.2",
+    ]
 
 
 @pytest.mark.parametrize(
     "bad_rows, kind, bad_line",
     [
-        (["R1_2,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,0,5,100.0,0.2"], "cycle", 3),
-        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_7,1.0,j_bad,1,Terminated,0,5,100.0,0.2"], "dangling-parent", 4),
-        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,abc,5,100.0,0.2"], "bad-row", 4),
-        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,9,5,100.0"], "bad-row", 4),
+        (
+            [
+                "R1_2,1.0,j_bad,1,Terminated,0,5,100.0,0.2",
+                "R2_1,1.0,j_bad,1,Terminated,0,5,100.0,0.2",
+            ],
+            "cycle",
+            3,
+        ),
+        (
+            [
+                "M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2",
+                "R2_7,1.0,j_bad,1,Terminated,0,5,100.0,0.2",
+            ],
+            "dangling-parent",
+            4,
+        ),
+        (
+            [
+                "M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2",
+                "R2_1,1.0,j_bad,1,Terminated,abc,5,100.0,0.2",
+            ],
+            "bad-row",
+            4,
+        ),
+        (
+            ["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "R2_1,1.0,j_bad,1,Terminated,9,5,100.0"],
+            "bad-row",
+            4,
+        ),
         (["M1,1.0,j_bad,1,Terminated,9,5,100.0,0.2"], "bad-row", 3),  # end < start
-        (["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2"], "duplicate-task", 4),
+        (
+            ["M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2", "M1,1.0,j_bad,1,Terminated,0,5,100.0,0.2"],
+            "duplicate-task",
+            4,
+        ),
         (["M1,1.0,j_bad,1,Running,0,5,100.0,0.2"], "status", 3),
     ],
 )
@@ -89,7 +128,11 @@ def test_missing_values_are_imputed_not_skipped():
 
 
 def test_rows_of_a_job_may_be_interleaved_and_max_jobs():
-    rows = ["M1,1,j_1,1,Terminated,0,1,100,0.1", "M1,1,j_2,1,Terminated,0,1,100,0.1", "R2_1,1,j_1,1,Terminated,1,2,100,0.1"]
+    rows = [
+        "M1,1,j_1,1,Terminated,0,1,100,0.1",
+        "M1,1,j_2,1,Terminated,0,1,100,0.1",
+        "R2_1,1,j_1,1,Terminated,1,2,100,0.1",
+    ]
     load = parse_batch_task(rows)
     assert [len(j.tasks) for j in load.jobs] == [2, 1]
     assert [j.name for j in parse_batch_task(rows, max_jobs=1).jobs] == ["j_1"]

@@ -81,14 +81,29 @@ def test_waiting_for_capacity_counts_as_wait():
 def test_speed_hook_is_piecewise_exact():
     # half speed from t=4 to t=8: 10 s of work = 4 + 4*0.5 + 4 -> finishes at 12
     w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1"])
-    node = NodeSpec("n", "x", cpus=1, mem=1, speed=1.0, speed_fn=PiecewiseSpeed((0.0, 4.0, 8.0), (1.0, 0.5, 1.0)))
+    node = NodeSpec(
+        "n",
+        "x",
+        cpus=1,
+        mem=1,
+        speed=1.0,
+        speed_fn=PiecewiseSpeed((0.0, 4.0, 8.0), (1.0, 0.5, 1.0)),
+    )
     res = simulate(w, [node], FirstFit())
     assert res.finish[0] == pytest.approx(12.0)
 
 
 def test_speed_hook_sampled_callable():
     w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1"])
-    node = NodeSpec("n", "x", cpus=1, mem=1, speed=1.0, speed_fn=lambda t: 0.5 if t >= 2.0 else 1.0, speed_period_s=1.0)
+    node = NodeSpec(
+        "n",
+        "x",
+        cpus=1,
+        mem=1,
+        speed=1.0,
+        speed_fn=lambda t: 0.5 if t >= 2.0 else 1.0,
+        speed_period_s=1.0,
+    )
     res = simulate(w, [node], FirstFit())
     assert res.finish[0] == pytest.approx(2.0 + 8.0 / 0.5)
 
@@ -122,8 +137,17 @@ def test_invalid_placements_are_refused_with_the_cause():
 
 
 def test_release_profile_and_earliest_start():
-    w = _workload(["M1,1,j,1,Terminated,0,10,100,0.1", "M2,1,j,1,Terminated,0,4,100,0.1", "M3,1,j,1,Terminated,0,1,200,0.1"])
-    nodes = (NodeSpec("a", "x", cpus=2, mem=1, speed=1.0), NodeSpec("b", "x", cpus=2, mem=1, speed=1.0))
+    w = _workload(
+        [
+            "M1,1,j,1,Terminated,0,10,100,0.1",
+            "M2,1,j,1,Terminated,0,4,100,0.1",
+            "M3,1,j,1,Terminated,0,1,200,0.1",
+        ]
+    )
+    nodes = (
+        NodeSpec("a", "x", cpus=2, mem=1, speed=1.0),
+        NodeSpec("b", "x", cpus=2, mem=1, speed=1.0),
+    )
     view = ClusterView(
         t=1.0,
         workload=w,
