@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -126,14 +127,39 @@ class TickChoice:
     logp: float = 0.0
 
 
+@lru_cache(maxsize=256)
+def _limit_masks(
+    space: ActionSpace, ci: int, lo_khz: int | None, hi_khz: int | None, n_on: int
+) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Level mask (inside the scaling limits) and core-count mask (distinct counts) of one
+    cluster; memoised, they change only when the limits or the online set do."""
+    lo = lo_khz if lo_khz is not None else 0
+    hi = hi_khz if hi_khz is not None else math.inf
+    mf = [False] * N_LEVELS
+    for li in range(len(space.levels[ci])):
+        mf[li] = lo <= space.khz(ci, li) <= hi
+    if not any(mf):
+        mf[0] = True
+    mc, seen = [], set()
+    for frac in CORE_FRACTIONS:
+        n = max(1, int(round(frac * n_on)))
+        mc.append(n not in seen)
+        seen.add(n)
+    return tuple(mf), tuple(mc)
+
+
 def build_inputs(feats, obs: Observation, space: ActionSpace) -> TickInputs:
     """Network inputs and the masks that do not depend on the agents' own choices."""
     cl_rows, glob, job_rows = feats
-    prof_x = np.concatenate([cl_rows.reshape(-1), glob]).astype(np.float32)
-    therm_x = np.concatenate([cl_rows, np.broadcast_to(glob, (MAX_CLUSTERS, N_GLOBAL))], axis=1)
-    prio_x = np.concatenate(
-        [job_rows, np.broadcast_to(glob, (job_rows.shape[0], N_GLOBAL))], axis=1
-    ).astype(np.float32)
+    prof_x = np.empty(PROFILER_IN, dtype=np.float32)
+    prof_x[: MAX_CLUSTERS * N_CLUSTER] = cl_rows.reshape(-1)
+    prof_x[MAX_CLUSTERS * N_CLUSTER :] = glob
+    therm_x = np.empty((MAX_CLUSTERS, THERMAL_IN), dtype=np.float32)
+    therm_x[:, :N_CLUSTER] = cl_rows
+    therm_x[:, N_CLUSTER:] = glob
+    prio_x = np.empty((job_rows.shape[0], PRIORITY_IN), dtype=np.float32)
+    prio_x[:, :N_JOB] = job_rows
+    prio_x[:, N_JOB:] = glob
     tm = np.zeros((MAX_CLUSTERS, 2), dtype=bool)
     mf = np.zeros((MAX_CLUSTERS, N_LEVELS), dtype=bool)
     mc = np.zeros((MAX_CLUSTERS, N_CORES), dtype=bool)
@@ -151,20 +177,8 @@ def build_inputs(feats, obs: Observation, space: ActionSpace) -> TickInputs:
             tm[ci] = (False, True)
         elif trip_ratio >= COOL_FLOOR:
             tm[ci] = (True, True)
-        lo = cl.min_khz if cl.min_khz is not None else 0
-        hi = cl.max_khz if cl.max_khz is not None else math.inf
-        for li in range(len(space.levels[ci])):
-            f = space.khz(ci, li)
-            mf[ci, li] = lo <= f <= hi
-        if not mf[ci].any():
-            mf[ci, 0] = True
-        n_on = len(cl.online)
-        seen = set()
-        for k, frac in enumerate(CORE_FRACTIONS):
-            n = max(1, int(round(frac * n_on)))
-            mc[ci, k] = n not in seen
-            seen.add(n)
-    return TickInputs(prof_x, therm_x.astype(np.float32), prio_x, tm, mf, mc)
+        mf[ci], mc[ci] = _limit_masks(space, ci, cl.min_khz, cl.max_khz, len(cl.online))
+    return TickInputs(prof_x, therm_x, prio_x, tm, mf, mc)
 
 
 def _pick(z: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None) -> tuple[int, float]:
@@ -188,7 +202,11 @@ def choose(
 ) -> TickChoice:
     """Run the three agents (greedy when ``rng`` is None); fills the thermal-dependent masks."""
     profiler, thermal, priority = nets
-    tz = thermal(inp.therm_x)
+    # a head with one feasible action needs no inference (same choice, log-prob 0)
+    if (inp.therm_mask.sum(axis=1) <= 1).all():
+        tz = np.zeros((MAX_CLUSTERS, 2), dtype=np.float32)
+    else:
+        tz = thermal(inp.therm_x)
     therm = np.zeros(MAX_CLUSTERS, dtype=np.int64)
     logp = 0.0
     for ci in range(MAX_CLUSTERS):
@@ -218,7 +236,9 @@ def choose(
         cores[ci] = a
         logp += lp
     n = inp.prio_x.shape[0]
-    if n:
+    if n == 1 and rng is None:
+        mean = score = np.zeros(1)  # one job: its order is fixed
+    elif n:
         mean = priority(inp.prio_x)[:, 0].astype(np.float64)
         if rng is None:
             score = mean
@@ -375,6 +395,42 @@ def rt_row(j, s, capacity, f, obs, decision, freq) -> np.ndarray:
     )
 
 
+def rt_rows(j, s, capacity: float, freqs, obs: Observation, decision: Decision) -> np.ndarray:
+    """:func:`rt_row` for many candidate frequencies at once ([K, N_RT], float32)."""
+    p = j.profile
+    f = np.asarray(freqs, dtype=np.float64)
+    rem = job_remaining(j)
+    phi = (1.0 - p.beta) * p.ref_khz / (capacity * f) + p.beta
+    n = max(len(s.cpus), 1)
+    c = rem * p.work_s * phi
+    span = min(p.span_s, rem * p.work_s) * phi
+    g = span + (c - span) / n
+    mine = set(s.cpus)
+    interf = np.zeros_like(f)
+    co = 0
+    for o in obs.jobs:
+        if o.pid == j.pid or o.profile is None:
+            continue
+        so = decision.jobs.get(o.pid)
+        if so is None or so.rt_priority < s.rt_priority or mine.isdisjoint(so.cpus):
+            continue
+        co += 1
+        share = len(mine.intersection(so.cpus)) / max(len(so.cpus), 1)
+        q = o.profile
+        phi_o = (1.0 - q.beta) * q.ref_khz / (capacity * f) + q.beta
+        interf += job_remaining(o) * q.work_s * phi_o * share / n
+    out = np.empty((len(f), N_RT), dtype=np.float64)
+    out[:, 0] = np.log(np.maximum(g, _TINY))
+    out[:, 1] = np.log(np.maximum(g + interf, _TINY))
+    out[:, 2] = np.log(phi)
+    out[:, 3] = p.beta
+    out[:, 4] = rem
+    out[:, 5] = math.log(n)
+    out[:, 6] = co / 4.0
+    out[:, 7] = math.log(max(rem * p.work_s, _TINY))
+    return out.astype(np.float32)
+
+
 class ShieldStage:
     """Post-posed conformal shield over each deadline job's cluster frequency.
 
@@ -395,25 +451,42 @@ class ShieldStage:
         if not dl:
             return decision
         out = decision.copy()
+        # every (job, candidate) row in ONE predictor call: a row depends only on the job, its
+        # cores and the candidate frequency (co-runners are scaled at the same frequency), and
+        # the shield changes frequencies only, so raising one job's cluster leaves the other
+        # rows exact; each job then sees the candidates at or above its cluster's current f
+        plan = []
+        rows = []
         for j in sorted(dl, key=lambda x: x.remaining_s):
-            s = out.jobs.get(j.pid)
-            if s is None or not s.cpus:
+            st = out.jobs.get(j.pid)
+            if st is None or not st.cpus:
                 continue
-            cl = next((c for c in obs.clusters if s.cpus[0] in c.cpus), None)
+            cl = next((c for c in obs.clusters if st.cpus[0] in c.cpus), None)
             if cl is None:
                 continue
             hi = cl.max_khz if cl.max_khz is not None else cl.freqs_khz[-1]
             cur = out.freq_khz.get(cl.name, hi)
             cands = [f for f in cl.freqs_khz if cur <= f <= hi] or [cur]
-            rows = np.stack([rt_row(j, s, cl.capacity, f, obs, out, out.freq_khz) for f in cands])
+            plan.append((j, cl, cands, sum(len(r) for r in rows)))
+            rows.append(rt_rows(j, st, cl.capacity, cands, obs, out))
+        if not plan:
+            return decision
+        X = np.concatenate(rows)
+        pred = np.asarray(self.predictor(X), dtype=np.float64).reshape(-1)
+        cal, corr = self.shield.calibrator, self.shield.correct_selection
+        for j, cl, cands, start in plan:
+            cur = out.freq_khz.get(cl.name, cands[-1])
+            k0 = next((k for k, f in enumerate(cands) if f >= cur), len(cands) - 1)
+            sub = cands[k0:]
+            p_sub = pred[start + k0 : start + len(cands)]
             rem = j.remaining_s
             if rem <= 0:
-                res_f, ev = cands[-1], f"shield: pid {j.pid} past its deadline; maximum frequency"
+                res_f, ev = sub[-1], f"shield: pid {j.pid} past its deadline; maximum frequency"
                 self.last_bounds[j.pid] = math.inf
             else:
-                r = self.shield.filter(
-                    Candidates(cands, rows, 0, len(cands) - 1), math.log(rem), cands
-                )
+                sh = Shield(lambda _x, p=p_sub: p, cal, corr)
+                feats = X[start + k0 : start + len(cands)]
+                r = sh.filter(Candidates(sub, feats, 0, len(sub) - 1), math.log(rem), sub)
                 res_f, ev = r.action, (r.event if r.intervened else "")
                 self.last_bounds[j.pid] = (
                     math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
@@ -630,6 +703,7 @@ __all__ = [
     "to_decision",
     "rt_features",
     "rt_row",
+    "rt_rows",
     "ShieldStage",
     "GateStage",
     "SpillStage",

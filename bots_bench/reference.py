@@ -13,7 +13,7 @@ from functools import lru_cache
 from platforms.observation import JobProfile
 from platforms.spec import BoardSpec, load_board
 
-REFERENCE_VERSION = 1
+REFERENCE_VERSION = 2  # 2: C and L at capacity 1.0, as JobProfile defines them
 
 
 def reference_cluster(spec: BoardSpec):
@@ -38,7 +38,9 @@ def measure_reference(board: str, kernel: str, cls: str, seed: int = 0) -> JobPr
     js = plant.jobs[pid]
     makespan = js.finish_t - js.release_t
     f_hz = ref.fmax_khz * 1e3
-    work, span = dag.work_span(f_hz, ref.capacity)
+    # JobProfile work/span are at the reference frequency on a capacity-1.0 core; callers scale
+    # by each cluster's capacity (agents.deadlines, agents.mixed).
+    work, span = dag.work_span(f_hz, 1.0)
     mem = float(dag.mem_s.sum())
     return JobProfile(
         name=f"{kernel}.{cls}",

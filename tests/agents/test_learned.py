@@ -49,7 +49,8 @@ def test_shipped_models_pass_check(board):
     for f in report["files"]:
         if f["file"].endswith(".onnx"):
             assert f["command"].startswith(f"hidvfs agents train --board {board}")
-            assert f["max_abs_diff"] <= 1e-5
+            # 1e-5, relative to the output scale above 1 (float32 Q-values reach ~300)
+            assert f["max_abs_diff"] <= f["tolerance"]
 
 
 def test_models_of_another_board_are_refused():
