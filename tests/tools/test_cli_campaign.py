@@ -1,0 +1,88 @@
+"""`hidvfs bots run --backend sim ... --db` then `hidvfs bots report`: the report's numbers are
+the database's."""
+
+import json
+import sqlite3
+import statistics
+
+from click.testing import CliRunner
+
+from tools.cli import cli
+
+
+def test_sim_campaign_then_report_numbers_match_the_database(tmp_path):
+    db = tmp_path / "r.sqlite"
+    runner = CliRunner()
+    r = runner.invoke(
+        cli,
+        [
+            "bots",
+            "run",
+            "--backend",
+            "sim",
+            "--board",
+            "tx2",
+            "--bench",
+            "fib,sparselu",
+            "--class",
+            "test",
+            "--policy",
+            "hidvfs,geardvfs,maxfreq",
+            "--seeds",
+            "2",
+            "--db",
+            str(db),
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    records = json.loads(r.output)
+    assert len(records) == 12 and all(x["ok"] for x in records)
+    for x in records:
+        assert x["lower_bound_s"] <= x["makespan_s"]
+        assert x["energy_j"] > 0 and x["peak_temp_c"] > 20
+    # Re-running skips everything already stored.
+    again = runner.invoke(
+        cli,
+        [
+            "bots",
+            "run",
+            "--backend",
+            "sim",
+            "--board",
+            "tx2",
+            "--bench",
+            "fib,sparselu",
+            "--class",
+            "test",
+            "--policy",
+            "hidvfs,geardvfs,maxfreq",
+            "--seeds",
+            "2",
+            "--db",
+            str(db),
+            "--json",
+        ],
+    )
+    assert again.exit_code == 0 and len(json.loads(again.output)) == 12
+    out = tmp_path / "report"
+    r = runner.invoke(
+        cli, ["bots", "report", "--db", str(db), "--out", str(out), "--baseline", "maxfreq"]
+    )
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "summary.json").read_text())
+    con = sqlite3.connect(db)
+    rows = con.execute(
+        "SELECT bench, policy, seed, makespan_s, energy_j FROM runs WHERE ok = 1"
+    ).fetchall()
+    assert len(rows) == 12
+    checked = 0
+    for g in summary["groups"]:
+        for p in g["policies"]:
+            vals = [(m, e) for b, pol, _, m, e in rows if b == g["bench"] and pol == p["policy"]]
+            assert p["makespan"]["mean"] == statistics.fmean(m for m, _ in vals)
+            assert p["energy"]["mean"] == statistics.fmean(e for _, e in vals)
+            checked += 1
+    assert checked == 6
+    md = (out / "report.md").read_text()
+    assert "hidvfs" in md and "geardvfs" in md and "maxfreq (baseline)" in md
