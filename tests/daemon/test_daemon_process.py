@@ -281,3 +281,28 @@ def test_hidvfs_run_without_a_daemon_is_a_clear_error(tmp_path):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert out.returncode == 2 and "cannot reach the hidvfs daemon" in out.stderr
+
+
+def test_settings_changed_behind_its_back_are_logged(board):
+    spec, tree, state = board
+    proc, log = start_daemon(tree, state)
+    gov = tree / paths.policy_file(0, "scaling_governor")
+    try:
+        wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+        gov.write_text("performance\n")  # another tool (nvpmodel, jetson_clocks) steps in
+        wait_for(lambda: "event=drift" in log.read_text(), what="the drift log line")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "policy0/scaling_governor" in log.read_text()
+
+
+def test_not_root_on_the_live_tree_is_refused(monkeypatch):
+    import daemon.service
+    from daemon.service import DaemonError, run_live
+
+    monkeypatch.setattr(daemon.service, "setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(DaemonError, match="must run as root"):
+        run_live(sysfs_root="/", policy="maxfreq", duration_s=0.1)
