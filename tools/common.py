@@ -27,6 +27,18 @@ def _default(o: Any):
     return str(o)
 
 
+def _quiet_broken_pipe() -> None:
+    """`hidvfs ... | head`: the reader went away; stop quietly like other Unix tools."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(0)
+
+
 def fail(message: str, code: int = 2) -> None:
     click.echo(f"hidvfs: error: {message}", err=True)
     sys.exit(code)
@@ -38,6 +50,8 @@ class Friendly(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except (HidvfsError, ValueError, OSError) as err:
             fail(str(err))
 
@@ -50,6 +64,8 @@ def guard_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except (HidvfsError, ValueError, OSError) as err:
             fail(str(err))
 
