@@ -151,3 +151,26 @@ def test_machine_without_cpufreq_says_so_once_and_still_runs(bots_tree, tmp_path
     nb.close()
     assert rec["ok"], rec["error"]
     assert rec["energy_j"] is None  # no power monitor: unavailable, never 0
+
+
+def test_native_study_deadline_vs_maxfreq_on_the_test_kernels(bots_tree, fake_tx2, tmp_path):
+    from bots_bench.studies import deadline_vs_maxfreq
+    from tools.native_study import native_runner
+
+    spec, root, _ = fake_tx2
+    runner, nb = native_runner("tx2", "smoke", str(bots_tree.bin), str(root), slack=3.0)
+    try:
+        res = deadline_vs_maxfreq(
+            "tx2",
+            policy="performance",
+            seeds=1,
+            slack=3.0,
+            kernels=["sort"],
+            cls="smoke",
+            runner=runner,
+        )
+    finally:
+        nb.close()
+    assert res.backend == "native"
+    assert res.summary["jobs"] == 1 and res.rows[0]["deadline_s"] is not None
+    assert res.rows[0]["policy_energy_j"] > 0 and res.rows[0]["maxfreq_energy_j"] > 0
