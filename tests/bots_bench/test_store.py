@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -186,7 +187,9 @@ def test_a_killed_process_keeps_its_finished_runs(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    p = subprocess.run([sys.executable, "-c", script], cwd="/work/main", capture_output=True)
+    p = subprocess.run(
+        [sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], capture_output=True
+    )
     assert p.returncode == -9, p.stderr
     with Store(db) as s:
         assert [r["seed"] for r in s.runs()] == [0, 1, 2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,10 @@ from platforms.cluster.synthetic import (
     write_batch_task,
 )
 
-SAMPLE = "/work/shared/data/alibaba-v2018-dag-sample.csv"
+# The shared sample sits beside the checkout (../shared/data), when present.
+SAMPLE = str(
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-v2018-dag-sample.csv"
+)
 
 
 @pytest.mark.parametrize(
