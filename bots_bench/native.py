@@ -13,7 +13,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,15 +90,15 @@ def cool_down(
     nb: NativeBoard, start_temp_c: float, max_wait_s: float
 ) -> tuple[float | None, float]:
     """Wait until the hottest CPU zone is at or below ``start_temp_c`` (or ``max_wait_s``)."""
+    clock = nb.platform.clock
     sensor = Sensor(nb.platform.spec, nb.platform.sysfs)
-    t0 = time.monotonic()
-    temp = None
+    t0 = clock.now()
     while True:
-        temp = sensor.read(0.0).max_cpu_temp_c
-        waited = time.monotonic() - t0
+        temp = sensor.read(clock.now()).max_cpu_temp_c
+        waited = clock.now() - t0
         if temp is None or temp <= start_temp_c or waited >= max_wait_s:
             return temp, waited
-        time.sleep(0.5)
+        clock.sleep(0.5)
 
 
 def run_native(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> dict:
@@ -166,13 +165,13 @@ def run_native(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> dict:
     out = tempfile.TemporaryFile(mode="w+b")
     try:
         sampler.start()
-        t_launch = time.monotonic()
+        t_launch = nb.platform.clock.now()
         proc = spawn_job(list(cmd.argv), dict(cmd.env), out)
         table.register(
             JobEntry(
                 pid=proc.pid,
                 name=f"{cfg.bench}.{cfg.cls}",
-                release_t=nb.platform.clock.now(),
+                release_t=t_launch,
                 deadline_s=cfg.deadline_s,
                 criticality="lo",
             )
@@ -188,7 +187,7 @@ def run_native(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> dict:
             timed_out = True
             kill_job(proc)
             proc.wait()
-        t_exit = time.monotonic()
+        t_exit = nb.platform.clock.now()
     except OSError as err:
         rec["error"] = str(err)
         stop.set()

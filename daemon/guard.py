@@ -38,10 +38,11 @@ class ThermalGuard:
 
     def apply(self, decision: Decision, obs: Observation) -> Decision:
         out = decision.copy()
+        hot = self.trips(obs)
         for c in obs.clusters:
             if not c.freqs_khz:
                 continue
-            temp, trip = self.trips(obs).get(c.name, (None, None))
+            temp, trip = hot.get(c.name, (None, None))
             top = len(c.freqs_khz) - 1
             level = self.levels.get(c.name, top)
             if temp is not None and trip is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,7 +17,6 @@ from agents.policy import Decision, Policy
 from daemon.actuator import ActuationReport, Actuator
 from daemon.guard import ThermalGuard
 from daemon.jobs import JobOutcome, JobTable
-from platforms.clock import VirtualClock
 from platforms.observation import JobObs, Observation
 from platforms.platform import Platform
 from platforms.sense import Sensor
@@ -148,24 +146,14 @@ class ControlLoop:
 
     # -- running -----------------------------------------------------------------------------
     def _sleep_until(self, target: float, stop: threading.Event | None) -> None:
+        """Until the next tick, or earlier when a job registers/leaves or a stop is asked."""
         clock = self.platform.clock
         dt = target - clock.now()
         if dt <= 0:
             return
-        if isinstance(clock, VirtualClock):
-            clock.sleep(dt)
-            return
-        # Real time: wake early when a job registers/leaves or when asked to stop.
-        deadline = time.monotonic() + dt
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if stop is not None and stop.is_set():
-                return
-            if self.jobs.changed.wait(min(remaining, 0.05)):
-                self.jobs.changed.clear()
-                return
+        events = [self.jobs.changed] + ([stop] if stop is not None else [])
+        if clock.wait(dt, *events):
+            self.jobs.changed.clear()
 
     def run(
         self,

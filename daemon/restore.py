@@ -19,11 +19,11 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from daemon.statusfile import fsync_dir, write_json_atomic
 from platforms import paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.spec import BoardSpec
@@ -183,38 +183,9 @@ def snapshot_path(state_dir: str | os.PathLike[str]) -> str:
 
 def save_snapshot(snapshot: Snapshot, state_dir: str | os.PathLike[str]) -> str:
     """Write ``restore.json`` atomically (temp file + fsync + rename + fsync of the folder)."""
-    state_dir = os.fspath(state_dir)
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    target = snapshot_path(state_dir)
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(snapshot.to_json(), f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(state_dir)
-    return target
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    return write_json_atomic(
+        snapshot_path(state_dir), snapshot.to_json(), dir_mode=0o700, durable_dir=True
+    )
 
 
 def load_snapshot(state_dir: str | os.PathLike[str]) -> Snapshot | None:
@@ -235,7 +206,7 @@ def discard_snapshot(state_dir: str | os.PathLike[str]) -> None:
         os.unlink(snapshot_path(state_dir))
     except FileNotFoundError:
         pass
-    _fsync_dir(os.fspath(state_dir))
+    fsync_dir(os.fspath(state_dir))
 
 
 # --------------------------------------------------------------------------------------------

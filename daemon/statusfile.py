@@ -1,4 +1,5 @@
-"""Atomic JSON status file: written to a temp file, fsynced, renamed (never half-written)."""
+"""Atomic JSON files (the status file, the restore snapshot): written to a temp file in the
+same folder, fsynced, renamed, so a reader or a crash never sees half a file."""
 
 from __future__ import annotations
 
@@ -7,13 +8,29 @@ import os
 import tempfile
 
 
-def write_status(path: str, status: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".status-", dir=directory)
+def fsync_dir(directory: str) -> None:
+    """Make a rename or unlink in ``directory`` durable (best effort)."""
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(status, f, indent=1, sort_keys=True)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_json_atomic(path: str, obj, *, dir_mode: int = 0o777, durable_dir: bool = False) -> str:
+    """Write ``obj`` as JSON to ``path`` atomically; ``durable_dir`` also fsyncs the folder."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -24,3 +41,11 @@ def write_status(path: str, status: dict) -> None:
         except OSError:
             pass
         raise
+    if durable_dir:
+        fsync_dir(directory)
+    return path
+
+
+def write_status(path: str, status: dict) -> None:
+    """The daemon's JSON status (``--status-file``)."""
+    write_json_atomic(path, status)

@@ -19,6 +19,15 @@ class Clock(ABC):
     def sleep(self, seconds: float) -> None:
         """Let ``seconds`` pass (really, or by advancing the virtual time)."""
 
+    def wait(self, seconds: float, *events) -> bool:
+        """Sleep up to ``seconds``, returning True early when one of ``events`` is set.
+
+        A virtual clock has nobody to wake it (its own ``sleep`` already stops at simulated
+        job events), so by default this is a plain sleep.
+        """
+        self.sleep(seconds)
+        return False
+
 
 class MonotonicClock(Clock):
     def now(self) -> float:
@@ -27,6 +36,22 @@ class MonotonicClock(Clock):
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+    #: longest slice between checks of the wake events
+    POLL_S = 0.05
+
+    def wait(self, seconds: float, *events) -> bool:
+        deadline = time.monotonic() + seconds
+        while True:
+            if any(e.is_set() for e in events):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if events:
+                events[0].wait(min(remaining, self.POLL_S))
+            else:
+                time.sleep(remaining)
 
 
 class VirtualClock(Clock):
