@@ -45,38 +45,54 @@ class Actuator:
         self.expected: dict[str, str] = {}
 
     # -- frequency ---------------------------------------------------------------------------
-    def _write(self, report: ActuationReport, path: str, value: str) -> None:
+    def _record(self, report: ActuationReport, writes: list[tuple[str, str]]) -> None:
+        report.writes.extend(writes)
         if self.dry_run:
-            self.planned.append((path, value))
-            report.writes.append((path, value))
-            return
-        self.sysfs.write(path, value)
-        report.writes.append((path, value))
+            self.planned.extend(writes)
+        else:
+            self.expected.update(writes)
+
+    def _set_governor(self, policy: int, gov: str, report: ActuationReport) -> None:
+        if not self.dry_run:
+            cpufreq.set_governor(self.sysfs, policy, gov)
+            for name in ("scaling_setspeed", "scaling_min_freq", "scaling_max_freq"):
+                self.expected.pop(paths.policy_file(policy, name), None)
+        self._record(report, [(paths.policy_file(policy, "scaling_governor"), gov)])
+
+    def _set_speed(self, policy: int, khz: int, report: ActuationReport) -> None:
+        if not self.dry_run:
+            # We selected userspace ourselves; a change behind our back shows up as drift.
+            cpufreq.set_setspeed(self.sysfs, policy, khz, check_governor=False)
+        self._record(report, [(paths.policy_file(policy, "scaling_setspeed"), str(khz))])
+
+    def _pin_limits(self, policy: int, khz: int, report: ActuationReport) -> None:
+        if self.dry_run:
+            writes = [
+                (paths.policy_file(policy, n), str(khz))
+                for n in ("scaling_min_freq", "scaling_max_freq")
+            ]
+        else:
+            writes = cpufreq.set_limits(self.sysfs, policy, khz, khz)
+        self._record(report, list(writes))
+        if not self.dry_run:  # set_limits skips no-op writes; both limits are now khz
+            for n in ("scaling_min_freq", "scaling_max_freq"):
+                self.expected[paths.policy_file(policy, n)] = str(khz)
 
     def _ensure_userspace(self, policy: int, governors: tuple[str, ...], report) -> str:
         mode = self._mode.get(policy)
         if mode in ("setspeed", "limits"):
             return mode
+        mode = "limits"
         if "userspace" in governors:
             try:
-                if self.dry_run:
-                    self._write(
-                        report,
-                        f"devices/system/cpu/cpufreq/policy{policy}/scaling_governor",
-                        "userspace",
-                    )
-                else:
-                    cpufreq.set_governor(self.sysfs, policy, "userspace")
-                    report.writes.append((f"policy{policy}/scaling_governor", "userspace"))
-                    self.expected[paths.policy_file(policy, "scaling_governor")] = "userspace"
-                self._mode[policy] = "setspeed"
-                return "setspeed"
+                self._set_governor(policy, "userspace", report)
+                mode = "setspeed"
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                 report.errors.append(
                     f"policy{policy}: userspace governor refused ({err}); using min/max bounds"
                 )
-        self._mode[policy] = "limits"
-        return "limits"
+        self._mode[policy] = mode
+        return mode
 
     def apply(self, decision: Decision, obs: Observation) -> ActuationReport:
         report = ActuationReport()
@@ -87,22 +103,7 @@ class Actuator:
             if gov and gov != "userspace":
                 if self._mode.get(c.policy) != f"governor:{gov}":
                     try:
-                        if self.dry_run:
-                            self._write(
-                                report,
-                                f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_governor",
-                                gov,
-                            )
-                        else:
-                            cpufreq.set_governor(self.sysfs, c.policy, gov)
-                            report.writes.append((f"policy{c.policy}/scaling_governor", gov))
-                            self.expected[paths.policy_file(c.policy, "scaling_governor")] = gov
-                            for name in (
-                                "scaling_setspeed",
-                                "scaling_min_freq",
-                                "scaling_max_freq",
-                            ):
-                                self.expected.pop(paths.policy_file(c.policy, name), None)
+                        self._set_governor(c.policy, gov, report)
                         self._mode[c.policy] = f"governor:{gov}"
                         self._last_freq.pop(c.policy, None)
                     except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
@@ -117,36 +118,11 @@ class Actuator:
             target = nearest_freq(c.freqs_khz, target, mode="floor")
             if self._last_freq.get(c.policy) == target and c.cur_khz == target:
                 continue
-            mode = self._ensure_userspace(c.policy, c.governors, report)
             try:
-                if mode == "setspeed":
-                    if self.dry_run:
-                        self._write(
-                            report,
-                            f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_setspeed",
-                            str(target),
-                        )
-                    else:
-                        cpufreq.set_setspeed(self.sysfs, c.policy, target, check_governor=False)
-                        report.writes.append((f"policy{c.policy}/scaling_setspeed", str(target)))
-                        self.expected[paths.policy_file(c.policy, "scaling_setspeed")] = str(target)
+                if self._ensure_userspace(c.policy, c.governors, report) == "setspeed":
+                    self._set_speed(c.policy, target, report)
                 else:
-                    if self.dry_run:
-                        self._write(
-                            report,
-                            f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_min_freq",
-                            str(target),
-                        )
-                        self._write(
-                            report,
-                            f"devices/system/cpu/cpufreq/policy{c.policy}/scaling_max_freq",
-                            str(target),
-                        )
-                    else:
-                        for path, value in cpufreq.set_limits(self.sysfs, c.policy, target, target):
-                            report.writes.append((path, value))
-                        self.expected[paths.policy_file(c.policy, "scaling_min_freq")] = str(target)
-                        self.expected[paths.policy_file(c.policy, "scaling_max_freq")] = str(target)
+                    self._pin_limits(c.policy, target, report)
                 self._last_freq[c.policy] = target
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                 report.errors.append(str(err))
