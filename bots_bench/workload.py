@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from bots_bench.reference import measure_reference
+from platforms.observation import JobProfile
 from platforms.sim.plant import SimJob
 from platforms.spec import BoardSpec
 
@@ -55,6 +56,13 @@ def _pooled_dag(kernel: str, cls: str, variant: int):
 
 
 def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -> list[SimJob]:
+    return [job for job, _ in default_items(spec, seed, w)]
+
+
+def default_items(
+    spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None
+) -> list[tuple[SimJob, JobProfile]]:
+    """The mix with each job's reference profile, as the daemon's job table wants them."""
     w = w or WorkloadSpec()
     rng = np.random.default_rng(seed)
     profiles = {k: measure_reference(spec.name, k, w.cls, 0) for k in w.kernels}
@@ -62,7 +70,7 @@ def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -
     # (board capacity / reference capacity) faster for a stream of jobs.
     mean_ref = float(np.mean([p.ref_makespan_s for p in profiles.values()]))
     rate = w.load / mean_ref if mean_ref > 0 else 1.0
-    jobs: list[SimJob] = []
+    items: list[tuple[SimJob, JobProfile]] = []
     t = float(rng.exponential(1.0 / rate))
     i = 0
     while t < w.duration_s:
@@ -71,15 +79,14 @@ def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -
         has_deadline = bool(rng.random() < w.deadline_fraction)
         crit = "hi" if has_deadline and rng.random() < w.hi_fraction else "lo"
         dag = _pooled_dag(kernel, w.cls, int(rng.integers(DAG_POOL)))
-        jobs.append(
-            SimJob(
-                dag=dag,
-                name=f"{kernel}.{w.cls}#{i}",
-                deadline_s=w.slack * prof.ref_makespan_s if has_deadline else None,
-                criticality=crit,
-                release_t=t,
-            )
+        job = SimJob(
+            dag=dag,
+            name=f"{kernel}.{w.cls}#{i}",
+            deadline_s=w.slack * prof.ref_makespan_s if has_deadline else None,
+            criticality=crit,
+            release_t=t,
         )
+        items.append((job, prof))
         i += 1
         t += float(rng.exponential(1.0 / rate))
-    return jobs
+    return items

@@ -3,7 +3,7 @@ shipped ONNX files, and compare policies on held-out job mixes.
 
 This module is the glue the layering asks for: the learners in ``agents/`` take the episode
 runner and the workload generator as arguments; here they are :func:`daemon.simrun.run_sim`
-and :func:`bots_bench.workload.default_mix`.
+and :func:`bots_bench.workload.default_items`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class EpisodeSpec:
 def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
     """A random mix of ``n_jobs`` BOTS jobs with deadlines (slack x reference), seeded."""
     from bots_bench.reference import measure_reference
-    from bots_bench.workload import WorkloadSpec, default_mix
+    from bots_bench.workload import WorkloadSpec, default_items
     from platforms.spec import load_board
 
     spec = load_board(board)
@@ -52,8 +52,7 @@ def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
         slack=ep.slack,
         kernels=EPISODE_KERNELS,
     )
-    jobs = default_mix(spec, seed, w)[: ep.n_jobs]
-    return [(j, refs[j.name.split("#")[0].split(".")[0]]) for j in jobs]
+    return default_items(spec, seed, w)[: ep.n_jobs]
 
 
 def make_runner(board: str, ep: EpisodeSpec):

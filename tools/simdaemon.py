@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from agents.mixed import ClusterReservation
-from bots_bench.reference import measure_reference
-from bots_bench.workload import WorkloadSpec, default_mix
+from bots_bench.workload import WorkloadSpec, default_items
 from daemon.simrun import run_sim
 from daemon.statusfile import write_status
 from tools.policies import build_policy_stack
@@ -25,8 +24,7 @@ def run_sim_daemon(
 
     spec = load_board(board)
     w = WorkloadSpec(duration_s=duration_s, load=load)
-    jobs = default_mix(spec, seed, w)
-    items = [(j, measure_reference(spec.name, j.name.split(".")[0], w.cls, 0)) for j in jobs]
+    items = default_items(spec, seed, w)
     policy, stages = build_policy_stack(policy_name, spec)
     stages.append(ClusterReservation(True))
     cb = (lambda st: write_status(status_file, st)) if status_file else None

@@ -7,8 +7,7 @@ import time
 import pytest
 
 from agents.factory import make_policy_stack
-from bots_bench.reference import measure_reference
-from bots_bench.workload import WorkloadSpec, default_mix
+from bots_bench.workload import WorkloadSpec, default_items
 from daemon.simrun import run_sim
 from platforms.spec import load_board
 
@@ -17,8 +16,7 @@ from platforms.spec import load_board
 def test_bench_daemon_speed_vs_real_time(benchmark, period_ms):
     spec = load_board("tx2")
     w = WorkloadSpec(duration_s=60.0)
-    jobs = default_mix(spec, 0, w)
-    items = [(j, measure_reference("tx2", j.name.split(".")[0], w.cls, 0)) for j in jobs]
+    items = default_items(spec, 0, w)
 
     def run():
         policy, stages = make_policy_stack("schedutil", spec)
