@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from bots_bench.reference import measure_reference
 from daemon.simrun import run_sim
+from platforms import bounds
 from platforms.dag import DAG
 from platforms.sim.plant import SimJob
 from platforms.spec import BoardSpec, load_board
@@ -45,16 +46,14 @@ class SimRunConfig:
 def makespan_bounds(dag: DAG, spec: BoardSpec) -> tuple[float, float]:
     """(lower, Graham upper) for the job alone with every core at its top frequency.
 
-    Lower: max(L, C/m) with each task at its fastest core's time. Upper (Graham, greedy list
-    scheduling): L + (C - L)/m with each task at its slowest core's time.
+    A heterogeneous board is bracketed by homogeneous ones: the lower bound takes every core
+    as fast as the fastest cluster, Graham's bound every core as slow as the slowest.
     """
     m = spec.ncpus
     fast = max(spec.clusters, key=lambda c: c.capacity * c.fmax_khz)
     slow = min(spec.clusters, key=lambda c: c.capacity * c.fmax_khz)
-    c_fast, l_fast = dag.work_span(fast.fmax_khz * 1e3, fast.capacity)
-    c_slow, l_slow = dag.work_span(slow.fmax_khz * 1e3, slow.capacity)
-    lower = max(l_fast, c_fast / m)
-    upper = l_slow + (c_slow - l_slow) / m
+    lower = bounds.lower_bound(dag, fast.fmax_khz * 1e3, fast.capacity, m)
+    upper = bounds.graham_bound(dag, slow.fmax_khz * 1e3, slow.capacity, m)
     return lower, upper
 
 
