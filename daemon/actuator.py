@@ -153,5 +153,12 @@ class Actuator:
             log.warning("event=actuation_error detail=%r", err)
         return report
 
+    def overridden(self, path: str) -> None:
+        """Someone else changed ``path``: stop expecting our value and rewrite on the next
+        decision (the mode is re-established too, since the governor may have moved)."""
+        self.expected.pop(path, None)
+        self._last_freq.clear()
+        self._mode.clear()
+
     def forget(self, pid: int) -> None:
         self._last_jobs.pop(pid, None)

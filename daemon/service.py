@@ -198,8 +198,7 @@ def run_live(
                     log_event(log, "drift", level=logging.WARNING, detail=msg)
                     # Forget it so the next decision rewrites it (nvpmodel wins until then).
                     path = msg.split(":", 1)[0]
-                    loop.actuator.expected.pop(path, None)
-                    loop.actuator._last_freq.clear()
+                    loop.actuator.overridden(path)
             if res.report.gone:
                 for pid in res.report.gone:
                     log_event(log, "job_gone", level=logging.WARNING, pid=pid)
