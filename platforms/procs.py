@@ -35,3 +35,22 @@ class ProcessControl(ABC):
     @abstractmethod
     def cpu_time(self, pid: int) -> float:
         """CPU seconds used so far by the process tree."""
+
+
+class NoProcesses(ProcessControl):
+    """A replay has no live jobs: every pid is gone."""
+
+    def alive(self, pid: int) -> bool:
+        return False
+
+    def set_affinity(self, pid, cpus):
+        raise ProcessGone(pid)
+
+    def get_affinity(self, pid):
+        raise ProcessGone(pid)
+
+    def set_priority(self, pid, rt_priority=0, nice=0):
+        raise ProcessGone(pid)
+
+    def cpu_time(self, pid):
+        raise ProcessGone(pid)

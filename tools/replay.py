@@ -6,28 +6,9 @@ from agents.factory import make_policy
 from daemon.loop import ControlLoop
 from platforms.clock import VirtualClock
 from platforms.platform import Platform
-from platforms.procs import ProcessControl, ProcessGone
+from platforms.procs import NoProcesses
 from platforms.spec import load_board
 from platforms.trace import ReplaySysfs, compare_writes, read_trace
-
-
-class NoProcesses(ProcessControl):
-    """A replay has no live jobs: every pid is gone."""
-
-    def alive(self, pid: int) -> bool:
-        return False
-
-    def set_affinity(self, pid, cpus):
-        raise ProcessGone(pid)
-
-    def get_affinity(self, pid):
-        raise ProcessGone(pid)
-
-    def set_priority(self, pid, rt_priority=0, nice=0):
-        raise ProcessGone(pid)
-
-    def cpu_time(self, pid):
-        raise ProcessGone(pid)
 
 
 def replay_trace(path: str, policy_name: str, period_ms: int | None = None) -> dict:
