@@ -60,6 +60,9 @@ class SimRunResult:
     history: list[dict] = field(default_factory=list)
     #: the DAG each job actually ran (the plant adds seeded per-task jitter), by pid
     executed_dags: dict = field(default_factory=dict, repr=False)
+    #: (t, plant total energy J, plant CPU energy J) at every tick: the exact meter a training
+    #: harness may use for rewards on boards that expose no power monitor
+    energy_trace: tuple[tuple[float, float, float], ...] = field(default=(), repr=False)
 
     @property
     def makespan_s(self) -> float | None:
@@ -122,6 +125,8 @@ def run_sim(
     )
     loop.before_tick.append(feeder)
     history: list[dict] = []
+    trace: list[tuple[float, float, float]] = []
+    loop.on_tick.append(lambda res: trace.append((res.t, plant.energy_j, plant.cpu_energy_j)))
     if on_tick is not None:
         loop.on_tick.append(on_tick)
     if history_every_s:
@@ -178,5 +183,6 @@ def run_sim(
         jobs=jobs,
         status=loop.status(),
         history=history,
+        energy_trace=tuple(trace) + ((plant.t, plant.energy_j, plant.cpu_energy_j),),
         executed_dags={pid: plant.job_dag(pid) for pid in plant.jobs},
     )
