@@ -37,6 +37,7 @@ import numpy as np
 
 from agents.features import MAX_CLUSTERS, BoardScale, FeatureTracker, job_remaining
 from agents.hidvfs import CORE_FRACTIONS, HEAD, N_CORES, N_LEVELS, ActionSpace, build_inputs
+from agents.metering import metered
 from agents.nn import MLP, Adam
 from agents.policy import Decision, JobSetting, Policy
 from platforms.observation import Observation
@@ -333,6 +334,10 @@ def train_dqn(
         rec: list = []
         pol = make_policy(dqn, rec)
         res = run_episode(pol, make_mix(ep_seed), ep_seed)
+        # rewards read power from metered observations (the plant's exact meter), exactly as
+        # hidvfs's do; the states recorded in ``rec`` (what the policy saw) are untouched
+        seen = metered([r[3] for r in rec], res)
+        rec = [(s, m, a, o) for (s, m, a, _), o in zip(rec, seen)]
         ret = 0.0
         for i in range(len(rec)):
             s, m, a, o = rec[i]

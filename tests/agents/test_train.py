@@ -84,7 +84,14 @@ def toy_episode(policy, items, seed, dt: float = 0.05):
 def _train(seed: int, episodes: int):
     # lambda_E = 5 puts the toy's optimum near 0.5 f_max, far from the prior's top level
     cfg = TrainConfig(
-        episodes=episodes, batch=4, epochs=8, lr=3e-3, entropy=0.0, hidden=32, lambda_e=5.0
+        episodes=episodes,
+        batch=4,
+        epochs=8,
+        lr=3e-3,
+        entropy=0.0,
+        hidden=32,
+        lambda_e=5.0,
+        energy_rail="total",  # the toy meters only its total
     )
     return train_hidvfs(SPEC, toy_episode, lambda s: [], seed, cfg)
 
@@ -127,3 +134,61 @@ def test_shaping_telescopes_to_minus_initial_potential():
     r_off, _ = tick_rewards(obs, res, scale, off, 5.0)
     assert parts.shaping == pytest.approx(remaining_bound_s(obs[0]))
     assert r_on.sum() - r_off.sum() == pytest.approx(remaining_bound_s(obs[0]))
+
+
+def test_energy_regulariser_reads_the_chosen_rail_and_the_meter():
+    obs = [_obs(0.0, FMAX, 0.0, 3.0, A57.cpus), _obs(1.0, FMAX, 0.5, 3.0, A57.cpus)]
+    job = SimpleNamespace(pid=1, release_t=0.0, finish_t=2.0, deadline_s=None, criticality="lo")
+    scale = BoardScale.of(SPEC)
+    plain = dict(shaping=False, lambda_t=0.0)
+    # a meter that says the CPU drew 1 W and the board 4 W, whatever the sensor sampled
+    res = SimpleNamespace(jobs=[job], t_end=2.0, energy_trace=((0.0, 0.0, 0.0), (2.0, 8.0, 2.0)))
+    _, cpu = tick_rewards(obs, res, scale, TrainConfig(**plain), p_ref=1.0)
+    _, tot = tick_rewards(obs, res, scale, TrainConfig(energy_rail="total", **plain), p_ref=1.0)
+    assert cpu.energy == pytest.approx(-2.0) and tot.energy == pytest.approx(-8.0)
+    # no meter (a board): the sensor's total rail; this toy has no CPU rail, so no CPU term
+    bare = SimpleNamespace(jobs=[job], t_end=2.0)
+    _, tot = tick_rewards(obs, bare, scale, TrainConfig(energy_rail="total", **plain), p_ref=1.0)
+    _, cpu = tick_rewards(obs, bare, scale, TrainConfig(**plain), p_ref=1.0)
+    assert tot.energy == pytest.approx(-6.0) and cpu.energy == 0.0
+
+
+def test_forked_jobs_return_in_order_and_report_failures():
+    from agents.train import _run_forked
+
+    base = 10
+    jobs = [lambda i=i: {"i": i, "x": base + i} for i in range(5)]  # closures: not picklable
+    assert [r["x"] for r in _run_forked(jobs, 2)] == [10, 11, 12, 13, 14]
+
+    def boom():
+        raise ValueError("bad mix")
+
+    with pytest.raises(RuntimeError, match="bad mix"):
+        _run_forked([jobs[0], boom], 2)
+
+
+def test_parallel_board_training_matches_serial(tmp_path):
+    from agents.train import train_board
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+
+    spec = load_board("rubikpi3")
+    ep = EpisodeSpec(n_jobs=2)
+    outs = {}
+    for w in (1, 2):
+        out = tmp_path / f"w{w}"
+        train_board(
+            spec,
+            make_runner("rubikpi3", ep),
+            lambda s: episode_items("rubikpi3", s, ep),
+            0,
+            out,
+            "test",
+            policies=("ztt", "geardvfs"),
+            cfg=TrainConfig(episodes=2),
+            workers=w,
+        )
+        with np.load(out / "reference.npz") as z:
+            outs[w] = {k: z[k] for k in z.files}
+    assert sorted(outs[1]) == sorted(outs[2]) == ["geardvfs_x", "geardvfs_y", "ztt_x", "ztt_y"]
+    for k in outs[1]:
+        np.testing.assert_array_equal(outs[1][k], outs[2][k])
