@@ -547,8 +547,9 @@ def train_hidvfs(
     rt_X, rt_y, rt_ep = [], [], []
     batch = Batch()
     t0 = time.monotonic()
+    tag = "hidvfs" if cfg.shaping else "noshaping"  # log prefix: both may run side by side
     p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
-    log(f"[hidvfs {spec.name}] reference {cfg.energy_rail} power (maxfreq episode) {p_ref:.3f} W")
+    log(f"[{tag} {spec.name}] reference {cfg.energy_rail} power (maxfreq episode) {p_ref:.3f} W")
     val_seeds = [VAL_SEEDS + seed * 1000 + i for i in range(cfg.val_episodes)]
 
     def validate(after: int) -> None:
@@ -559,7 +560,7 @@ def train_hidvfs(
         if best[0] is None or score > best[0]:
             best[0], best[1] = score, copy.deepcopy(nets)
         log(
-            f"[hidvfs {spec.name}] validation after {after} episodes: {score:+.4f} "
+            f"[{tag} {spec.name}] validation after {after} episodes: {score:+.4f} "
             f"(best {best[0]:+.4f})"
         )
 
@@ -612,7 +613,7 @@ def train_hidvfs(
             eta = el / (ep + 1) * (cfg.episodes - ep - 1)
             ms = [h.makespan_s for h in recent if h.makespan_s is not None]
             log(
-                f"[hidvfs {spec.name}] episode {ep + 1}/{cfg.episodes} "
+                f"[{tag} {spec.name}] episode {ep + 1}/{cfg.episodes} "
                 f"return {np.mean([h.ret for h in recent]):+.3f} "
                 f"makespan {np.mean(ms) if ms else float('nan'):.3f}s "
                 f"energy {np.mean([h.energy_j for h in recent]):.2f}J "
