@@ -315,6 +315,64 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
         emit_json(out)
 
 
+@agents.command("sweep")
+@click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
+@click.option(
+    "--fractions",
+    default="1.0,0.9,0.8,0.7,0.6,0.5",
+    show_default=True,
+    help="fixed operating points, as fractions of each busy cluster's table maximum",
+)
+@click.option("--seeds", type=int, default=5, show_default=True)
+@click.option("--jobs", "n_jobs", type=int, default=5, show_default=True)
+@click.option("--slack", type=float, default=1.5, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
+    """What a frequency policy can save: fixed operating points against maxfreq, same mixes."""
+    from agents.governors import make_governor
+    from agents.static import StaticFraction
+    from agents.train import EVAL_SEEDS
+
+    try:
+        xs = [float(x) for x in fractions.split(",") if x.strip()]
+        pols = [make_governor("maxfreq")] + [StaticFraction(x) for x in xs]
+    except ValueError as exc:
+        fail(f"bad --fractions {fractions!r}: {exc}")
+    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
+    rows = []
+    for b in _boards(boards):
+        run = make_runner(b, ep)
+        recs: dict[str, list[dict]] = {p.name: [] for p in pols}
+        for i in range(seeds):
+            s = EVAL_SEEDS + i
+            items = episode_items(b, s, ep)
+            for p in pols:
+                recs[p.name].append(_record(b, p.name, s, run(p, items, s), ep))
+        base = recs["maxfreq"]
+        for p in pols:
+            rs = recs[p.name]
+            row = {"board": b, "policy": p.name, "seeds": seeds}
+            for m in ("makespan_s", "energy_j", "cpu_energy_j", "edp"):
+                row[m] = sum(r[m] for r in rs) / len(rs)
+            row["energy_vs_maxfreq"] = row["energy_j"] / (sum(r["energy_j"] for r in base) / seeds)
+            row["cpu_energy_vs_maxfreq"] = row["cpu_energy_j"] / (
+                sum(r["cpu_energy_j"] for r in base) / seeds
+            )
+            row["misses"] = sum(r["misses"] for r in rs)
+            row["deadline_jobs"] = sum(r["deadline_jobs"] for r in rs)
+            rows.append(row)
+    if as_json:
+        emit_json(rows)
+        return
+    for r in rows:
+        click.echo(
+            f"{r['board']:9s} {r['policy']:12s} makespan {r['makespan_s']:.3f}s "
+            f"energy {r['energy_j']:.2f}J ({r['energy_vs_maxfreq'] - 1:+.1%}) "
+            f"CPU {r['cpu_energy_j']:.2f}J ({r['cpu_energy_vs_maxfreq'] - 1:+.1%}) "
+            f"misses {r['misses']}/{r['deadline_jobs']}"
+        )
+
+
 def _fmt(ms: tuple[float, float], digits: int = 3) -> str:
     m, s = ms
     return f"{m:.{digits}f}±{s:.{digits}f}"
