@@ -141,6 +141,32 @@ def job_time_at(job: JobObs, khz: float, capacity: float, ncores: int) -> float:
     return span + (c - span) / max(ncores, 1)
 
 
+_ZERO_ROW = (0.0,) * N_CLUSTER
+
+
+def _cluster_temps(obs: Observation, names: tuple[str, ...]) -> tuple[float | None, ...]:
+    """``obs.cluster_temp_c(name)`` for every name in one pass over the zones (same maxima)."""
+    hot: dict[str, float] = {}
+    for z in obs.zones:
+        t = z.temp_c
+        if t is None:
+            continue
+        for name in z.clusters:
+            old = hot.get(name)
+            if old is None or t > old:
+                hot[name] = t
+    return tuple(hot.get(n) for n in names)
+
+
+def _util_mean_max(cl) -> tuple[float | None, float | None]:
+    """(``cl.mean_util``, ``cl.max_util``) from one pass over the online CPUs."""
+    online = cl.online
+    vals = [u for c, u in zip(cl.cpus, cl.util) if u is not None and c in online]
+    if not vals:
+        return None, None
+    return sum(vals) / len(vals), max(vals)
+
+
 class FeatureTracker:
     """Turns observations into schema-v1 vectors; keeps the temperature history for trends."""
 
@@ -149,6 +175,18 @@ class FeatureTracker:
         self.scale = BoardScale.of(spec)
         self.names = tuple(c.name for c in spec.clusters)[:MAX_CLUSTERS]
         self._hist: deque[tuple[float, tuple[float | None, ...]]] = deque()
+        #: ``ClusterObs.level`` per (table, current kHz): a scan of the table per cluster and
+        #: tick otherwise; bounded (a board has a few tables and OPPs)
+        self._levels: dict[tuple[tuple[int, ...], int | None], int | None] = {}
+
+    def _level(self, cl) -> int | None:
+        key = (cl.freqs_khz, cl.cur_khz)
+        memo = self._levels
+        if key not in memo:
+            if len(memo) >= 1024:
+                memo.clear()
+            memo[key] = cl.level
+        return memo[key]
 
     def reset(self) -> None:
         self._hist.clear()
@@ -172,9 +210,9 @@ class FeatureTracker:
         """(clusters [3, N_CLUSTER], glob [N_GLOBAL], jobs [n_jobs, N_JOB]) as float32."""
         sc = self.scale
         byname = {c.name: c for c in obs.clusters}
-        temps = tuple(obs.cluster_temp_c(n) for n in self.names)
+        temps = _cluster_temps(obs, self.names)
         trends = self._trend(obs.t, temps)
-        cl_rows = np.zeros((MAX_CLUSTERS, N_CLUSTER), dtype=np.float32)
+        rows = [_ZERO_ROW] * MAX_CLUSTERS
         cap_online = 0.0
         speeds: list[tuple[float, int]] = []  # (per-core speed vs reference, online cores)
         best_speed = 0.0
@@ -185,18 +223,17 @@ class FeatureTracker:
             n_on = len(cl.online)
             table = cl.freqs_khz or (cl.cur_khz or 1,)
             cur = cl.cur_khz or table[-1]
-            lvl = cl.level
+            lvl = self._level(cl)
             nlev = max(len(table) - 1, 1)
             trip = sc.trips_c[i]
             temp = temps[i]
-            um = cl.mean_util
-            ux = cl.max_util
+            um, ux = _util_mean_max(cl)
             cap = n_on * cl.capacity * table[-1] / sc.capacity_total
             cap_online += cap
             speed = cl.capacity * cur / sc.fmax_speed
             speeds.append((cl.capacity * cur, n_on))
             best_speed = max(best_speed, cl.capacity * table[-1] if n_on else 0.0)
-            cl_rows[i] = (
+            rows[i] = (
                 1.0,
                 _clip(um if um is not None else 0.5),
                 _clip(ux if ux is not None else 0.5),
@@ -208,6 +245,7 @@ class FeatureTracker:
                 _clip(cap),
                 _clip(speed),
             )
+        cl_rows = np.array(rows, dtype=np.float32)
         jobs = obs.jobs
         n_online = sum(n for _, n in speeds) or 1
         # board speed (reference-seconds of work per second) at current and maximum frequency
@@ -217,8 +255,8 @@ class FeatureTracker:
         min_ratio = 1.0
         min_rem_d = math.inf
         n_dl = 0
-        job_rows = np.zeros((len(jobs), N_JOB), dtype=np.float32)
-        for k, j in enumerate(jobs):
+        jrows = []
+        for j in jobs:
             p = j.profile
             rem = job_remaining(j)
             rem_work = rem * p.work_s if p is not None else 0.0
@@ -240,15 +278,18 @@ class FeatureTracker:
                 slack = 4.0 * 4
                 ref = p.ref_makespan_s if p is not None else 1.0
                 elapsed_ratio = j.elapsed_s / (2.0 * ref)
-            job_rows[k] = (
-                1.0 if j.criticality == "hi" else 0.0,
-                1.0 if j.deadline_s is not None else 0.0,
-                _clip(slack / 4.0),
-                rem,
-                _clip(rem_work / 10.0),
-                _clip(len(j.cpus) / n_online),
-                _clip(elapsed_ratio),
+            jrows.append(
+                (
+                    1.0 if j.criticality == "hi" else 0.0,
+                    1.0 if j.deadline_s is not None else 0.0,
+                    _clip(slack / 4.0),
+                    rem,
+                    _clip(rem_work / 10.0),
+                    _clip(len(j.cpus) / n_online),
+                    _clip(elapsed_ratio),
+                )
             )
+        job_rows = np.array(jrows, dtype=np.float32).reshape(len(jobs), N_JOB)
         ref_khz = ref_khz or sc.fmax_speed
         cur_thr = sum(s * n for s, n in speeds) / ref_khz  # reference-core equivalents
         max_thr = (

@@ -35,7 +35,12 @@ Repair of an infeasible proposal, cheapest change first:
 
 Cost model (:func:`default_cost`): sum over clusters of active_cores * capacity * f^3 (f in
 GHz), a monotone stand-in for dynamic power; any ``cost(cluster, khz, ncores)`` callable that
-is non-decreasing in khz and ncores may replace it.
+is non-decreasing in khz and ncores, and pure (the gate memoises it per point), may replace it.
+
+Cost of one repair (it runs on every tick with deadline jobs): requirement tables are built
+per (job, cluster) in one loop and only from the proposal's OPP up, the cost model is
+memoised, and a job that fits no cluster even alone sends the repair straight to the safest
+point (no map can be feasible then), so no search runs for nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from agents.deadlines import slowdown
@@ -56,6 +62,8 @@ _KIND = {LIGHT: "light", HEAVY: "heavy"}
 _EPS = 1e-9
 #: above this many job-to-cluster maps the move stage assigns jobs greedily (deadline order)
 MAX_MAPS = 4096
+#: bound of a gate's cost memo (clusters x OPPs x core counts fit many times over)
+_MAX_COSTS = 4096
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,6 +151,42 @@ def requirement(job: GateJob, cluster: GateCluster, khz: int) -> tuple[int, int,
     if span >= d:
         return IMPOSSIBLE, 0, c
     return HEAVY, max(1, math.ceil((c - span) / (d - span) - _EPS)), c
+
+
+def requirements(
+    job: GateJob, cluster: GateCluster, speeds: Sequence[float] | None = None
+) -> list[tuple[int, int, float]]:
+    """:func:`requirement` at every OPP of ``cluster`` (ascending), in one loop.
+
+    The repair search needs the whole table per (job, cluster); hoisting the per-job terms
+    out of the loop makes it several times cheaper, with the same arithmetic (bit-identical).
+    ``speeds`` are ``capacity * f`` per OPP when the caller keeps them precomputed.
+    """
+    d = job.remaining_s
+    if speeds is None:
+        speeds = [cluster.capacity * f for f in cluster.freqs_khz]
+    if not d > 0:
+        return [(IMPOSSIBLE, 0, math.inf)] * len(speeds)
+    p = job.profile
+    a = (1.0 - p.beta) * p.ref_khz
+    b = p.beta
+    w = job.remaining_work * p.work_s
+    s = min(p.span_s, w)
+    ceil = math.ceil
+    out: list[tuple[int, int, float]] = []
+    for v in speeds:
+        phi = a / v + b  # agents.deadlines.slowdown
+        c = w * phi
+        if c <= d:
+            out.append((LIGHT, 1, c))
+            continue
+        span = s * phi
+        if span >= d:
+            out.append((IMPOSSIBLE, 0, c))
+        else:
+            n = ceil((c - span) / (d - span) - _EPS)
+            out.append((HEAVY, n if n > 1 else 1, c))
+    return out
 
 
 def min_cores(
@@ -367,6 +411,11 @@ class FederatedGate:
         self._where = {c: i for i, k in enumerate(self.clusters) for c in k.cpus}
         self._kwhere = {c: k for k in self.clusters for c in k.cpus}
         self._online = tuple(c for k in self.clusters for c in k.cpus)
+        #: capacity * f per OPP and cluster (the denominators of every requirement)
+        self._speeds = tuple(tuple(k.capacity * f for f in k.freqs_khz) for k in self.clusters)
+        #: memo of the (pure) cost model per (cluster index, kHz, cores); bounded
+        self._costs: dict[tuple[int, int, int], float] = {}
+        self._costs_of: CostFn | None = None
         # "largest/fastest" first: throughput of the whole cluster, then per-core speed
         self._ranking = sorted(
             (i for i, k in enumerate(self.clusters) if k.cpus and k.freqs_khz),
@@ -415,16 +464,29 @@ class FederatedGate:
     def _costfn(self) -> CostFn:
         return self.cost or default_cost
 
+    def _cost(self, ki: int, khz: int, ncores: int) -> float:
+        """The cost model at one point, memoised (the search asks for the same points often)."""
+        fn = self._costfn()
+        if fn is not self._costs_of:  # ``cost`` was replaced: forget the old model's values
+            self._costs.clear()
+            self._costs_of = fn
+        key = (ki, khz, ncores)
+        v = self._costs.get(key)
+        if v is None:
+            if len(self._costs) >= _MAX_COSTS:
+                self._costs.clear()
+            v = self._costs[key] = fn(self.clusters[ki], khz, ncores)
+        return v
+
     def _cost_of(self, alloc: Mapping[int, JobAlloc], freq: Mapping[str, int]) -> float:
         used: dict[str, set[int]] = {}
         for al in alloc.values():
             if al.cluster is not None:
                 used.setdefault(al.cluster, set()).update(al.cpus)
-        costfn = self._costfn()
         total = 0.0
-        for k in self.clusters:
+        for ki, k in enumerate(self.clusters):
             if k.name in used and k.name in freq:
-                total += costfn(k, freq[k.name], len(used[k.name]))
+                total += self._cost(ki, freq[k.name], len(used[k.name]))
         return total
 
 
@@ -444,21 +506,29 @@ class _Repair:
         self.proposal = proposal
         self.reasons = proposal.reasons
         self.K = gate.clusters
-        self.costfn = gate._costfn()
-        self.others = {
-            pid: s.cpus for pid, s in decision.jobs.items() if pid not in {j.pid for j in jobs}
-        }
-        self._req: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+        gated = {j.pid for j in jobs}
+        self.others = {pid: s.cpus for pid, s in decision.jobs.items() if pid not in gated}
+        self._req: dict[tuple[int, int], list[tuple[int, int, float] | None]] = {}
         self._best: dict[tuple[int, int, bool], _Point | None] = {}
         self.base = [self._ceil_index(k, decision.freq_khz.get(k.name)) for k in self.K]
-        self.home = [self._home(j) for j in jobs]
-        self.home_mask = [0] * len(self.K)
+
+    # -- precomputation (home, home_mask, keep: only the searches need them, computed once)
+
+    @cached_property
+    def home(self) -> list[int | None]:
+        return [self._home(j) for j in self.jobs]
+
+    @cached_property
+    def home_mask(self) -> list[int]:
+        masks = [0] * len(self.K)
         for ji, h in enumerate(self.home):
             if h is not None:
-                self.home_mask[h] |= 1 << ji
-        self.keep = [self._keepable(ki) for ki in range(len(self.K))]
+                masks[h] |= 1 << ji
+        return masks
 
-    # -- precomputation
+    @cached_property
+    def keep(self) -> list[tuple[float, int] | None]:
+        return [self._keepable(ki) for ki in range(len(self.K))]
 
     @staticmethod
     def _ceil_index(k: GateCluster, f: int | None) -> int:
@@ -501,14 +571,19 @@ class _Repair:
             used.update(al.cpus)
             if al.kind == "heavy":
                 heavy += len(al.cpus)
-        return self.costfn(k, self.d.freq_khz[k.name], len(used)), heavy
+        return self.g._cost(ki, self.d.freq_khz[k.name], len(used)), heavy
 
-    def req(self, ji: int, ki: int) -> list[tuple[int, int, float]]:
+    def req(self, ji: int, ki: int) -> list[tuple[int, int, float] | None]:
+        """:func:`requirement` of job ``ji`` at every OPP of cluster ``ki`` from ``base`` up.
+
+        The repair only raises frequencies, so the OPPs below the proposal's (``None``
+        here) are never looked at; the proposal often sits near the top of the table.
+        """
         key = (ji, ki)
         r = self._req.get(key)
         if r is None:
-            j, k = self.jobs[ji], self.K[ki]
-            r = [requirement(j, k, f) for f in k.freqs_khz]
+            b = self.base[ki]
+            r = [None] * b + requirements(self.jobs[ji], self.K[ki], self.g._speeds[ki][b:])
             self._req[key] = r
         return r
 
@@ -522,11 +597,11 @@ class _Repair:
         m_k = len(k.cpus)
         reqs = [(self.jobs[ji].remaining_s, self.req(ji, ki)) for ji in _bits(mask)]
         n_f = len(table)
-        costfn = self.costfn
+        cost = self.g._cost
         out: _Point | None = None
         if m_k and n_f:
             for fi in [n_f - 1] if top else range(self.base[ki], n_f):
-                if out is not None and costfn(k, table[fi], 1) >= out.cost:
+                if out is not None and cost(ki, table[fi], 1) >= out.cost:
                     break  # monotone cost: no higher OPP can be cheaper
                 heavy = 0
                 lights: list[tuple[float, float]] = []
@@ -550,7 +625,7 @@ class _Repair:
                         pool = len(lights)
                         if heavy + pool > m_k:
                             continue
-                    cst = costfn(k, table[fi], heavy + pool)
+                    cst = cost(ki, table[fi], heavy + pool)
                     if out is None or cst < out.cost:
                         out = _Point(cst, fi, heavy, pool)
         self._best[key] = out
@@ -681,7 +756,34 @@ class _Repair:
                 total += p.cost
         return total
 
+    def homeless(self) -> bool:
+        """True when some job fits no cluster even alone: then no job-to-cluster map is
+        feasible (a cluster's cheapest point for a set of jobs exists only if it exists for
+        each of them alone), and both searches can be skipped.
+
+        Alone on cluster k a job fits at some OPP from ``base`` up iff it is light there (one
+        core of at least one) or heavy with n <= |k|: :meth:`best` of the single job without
+        its costs.
+        """
+        for ji in range(len(self.jobs)):
+            for ki, k in enumerate(self.K):
+                m_k = len(k.cpus)
+                if (
+                    m_k
+                    and k.freqs_khz
+                    and any(
+                        r is not None and (r[0] == LIGHT or (r[0] == HEAVY and r[1] <= m_k))
+                        for r in self.req(ji, ki)
+                    )
+                ):
+                    break
+            else:
+                return True
+        return False
+
     def run(self) -> GateResult:
+        if self.homeless():
+            return self.safest()
         all_k = list(range(len(self.K)))
         stay = [[h] if h is not None else all_k for h in self.home]
         found = self.search(stay)
@@ -875,7 +977,8 @@ class _Repair:
         events: list[str],
     ) -> GateResult:
         d = Decision(freq, jobs, governor, dict(self.d.cap_khz), list(self.d.events) + events)
-        reasons, alloc = self.g.check(d, self.jobs)
+        # self.jobs are in deadline order already: analyse without check()'s re-sort
+        reasons, alloc = _analyse(self.g._assignment(d, self.jobs), self.g._kwhere)[:2]
         if reasons and not events[0].startswith("gate: no feasible"):
             events.append(f"gate: repaired point still violates: {'; '.join(reasons[:3])}")
             d.events.append(events[-1])
@@ -908,6 +1011,7 @@ __all__ = [
     "feasible",
     "min_cores",
     "requirement",
+    "requirements",
     "edf_fits",
     "light_pool_size",
     "default_cost",

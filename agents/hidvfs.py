@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property
 
 import numpy as np
 
@@ -50,8 +50,8 @@ from agents.features import (
 from agents.gate import FederatedGate, jobs_from_obs
 from agents.nn import log_softmax, masked_logits, softmax
 from agents.policy import Decision, JobSetting, Policy
-from agents.shield import Candidates, Shield
-from platforms.observation import JobObs, Observation
+from agents.shield import Shield
+from platforms.observation import ClusterObs, JobObs, Observation
 from platforms.spec import BoardSpec
 
 N_LEVELS = 8
@@ -95,6 +95,11 @@ class ActionSpace:
             tables.append(tuple(cl.freqs_khz))
         return cls(tuple(names), tuple(levels), tuple(tables))
 
+    @cached_property
+    def _masks(self) -> dict:
+        """Memo of :func:`_limit_masks` (in the instance dict: not a field, not compared)."""
+        return {}
+
     def khz(self, ci: int, level: int) -> int:
         idx = self.levels[ci]
         return self.tables[ci][idx[min(level, len(idx) - 1)]]
@@ -127,12 +132,17 @@ class TickChoice:
     logp: float = 0.0
 
 
-@lru_cache(maxsize=256)
 def _limit_masks(
     space: ActionSpace, ci: int, lo_khz: int | None, hi_khz: int | None, n_on: int
 ) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
     """Level mask (inside the scaling limits) and core-count mask (distinct counts) of one
-    cluster; memoised, they change only when the limits or the online set do."""
+    cluster; memoised per action space, they change only when the limits or the online set
+    do (a dict on the space: hashing the whole space per lookup cost more than the masks)."""
+    key = (ci, lo_khz, hi_khz, n_on)
+    memo = space._masks
+    got = memo.get(key)
+    if got is not None:
+        return got
     lo = lo_khz if lo_khz is not None else 0
     hi = hi_khz if hi_khz is not None else math.inf
     mf = [False] * N_LEVELS
@@ -145,7 +155,15 @@ def _limit_masks(
         n = max(1, int(round(frac * n_on)))
         mc.append(n not in seen)
         seen.add(n)
-    return tuple(mf), tuple(mc)
+    if len(memo) >= 256:
+        memo.clear()
+    got = memo[key] = (tuple(mf), tuple(mc))
+    return got
+
+
+_NO_COOL = (True, False)
+_LOWEST_LEVEL = (True,) + (False,) * (N_LEVELS - 1)
+_ALL_CORES = (False,) * (N_CORES - 1) + (True,)
 
 
 def build_inputs(feats, obs: Observation, space: ActionSpace) -> TickInputs:
@@ -160,25 +178,31 @@ def build_inputs(feats, obs: Observation, space: ActionSpace) -> TickInputs:
     prio_x = np.empty((job_rows.shape[0], PRIORITY_IN), dtype=np.float32)
     prio_x[:, :N_JOB] = job_rows
     prio_x[:, N_JOB:] = glob
-    tm = np.zeros((MAX_CLUSTERS, 2), dtype=bool)
-    mf = np.zeros((MAX_CLUSTERS, N_LEVELS), dtype=bool)
-    mc = np.zeros((MAX_CLUSTERS, N_CORES), dtype=bool)
-    tm[:, 0] = True
-    mf[:, 0] = True
-    mc[:, -1] = True
+    # masks as lists, one array each at the end (a few rows: numpy per-row writes cost more)
+    tm = [_NO_COOL] * MAX_CLUSTERS
+    mf = [_LOWEST_LEVEL] * MAX_CLUSTERS
+    mc = [_ALL_CORES] * MAX_CLUSTERS
+    trip_ratios = cl_rows[:, 4].tolist()
+    headrooms = cl_rows[:, 6].tolist()
     byname = {c.name: c for c in obs.clusters}
     for ci, name in enumerate(space.clusters):
         cl = byname.get(name)
         if cl is None or not cl.online:
             continue
-        trip_ratio = float(cl_rows[ci, 4])
-        headroom_c = float(cl_rows[ci, 6]) * 30.0
+        headroom_c = headrooms[ci] * 30.0
         if headroom_c <= HOT_MARGIN_C:
             tm[ci] = (False, True)
-        elif trip_ratio >= COOL_FLOOR:
+        elif trip_ratios[ci] >= COOL_FLOOR:
             tm[ci] = (True, True)
         mf[ci], mc[ci] = _limit_masks(space, ci, cl.min_khz, cl.max_khz, len(cl.online))
-    return TickInputs(prof_x, therm_x, prio_x, tm, mf, mc)
+    return TickInputs(
+        prof_x,
+        therm_x,
+        prio_x,
+        np.array(tm, dtype=bool),
+        np.array(mf, dtype=bool),
+        np.array(mc, dtype=bool),
+    )
 
 
 def _pick(z: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None) -> tuple[int, float]:
@@ -194,47 +218,84 @@ def _pick(z: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None) -> t
     return a, float(log_softmax(zz)[a]) if mask.sum() > 1 else 0.0
 
 
+def _greedy(z: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row-wise :func:`_pick` without ``rng`` in one call (first maximum, 0 when none allowed)."""
+    return np.argmax(np.where(mask, z, -np.inf), axis=1)
+
+
+def _must_cool(inp: TickInputs, therm: np.ndarray, n_present: int) -> None:
+    """Someone must take work (the coolest cluster); "must cool" leaves only the lowest option.
+
+    Plain lists: three clusters, where numpy's per-call cost would dominate.
+    """
+    rows = inp.therm_mask.tolist()
+    th = therm.tolist()
+    present = [ci for ci in range(n_present) if any(rows[ci])]
+    if present and all(th[ci] == 1 for ci in present):
+        coolest = min(present, key=lambda ci: float(inp.therm_x[ci, 4]))
+        therm[coolest] = 0
+        th[coolest] = 0
+    for ci, t in enumerate(th):
+        if t == 1:
+            inp.prof_mask_f[ci] = False
+            inp.prof_mask_f[ci, 0] = True
+            inp.prof_mask_c[ci] = False
+            inp.prof_mask_c[ci, 0] = True
+
+
 def choose(
     inp: TickInputs,
     nets: tuple[Net, Net, Net],
     rng: np.random.Generator | None,
     n_present: int,
 ) -> TickChoice:
-    """Run the three agents (greedy when ``rng`` is None); fills the thermal-dependent masks."""
+    """Run the three agents (greedy when ``rng`` is None); fills the thermal-dependent masks.
+
+    The greedy path takes every head's argmax in one numpy call per agent; the exploring path
+    samples head by head in a fixed order (thermal, then level/cores per cluster) so a seed
+    gives the same episode.
+    """
     profiler, thermal, priority = nets
+    tm = inp.therm_mask
+    rows = tm.tolist()
     # a head with one feasible action needs no inference (same choice, log-prob 0)
-    if (inp.therm_mask.sum(axis=1) <= 1).all():
-        tz = np.zeros((MAX_CLUSTERS, 2), dtype=np.float32)
-    else:
+    if any(a and b for a, b in rows):
         tz = thermal(inp.therm_x)
-    therm = np.zeros(MAX_CLUSTERS, dtype=np.int64)
+    else:
+        tz = None
     logp = 0.0
-    for ci in range(MAX_CLUSTERS):
-        a, lp = _pick(tz[ci], inp.therm_mask[ci], rng)
-        therm[ci] = a
-        logp += lp
-    present = [ci for ci in range(n_present) if inp.therm_mask[ci].any()]
-    if present and all(therm[ci] == 1 for ci in present):
-        # someone must take work: the coolest cluster
-        coolest = min(present, key=lambda ci: float(inp.therm_x[ci, 4]))
-        therm[coolest] = 0
-    for ci in range(MAX_CLUSTERS):
-        if therm[ci] == 1:
-            inp.prof_mask_f[ci] = False
-            inp.prof_mask_f[ci, 0] = True
-            inp.prof_mask_c[ci] = False
-            inp.prof_mask_c[ci, 0] = True
+    if rng is None:
+        if tz is None:  # every head has <= 1 allowed action: the first allowed, else 0
+            therm = np.array([int(b and not a) for a, b in rows], dtype=np.int64)
+        else:
+            therm = _greedy(tz, tm)
+    else:
+        if tz is None:
+            tz = np.zeros((MAX_CLUSTERS, 2), dtype=np.float32)
+        therm = np.zeros(MAX_CLUSTERS, dtype=np.int64)
+        for ci in range(MAX_CLUSTERS):
+            a, lp = _pick(tz[ci], tm[ci], rng)
+            therm[ci] = a
+            logp += lp
+    _must_cool(inp, therm, n_present)
     pz = profiler(inp.prof_x[None, :])[0]
-    levels = np.zeros(MAX_CLUSTERS, dtype=np.int64)
-    cores = np.zeros(MAX_CLUSTERS, dtype=np.int64)
-    for ci in range(MAX_CLUSTERS):
-        blk = pz[ci * HEAD : (ci + 1) * HEAD]
-        a, lp = _pick(blk[:N_LEVELS], inp.prof_mask_f[ci], rng)
-        levels[ci] = a
-        logp += lp
-        a, lp = _pick(blk[N_LEVELS:], inp.prof_mask_c[ci], rng)
-        cores[ci] = a
-        logp += lp
+    if rng is None:
+        # both heads of every cluster masked in one np.where, then one argmax per head kind
+        mask = np.concatenate((inp.prof_mask_f, inp.prof_mask_c), axis=1)
+        z = np.where(mask, pz[:PROFILER_OUT].reshape(MAX_CLUSTERS, HEAD), -np.inf)
+        levels = z[:, :N_LEVELS].argmax(axis=1)
+        cores = z[:, N_LEVELS:].argmax(axis=1)
+    else:
+        levels = np.zeros(MAX_CLUSTERS, dtype=np.int64)
+        cores = np.zeros(MAX_CLUSTERS, dtype=np.int64)
+        for ci in range(MAX_CLUSTERS):
+            blk = pz[ci * HEAD : (ci + 1) * HEAD]
+            a, lp = _pick(blk[:N_LEVELS], inp.prof_mask_f[ci], rng)
+            levels[ci] = a
+            logp += lp
+            a, lp = _pick(blk[N_LEVELS:], inp.prof_mask_c[ci], rng)
+            cores[ci] = a
+            logp += lp
     n = inp.prio_x.shape[0]
     if n == 1 and rng is None:
         mean = score = np.zeros(1)  # one job: its order is fixed
@@ -256,13 +317,14 @@ def active_cores(
 ) -> dict[str, tuple[int, ...]]:
     """The profiler's active cores per cluster taking work (thermal "must cool" ones: none)."""
     byname = {c.name: c for c in obs.clusters}
+    therm, cores = ch.therm.tolist(), ch.cores.tolist()
     out = {}
     for ci, name in enumerate(space.clusters):
         cl = byname.get(name)
-        if cl is None or not cl.online or ch.therm[ci] != 0:
+        if cl is None or not cl.online or therm[ci] != 0:
             continue
         online = tuple(sorted(cl.online))
-        n = max(1, int(round(CORE_FRACTIONS[int(ch.cores[ci])] * len(online))))
+        n = max(1, int(round(CORE_FRACTIONS[cores[ci]] * len(online))))
         out[name] = online[:n]
     return out
 
@@ -272,38 +334,40 @@ def to_decision(
 ) -> Decision:
     """The agents' choices as a Decision (frequencies, core sets, SCHED_FIFO priorities)."""
     byname = {c.name: c for c in obs.clusters}
+    levels, cores, therm = ch.levels.tolist(), ch.cores.tolist(), ch.therm.tolist()
     freq: dict[str, int] = {}
     active: list[tuple[int, tuple[int, ...], float]] = []  # (ci, cpus, speed)
     for ci, name in enumerate(space.clusters):
         cl = byname.get(name)
         if cl is None:
             continue
-        f = space.khz(ci, int(ch.levels[ci]))
+        f = space.khz(ci, levels[ci])
         if cl.max_khz is not None and f > cl.max_khz:
             f = max((x for x in space.tables[ci] if x <= cl.max_khz), default=space.tables[ci][0])
         if cl.min_khz is not None and f < cl.min_khz:
             f = min((x for x in space.tables[ci] if x >= cl.min_khz), default=space.tables[ci][-1])
         freq[name] = f
-        if ch.therm[ci] == 0 and cl.online:
+        if therm[ci] == 0 and cl.online:
             online = tuple(sorted(cl.online))
-            n = max(1, int(round(CORE_FRACTIONS[int(ch.cores[ci])] * len(online))))
+            n = max(1, int(round(CORE_FRACTIONS[cores[ci]] * len(online))))
             active.append((ci, online[:n], cl.capacity * f * n))
     if not active:  # every cluster offline: leave placement to the kernel
         online = tuple(sorted(c for cl in obs.clusters for c in cl.online))
         return Decision(freq, {j.pid: JobSetting(online) for j in obs.jobs})
+    taking = {a[0] for a in active}
     for ci, name in enumerate(space.clusters):
-        if name in freq and not any(a[0] == ci for a in active):
+        if name in freq and ci not in taking:
             freq[name] = (
                 space.tables[ci][0]
                 if byname[name].min_khz is None
                 else max(space.tables[ci][0], byname[name].min_khz)
             )
     union = tuple(sorted(c for _, cpus, _ in active for c in cpus))
-    order = np.argsort(-ch.prio, kind="stable") if len(ch.prio) else []
+    order = np.argsort(-ch.prio, kind="stable").tolist() if len(ch.prio) else []
     assigned = [0] * len(active)
     jobs: dict[int, JobSetting] = {}
     for rank, k in enumerate(order):
-        j = obs.jobs[int(k)]
+        j = obs.jobs[k]
         prio = max(1, TOP_PRIORITY - PRIORITY_STEP * rank)
         if j.deadline_s is not None:
             best = max(range(len(active)), key=lambda i: (active[i][2] / (1 + assigned[i]), -i))
@@ -431,6 +495,103 @@ def rt_rows(j, s, capacity: float, freqs, obs: Observation, decision: Decision) 
     return out.astype(np.float32)
 
 
+#: below this many (job, candidate) rows, plain floats beat numpy's per-call overhead
+_ROWS_NUMPY = 24
+
+
+def _row_terms(items, obs: Observation, decision: Decision):
+    """Per job of ``items``: its constants as in :func:`rt_rows` and its co-runner terms."""
+    per_job = []  # (a, beta, w, span_w, n, capacity, rem): phi = a / (capacity f) + beta
+    slots: list[list[tuple[float, float, float, float]]] = []  # (a_o, beta_o, w_o, share)
+    for j, s, capacity, _ in items:
+        p = j.profile
+        rem = job_remaining(j)
+        mine = set(s.cpus)
+        co = []
+        for o in obs.jobs:
+            if o.pid == j.pid or o.profile is None:
+                continue
+            so = decision.jobs.get(o.pid)
+            if so is None or so.rt_priority < s.rt_priority or mine.isdisjoint(so.cpus):
+                continue
+            share = len(mine.intersection(so.cpus)) / max(len(so.cpus), 1)
+            q = o.profile
+            co.append(((1.0 - q.beta) * q.ref_khz, q.beta, job_remaining(o) * q.work_s, share))
+        w = rem * p.work_s
+        n = max(len(s.cpus), 1)
+        per_job.append(((1.0 - p.beta) * p.ref_khz, p.beta, w, min(p.span_s, w), n, capacity, rem))
+        slots.append(co)
+    return per_job, slots
+
+
+def _rows_floats(items, per_job, slots) -> tuple[np.ndarray, np.ndarray]:
+    """(pre-log columns 0-2 flattened, the other columns) row by row with plain floats."""
+    pre: list[float] = []
+    rest: list[tuple[float, ...]] = []
+    for (_, _, _, freqs), (a, beta, w, span_w, n, cap, rem), co in zip(items, per_job, slots):
+        tail = (beta, rem, math.log(n), len(co) / 4.0, math.log(max(w, _TINY)))
+        for f in freqs:
+            capf = cap * f
+            phi = a / capf + beta
+            c = w * phi
+            span = span_w * phi
+            g = span + (c - span) / n
+            interf = 0.0
+            for a_o, beta_o, w_o, share in co:
+                interf += w_o * (a_o / capf + beta_o) * share / n
+            pre += (max(g, _TINY), max(g + interf, _TINY), phi)
+            rest.append(tail)
+    return np.array(pre, dtype=np.float64), np.array(rest, dtype=np.float64)
+
+
+def _rows_numpy(items, per_job, slots) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_rows_floats` as whole-batch numpy operations (for many rows)."""
+    counts = [len(fs) for _, _, _, fs in items]
+    f = np.fromiter((x for _, _, _, fs in items for x in fs), dtype=np.float64, count=sum(counts))
+    a, beta, w, span_w, n, cap, rem = np.repeat(np.array(per_job), counts, axis=0).T
+    capf = cap * f
+    phi = a / capf + beta
+    c = w * phi
+    span = span_w * phi
+    g = span + (c - span) / n
+    interf = np.zeros_like(f)
+    for k in range(max(len(co) for co in slots)):
+        # rows whose job has no k-th co-runner add 0.0 * 1.0 * 1.0 / n = 0.0 (sums keep order)
+        terms = [co[k] if k < len(co) else (0.0, 1.0, 0.0, 1.0) for co in slots]
+        a_o, beta_o, w_o, share = np.repeat(np.array(terms), counts, axis=0).T
+        interf += w_o * (a_o / capf + beta_o) * share / n
+    pre = np.stack((np.maximum(g, _TINY), np.maximum(g + interf, _TINY), phi), axis=1)
+    tail = [
+        (b, r, math.log(nn), len(co) / 4.0, math.log(max(ww, _TINY)))
+        for (_, b, ww, _, nn, _, r), co in zip(per_job, slots)
+    ]
+    return pre.reshape(-1), np.repeat(np.array(tail), counts, axis=0)
+
+
+def rt_rows_many(
+    items: Sequence[tuple[JobObs, JobSetting, float, Sequence[int]]],
+    obs: Observation,
+    decision: Decision,
+) -> np.ndarray:
+    """:func:`rt_rows` of several ``(job, setting, capacity, freqs)`` stacked ([sum K, N_RT]).
+
+    The shield needs every (job, candidate) row of a tick in one predictor call; building them
+    in one pass (plain floats for a few rows, whole-batch numpy for many) instead of one numpy
+    pass per job is what makes the stage cheap. The arithmetic is :func:`rt_rows`'s, operation
+    for operation, and the logarithms are one contiguous ``np.log`` call: bit-identical rows.
+    """
+    per_job, slots = _row_terms(items, obs, decision)
+    n_rows = sum(len(fs) for _, _, _, fs in items)
+    if not n_rows:
+        return np.empty((0, N_RT), dtype=np.float32)
+    build = _rows_floats if n_rows < _ROWS_NUMPY else _rows_numpy
+    pre, rest = build(items, per_job, slots)
+    out = np.empty((n_rows, N_RT), dtype=np.float64)
+    out[:, :3] = np.log(pre).reshape(n_rows, 3)
+    out[:, 3:] = rest
+    return out.astype(np.float32)
+
+
 class ShieldStage:
     """Post-posed conformal shield over each deadline job's cluster frequency.
 
@@ -455,42 +616,43 @@ class ShieldStage:
         # cores and the candidate frequency (co-runners are scaled at the same frequency), and
         # the shield changes frequencies only, so raising one job's cluster leaves the other
         # rows exact; each job then sees the candidates at or above its cluster's current f
+        home: dict[int, ClusterObs] = {}  # first cluster listing each CPU
+        for cl in obs.clusters:
+            for c in cl.cpus:
+                home.setdefault(c, cl)
         plan = []
-        rows = []
         for j in sorted(dl, key=lambda x: x.remaining_s):
             st = out.jobs.get(j.pid)
             if st is None or not st.cpus:
                 continue
-            cl = next((c for c in obs.clusters if st.cpus[0] in c.cpus), None)
+            cl = home.get(st.cpus[0])
             if cl is None:
                 continue
             hi = cl.max_khz if cl.max_khz is not None else cl.freqs_khz[-1]
             cur = out.freq_khz.get(cl.name, hi)
             cands = [f for f in cl.freqs_khz if cur <= f <= hi] or [cur]
-            plan.append((j, cl, cands, sum(len(r) for r in rows)))
-            rows.append(rt_rows(j, st, cl.capacity, cands, obs, out))
+            plan.append((j, st, cl, cands))
         if not plan:
             return decision
-        X = np.concatenate(rows)
-        pred = np.asarray(self.predictor(X), dtype=np.float64).reshape(-1)
-        cal, corr = self.shield.calibrator, self.shield.correct_selection
-        for j, cl, cands, start in plan:
+        X = rt_rows_many([(j, st, cl.capacity, cands) for j, st, cl, cands in plan], obs, out)
+        pred = np.asarray(self.predictor(X), dtype=np.float64).reshape(-1).tolist()
+        start = 0
+        for j, _, cl, cands in plan:
             cur = out.freq_khz.get(cl.name, cands[-1])
             k0 = next((k for k, f in enumerate(cands) if f >= cur), len(cands) - 1)
             sub = cands[k0:]
-            p_sub = pred[start + k0 : start + len(cands)]
             rem = j.remaining_s
             if rem <= 0:
                 res_f, ev = sub[-1], f"shield: pid {j.pid} past its deadline; maximum frequency"
                 self.last_bounds[j.pid] = math.inf
             else:
-                sh = Shield(lambda _x, p=p_sub: p, cal, corr)
-                feats = X[start + k0 : start + len(cands)]
-                r = sh.filter(Candidates(sub, feats, 0, len(sub) - 1), math.log(rem), sub)
+                p_sub = pred[start + k0 : start + len(cands)]
+                r = self.shield.select(sub, p_sub, math.log(rem), sub, 0, len(sub) - 1)
                 res_f, ev = r.action, (r.event if r.intervened else "")
                 self.last_bounds[j.pid] = (
                     math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
                 )
+            start += len(cands)
             if res_f != cur:
                 out.freq_khz[cl.name] = res_f
                 out.events.append(f"pid {j.pid} on {cl.name}: {ev} -> {res_f} kHz")
@@ -704,6 +866,7 @@ __all__ = [
     "rt_features",
     "rt_row",
     "rt_rows",
+    "rt_rows_many",
     "ShieldStage",
     "GateStage",
     "SpillStage",

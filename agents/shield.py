@@ -266,18 +266,43 @@ class Shield:
             raise ValueError(
                 f"features must be [k, d] with k = {k} candidates, got shape {feats.shape}"
             )
-        p = candidates.proposed % k
-        s = candidates.safest % k
         pred = np.asarray(self.predictor(feats), dtype=np.float64).reshape(-1)
         if pred.shape[0] != k:
             raise ValueError(f"predictor returned {pred.shape[0]} values for {k} candidates")
+        return self.select(
+            candidates.actions,
+            pred,
+            remaining_deadline,
+            cost,
+            candidates.proposed,
+            candidates.safest,
+        )
+
+    def select(
+        self,
+        actions: Sequence[Any],
+        pred: np.ndarray | list[float],
+        remaining_deadline: float,
+        cost: Sequence[float] | np.ndarray | Callable[[Any], float],
+        proposed: int = 0,
+        safest: int = -1,
+    ) -> ShieldResult:
+        """:meth:`filter` on predictions already made (``pred``: one per action).
+
+        Lets a caller run the predictor once for the candidates of many jobs.
+        """
+        k = len(actions)
+        p = proposed % k
+        s = safest % k
         d = float(remaining_deadline)
         q0 = self.calibrator.q()
-        u_p = pred[p] + q0
+        # plain floats: a handful of candidates per job, where numpy's per-call cost dominates
+        pv = pred if isinstance(pred, list) else np.asarray(pred, np.float64).reshape(-1).tolist()
+        u_p = pv[p] + q0
         if math.isfinite(u_p) and u_p <= d:
             return ShieldResult(
                 p,
-                candidates.actions[p],
+                actions[p],
                 u_p,
                 True,
                 False,
@@ -291,27 +316,25 @@ class Shield:
         q_sel = q0
         if self.correct_selection and k > 1 and math.isfinite(q0):
             q_sel = self.calibrator.q(self.calibrator.alpha_now / k)
-        upper = pred + q_sel
-        ok = np.isfinite(upper) & (upper <= d)
-        ok[p] = False
-        if math.isfinite(q0) and ok.any():
-            costs = self._costs(cost, candidates.actions)
-            idx = [i for i in range(k) if ok[i]]
+        upper = [x + q_sel for x in pv]
+        idx = [i for i, u in enumerate(upper) if i != p and math.isfinite(u) and u <= d]
+        if math.isfinite(q0) and idx:
+            costs = self._costs(cost, actions)
             i = min(idx, key=lambda i: (costs[i], upper[i], i))
             return ShieldResult(
                 i,
-                candidates.actions[i],
-                float(upper[i]),
+                actions[i],
+                upper[i],
                 True,
                 True,
                 f"shield: {why}; cheapest certified candidate {i} (U={upper[i]:.4g} s)",
             )
-        u_s = pred[s] + q0
+        u_s = pv[s] + q0
         certified = bool(math.isfinite(u_s) and u_s <= d)
         return ShieldResult(
             s,
-            candidates.actions[s],
-            float(u_s) if math.isfinite(u_s) else math.inf,
+            actions[s],
+            u_s if math.isfinite(u_s) else math.inf,
             certified,
             s != p,
             f"shield: {why}; no candidate certified; maximum-performance fallback {s}",

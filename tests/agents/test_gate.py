@@ -14,6 +14,8 @@ from agents.gate import (
     FederatedGate,
     GateCluster,
     GateJob,
+    _analyse,
+    _Repair,
     analyse,
     clusters_from_obs,
     default_cost,
@@ -23,6 +25,8 @@ from agents.gate import (
     jobs_from_obs,
     light_pool_size,
     min_cores,
+    requirement,
+    requirements,
 )
 from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
@@ -356,3 +360,50 @@ def test_violations_name_the_cause():
     assert any("not an allowed OPP" in r for r in reasons) and any(
         "core 7 is not online" in r for r in reasons
     )
+
+
+# ------------------------------------------------------------------------ optimised internals
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(max_cpus=3), st.floats(-1.0, 6.0))
+def test_requirement_table_equals_the_pointwise_requirement(inst, d):
+    """The one-loop table is the same tuples, bit for bit, as requirement() per OPP."""
+    clusters, jobs, _ = inst
+    for j in jobs + (GateJob(7, jobs[0].profile, d, 0.3),):
+        for k in clusters:
+            assert requirements(j, k) == [requirement(j, k, f) for f in k.freqs_khz]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_cpus=3))
+def test_repair_shortcuts_change_nothing(inst):
+    """A job that fits no cluster alone leaves no feasible map; the memoised costs and the
+    tables from the proposal's OPP up are the cost model and requirement() themselves."""
+    clusters, jobs, proposal = inst
+    gate = FederatedGate(clusters)
+    order = gate._order(jobs)
+    an = _analyse(gate._assignment(proposal, order), gate._kwhere)
+    assume(an.reasons)
+    rep = _Repair(gate, proposal, order, an)
+    all_k = [list(range(len(clusters))) for _ in order]
+    alone = [[rep.best(ki, 1 << ji) for ki in range(len(clusters))] for ji in range(len(order))]
+    assert rep.homeless() == any(all(p is None for p in row) for row in alone)
+    if rep.homeless():
+        assert rep.search(all_k) is None
+    for ji, j in enumerate(order):
+        for ki, k in enumerate(clusters):
+            table = rep.req(ji, ki)
+            assert all(r is None for r in table[: rep.base[ki]])
+            for fi in range(rep.base[ki], len(k.freqs_khz)):
+                assert table[fi] == requirement(j, k, k.freqs_khz[fi])
+                for n in (1, len(k.cpus)):
+                    assert gate._cost(ki, k.freqs_khz[fi], n) == default_cost(k, k.freqs_khz[fi], n)
+
+
+def test_cost_memo_follows_a_replaced_cost_model():
+    k = cl("a", (0, 1), (GHZ, 2 * GHZ))
+    gate = FederatedGate([k])
+    assert gate._cost(0, GHZ, 2) == default_cost(k, GHZ, 2)
+    gate.cost = lambda cluster, khz, n: 42.0
+    assert gate._cost(0, GHZ, 2) == 42.0

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from functools import cache
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agents.factory import make_policy
 from agents.gate import FederatedGate, jobs_from_obs
-from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage
+from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage, choose, rt_rows, rt_rows_many
 from agents.learned import MODELS_DIR, check_board, make_hidvfs
 from agents.policy import Decision, JobSetting
 from agents.runtime import ModelMismatch, OnnxModel
@@ -170,3 +171,99 @@ def test_greedy_policy_is_deterministic():
         runs.append(out)
     assert runs[0] == runs[1]
     assert not math.isnan(float(np.mean([len(r) for r in runs])))
+
+
+# ------------------------------------------------------------------------ optimised internals
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_batched_response_time_rows_equal_the_per_job_rows(data):
+    """rt_rows_many (plain floats or whole-batch numpy) is rt_rows stacked, bit for bit."""
+    board = data.draw(st.sampled_from(BOARDS))
+    obs_all = observations(board)
+    obs = obs_all[data.draw(st.integers(0, len(obs_all) - 1))]
+    online = [c for cl in obs.clusters for c in cl.online]
+    jobs = {
+        j.pid: JobSetting(
+            tuple(sorted(data.draw(st.sets(st.sampled_from(online), min_size=1)))),
+            data.draw(st.integers(0, 3)),
+        )
+        for j in obs.jobs
+    }
+    d = Decision({c.name: c.freqs_khz[0] for c in obs.clusters}, jobs)
+    items = []
+    for j in obs.jobs:
+        if j.profile is None:
+            continue
+        cl = data.draw(st.sampled_from(obs.clusters))
+        fs = data.draw(st.lists(st.sampled_from(cl.freqs_khz), min_size=1, max_size=30))
+        items.append((j, jobs[j.pid], cl.capacity, fs))
+    assume(items)
+    got = rt_rows_many(items, obs, d)
+    want = np.concatenate([rt_rows(j, s, cap, fs, obs, d) for j, s, cap, fs in items])
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.array_equal(got, want)
+
+
+def _reference_choice(inp, nets):
+    """The greedy choice head by head with _pick (the per-head rule the batched path keeps)."""
+    from agents.hidvfs import HEAD, MAX_CLUSTERS, N_LEVELS, _pick
+
+    inp = copy.deepcopy(inp)
+    profiler, thermal, priority = nets
+    tz = thermal(inp.therm_x)
+    therm = [_pick(tz[ci], inp.therm_mask[ci], None)[0] for ci in range(MAX_CLUSTERS)]
+    present = [ci for ci in range(MAX_CLUSTERS) if inp.therm_mask[ci].any()]
+    if present and all(therm[ci] == 1 for ci in present):
+        therm[min(present, key=lambda ci: float(inp.therm_x[ci, 4]))] = 0
+    for ci in range(MAX_CLUSTERS):
+        if therm[ci] == 1:
+            inp.prof_mask_f[ci] = False
+            inp.prof_mask_f[ci, 0] = True
+            inp.prof_mask_c[ci] = False
+            inp.prof_mask_c[ci, 0] = True
+    pz = profiler(inp.prof_x[None, :])[0]
+    blocks = [pz[ci * HEAD : (ci + 1) * HEAD] for ci in range(MAX_CLUSTERS)]
+    levels = [_pick(b[:N_LEVELS], inp.prof_mask_f[ci], None)[0] for ci, b in enumerate(blocks)]
+    cores = [_pick(b[N_LEVELS:], inp.prof_mask_c[ci], None)[0] for ci, b in enumerate(blocks)]
+    return therm, levels, cores, inp
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_greedy_choice_in_one_call_equals_head_by_head(data):
+    from agents.hidvfs import MAX_CLUSTERS, N_CORES, N_LEVELS, PROFILER_OUT, TickInputs
+
+    def arr(shape, dtype, elements):
+        n = int(np.prod(shape))
+        return np.array(data.draw(st.lists(elements, min_size=n, max_size=n)), dtype).reshape(shape)
+
+    # ties, NaN and -inf included (numpy's argmax: first maximum, first NaN)
+    logit = st.floats(-3, 3, width=32) | st.sampled_from([0.0, 1.0, math.nan, -math.inf])
+    masks = (
+        arr((MAX_CLUSTERS, 2), bool, st.booleans()),
+        arr((MAX_CLUSTERS, N_LEVELS), bool, st.booleans()),
+        arr((MAX_CLUSTERS, N_CORES), bool, st.booleans()),
+    )
+    therm_x = arr((MAX_CLUSTERS, 18), np.float32, st.floats(0, 2, width=32))
+    inp = TickInputs(np.zeros(38, np.float32), therm_x, np.zeros((0, 15), np.float32), *masks)
+    tz = arr((MAX_CLUSTERS, 2), np.float32, logit)
+    pz = arr((1, PROFILER_OUT), np.float32, logit)
+    nets = (lambda x: pz, lambda x: tz, lambda x: np.zeros((len(x), 1), np.float32))
+    if not (masks[0][:, 0] & masks[0][:, 1]).any():
+        tz[:] = 0.0  # the thermal net is not run then: every head has one choice at most
+    therm, levels, cores, ref_inp = _reference_choice(inp, nets)
+    ch = choose(inp, nets, None, MAX_CLUSTERS)
+    assert ch.therm.tolist() == therm and ch.levels.tolist() == levels
+    assert ch.cores.tolist() == cores and ch.logp == 0.0
+    assert np.array_equal(inp.prof_mask_f, ref_inp.prof_mask_f)
+    assert np.array_equal(inp.prof_mask_c, ref_inp.prof_mask_c)
+
+
+@pytest.mark.parametrize("name", ["profiler", "priority", "response_time"])
+def test_direct_onnx_run_equals_the_public_run(name):
+    m = OnnxModel(MODELS_DIR / "tx2" / f"{name}.onnx", "tx2", name)
+    x = np.random.default_rng(3).random((5, m.n_in), dtype=np.float32)
+    assert np.array_equal(m(x), m.sess.run(m._out, {m.input_name: x})[0])
+    assert np.array_equal(m(x[0]), m(x[:1]))

@@ -234,3 +234,56 @@ def test_filter_validates_shapes():
         Shield(fixed([1.0]), CAL).filter(Candidates(["a", "b"], np.zeros((3, 2))), 1.0, cost=[0, 0])
     with pytest.raises(ValueError, match="cost has 1 values"):
         Shield(fixed([9.0, 0.0]), CAL, correct_selection=False).filter(cands(2), 1.0, cost=[0])
+
+
+def _reference_select(pred, cal, correct, d, cost, p, s):
+    """The shield's rule with numpy arrays throughout (the oracle for the float-list path)."""
+    pred = np.asarray(pred, dtype=np.float64)
+    k = len(pred)
+    q0 = cal.q()
+    u_p = pred[p] + q0
+    if math.isfinite(u_p) and u_p <= d:
+        return p, float(u_p), True, False
+    q_sel = cal.q(cal.alpha_now / k) if correct and k > 1 and math.isfinite(q0) else q0
+    upper = pred + q_sel
+    ok = np.isfinite(upper) & (upper <= d)
+    ok[p] = False
+    if math.isfinite(q0) and ok.any():
+        c = np.asarray(cost, dtype=np.float64)
+        i = min(np.flatnonzero(ok).tolist(), key=lambda i: (c[i], upper[i], i))
+        return i, float(upper[i]), True, True
+    u_s = pred[s] + q0
+    ok_s = bool(math.isfinite(u_s) and u_s <= d)
+    return s, float(u_s) if math.isfinite(u_s) else math.inf, ok_s, s != p
+
+
+PREDS = st.one_of(st.floats(-3.0, 3.0), st.sampled_from([math.nan, math.inf, -math.inf]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    preds=st.lists(PREDS, min_size=1, max_size=12),
+    d=st.floats(-1.0, 4.0),
+    correct=st.booleans(),
+    data=st.data(),
+)
+def test_select_on_predictions_follows_the_rule_and_filter(preds, d, correct, data):
+    k = len(preds)
+    p = data.draw(st.integers(0, k - 1))
+    s = data.draw(st.integers(-1, k - 1))
+    cost = data.draw(st.lists(st.integers(0, 5), min_size=k, max_size=k))
+    cal = data.draw(st.sampled_from([CAL, SplitConformal(alpha=0.05).fit([0.0, 0.1])]))
+    shield = Shield(fixed(preds), cal, correct_selection=correct)
+    acts = [f"a{i}" for i in range(k)]
+    got = shield.select(acts, np.array(preds), d, cost, p, s)
+    i, upper, certified, intervened = _reference_select(preds, cal, correct, d, cost, p, s % k)
+    assert (got.index, got.action, got.certified, got.intervened) == (
+        i,
+        acts[i],
+        certified,
+        intervened,
+    )
+    assert got.upper_s == upper or (math.isnan(got.upper_s) and math.isnan(upper))
+    # the same choice through filter() (one predictor call) and from a plain list
+    assert shield.filter(cands(k, p, s), d, cost) == got
+    assert shield.select(acts, list(map(float, preds)), d, cost, p, s) == got

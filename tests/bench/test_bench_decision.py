@@ -1,9 +1,25 @@
 """One full hidvfs decision: three agents (ONNX) + federated gate + conformal shield + spill.
 
 Goal: p99 under 1 ms on this machine, for every board, on the observations with the most
-deadline jobs (the costliest to gate and shield). Not met yet: see agents/TRAINING.md
-("Decision latency") for the split (Python features/masks, the gate's repair search, the
-shield's rows; one onnxruntime call is ~12 us).
+deadline jobs (the costliest to gate and shield). Figures are reported (``-s``), never
+asserted. ``cpu`` is this thread's CPU time for the same decisions: it leaves out the time
+the scheduler gave to other processes, so a wall-clock p99 far above it is a time slice.
+
+Measured 2026-12-02 on this 2-core VM, shared with other engineers' jobs (load 1.2-2.2; its
+speed drifts by ~2x over minutes, hence ranges), 9 runs per board, wall-clock full decision:
+
+| board | before: median | before: p99 | after: median | after: p99 |
+|---|---|---|---|---|
+| tx2 | 0.75-1.42 ms | 1.24-2.82 ms | 0.46-0.85 ms | 0.67-1.04 ms |
+| orin-nx | 0.83-1.55 ms | 1.59-3.67 ms | 0.44-0.80 ms | 0.64-1.13 ms |
+| rubikpi3 | 0.72-1.26 ms | 1.22-2.23 ms | 0.45-0.79 ms | 0.65-1.22 ms |
+
+p99 < 1 ms held in 16 of the 27 runs after (for all three boards in the fastest spell),
+in none before. Under heavier load (4+ runnable processes on the 2 cores) the wall-clock
+p99 is a ~5 ms time slice for either version, while the CPU-time p99 after stays at
+0.8-1.1 ms. What remains: three onnxruntime calls (~12 us each warm, 20-35 us inside the
+decision), observation features (~60 us), the gate's analysis and safest point (~110 us),
+the shield's rows and selection (~60 us).
 """
 
 from __future__ import annotations
@@ -40,10 +56,11 @@ def _timings(board: str, reps: int = 15) -> dict[str, np.ndarray]:
     pol.reset(0)
     for o in obs:  # warm-up
         _decide(pol, o)
-    full, own = [], []
+    full, own, cpu = [], [], []
     gate = pol.stages[0]
     for _ in range(reps):
         for o in obs:
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             d = pol.decide(o)
             t1 = time.perf_counter()
@@ -52,9 +69,12 @@ def _timings(board: str, reps: int = 15) -> dict[str, np.ndarray]:
             for st in pol.stages[1:]:
                 d = st(d, o)
             t3 = time.perf_counter()
+            cpu.append(time.thread_time() - c0)
             full.append(t3 - t0)
             own.append((t1 - t0) + (t3 - t2))
-    return {"full": np.array(full), "agents": np.array(own)}
+    # "cpu": this thread's CPU time for the same decisions; on a shared machine it leaves out
+    # the time the scheduler gave to other processes (wall-clock p99 there is a time slice)
+    return {"full": np.array(full), "agents": np.array(own), "cpu": np.array(cpu)}
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -72,8 +92,10 @@ def test_bench_full_decision(benchmark, board):
         }
     )
     assert np.all(np.isfinite(t["full"])) and np.all(t["agents"] <= t["full"])
-    # Figures are reported, never asserted (goal: full p99 under 1 ms; see agents/TRAINING.md).
+    assert np.all(t["cpu"] >= 0)
+    # Figures are reported, never asserted (goal: full p99 under 1 ms; see the module docstring).
     print(
         f"\n{board}: full decision median {np.median(t['full']) * 1e3:.3f} ms, "
-        f"p99 {np.percentile(t['full'], 99) * 1e3:.3f} ms"
+        f"p99 {np.percentile(t['full'], 99) * 1e3:.3f} ms; "
+        f"cpu median {np.median(t['cpu']) * 1e3:.3f} ms, p99 {np.percentile(t['cpu'], 99) * 1e3:.3f} ms"
     )
