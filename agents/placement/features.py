@@ -9,6 +9,7 @@
 2. **Dynamic global graph of the cluster**: node states (speed, free cores and memory, time to
    the next release) and active jobs pooled into one context vector with the backlog and the
    arrival state (time since the last job arrived, over the mean gap between arrivals).
+   The backlog's drain time and whether the arrival stream has gone quiet (drain phase).
 3. **Local bipartite graph** of candidate ready tasks and nodes that can take them now, with
    edge features: run time there, finish-time regret against the best node if one waited
    for it (from the expected releases), packing alignment, fit left over.
@@ -27,12 +28,16 @@ import numpy as np
 from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload
 
 N_STATIC = 16
-N_DYN = 7
+N_DYN = 9
 N_NODE = 6
 N_EDGE = 7
-N_GLOBAL = 10
+N_GLOBAL = 11
 N_PAIR = N_STATIC + N_DYN + N_NODE + N_EDGE + N_GLOBAL
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
+#: seconds since the last arrival, in mean gaps, after which the stream counts as drained
+DRAIN_QUIET = 8.0
+#: in the drain phase a chain is critical when it needs this share of the backlog's drain time
+DRAIN_SHARE = 0.7
 _EPS = 1e-9
 
 
@@ -162,6 +167,16 @@ class _ViewCache:
         else:
             self.quiet = 0.0
         self.unstarted = float(v.job_unstarted_work[:n_arr].sum())
+        self.drain = self.quiet >= DRAIN_QUIET
+        # drain time of the backlog: unstarted work of arrived jobs plus what running tasks
+        # still have to do, over the cluster's capacity
+        run = v.running
+        left = (
+            float(((v.finish_est[run] - v.t) * v.speed[v.run_node[run]] * v.cpu[run]).sum())
+            if run.size
+            else 0.0
+        )
+        self.drain_s = (self.unstarted + left) / fb.capacity_
         self.work_r = w.work[r]
         self.wait_r = v.t - v.ready_t[r]
         self.sorted_work = np.sort(self.work_r)
@@ -271,6 +286,7 @@ class FeatureBuilder:
                 np.log1p(wait),
                 np.log1p(cc.unstarted / self.capacity_),
                 np.log1p(cc.quiet),
+                float(cc.drain),
             ],
             dtype=np.float32,
         )
@@ -349,6 +365,12 @@ class FeatureBuilder:
         # slack of the task's chain against the horizon: 0 = on the path that sets the makespan
         span = cc.horizon - v.t + 1.0
         x[:, o + 6] = np.clip((cc.horizon - v.t - w.rank_u[pt] / self.max_speed_) / span, 0.0, 1.0)
+        # chain length at full speed against the backlog's drain time, and the critical flag:
+        # the chain that sets the horizon, or (once arrivals stopped) one that needs most of
+        # the drain time, so that starting it late would extend the makespan
+        need = w.rank_u[pt] / self.max_speed_
+        x[:, o + 7] = np.log1p(need / (cc.drain_s + 1.0))
+        x[:, o + 8] = (x[:, o + 6] <= 1e-6) | (cc.drain & (need >= DRAIN_SHARE * cc.drain_s))
         o += N_DYN
         fixed = cc.node_fixed[pn]
         x[:, o + 0] = fixed[:, 0]
@@ -377,11 +399,13 @@ class FeatureBuilder:
 COL_LOG_WORK = 0
 COL_WAIT = N_STATIC + 0
 COL_SLACK = N_STATIC + 6
+COL_CRITICAL = N_STATIC + 8
 COL_SPEED = N_STATIC + N_DYN + 0
 COL_REGRET = N_STATIC + N_DYN + N_NODE + 1
 COL_LEFTOVER = N_STATIC + N_DYN + N_NODE + 3
 COL_IS_WAIT = N_STATIC + N_DYN + N_NODE + 5
 COL_QUIET = N_STATIC + N_DYN + N_NODE + N_EDGE + 9
+COL_DRAIN = N_STATIC + N_DYN + N_NODE + N_EDGE + 10
 COL_LOG_RANK = 1
 PRIOR_TAU = 0.05
 
@@ -402,3 +426,32 @@ def sjf_choice(x: np.ndarray, pair_task: np.ndarray) -> int:
         (key_node, pair_task, -x[:, COL_WAIT], x[:, COL_LOG_WORK], x[:, COL_IS_WAIT])
     )
     return int(order[0])
+
+
+def teacher_logits(x: np.ndarray) -> np.ndarray:
+    """``[P]`` scores of the mixture teacher (sjf and heft per state): critical tasks (the
+    chain that sets the horizon, or in the drain phase a chain needing most of the drain
+    time) first by rank_u as heft, the others shortest first as sjf; each task on its
+    earliest-finish node (held for it when busy, as heft). The argmax is the teacher's edge."""
+    crit = x[:, COL_CRITICAL] > 0.5
+    task_key = np.where(crit, 2.0 + x[:, COL_LOG_RANK] / 20.0, 1.0 - x[:, COL_LOG_WORK] / 20.0)
+    task_key = task_key + 1e-4 * np.tanh(x[:, COL_WAIT])  # then the one ready longest
+    return task_key * 1e4 - np.clip(x[:, COL_REGRET], 0.0, 100.0)
+
+
+def teacher_choice(x: np.ndarray) -> int:
+    """Index of the mixture teacher's edge (see :func:`teacher_logits`)."""
+    return int(np.argmax(teacher_logits(x)))
+
+
+class TeacherModel:
+    """The mixture teacher behind the model interface, so it runs through the same
+    candidate edges as the learned actor (used for imitation targets and as a reference)."""
+
+    metadata: dict[str, str] = {}
+
+    def logits(self, pairs: np.ndarray) -> np.ndarray:
+        return teacher_logits(pairs)
+
+    def value(self, context: np.ndarray) -> float:
+        return 0.0

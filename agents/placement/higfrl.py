@@ -5,8 +5,10 @@ dynamic global graph of the cluster pooled into a context vector, and the local 
 graph of ready tasks and nodes that can take them now. The *allocator* (actor) fuses each
 task-node edge's local features with the global context and scores it; a softmax over the
 edges gives the policy. The *evaluator* (critic) estimates the return from the global context.
-Training (:mod:`agents.placement.train`) uses a hybrid reward: the makespan and flow-time
-signal of the simulated cluster plus a topological prior for picking critical-path tasks.
+Training (:mod:`agents.placement.train`) starts by imitating a per-state mixture of the sjf
+and heft teachers (:func:`features.teacher_logits`), then follows a hybrid reward: the
+makespan and flow-time signal of the simulated cluster plus a topological prior for picking
+critical-path tasks; the exported checkpoint is the best one on validation traces.
 
 At a decision point the placer picks one edge at a time (greedy argmax when deployed,
 sampled when training) until no ready task fits a node. Besides starting a task on a node
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.placement.features import FeatureBuilder, LocalState, sjf_choice
+from agents.placement.features import FeatureBuilder, LocalState, teacher_choice
 from platforms.cluster.simcluster import ClusterView, NodeSpec, Workload
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "cluster" / "higfrl.onnx"
@@ -39,7 +41,7 @@ class Trajectory:
     # decisions with more than one edge (the only ones with a gradient)
     x: list[np.ndarray] = field(default_factory=list)
     action: list[int] = field(default_factory=list)
-    teacher: list[int] = field(default_factory=list)  # the sjf heuristic's edge
+    teacher: list[int] = field(default_factory=list)  # the mixture teacher's edge
     step_of_x: list[int] = field(default_factory=list)  # which decision each x belongs to
 
 
@@ -104,7 +106,7 @@ class HigfrlPlacer:
             if pt.size > 1:
                 tr.x.append(x)
                 tr.action.append(a)
-                tr.teacher.append(sjf_choice(x, pt))
+                tr.teacher.append(teacher_choice(x))
                 tr.step_of_x.append(len(tr.t) - 1)
         return int(pt[a]), int(pn[a]), int(pp[a]), bool(pw[a])
 

@@ -15,9 +15,15 @@ Advantage actor-critic (numpy, hand-written backprop, Adam), reproducible from o
   return-to-go at the same simulated time (input-dependent: every rollout sees the same
   arrivals) averaged with the evaluator's estimate from the global context; the evaluator
   (critic) regresses the return-to-go; the prior's advantage is p - E_pi[p];
-- the allocator (actor) starts from imitation: a cross-entropy term towards the ``sjf``
-  heuristic's edge whose weight decays to zero over the first ``bc_fraction`` of training,
-  after which only the reward drives it; entropy bonus and prior weight anneal linearly.
+- the allocator (actor) starts from imitation: a cross-entropy term towards the edge of a
+  per-state mixture of the sjf and heft teachers (:func:`features.teacher_logits`: critical
+  chains first as heft, the rest shortest first, every task on its earliest-finish node),
+  whose weight decays to zero over the first ``bc_fraction`` of training, after which only
+  the reward drives it; entropy bonus and prior weight anneal linearly;
+- every ``val_every`` iterations (and at the end) the greedy actor runs on validation traces
+  (``VAL_SEEDS``, disjoint from training and evaluation seeds); the checkpoint with the best
+  validation score (mean of makespan over the best heuristic's and flow over the best
+  heuristic's on each trace) is the one returned and exported.
 
 ``python -m tools.coordinator_cmd train --seed 0`` trains and exports the shipped model
 (``tools`` owns the clock and the file paths; this module only computes).
@@ -47,13 +53,15 @@ from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
 
 DEFAULT_NODES = "tx2:4,orin-nx:2,rubikpi3:2"
 TRAIN_SEED_BASE = 10_000
+#: validation traces pick the exported checkpoint; disjoint from training and evaluation
+VAL_SEEDS = (700_001, 700_002)
 EVAL_SEEDS = (900_001, 900_002, 900_003)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    iterations: int = 100
+    iterations: int = 240
     rollouts: int = 2
     jobs_per_episode: int = 40
     load_range: tuple[float, float] = (0.6, 1.2)
@@ -66,11 +74,14 @@ class TrainConfig:
     prior_weight: float = 0.5
     prior_final: float = 0.2
     bc_weight: float = 1.0
-    bc_fraction: float = 0.6
+    bc_fraction: float = 0.75
     entropy: float = 0.003
     entropy_final: float = 0.0005
     grad_clip: float = 1.0
     reference: str = "sjf"
+    val_every: int = 40
+    val_jobs: int = 120
+    val_loads: tuple[float, ...] = (0.7, 1.2)
 
 
 class Adam:
@@ -172,7 +183,7 @@ def actor_grads(
     grads = net.backward(acts, (g / sizes.size).astype(np.float32)[:, None])
     stats = {
         "entropy": float(h.mean()),
-        "agree_sjf": float(np.mean(actions == teacher)),
+        "agree_teacher": float(np.mean(actions == teacher)),
         "prior": float(prior[offs + actions].mean()),
     }
     return [a.astype(np.float64) for wb in grads for a in wb], stats
@@ -215,11 +226,49 @@ def _init_model(cfg: TrainConfig, rng: np.random.Generator, nodes) -> NumpyPolic
     return model
 
 
+def _copy_model(m: NumpyPolicyModel) -> NumpyPolicyModel:
+    def cp(mlp: Mlp) -> Mlp:
+        return Mlp([(w.copy(), b.copy()) for w, b in mlp.layers])
+
+    return NumpyPolicyModel(cp(m.actor), cp(m.critic), m.mean, m.std, m.g_mean, m.g_std)
+
+
+class Validator:
+    """Greedy runs on the validation traces against the best heuristics of each trace."""
+
+    def __init__(self, cfg: TrainConfig, nodes: Sequence[NodeSpec]):
+        self.nodes = nodes
+        self.cases = []
+        for load in cfg.val_loads:
+            for seed in VAL_SEEDS:
+                w = episode_workload(seed, cfg.val_jobs, load, nodes)
+                res = [simulate(w, nodes, make_heuristic(h), seed=seed) for h in HEURISTICS]
+                self.cases.append(
+                    (w, seed, min(r.makespan for r in res), min(r.mean_flow for r in res))
+                )
+
+    def score(self, model) -> dict:
+        """``score`` = mean over traces of (makespan ratio + flow ratio) / 2; lower is better."""
+        mk, fl = [], []
+        for w, seed, best_mk, best_fl in self.cases:
+            res = simulate(w, self.nodes, HigfrlPlacer(model=model), seed=seed)
+            mk.append(res.makespan / best_mk)
+            fl.append(res.mean_flow / best_fl)
+        return {
+            "val_score": float(np.mean(mk) + np.mean(fl)) / 2.0,
+            "val_makespan_ratio": float(np.mean(mk)),
+            "val_flow_ratio": float(np.mean(fl)),
+        }
+
+
 def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
-    """Train from ``cfg.seed``; returns the model and one log row per iteration."""
+    """Train from ``cfg.seed``; returns the best validated model and one log row per
+    iteration (validation rows carry ``val_*`` keys)."""
     rng = np.random.default_rng(cfg.seed)
     nodes = parse_nodes_spec(cfg.nodes)
     model = _init_model(cfg, rng, nodes)
+    validator = Validator(cfg, nodes) if cfg.val_every > 0 else None
+    best: tuple[float, int, NumpyPolicyModel] | None = None
     opt_a = Adam(_flat(model.actor), cfg.lr)
     opt_c = Adam(_flat(model.critic), cfg.critic_lr)
     history = []
@@ -256,7 +305,7 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
                 teach.append(np.asarray(tr.teacher))
                 adv.append(adv_steps[off + np.asarray(tr.step_of_x)])
             off += g.size
-        stats = {"entropy": 0.0, "agree_sjf": 0.0, "prior": 0.0}
+        stats = {"entropy": 0.0, "agree_teacher": 0.0, "prior": 0.0}
         if xs:
             adv_a = np.concatenate(adv)
             adv_a = (adv_a - adv_a.mean()) / (adv_a.std() + 1e-8)
@@ -278,9 +327,18 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
             "bc": bc,
             **stats,
         }
+        last = it == cfg.iterations - 1
+        if validator is not None and ((it + 1) % cfg.val_every == 0 or last):
+            val = validator.score(model)
+            row.update(val)
+            if best is None or val["val_score"] < best[0]:
+                best = (val["val_score"], it, _copy_model(model))
         history.append(row)
         if log is not None:
             log(row)
+    if best is not None:
+        best[2].selected = {"iter": best[1], "val_score": best[0]}
+        return best[2], history
     return model, history
 
 
@@ -313,6 +371,9 @@ def export(
             }
         ),
     }
+    sel = getattr(model, "selected", None)
+    if sel:
+        meta["selected_checkpoint"] = json.dumps(sel)
     if extra:
         meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
     model.export(path, meta)

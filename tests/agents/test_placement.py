@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -10,8 +12,10 @@ from agents.placement.features import (
     N_PAIR,
     FeatureBuilder,
     LocalState,
+    TeacherModel,
     hypergraph_propagate,
     static_features,
+    teacher_choice,
     topological_prior,
 )
 from agents.placement.heuristics import HeftPlacer, make_heuristic
@@ -174,7 +178,15 @@ def test_backprop_matches_finite_differences():
 
 def test_tiny_training_runs_and_is_deterministic(tmp_path):
     cfg = TrainConfig(
-        seed=3, iterations=2, rollouts=2, jobs_per_episode=4, hidden=(8,), critic_hidden=(4,)
+        seed=3,
+        iterations=2,
+        rollouts=2,
+        jobs_per_episode=4,
+        hidden=(8,),
+        critic_hidden=(4,),
+        val_every=1,
+        val_jobs=4,
+        val_loads=(0.9,),
     )
     m1, h1 = train(cfg)
     m2, h2 = train(cfg)
@@ -184,10 +196,14 @@ def test_tiny_training_runs_and_is_deterministic(tmp_path):
         np.testing.assert_array_equal(b, d)
     m3, _ = train(TrainConfig(**{**cfg.__dict__, "seed": 4}))
     assert not np.array_equal(m1.actor.layers[0][0], m3.actor.layers[0][0])
+    # the returned model is the validated checkpoint with the lowest score
+    scores = [h["val_score"] for h in h1]
+    assert m1.selected == {"iter": int(np.argmin(scores)), "val_score": min(scores)}
     path = tmp_path / "tiny.onnx"
     export(m1, path, cfg, "test", "2024-01-01T00:00:00+00:00", h1)
     onx = OnnxPolicyModel(path)
     assert onx.metadata["seed"] == "3"
+    assert json.loads(onx.metadata["selected_checkpoint"])["iter"] == m1.selected["iter"]
     res = simulate(_w(ROWS), SLOW_FAST, HigfrlPlacer(model=onx))
     assert np.isfinite(res.finish).all()
 
@@ -209,3 +225,60 @@ def test_evaluation_function_shape():
     best = min(r["mean_flow_s"] for r in summary if r["policy"] != "higfrl")
     for r in summary:
         assert r["flow_vs_best"] == pytest.approx(r["mean_flow_s"] / best)
+
+
+def test_teacher_takes_the_critical_chain_first_and_holds_it_for_the_fast_node():
+    # the long chain (M1) sets the horizon: the teacher holds it for the busy fast node
+    w = _w(ROWS)
+    fb = FeatureBuilder()
+    fb.reset(w, SLOW_FAST)
+    view = _view(w, SLOW_FAST, [0], [1, 0], running=[2], finish=[1.0])
+    x, pt, pn, _, pw, _ = fb.build(LocalState(view))
+    a = teacher_choice(x)
+    assert (w.task_names[pt[a]], SLOW_FAST[pn[a]].name, bool(pw[a])) == ("M1", "fast", True)
+
+
+def test_teacher_is_shortest_first_off_the_critical_chain():
+    # two independent short tasks behind a long running chain: shortest first, fast node
+    w = _w(
+        [
+            "M1,1,j,1,Terminated,0,400,100,0.1",
+            "M2,1,k,1,Terminated,0,9,100,0.1",
+            "M3,1,k,1,Terminated,0,3,100,0.1",
+        ]
+    )
+    nodes = [
+        NodeSpec("slow", "x", 2, 4, 1.0),
+        NodeSpec("fast", "x", 2, 4, 2.0),
+        NodeSpec("big", "x", 1, 4, 1.0),
+    ]
+    fb = FeatureBuilder()
+    fb.reset(w, nodes)
+    run_node = np.full(3, -1)
+    run_node[0] = 2
+    fe = np.full(3, np.inf)
+    fe[0] = 400.0
+    view = ClusterView(
+        t=0.0,
+        workload=w,
+        nodes=tuple(nodes),
+        ready=np.array([1, 2]),
+        ready_t=np.zeros(3),
+        free_cpu=np.array([2.0, 2.0, 0.0]),
+        free_mem=np.array([4.0, 4.0, 4.0]),
+        speed=np.array([1.0, 2.0, 1.0]),
+        run_node=run_node,
+        finish_est=fe,
+        running=np.array([0]),
+    )
+    x, pt, pn, _, pw, _ = fb.build(LocalState(view))
+    a = teacher_choice(x)
+    assert (w.task_names[pt[a]], nodes[pn[a]].name, bool(pw[a])) == ("M3", "fast", False)
+
+
+def test_teacher_model_places_a_valid_schedule():
+    w = _w(ROWS)
+    res = simulate(w, SLOW_FAST, HigfrlPlacer(model=TeacherModel()))
+    assert np.isfinite(res.finish).all()
+    # the critical chain runs on the fast node
+    assert res.node[0] == 1 and res.node[1] == 1
