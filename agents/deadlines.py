@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 
+from platforms.atomicfile import write_text_atomic
 from platforms.dag import DAG
 from platforms.errors import SpecError
 from platforms.observation import JobProfile
@@ -262,16 +262,7 @@ def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     text = json.dumps(
         {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}, indent=1
     )
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text + "\n")
 
 
 __all__ = [

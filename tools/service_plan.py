@@ -12,10 +12,11 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from platforms.atomicfile import write_text_atomic
 
 UNIT_NAME = "hidvfs.service"
 GROUP = "hidvfs"
@@ -187,22 +188,7 @@ def uninstall_plan(prefix: str = "/") -> list[Step]:
 
 
 def _write_atomic(path: str, content: str, mode: int) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, content, mode=mode)
 
 
 def _group_exists(name: str) -> bool:

@@ -1,0 +1,60 @@
+"""Atomic text files: written to a temporary file in the same folder, fsynced, renamed over
+the target, so a reader or a crash sees the old file or the new one, never half of one.
+
+One writer for every file the project must not lose (the daemon's status file and restore
+snapshot, the reference-profile store, installed unit and config files)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or unlink in ``directory`` durable (best effort)."""
+    try:
+        dfd = os.open(os.fspath(directory), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_text_atomic(
+    path: str | os.PathLike[str],
+    text: str,
+    *,
+    mode: int | None = None,
+    dir_mode: int = 0o777,
+    durable_dir: bool = False,
+) -> str:
+    """Write ``text`` to ``path`` atomically and return the path.
+
+    ``mode`` sets the file's permission bits before it appears (else mkstemp's 0600);
+    ``dir_mode`` is used when the folder has to be created; ``durable_dir`` also fsyncs the
+    folder so the rename itself survives a power cut."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable_dir:
+        fsync_dir(directory)
+    return path
