@@ -15,7 +15,9 @@ speed drifts by ~2x over minutes, hence ranges), 9 runs per board, wall-clock fu
 | rubikpi3 | 0.72-1.26 ms | 1.22-2.23 ms | 0.45-0.79 ms | 0.65-1.22 ms |
 
 p99 < 1 ms held in 16 of the 27 runs after (for all three boards in the fastest spell),
-in none before. Under heavier load (4+ runnable processes on the 2 cores) the wall-clock
+in none before. On 2026-12-03, a fresh VM of the same kind without that load, same code and
+models: 11 runs per board (2 with a CPU hog on the other core), p99 0.40-0.58 ms (tx2),
+0.47-0.61 ms (orin-nx), 0.35-0.69 ms (rubikpi3), under 1 ms in all 33. Under heavier load (4+ runnable processes on the 2 cores) the wall-clock
 p99 is a ~5 ms time slice for either version, while the CPU-time p99 after stays at
 0.8-1.1 ms. What remains: three onnxruntime calls (~12 us each warm, 20-35 us inside the
 decision), observation features (~60 us), the gate's analysis and safest point (~110 us),
