@@ -84,7 +84,7 @@ Log = Callable[[str], None]
 
 @dataclass
 class TrainConfig:
-    episodes: int = 320
+    episodes: int = 640
     batch: int = 4
     epochs: int = 8
     lr: float = 3e-3
@@ -106,7 +106,7 @@ class TrainConfig:
     #: initial logit ramp towards the top level and all cores (see :data:`PRIOR`)
     prior: float = PRIOR
     #: shield predictor: calibration episodes and miscoverage
-    calib_episodes: int = 24
+    calib_episodes: int = 64
     #: model selection: greedy validation episodes, every ``val_every`` training episodes
     val_episodes: int = 4
     val_every: int = 32
@@ -857,7 +857,7 @@ def train_board(
     out_dir,
     command: str,
     *,
-    episodes: int = 320,
+    episodes: int = 640,
     policies: tuple[str, ...] = POLICIES,
     cfg: TrainConfig | None = None,
     log: Log | None = None,

@@ -97,7 +97,7 @@ TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
     show_default=True,
     help="which to train: hidvfs, noshaping (ablation), geardvfs, ztt",
 )
-@click.option("--episodes", type=int, default=320, show_default=True)
+@click.option("--episodes", type=int, default=640, show_default=True)
 @click.option("--jobs", "n_jobs", type=int, default=5, show_default=True, help="jobs per episode")
 @click.option("--out", "out_dir", default=None, help="output folder (default agents/models/BOARD)")
 @click.option(
