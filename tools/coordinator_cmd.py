@@ -161,7 +161,9 @@ def serve(
 def train(
     seed: int = 0, out: str | None = None, iterations: int | None = None, quiet: bool = False
 ) -> str:
-    """Train ``higfrl`` in the simulated cluster and export the ONNX model; returns its path."""
+    """Train ``higfrl`` in the simulated cluster and export the ONNX model (with the source
+    tree's git commit in its metadata); returns its path."""
+    from agents.onnx_export import git_commit
     from agents.placement.higfrl import DEFAULT_MODEL
     from agents.placement.train import TrainConfig, export
     from agents.placement.train import train as run
@@ -187,9 +189,8 @@ def train(
         "" if iterations is None else f" --iterations {iterations}"
     )
     date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    export(
-        model, out, cfg, command, date, history, {"train_seconds": f"{time.monotonic() - t0:.1f}"}
-    )
+    extra = {"train_seconds": f"{time.monotonic() - t0:.1f}", "git_commit": git_commit()}
+    export(model, out, cfg, command, date, history, extra)
     return out
 
 

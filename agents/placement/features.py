@@ -17,10 +17,15 @@
 One row per (task, node) edge = [static task | dynamic task | node | edge | global context];
 the actor scores rows, the critic reads the global context. Identical free nodes collapse
 into one class, and the candidate sets are capped so a decision stays cheap on 100 nodes.
+Within a placement round, what depends only on the view (task columns, release profile) is
+computed once per round and what depends only on the free capacity (fits, earliest finish,
+node and edge columns, node classes) once per commit, for every ready task at once: a hold
+changes neither, so the decisions that hold tasks for busy nodes cost only the gathers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -111,7 +116,15 @@ class LocalState:
         self.taken = np.zeros(view.ready.size, dtype=bool)  # by position in view.ready
         self.reserved = np.zeros(view.n_nodes, dtype=bool)  # held for a waiting task this round
         self.held: list[tuple[int, int]] = []
+        self.n_ready = int(view.ready.size)  # not yet taken
         self.cache: _ViewCache | None = None
+        self.epoch: _EpochCache | None = None
+
+    def only(self, keep: np.ndarray) -> None:
+        """Consider only the ready positions in the boolean mask ``keep`` (the rest as taken);
+        before any decision of the round."""
+        self.taken[:] = ~keep
+        self.n_ready = int(np.count_nonzero(keep))
 
     @property
     def ready(self) -> np.ndarray:
@@ -124,6 +137,7 @@ class LocalState:
         if pos is None:
             pos = int(np.flatnonzero(v.ready == task)[0])
         self.taken[pos] = True
+        self.n_ready -= 1
         self.free_cpu[node] -= v.cpu[task]
         self.free_mem[node] -= v.mem[task]
         self.n_running += 1
@@ -132,7 +146,10 @@ class LocalState:
         """Keep ``task`` waiting for the busy ``node``, reserved for it in this round."""
         self.held.append((task, node))
         self.taken[pos] = True
+        self.n_ready -= 1
         self.reserved[node] = True
+        if self.epoch is not None:  # a hold keeps the epoch: mask the node there
+            self.epoch.reserve(node)
 
     def fits_any(self) -> np.ndarray:
         """``[R]`` per ready position: not yet taken and fits some node's free capacity now."""
@@ -151,7 +168,8 @@ class LocalState:
 
 
 class _ViewCache:
-    """What stays fixed during one placement round."""
+    """What stays fixed during one placement round (per view: holds and commits change none
+    of it), for every ready task at once."""
 
     def __init__(self, fb: FeatureBuilder, v: ClusterView):
         w = fb.w
@@ -179,21 +197,140 @@ class _ViewCache:
         self.drain_s = (self.unstarted + left) / fb.capacity_
         self.work_r = w.work[r]
         self.wait_r = v.t - v.ready_t[r]
+        self.cpu_r = v.cpu[r]
+        self.mem_r = v.mem[r]
         self.sorted_work = np.sort(self.work_r)
         self.sorted_rank = np.sort(w.rank_u[r])
         keys = (self.work_r, -w.rank_u[r], v.ready_t[r], v.job_unstarted_work[w.task_job[r]])
-        self.orders = [np.argsort(k, kind="stable") for k in keys] if r.size > fb.max_tasks else []
+        self.orders = (
+            np.array([np.argsort(k, kind="stable") for k in keys])
+            if r.size > fb.max_tasks
+            else np.zeros((0, r.size), np.int64)
+        )
         self.node_fixed = np.column_stack(
             [v.speed / fb.max_speed_, v.cap_cpu / 8.0, np.log1p(self.next_rel)]
         )
         # horizon: the latest completion any active chain could reach at full speed
-        run = v.running
         tails = [v.t + w.rank_u[r] / fb.max_speed_]
         if run.size:
             tails.append(v.finish_est[run] + (w.rank_u[run] - w.work[run]) / fb.max_speed_)
         self.horizon = (
             float(max(float(np.max(a)) for a in tails if a.size)) if r.size or run.size else v.t
         )
+        self.task_block = self._task_block(fb, v)
+        self.speedw = v.speed / fb.max_speed_
+        self.cap_cpu_sum = float(v.cap_cpu.sum())
+        self.cap_speed = float((self.speedw * v.cap_cpu).sum())
+        self.mean_speed = float(np.mean(self.speedw))
+
+    def _task_block(self, fb: FeatureBuilder, v: ClusterView) -> np.ndarray:
+        """``[R, N_STATIC + N_DYN]`` task columns of every ready task (the two rank columns
+        hold the counts below, divided by the number of ready tasks at build time)."""
+        w, r = fb.w, v.ready
+        jt = w.task_job[r]
+        x = np.empty((r.size, N_STATIC + N_DYN), dtype=np.float32)
+        x[:, :N_STATIC] = fb.static_[r]
+        o = N_STATIC
+        x[:, o + 0] = np.log1p(v.t - v.ready_t[r])
+        x[:, o + 1] = np.log1p(np.maximum(v.job_unstarted_work[jt], 0.0))
+        x[:, o + 2] = v.job_left_tasks[jt] / fb.job_n_[jt]
+        x[:, o + 3] = np.log1p(v.t - w.job_arrival[jt])
+        self.rank_work = np.searchsorted(self.sorted_work, self.work_r)
+        self.rank_rank = np.searchsorted(self.sorted_rank, w.rank_u[r])
+        # slack of the task's chain against the horizon: 0 = on the path that sets the makespan
+        span = self.horizon - v.t + 1.0
+        x[:, o + 6] = np.clip((self.horizon - v.t - w.rank_u[r] / fb.max_speed_) / span, 0.0, 1.0)
+        # chain length at full speed against the backlog's drain time, and the critical flag:
+        # the chain that sets the horizon, or (once arrivals stopped) one that needs most of
+        # the drain time, so that starting it late would extend the makespan
+        need = w.rank_u[r] / fb.max_speed_
+        x[:, o + 7] = np.log1p(need / (self.drain_s + 1.0))
+        x[:, o + 8] = (x[:, o + 6] <= 1e-6) | (self.drain & (need >= DRAIN_SHARE * self.drain_s))
+        return x
+
+
+class _EpochCache:
+    """What stays fixed between two commits of a round: free capacity, hence which ready
+    task fits which node now, every ready task's earliest start and finish on every node,
+    the node columns and the classes of identical nodes. A hold (taken task, reserved node)
+    changes none of it, so holding costs only the per-decision part of :meth:`build`."""
+
+    def __init__(self, fb: FeatureBuilder, s: LocalState):
+        v, cc = s.view, s.cache
+        self.n_placed = len(s.placed)
+        c, m = cc.cpu_r, cc.mem_r
+        self.now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (
+            m[:, None] <= s.free_mem[None, :] + _EPS
+        )
+        # earliest finish on every node if the task waited for it (busy nodes included), with
+        # this round's placements still holding their cores. The wait estimate counts cores
+        # only (one row per distinct core demand, memory checked now)
+        times, pc, _ = cc.profile
+        held_c = (v.free_cpu - s.free_cpu)[None, :, None]
+        uc, inv = np.unique(c, return_inverse=True)
+        ok = pc[None] - held_c >= uc[:, None, None] - _EPS
+        first = np.argmax(ok, axis=2)
+        later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)[inv]
+        self.est = np.where(self.now, v.t, np.maximum(later, v.t))
+        self.run = cc.work_r[:, None] / v.speed[None, :]
+        # earliest finish, inf on reserved nodes; per ready task the non-reserved nodes that fit
+        self.eft = self.est + self.run
+        self.eft[:, s.reserved] = np.inf
+        self.n_fit = np.count_nonzero(self.now & ~s.reserved[None, :], axis=1)
+        # edge columns of every (ready task, node) pair (the regret column is filled later)
+        eb = np.empty((c.size, v.n_nodes, 5), dtype=np.float32)
+        eb[:, :, 0] = np.log1p(self.run)
+        eb[:, :, 2] = (
+            c[:, None] * s.free_cpu[None, :] / v.cap_cpu[None, :] ** 2
+            + m[:, None] * s.free_mem[None, :] / v.cap_mem[None, :] ** 2
+        )
+        eb[:, :, 3] = (s.free_cpu[None, :] - c[:, None]) / v.cap_cpu[None, :]
+        eb[:, :, 4] = np.log1p(cc.work_r[:, None] * (1.0 / v.speed - 1.0 / fb.max_speed_)[None, :])
+        self.edge_block = eb
+        fixed = cc.node_fixed
+        nb = np.empty((v.n_nodes, N_NODE), dtype=np.float32)
+        nb[:, 0] = fixed[:, 0]
+        nb[:, 1] = s.free_cpu / v.cap_cpu
+        nb[:, 2] = s.free_mem / v.cap_mem
+        nb[:, 3] = fixed[:, 1]
+        nb[:, 4] = fixed[:, 2]
+        nb[:, 5] = s.free_cpu >= v.cap_cpu - _EPS
+        self.node_block = nb
+        # classes of identical node state (speed, free and total capacity, next release)
+        cols = np.round(
+            np.column_stack((v.speed, s.free_cpu, s.free_mem, v.cap_cpu, v.cap_mem, cc.next_rel)),
+            6,
+        )
+        order = np.lexsort(cols.T[::-1])
+        key = cols[order]
+        new = np.ones(v.n_nodes, dtype=bool)
+        new[1:] = (key[1:] != key[:-1]).any(axis=1)
+        # nodes by class, then index: the first eligible one of a class is its representative
+        self.class_order = order
+        self.class_id = np.cumsum(new) - 1
+        self.classes: dict = {}  # (min cpu, min mem, cap) -> (eligible, reserved among, reps)
+        # the context entries that only change with a commit (the others: see global_context)
+        self.context = np.array(
+            [
+                1.0 - float(s.free_cpu.sum()) / cc.cap_cpu_sum,
+                0.0,
+                math.log1p(s.n_running),
+                math.log1p(cc.active),
+                0.0,
+                float((cc.speedw * s.free_cpu).sum()) / cc.cap_speed,
+                cc.mean_speed,
+                0.0,
+                math.log1p(cc.unstarted / fb.capacity_),
+                math.log1p(cc.quiet),
+                float(cc.drain),
+            ],
+            dtype=np.float32,
+        )
+
+    def reserve(self, node: int) -> None:
+        """``node`` was reserved by a hold: no task may start or wait there any more."""
+        self.eft[:, node] = np.inf
+        self.n_fit -= self.now[:, node]
 
 
 def _pick_tasks(fb: FeatureBuilder, s: LocalState, valid: np.ndarray) -> np.ndarray:
@@ -205,8 +342,11 @@ def _pick_tasks(fb: FeatureBuilder, s: LocalState, valid: np.ndarray) -> np.ndar
     if idx.size <= cap:
         return idx
     q = max(cap // 4, 1)
-    parts = [perm[valid[perm]][:q] for perm in s.cache.orders]
-    chosen = list(dict.fromkeys(np.concatenate(parts).tolist()))
+    # the first q valid positions of each order, order after order
+    orders = s.cache.orders
+    ok = valid[orders]
+    ok &= np.cumsum(ok, axis=1) <= q
+    chosen = list(dict.fromkeys(orders[ok].tolist()))
     if len(chosen) < cap:
         extra = [i for i in idx.tolist() if i not in set(chosen)]
         chosen += extra[: cap - len(chosen)]
@@ -228,77 +368,66 @@ class FeatureBuilder:
         self.job_n_ = np.diff(workload.job_ptr)
 
     def _node_classes(self, s: LocalState, min_cpu: float, min_mem: float) -> np.ndarray:
-        """Nodes that can take the smallest candidate now, one per class of identical state."""
-        v = s.view
-        idx = np.flatnonzero(
-            (s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS) & ~s.reserved
-        )
-        if idx.size <= 1:
-            return idx
-        cols = np.column_stack(
-            (
-                v.speed[idx],
-                s.free_cpu[idx],
-                s.free_mem[idx],
-                v.cap_cpu[idx],
-                v.cap_mem[idx],
-                s.cache.next_rel[idx],
-            )
-        )
-        cols = np.round(cols, 6)
-        order = np.lexsort(cols.T[::-1])
-        key = cols[order]
-        new = np.ones(idx.size, dtype=bool)
-        new[1:] = (key[1:] != key[:-1]).any(axis=1)
-        reps = np.sort(idx[order[new]])
+        """Nodes that can take the smallest candidate now, one per class of identical state
+        (its lowest index); at most ``max_node_classes``, taken round-robin over speed groups
+        (most free cores first), so slow nodes stay candidates."""
+        ep = s.epoch
+        key = (min_cpu, min_mem, self.max_node_classes)
+        hit = ep.classes.get(key)
+        # a hold reserves a node: the answer stays unless the node was eligible
+        if hit is not None and np.count_nonzero(hit[0] & s.reserved) == hit[1]:
+            return hit[2]
+        elig = (s.free_cpu >= min_cpu - _EPS) & (s.free_mem >= min_mem - _EPS)
+        out = self._class_reps(s, np.flatnonzero((elig & ~s.reserved)[ep.class_order]))
+        ep.classes[key] = (elig, int(np.count_nonzero(elig & s.reserved)), out)
+        return out
+
+    def _class_reps(self, s: LocalState, e: np.ndarray) -> np.ndarray:
+        v, ep = s.view, s.epoch
+        if e.size <= 1:
+            return ep.class_order[e]
+        key = ep.class_id[e]
+        new = np.ones(e.size, dtype=bool)
+        new[1:] = key[1:] != key[:-1]
+        reps = np.sort(ep.class_order[e[new]])
         if reps.size <= self.max_node_classes:
             return reps
-        # round-robin over speed groups, most free cores first, so slow nodes stay candidates
-        groups: dict[float, list[int]] = {}
-        for k in reps[np.lexsort((-s.free_cpu[reps], -v.speed[reps]))].tolist():
-            groups.setdefault(round(float(v.speed[k]), 6), []).append(k)
-        out: list[int] = []
-        while len(out) < self.max_node_classes and any(groups.values()):
-            for g in groups.values():
-                if g and len(out) < self.max_node_classes:
-                    out.append(g.pop(0))
-        return np.array(sorted(out), dtype=np.int64)
+        ordered = reps[np.lexsort((-s.free_cpu[reps], -v.speed[reps]))]
+        group = np.round(v.speed[ordered], 6)
+        # groups in order of first appearance (fastest first), rank of each node in its group
+        _, g_first, g_inv = np.unique(group, return_index=True, return_inverse=True)
+        g_order = np.argsort(np.argsort(g_first))[g_inv]
+        rank = np.empty(ordered.size, dtype=np.int64)
+        for g in np.unique(g_inv).tolist():
+            sel = np.flatnonzero(g_inv == g)
+            rank[sel] = np.arange(sel.size)
+        keep = np.lexsort((g_order, rank))[: self.max_node_classes]
+        return np.sort(ordered[keep])
 
     def global_context(self, s: LocalState) -> np.ndarray:
-        v = s.view
+        """``[N_GLOBAL]``: cluster load, ready/running/active counts, backlog, arrival state."""
         if s.cache is None:
-            s.cache = _ViewCache(self, v)
-        cc = s.cache
+            s.cache = _ViewCache(self, s.view)
+        if s.epoch is None or s.epoch.n_placed != len(s.placed):
+            s.epoch = _EpochCache(self, s)
+        cc, ep = s.cache, s.epoch
         keep = ~s.taken
-        n_ready = int(keep.sum())
-        ready_work = float(cc.work_r[keep].sum())
-        wait = float(cc.wait_r[keep].mean()) if n_ready else 0.0
-        speedw = v.speed / self.max_speed_
-        return np.array(
-            [
-                1.0 - float(s.free_cpu.sum()) / float(v.cap_cpu.sum()),
-                np.log1p(n_ready),
-                np.log1p(s.n_running),
-                np.log1p(cc.active),
-                np.log1p(ready_work / self.capacity_),
-                float((speedw * s.free_cpu).sum() / (speedw * v.cap_cpu).sum()),
-                float(np.mean(speedw)),
-                np.log1p(wait),
-                np.log1p(cc.unstarted / self.capacity_),
-                np.log1p(cc.quiet),
-                float(cc.drain),
-            ],
-            dtype=np.float32,
-        )
+        n_ready = s.n_ready
+        g = ep.context.copy()
+        g[1] = math.log1p(n_ready)
+        g[4] = math.log1p(float(cc.work_r[keep].sum()) / self.capacity_)
+        g[7] = math.log1p(float(cc.wait_r[keep].sum()) / n_ready if n_ready else 0.0)
+        return g
 
     def build(self, s: LocalState):
         """``(pairs [P, N_PAIR], pair_task, pair_node, pair_pos, pair_wait, context)``.
 
         ``pair_pos`` is the task's position in ``view.ready``; ``pair_wait`` marks the edges
         that hold the task for its best (busy) node instead of starting it now. P = 0 (and
-        context None) when no ready task fits a node now.
+        context None) when no ready task fits a node now. What only changes with the view
+        or with a commit is cached in ``s`` (see :class:`_ViewCache`, :class:`_EpochCache`).
         """
-        v, w = s.view, self.w
+        v = s.view
         empty = (
             np.zeros((0, N_PAIR), np.float32),
             np.zeros(0, np.int64),
@@ -307,92 +436,48 @@ class FeatureBuilder:
             np.zeros(0, bool),
             None,
         )
-        valid = s.fits_any()
-        if not valid.any():
+        if v.ready.size == 0:
             return empty
         g = self.global_context(s)
-        cc = s.cache
+        cc, ep = s.cache, s.epoch
+        # fits some node that is not reserved, now
+        valid = (ep.n_fit > 0) & ~s.taken
+        if not valid.any():
+            return empty
         tpos = _pick_tasks(self, s, valid)
-        tasks = v.ready[tpos]
-        c, m = v.cpu[tasks], v.mem[tasks]
+        c, m = cc.cpu_r[tpos], cc.mem_r[tpos]
         nodes = self._node_classes(s, float(c.min()), float(m.min()))
-        fit = (c[:, None] <= s.free_cpu[nodes][None, :] + _EPS) & (
-            m[:, None] <= s.free_mem[nodes][None, :] + _EPS
-        )
-        ti, ni = np.nonzero(fit)
+        ti, ni = np.nonzero(ep.now[tpos[:, None], nodes[None, :]])
         if ti.size == 0:
             return empty
-        # earliest finish on every node if the task waited for it (busy nodes included), with
-        # this round's placements still holding their cores and reserved nodes excluded. The
-        # wait estimate counts cores only (one row per distinct core demand, memory checked now)
-        times, pc, _ = cc.profile
-        held_c = (v.free_cpu - s.free_cpu)[None, :, None]
-        uc, inv = np.unique(c, return_inverse=True)
-        ok = pc[None] - held_c >= uc[:, None, None] - _EPS
-        first = np.argmax(ok, axis=2)
-        later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)[inv]
-        now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (
-            m[:, None] <= s.free_mem[None, :] + _EPS
-        )
-        est = np.where(now, v.t, np.maximum(later, v.t))
-        est[:, s.reserved] = np.inf
-        work_t = w.work[tasks]
-        eft = est + work_t[:, None] / v.speed[None, :]
+        eft = ep.eft[tpos]
         bnode = np.argmin(eft, axis=1)
-        best = eft[np.arange(tasks.size), bnode]
+        best = eft.min(axis=1)
         # a "wait" edge per candidate whose best node is busy: hold it for that node
-        wi = np.flatnonzero(~now[np.arange(tasks.size), bnode] & np.isfinite(best))
+        wi = np.flatnonzero(~ep.now[tpos, bnode] & np.isfinite(best))
         ti = np.concatenate([ti, wi])
         pn = np.concatenate([nodes[ni], bnode[wi]])
+        pp = tpos[ti]
         wait = np.zeros(ti.size, dtype=bool)
         wait[ti.size - wi.size :] = True
-        delay = np.where(wait, est[ti, pn] - v.t, 0.0)
-        pt = tasks[ti]
-        work = work_t[ti]
-        spd = v.speed[pn]
-        run_here = work / spd
-        jt = w.task_job[pt]
-        n_ready = max(int((~s.taken).sum()), 1)
+        delay = np.where(wait, ep.est[pp, pn] - v.t, 0.0)
+        pt = v.ready[pp]
+        run_here = ep.run[pp, pn]
+        n_ready = max(s.n_ready, 1)
         x = np.empty((pt.size, N_PAIR), dtype=np.float32)
-        x[:, :N_STATIC] = self.static_[pt]
-        o = N_STATIC
-        x[:, o + 0] = np.log1p(v.t - v.ready_t[pt])
-        x[:, o + 1] = np.log1p(np.maximum(v.job_unstarted_work[jt], 0.0))
-        x[:, o + 2] = v.job_left_tasks[jt] / self.job_n_[jt]
-        x[:, o + 3] = np.log1p(v.t - w.job_arrival[jt])
-        x[:, o + 4] = np.searchsorted(cc.sorted_work, work) / n_ready
-        x[:, o + 5] = np.searchsorted(cc.sorted_rank, w.rank_u[pt]) / n_ready
-        # slack of the task's chain against the horizon: 0 = on the path that sets the makespan
-        span = cc.horizon - v.t + 1.0
-        x[:, o + 6] = np.clip((cc.horizon - v.t - w.rank_u[pt] / self.max_speed_) / span, 0.0, 1.0)
-        # chain length at full speed against the backlog's drain time, and the critical flag:
-        # the chain that sets the horizon, or (once arrivals stopped) one that needs most of
-        # the drain time, so that starting it late would extend the makespan
-        need = w.rank_u[pt] / self.max_speed_
-        x[:, o + 7] = np.log1p(need / (cc.drain_s + 1.0))
-        x[:, o + 8] = (x[:, o + 6] <= 1e-6) | (cc.drain & (need >= DRAIN_SHARE * cc.drain_s))
-        o += N_DYN
-        fixed = cc.node_fixed[pn]
-        x[:, o + 0] = fixed[:, 0]
-        x[:, o + 1] = s.free_cpu[pn] / v.cap_cpu[pn]
-        x[:, o + 2] = s.free_mem[pn] / v.cap_mem[pn]
-        x[:, o + 3] = fixed[:, 1]
-        x[:, o + 4] = fixed[:, 2]
-        x[:, o + 5] = s.free_cpu[pn] >= v.cap_cpu[pn] - _EPS
+        o = N_STATIC + N_DYN
+        x[:, :o] = cc.task_block[pp]
+        x[:, N_STATIC + 4] = cc.rank_work[pp] / n_ready
+        x[:, N_STATIC + 5] = cc.rank_rank[pp] / n_ready
+        x[:, o : o + N_NODE] = ep.node_block[pn]
         o += N_NODE
-        x[:, o + 0] = np.log1p(run_here)
+        x[:, o : o + 5] = ep.edge_block[pp, pn]
         x[:, o + 1] = (v.t + delay + run_here - best[ti]) / (run_here + 1.0)
-        x[:, o + 2] = (
-            c[ti] * s.free_cpu[pn] / v.cap_cpu[pn] ** 2
-            + m[ti] * s.free_mem[pn] / v.cap_mem[pn] ** 2
-        )
-        x[:, o + 3] = (s.free_cpu[pn] - c[ti]) / v.cap_cpu[pn]
-        x[:, o + 4] = np.log1p(work * (1.0 / spd - 1.0 / self.max_speed_))
         x[:, o + 5] = wait
         x[:, o + 6] = np.log1p(delay)
         o += N_EDGE
         x[:, o:] = g
-        return x, pt, pn, tpos[ti], wait, g
+        return x, pt, pn, pp, wait, g
 
 
 # column positions used by the training signals
