@@ -70,7 +70,6 @@ def probe_cmd(sysfs_root: str, as_json: bool) -> None:
     and which files are writable. An unknown board is described by discovery.
     """
     from platforms.probe import format_probe, probe
-
     from platforms.sysfs import DirSysfs
 
     result = probe(DirSysfs(sysfs_root))

@@ -116,15 +116,13 @@ class LocalState:
         self.taken = np.zeros(view.ready.size, dtype=bool)  # by position in view.ready
         self.reserved = np.zeros(view.n_nodes, dtype=bool)  # held for a waiting task this round
         self.held: list[tuple[int, int]] = []
-        self.n_ready = int(view.ready.size)  # not yet taken
         self.cache: _ViewCache | None = None
         self.epoch: _EpochCache | None = None
 
-    def only(self, keep: np.ndarray) -> None:
-        """Consider only the ready positions in the boolean mask ``keep`` (the rest as taken);
-        before any decision of the round."""
-        self.taken[:] = ~keep
-        self.n_ready = int(np.count_nonzero(keep))
+    @property
+    def n_ready(self) -> int:
+        """Ready tasks not yet taken (placed or held) in this round."""
+        return self.taken.size - int(np.count_nonzero(self.taken))
 
     @property
     def ready(self) -> np.ndarray:
@@ -137,7 +135,6 @@ class LocalState:
         if pos is None:
             pos = int(np.flatnonzero(v.ready == task)[0])
         self.taken[pos] = True
-        self.n_ready -= 1
         self.free_cpu[node] -= v.cpu[task]
         self.free_mem[node] -= v.mem[task]
         self.n_running += 1
@@ -146,25 +143,9 @@ class LocalState:
         """Keep ``task`` waiting for the busy ``node``, reserved for it in this round."""
         self.held.append((task, node))
         self.taken[pos] = True
-        self.n_ready -= 1
         self.reserved[node] = True
         if self.epoch is not None:  # a hold keeps the epoch: mask the node there
             self.epoch.reserve(node)
-
-    def fits_any(self) -> np.ndarray:
-        """``[R]`` per ready position: not yet taken and fits some node's free capacity now."""
-        v = self.view
-        free_cpu = np.where(self.reserved, -1.0, self.free_cpu)
-        order = np.argsort(-free_cpu, kind="stable")
-        fc = free_cpu[order]
-        best_mem = np.maximum.accumulate(self.free_mem[order])
-        c, m = v.cpu[v.ready], v.mem[v.ready]
-        # number of nodes with at least c free cores (fc is descending)
-        cnt = np.searchsorted(-fc, -c + _EPS, side="right")
-        ok = cnt > 0
-        mem_ok = np.zeros_like(ok)
-        mem_ok[ok] = best_mem[cnt[ok] - 1] >= m[ok] - _EPS
-        return ok & mem_ok & ~self.taken
 
 
 class _ViewCache:

@@ -129,7 +129,7 @@ class HigfrlPlacer:
         fb.max_node_classes = view.n_nodes
         try:
             state = LocalState(view)
-            state.only(view.ready == task)
+            state.taken[:] = view.ready != task
             x, pt, pn, _, pw, _ = fb.build(state)
             x, pt, pn = x[~pw], pt[~pw], pn[~pw]
         finally:

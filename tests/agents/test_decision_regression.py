@@ -9,7 +9,7 @@ the gate's result (feasible, events, allocation, cost), the shield's bounds and 
 active cores. Observations are stored, not re-simulated, so a change to the simulator does not
 move the reference. Frequencies, cores, priorities and events compare exactly, floats to 1e-9.
 
-Regenerate (only for an intended decision change, e.g. retrained models), from /work/main::
+Regenerate (only for an intended decision change, e.g. retrained models), from the repository root::
 
     python -m tests.agents.test_decision_regression --write
 """

@@ -114,12 +114,17 @@ def test_static_hypergraph_features():
     assert static_features(w).shape == (3, 16)
 
 
-def test_pairs_include_wait_edges_and_prior():
+def _held_fast_node_pairs():
+    """ROWS on SLOW_FAST with M1 ready, the fast node busy until t = 1: the pairs built."""
     w = _w(ROWS)
     fb = FeatureBuilder()
     fb.reset(w, SLOW_FAST)
     view = _view(w, SLOW_FAST, [0], [1, 0], running=[2], finish=[1.0])
-    x, pt, pn, pp, pw, g = fb.build(LocalState(view))
+    return (w, *fb.build(LocalState(view)))
+
+
+def test_pairs_include_wait_edges_and_prior():
+    w, x, pt, pn, pp, pw, g = _held_fast_node_pairs()
     assert x.shape == (2, N_PAIR) and g.shape == (N_GLOBAL,)
     assert set(zip(pn.tolist(), pw.tolist())) == {
         (0, False),
@@ -237,11 +242,7 @@ def test_evaluation_function_shape():
 
 def test_teacher_takes_the_critical_chain_first_and_holds_it_for_the_fast_node():
     # the long chain (M1) sets the horizon: the teacher holds it for the busy fast node
-    w = _w(ROWS)
-    fb = FeatureBuilder()
-    fb.reset(w, SLOW_FAST)
-    view = _view(w, SLOW_FAST, [0], [1, 0], running=[2], finish=[1.0])
-    x, pt, pn, _, pw, _ = fb.build(LocalState(view))
+    w, x, pt, pn, _, pw, _ = _held_fast_node_pairs()
     a = teacher_choice(x)
     assert (w.task_names[pt[a]], SLOW_FAST[pn[a]].name, bool(pw[a])) == ("M1", "fast", True)
 
@@ -296,7 +297,7 @@ def _fresh_copy(s: LocalState) -> LocalState:
     """The same round state as ``s`` (placements, holds), with no cached view or epoch."""
     f = LocalState(s.view)
     f.free_cpu, f.free_mem = s.free_cpu.copy(), s.free_mem.copy()
-    f.n_running, f.n_ready = s.n_running, s.n_ready
+    f.n_running = s.n_running
     f.placed, f.held = list(s.placed), list(s.held)
     f.taken, f.reserved = s.taken.copy(), s.reserved.copy()
     return f
