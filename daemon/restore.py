@@ -23,8 +23,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from daemon.statusfile import fsync_dir, write_json_atomic
+from daemon.statusfile import write_json_atomic
 from platforms import paths
+from platforms.atomicfile import fsync_dir
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.spec import BoardSpec
 from platforms.sysfs import SysfsBackend

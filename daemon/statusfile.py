@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from platforms.atomicfile import fsync_dir, write_text_atomic
+from platforms.atomicfile import write_text_atomic
 
-__all__ = ["fsync_dir", "write_json_atomic", "write_status"]
+__all__ = ["write_json_atomic", "write_status"]
 
 
 def write_json_atomic(path: str, obj, *, dir_mode: int = 0o777, durable_dir: bool = False) -> str:
