@@ -19,7 +19,8 @@ the actor scores rows, the critic reads the global context. Identical free nodes
 into one class, and the candidate sets are capped so a decision stays cheap on 100 nodes.
 Within a placement round, what depends only on the view (task columns, release profile) is
 computed once per round and what depends only on the free capacity (fits, earliest finish,
-node and edge columns, node classes) once per commit, for every ready task at once: a hold
+node and edge columns, node classes) once per round for every ready task and node, then
+refreshed one node column per commit (a commit changes one node's free capacity); a hold
 changes neither, so the decisions that hold tasks for busy nodes cost only the gathers.
 """
 
@@ -180,6 +181,8 @@ class _ViewCache:
         self.wait_r = v.t - v.ready_t[r]
         self.cpu_r = v.cpu[r]
         self.mem_r = v.mem[r]
+        # distinct core demands: the wait estimate is computed once per level
+        self.cpu_levels, self.cpu_level_of = np.unique(self.cpu_r, return_inverse=True)
         self.sorted_work = np.sort(self.work_r)
         self.sorted_rank = np.sort(w.rank_u[r])
         keys = (self.work_r, -w.rank_u[r], v.ready_t[r], v.job_unstarted_work[w.task_job[r]])
@@ -231,10 +234,12 @@ class _ViewCache:
 
 
 class _EpochCache:
-    """What stays fixed between two commits of a round: free capacity, hence which ready
-    task fits which node now, every ready task's earliest start and finish on every node,
-    the node columns and the classes of identical nodes. A hold (taken task, reserved node)
-    changes none of it, so holding costs only the per-decision part of :meth:`build`."""
+    """What depends on the free capacity of the round: which ready task fits which node now,
+    every ready task's earliest start and finish on every node, the node columns and the
+    classes of identical nodes. Built once per round; :meth:`commit` refreshes the one node
+    whose capacity a commit changed. A hold (taken task, reserved node) changes none of it
+    (:meth:`reserve` masks the node), so holding costs only the per-decision part of
+    :meth:`FeatureBuilder.build`."""
 
     def __init__(self, fb: FeatureBuilder, s: LocalState):
         v, cc = s.view, s.cache
@@ -243,40 +248,62 @@ class _EpochCache:
         self.now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (
             m[:, None] <= s.free_mem[None, :] + _EPS
         )
+        self.run = cc.work_r[:, None] / v.speed[None, :]
+        self.est = np.empty_like(self.run)
+        self.eft = np.empty_like(self.run)
+        self.edge_block = np.empty((c.size, v.n_nodes, 5), dtype=np.float32)
+        self.edge_block[:, :, 0] = np.log1p(self.run)
+        self.edge_block[:, :, 4] = np.log1p(
+            cc.work_r[:, None] * (1.0 / v.speed - 1.0 / fb.max_speed_)[None, :]
+        )
+        self.node_block = np.empty((v.n_nodes, N_NODE), dtype=np.float32)
+        self.node_block[:, 0] = cc.node_fixed[:, 0]
+        self.node_block[:, 3] = cc.node_fixed[:, 1]
+        self.node_block[:, 4] = cc.node_fixed[:, 2]
+        self._columns(s, slice(None))
+        self.n_fit = np.count_nonzero(self.now & ~s.reserved[None, :], axis=1)
+        self._round(fb, s)
+
+    def _columns(self, s: LocalState, k) -> None:
+        """Fill the capacity-dependent columns of nodes ``k`` (a slice or one index)."""
+        v, cc = s.view, s.cache
+        c, m = cc.cpu_r, cc.mem_r
+        cols = np.arange(v.n_nodes)[k]
         # earliest finish on every node if the task waited for it (busy nodes included), with
         # this round's placements still holding their cores. The wait estimate counts cores
         # only (one row per distinct core demand, memory checked now)
         times, pc, _ = cc.profile
-        held_c = (v.free_cpu - s.free_cpu)[None, :, None]
-        uc, inv = np.unique(c, return_inverse=True)
-        ok = pc[None] - held_c >= uc[:, None, None] - _EPS
+        held_c = (v.free_cpu[k] - s.free_cpu[k])[..., None]
+        ok = pc[k][None] - held_c[None] >= cc.cpu_levels[:, None, None] - _EPS
+        ok = ok.reshape(cc.cpu_levels.size, -1, pc.shape[1])
         first = np.argmax(ok, axis=2)
-        later = np.where(ok.any(axis=2), times[np.arange(v.n_nodes)[None, :], first], np.inf)[inv]
-        self.est = np.where(self.now, v.t, np.maximum(later, v.t))
-        self.run = cc.work_r[:, None] / v.speed[None, :]
-        # earliest finish, inf on reserved nodes; per ready task the non-reserved nodes that fit
-        self.eft = self.est + self.run
-        self.eft[:, s.reserved] = np.inf
-        self.n_fit = np.count_nonzero(self.now & ~s.reserved[None, :], axis=1)
+        later = np.where(ok.any(axis=2), times[np.atleast_1d(cols)[None, :], first], np.inf)[
+            cc.cpu_level_of
+        ]
+        now = self.now[:, k]
+        est = np.where(now, v.t, np.maximum(later.reshape(now.shape), v.t))
+        self.est[:, k] = est
+        # earliest finish, inf on reserved nodes
+        eft = est + self.run[:, k]
+        self.eft[:, k] = np.where(s.reserved[k], np.inf, eft)
+        fc, fm = s.free_cpu[k], s.free_mem[k]
+        cap_c, cap_m = v.cap_cpu[k], v.cap_mem[k]
         # edge columns of every (ready task, node) pair (the regret column is filled later)
-        eb = np.empty((c.size, v.n_nodes, 5), dtype=np.float32)
-        eb[:, :, 0] = np.log1p(self.run)
-        eb[:, :, 2] = (
-            c[:, None] * s.free_cpu[None, :] / v.cap_cpu[None, :] ** 2
-            + m[:, None] * s.free_mem[None, :] / v.cap_mem[None, :] ** 2
-        )
-        eb[:, :, 3] = (s.free_cpu[None, :] - c[:, None]) / v.cap_cpu[None, :]
-        eb[:, :, 4] = np.log1p(cc.work_r[:, None] * (1.0 / v.speed - 1.0 / fb.max_speed_)[None, :])
-        self.edge_block = eb
-        fixed = cc.node_fixed
-        nb = np.empty((v.n_nodes, N_NODE), dtype=np.float32)
-        nb[:, 0] = fixed[:, 0]
-        nb[:, 1] = s.free_cpu / v.cap_cpu
-        nb[:, 2] = s.free_mem / v.cap_mem
-        nb[:, 3] = fixed[:, 1]
-        nb[:, 4] = fixed[:, 2]
-        nb[:, 5] = s.free_cpu >= v.cap_cpu - _EPS
-        self.node_block = nb
+        eb = self.edge_block
+        if isinstance(k, slice):
+            c2, m2 = c[:, None], m[:, None]
+        else:
+            c2, m2 = c, m
+        eb[:, k, 2] = c2 * fc / cap_c**2 + m2 * fm / cap_m**2
+        eb[:, k, 3] = (fc - c2) / cap_c
+        nb = self.node_block
+        nb[k, 1] = fc / cap_c
+        nb[k, 2] = fm / cap_m
+        nb[k, 5] = fc >= cap_c - _EPS
+
+    def _round(self, fb: FeatureBuilder, s: LocalState) -> None:
+        """The parts over all nodes: classes of identical nodes, the context entries."""
+        v, cc = s.view, s.cache
         # classes of identical node state (speed, free and total capacity, next release)
         cols = np.round(
             np.column_stack((v.speed, s.free_cpu, s.free_mem, v.cap_cpu, v.cap_mem, cc.next_rel)),
@@ -307,6 +334,22 @@ class _EpochCache:
             ],
             dtype=np.float32,
         )
+
+    def commit(self, fb: FeatureBuilder, s: LocalState, node: int) -> None:
+        """A task started on ``node``: only that node's free capacity changed, so only its
+        column is refreshed (O(ready tasks), not O(ready tasks x nodes))."""
+        free = ~s.reserved[node]
+        if free:
+            self.n_fit -= self.now[:, node]
+        cc = s.cache
+        self.now[:, node] = (cc.cpu_r <= s.free_cpu[node] + _EPS) & (
+            cc.mem_r <= s.free_mem[node] + _EPS
+        )
+        if free:
+            self.n_fit += self.now[:, node]
+        self._columns(s, node)
+        self._round(fb, s)
+        self.n_placed += 1
 
     def reserve(self, node: int) -> None:
         """``node`` was reserved by a hold: no task may start or wait there any more."""
@@ -389,8 +432,10 @@ class FeatureBuilder:
         """``[N_GLOBAL]``: cluster load, ready/running/active counts, backlog, arrival state."""
         if s.cache is None:
             s.cache = _ViewCache(self, s.view)
-        if s.epoch is None or s.epoch.n_placed != len(s.placed):
+        if s.epoch is None:
             s.epoch = _EpochCache(self, s)
+        for _task, node in s.placed[s.epoch.n_placed :]:
+            s.epoch.commit(self, s, node)
         cc, ep = s.cache, s.epoch
         keep = ~s.taken
         n_ready = s.n_ready
