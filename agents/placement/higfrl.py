@@ -14,7 +14,10 @@ At a decision point the placer picks one edge at a time (greedy argmax when depl
 sampled when training) until no ready task fits a node. Besides starting a task on a node
 that can take it now, the actor may *hold* a task for its earliest-finish node when that node
 is busy (the node is then reserved for the rest of the round), as HEFT does; since only busy
-nodes can be waited for, the cluster never idles with everything held.
+nodes can be waited for, the cluster never idles with everything held. A hold changes no
+node's free capacity, so the edges are scored once per commit and the holds that follow take
+the best remaining edges of that scoring (the held task and the reserved node drop out): a
+round that holds many tasks costs a few actor calls, not one per task.
 """
 
 from __future__ import annotations
@@ -45,6 +48,20 @@ class Trajectory:
     step_of_x: list[int] = field(default_factory=list)  # which decision each x belongs to
 
 
+@dataclass
+class _Scored:
+    """The candidate edges of the last scoring in a round (see :meth:`HigfrlPlacer.select`)."""
+
+    state: LocalState
+    n_placed: int
+    x: np.ndarray
+    pt: np.ndarray
+    pn: np.ndarray
+    pp: np.ndarray
+    pw: np.ndarray
+    logits: np.ndarray | None = None
+
+
 class HigfrlPlacer:
     """The learned placer. ``model`` has ``logits(pairs)`` and ``value(context)``."""
 
@@ -66,6 +83,7 @@ class HigfrlPlacer:
         self.features = FeatureBuilder(max_tasks, max_node_classes)
         self.trajectory = Trajectory()
         self.rng = np.random.default_rng(0)
+        self._scored: _Scored | None = None
 
     def _model(self):
         if self.model is None:
@@ -79,17 +97,33 @@ class HigfrlPlacer:
         self.features.reset(workload, nodes)
         self.rng = np.random.default_rng(seed)
         self.trajectory = Trajectory()
+        self._scored = None
 
     def select(self, state: LocalState) -> tuple[int, int, int, bool] | None:
         """One decision ``(task, node, position in view.ready, wait)``, or None when no
-        ready task fits a node now. ``wait`` holds the task for its (busy) best node."""
-        x, pt, pn, pp, pw, g = self.features.build(state)
-        if pt.size == 0:
-            return None
-        if pt.size == 1:
+        ready task fits a node now. ``wait`` holds the task for its (busy) best node.
+
+        The edges are scored once per commit: a hold changes no node's free capacity, so the
+        next decision takes the best of the same scoring among the edges whose task and node
+        are still free (a held task, a reserved node drop out). A new scoring starts after a
+        commit or when the scored edges run out (new candidates then enter)."""
+        sc = self._scored
+        alive = None
+        if sc is not None and sc.state is state and sc.n_placed == len(state.placed):
+            alive = np.flatnonzero(~state.taken[sc.pp] & ~state.reserved[sc.pn])
+        if alive is None or alive.size == 0:
+            x, pt, pn, pp, pw, _ = self.features.build(state)
+            if pt.size == 0:
+                self._scored = None
+                return None
+            sc = self._scored = _Scored(state, len(state.placed), x, pt, pn, pp, pw)
+            alive = np.arange(pt.size)
+        if alive.size == 1:
             a = 0
         else:
-            logits = self._model().logits(x)
+            if sc.logits is None:
+                sc.logits = self._model().logits(sc.x)
+            logits = sc.logits[alive]
             if self.greedy:
                 a = int(np.argmax(logits))
             else:
@@ -102,13 +136,15 @@ class HigfrlPlacer:
             tr = self.trajectory
             tr.t.append(state.view.t)
             tr.area.append(state.view.flow_area)
-            tr.context.append(g)
-            if pt.size > 1:
+            tr.context.append(self.features.global_context(state))
+            if alive.size > 1:
+                x = sc.x[alive]
                 tr.x.append(x)
                 tr.action.append(a)
                 tr.teacher.append(teacher_choice(x))
                 tr.step_of_x.append(len(tr.t) - 1)
-        return int(pt[a]), int(pn[a]), int(pp[a]), bool(pw[a])
+        e = int(alive[a])
+        return int(sc.pt[e]), int(sc.pn[e]), int(sc.pp[e]), bool(sc.pw[e])
 
     def place(self, view: ClusterView) -> list[tuple[int, int]]:
         state = LocalState(view)

@@ -341,3 +341,53 @@ def test_cached_features_after_holds_and_commits_equal_a_fresh_build(spec, holds
     assert np.isfinite(res.finish).all()
     assert checked["builds"] > 50
     assert checked["holds"] > 0 or not holds
+
+
+def test_holds_reuse_the_scoring_of_the_round_and_never_pick_a_taken_task_or_reserved_node():
+    """A hold changes no free capacity, so the next decision takes the best remaining edge of
+    the same scoring: fewer actor calls than decisions, and every decision is still legal
+    (task untaken, node not reserved, a start fits the node now, a wait targets a busy one)."""
+    from platforms.cluster.simcluster import capacity, parse_nodes_spec
+    from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
+
+    nodes = parse_nodes_spec("tx2:6,orin-nx:3,rubikpi3:3")
+    cfg = SyntheticConfig(n_jobs=40, seed=5, load=1.5, capacity=capacity(nodes))
+    w = Workload.from_jobs(synthetic_trace(cfg).jobs)
+    calls = {"logits": 0, "decisions": 0, "holds": 0}
+
+    class HoldsOften(TeacherModel):
+        def logits(self, pairs):
+            calls["logits"] += 1
+            return 2.0 * pairs[:, COL_IS_WAIT] - pairs[:, COL_LOG_WORK]
+
+    placer = HigfrlPlacer(model=HoldsOften(), record=True)
+
+    def place(view):
+        state = LocalState(view)
+        while (pick := placer.select(state)) is not None:
+            task, node, pos, wait = pick
+            calls["decisions"] += 1
+            assert view.ready[pos] == task and not state.taken[pos]
+            assert not state.reserved[node]
+            fits = (
+                state.free_cpu[node] >= view.cpu[task] - 1e-9
+                and state.free_mem[node] >= view.mem[task] - 1e-9
+            )
+            assert fits != wait
+            if wait:
+                calls["holds"] += 1
+                state.hold(task, node, pos)
+            else:
+                state.commit(task, node, pos)
+        return state.placed
+
+    placer.place = place
+    res = simulate(w, nodes, placer, seed=1)
+    assert np.isfinite(res.finish).all()
+    assert calls["holds"] > 10
+    assert calls["logits"] < calls["decisions"] - calls["holds"] // 2
+    # what training sees: every recorded decision is an argmax of its own (reduced) pairs
+    tr = placer.trajectory
+    for x, a in zip(tr.x, tr.action):
+        lg = 2.0 * x[:, COL_IS_WAIT] - x[:, COL_LOG_WORK]
+        assert lg[a] == lg.max()
