@@ -107,7 +107,21 @@ TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
     help="policies trained in parallel processes (default: the CPU count); results do not "
     "depend on it",
 )
-def train_cmd(board, seed, policies, episodes, n_jobs, out_dir, workers) -> None:
+@click.option(
+    "--lambda-e",
+    type=click.FloatRange(0.0),
+    default=None,
+    help="weight of the energy regulariser (default: the board's, see agents/TRAINING.md)",
+)
+@click.option(
+    "--energy-rail",
+    type=click.Choice(["cpu", "total"]),
+    default=None,
+    help="rail the energy regulariser charges (default: the board's)",
+)
+def train_cmd(
+    board, seed, policies, episodes, n_jobs, out_dir, workers, lambda_e, energy_rail
+) -> None:
     """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
     from agents.learned import model_dir
     from agents.train import TrainConfig, train_board
@@ -124,6 +138,14 @@ def train_cmd(board, seed, policies, episodes, n_jobs, out_dir, workers) -> None
         f"hidvfs agents train --board {board} --seed {seed} --policy {','.join(pols)} "
         f"--episodes {episodes} --jobs {n_jobs}"
     )
+    overrides = {}
+    if lambda_e is not None:
+        overrides["lambda_e"] = lambda_e
+        command += f" --lambda-e {lambda_e:g}"
+    if energy_rail is not None:
+        overrides["energy_rail"] = energy_rail
+        command += f" --energy-rail {energy_rail}"
+    cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     t0 = time.monotonic()
     man = train_board(
         spec,
@@ -134,7 +156,7 @@ def train_cmd(board, seed, policies, episodes, n_jobs, out_dir, workers) -> None
         command,
         episodes=episodes,
         policies=pols,
-        cfg=TrainConfig(episodes=episodes, period_s=ep.period_s),
+        cfg=cfg,
         log=lambda s: click.echo(s, err=True),
         workers=workers or os.cpu_count() or 1,
     )

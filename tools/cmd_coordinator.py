@@ -110,12 +110,19 @@ def train_cmd(seed, out, iterations) -> None:
     type=click.IntRange(10),
     help="Jobs per held-out trace.",
 )
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="higfrl ONNX file (default: the shipped model).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
-def evaluate_cmd(n_jobs, as_json) -> None:
+def evaluate_cmd(n_jobs, model_path, as_json) -> None:
     """higfrl against every heuristic on held-out synthetic traces, including a high load."""
     from tools.coordinator_cmd import evaluate
 
-    rows = evaluate(n_jobs=n_jobs)
+    rows = evaluate(model_path=model_path, n_jobs=n_jobs)
     if as_json:
         emit_json(rows)
     else:

@@ -192,3 +192,13 @@ def test_parallel_board_training_matches_serial(tmp_path):
     assert sorted(outs[1]) == sorted(outs[2]) == ["geardvfs_x", "geardvfs_y", "ztt_x", "ztt_y"]
     for k in outs[1]:
         np.testing.assert_array_equal(outs[1][k], outs[2][k])
+
+
+def test_board_defaults_apply_before_overrides():
+    from agents.train import BOARD_DEFAULTS, TrainConfig
+
+    assert TrainConfig.for_board("tx2") == TrainConfig()
+    orin = TrainConfig.for_board("orin-nx", episodes=8)
+    assert orin.lambda_e == BOARD_DEFAULTS["orin-nx"]["lambda_e"] != TrainConfig().lambda_e
+    assert orin.episodes == 8
+    assert TrainConfig.for_board("orin-nx", lambda_e=2.0).lambda_e == 2.0
