@@ -142,7 +142,8 @@ def test_shipped_model_loads_with_provenance():
         "date",
         "train_config",
         "feature_version",
-    ):  # git_commit: from the next retrain on
+        "git_commit",
+    ):
         assert m.metadata.get(key), key
     assert "coordinator_cmd train" in m.metadata["command"]
     assert (m.n_pair, m.n_global) == (N_PAIR, N_GLOBAL)
