@@ -15,7 +15,7 @@ import datetime as _dt
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,29 +65,39 @@ def provenance(
     return meta
 
 
+def dense_nodes(
+    layers: Sequence[tuple[np.ndarray, np.ndarray]], x: str, out: str, prefix: str = ""
+) -> tuple[list, list]:
+    """ONNX nodes and float32 initialisers of ``x -> (MatMul, Add, Relu)* -> out`` for
+    ``layers[i] = (W [in, out], b [out])``, ReLU between layers and a linear last layer (the
+    one graph every exported MLP of the project uses)."""
+    from onnx import helper, numpy_helper
+
+    nodes, inits = [], []
+    h = x
+    last = len(layers) - 1
+    for i, (w, b) in enumerate(layers):
+        wn, bn = f"{prefix}W{i}", f"{prefix}B{i}"
+        inits.append(numpy_helper.from_array(np.asarray(w, np.float32), wn))
+        inits.append(numpy_helper.from_array(np.asarray(b, np.float32), bn))
+        nodes.append(helper.make_node("MatMul", [h, wn], [f"{prefix}mm{i}"]))
+        z = out if i == last else f"{prefix}z{i}"
+        nodes.append(helper.make_node("Add", [f"{prefix}mm{i}", bn], [z]))
+        if i < last:
+            nodes.append(helper.make_node("Relu", [z], [f"{prefix}h{i}"]))
+            h = f"{prefix}h{i}"
+    return nodes, inits
+
+
 def mlp_to_onnx(net: MLP, meta: Mapping[str, str], softmax: bool = False):
     """An ``onnx.ModelProto`` computing the MLP (raw outputs, or Softmax over the last axis)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    nodes = []
-    inits = []
-    h = "x"
-    last = len(net.weights) - 1
-    for i, (w, b) in enumerate(zip(net.weights, net.biases)):
-        inits.append(numpy_helper.from_array(np.asarray(w, np.float32), f"W{i}"))
-        inits.append(numpy_helper.from_array(np.asarray(b, np.float32), f"B{i}"))
-        nodes.append(helper.make_node("MatMul", [h, f"W{i}"], [f"mm{i}"]))
-        out = f"z{i}"
-        nodes.append(helper.make_node("Add", [f"mm{i}", f"B{i}"], [out]))
-        if i < last:
-            nodes.append(helper.make_node("Relu", [out], [f"h{i}"]))
-            h = f"h{i}"
-        else:
-            h = out
+    nodes, inits = dense_nodes(list(zip(net.weights, net.biases)), "x", "z")
     if softmax:
-        nodes.append(helper.make_node("Softmax", [h], ["y"], axis=-1))
+        nodes.append(helper.make_node("Softmax", ["z"], ["y"], axis=-1))
     else:
-        nodes.append(helper.make_node("Identity", [h], ["y"]))
+        nodes.append(helper.make_node("Identity", ["z"], ["y"]))
     n_in, n_out = net.sizes[0], net.sizes[-1]
     graph = helper.make_graph(
         nodes,

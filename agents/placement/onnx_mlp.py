@@ -76,38 +76,18 @@ class Mlp:
         return [{"W": w.tolist(), "b": b.tolist()} for w, b in self.layers]
 
 
-def _mlp_nodes(helper, numpy_helper, mlp: Mlp, prefix: str, x: str, out: str):
-    nodes, inits = [], []
-    h = x
-    for i, (w, b) in enumerate(mlp.layers):
-        wn, bn = f"{prefix}_W{i}", f"{prefix}_b{i}"
-        inits += [
-            numpy_helper.from_array(w.astype(np.float32), wn),
-            numpy_helper.from_array(b.astype(np.float32), bn),
-        ]
-        mm, ad = f"{prefix}_mm{i}", (out if i == len(mlp.layers) - 1 else f"{prefix}_add{i}")
-        nodes += [
-            helper.make_node("MatMul", [h, wn], [mm]),
-            helper.make_node("Add", [mm, bn], [ad]),
-        ]
-        h = ad
-        if i < len(mlp.layers) - 1:
-            r = f"{prefix}_relu{i}"
-            nodes.append(helper.make_node("Relu", [h], [r]))
-            h = r
-    return nodes, inits
-
-
 def build_onnx(actor: Mlp, critic: Mlp, metadata: dict[str, str]) -> bytes:
     """Serialised ONNX model with inputs ``pairs``, ``context`` and outputs ``logits``,
     ``probs``, ``value`` (weights already folded with the input normalisation)."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
+
+    from agents.onnx_export import dense_nodes
 
     f_in = actor.layers[0][0].shape[0]
     g_in = critic.layers[0][0].shape[0]
-    a_nodes, a_init = _mlp_nodes(helper, numpy_helper, actor, "actor", "pairs", "logits")
-    c_nodes, c_init = _mlp_nodes(helper, numpy_helper, critic, "critic", "context", "value")
+    a_nodes, a_init = dense_nodes(actor.layers, "pairs", "logits", prefix="actor_")
+    c_nodes, c_init = dense_nodes(critic.layers, "context", "value", prefix="critic_")
     soft = helper.make_node("Softmax", ["logits"], ["probs"], axis=0)
     graph = helper.make_graph(
         a_nodes + [soft] + c_nodes,
