@@ -28,28 +28,45 @@ IR_VERSION = 9  # readable by onnxruntime >= 1.16 (the boards' L4T / Ubuntu whee
 REQUIRED_KEYS = ("board", "schema_version", "role", "seed", "command", "git_commit", "date")
 
 
+#: what training itself writes: its outputs do not make the source tree count as modified
+_OUTPUTS = (":(exclude)agents/models", ":(exclude)tests/agents/data")
+
+
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
-    """``git rev-parse HEAD`` of the source tree, or "unknown" when git cannot tell."""
+    """``git rev-parse HEAD`` of the source tree, with ``+dirty`` when tracked files other than
+    the model and test-data folders differ from it (the code that ran is then not that
+    commit), or "unknown" when git cannot tell. Read it when training starts."""
     where = cwd or Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
+
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=where, capture_output=True, text=True, timeout=5, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    out = git("rev-parse", "HEAD")
+    sha = out.stdout.strip() if out is not None and out.returncode == 0 else ""
+    if not sha:
         return "unknown"
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and sha else "unknown"
+    top = git("rev-parse", "--show-toplevel")
+    if top is not None and top.returncode == 0:
+        where = top.stdout.strip()
+    st = git("status", "--porcelain", "--untracked-files=no", "--", ".", *_OUTPUTS)
+    return sha + "+dirty" if st is not None and st.stdout.strip() else sha
 
 
 def provenance(
-    board: str, role: str, seed: int, command: str, extra: Mapping[str, object] | None = None
+    board: str,
+    role: str,
+    seed: int,
+    command: str,
+    extra: Mapping[str, object] | None = None,
+    commit: str | None = None,
 ) -> dict[str, str]:
-    """The metadata every exported file carries (values as strings, JSON for structures)."""
+    """The metadata every exported file carries (values as strings, JSON for structures);
+    ``commit`` is the source tree's commit when training started (default: now)."""
     meta = {
         "board": board,
         "schema_version": str(SCHEMA_VERSION),
@@ -57,7 +74,7 @@ def provenance(
         "role": role,
         "seed": str(int(seed)),
         "command": command,
-        "git_commit": git_commit(),
+        "git_commit": commit or git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     for k, v in (extra or {}).items():

@@ -752,7 +752,7 @@ def _ref_inputs(n_in: int, seed: int, n: int = 8) -> np.ndarray:
     return np.random.default_rng([seed, 99]).uniform(-1.0, 2.0, size=(n, n_in)).astype(np.float32)
 
 
-def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log) -> dict:
+def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, commit) -> dict:
     """Train one policy and write its ONNX files; returns its manifest entry and reference
     input/output pairs (for ``agents check``). Runs in the caller or in a forked worker."""
     from agents.geardvfs import GEAR_IN, DqnConfig, train_geardvfs
@@ -764,7 +764,7 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log) -
     shield = None
 
     def meta(role: str, extra=None):
-        return provenance(spec.name, role, seed, command, extra)
+        return provenance(spec.name, role, seed, command, extra, commit)
 
     def export(net, path, role, prefix, extra):
         save_mlp(net, path, meta(role, extra))
@@ -891,6 +891,7 @@ def train_board(
 
     from agents.features import SCHEMA_VERSION, schema
     from agents.hidvfs import ActionSpace
+    from agents.onnx_export import git_commit
 
     for pol in policies:
         if pol not in POLICIES:
@@ -934,8 +935,12 @@ def train_board(
         np.savez(ref_path, **ref)
         man_path.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
 
+    commit = git_commit()  # the code that trains, before any output is written
+
     def job(pol: str) -> Callable[[], dict]:
-        return lambda: _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log)
+        return lambda: _train_one(
+            pol, spec, run_episode, make_mix, seed, cfg, out, command, log, commit
+        )
 
     if workers <= 1 or len(policies) <= 1:
         for pol in policies:  # export as each finishes: a crash keeps the finished ones

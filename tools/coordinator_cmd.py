@@ -171,6 +171,7 @@ def train(
     out = os.fspath(out or DEFAULT_MODEL)
     kw = {"seed": seed} if iterations is None else {"seed": seed, "iterations": iterations}
     cfg = TrainConfig(**kw)
+    commit = git_commit()  # the code that trains (read before training, not at export)
     t0 = time.monotonic()
 
     def log(row):
@@ -189,7 +190,7 @@ def train(
         "" if iterations is None else f" --iterations {iterations}"
     )
     date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    extra = {"train_seconds": f"{time.monotonic() - t0:.1f}", "git_commit": git_commit()}
+    extra = {"train_seconds": f"{time.monotonic() - t0:.1f}", "git_commit": commit}
     export(model, out, cfg, command, date, history, extra)
     return out
 

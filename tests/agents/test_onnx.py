@@ -97,3 +97,27 @@ def test_sklearn_regressor_export_matches(tmp_path):
     save_sklearn(est, 8, tmp_path / "rt.onnx", provenance("tx2", "response_time", 0, "c"))
     m = OnnxModel(tmp_path / "rt.onnx", "tx2", "response_time")
     np.testing.assert_allclose(m(X[:20]).reshape(-1), est.predict(X[:20]), atol=1e-5)
+
+
+def test_git_commit_marks_a_modified_source_tree_but_not_training_outputs(tmp_path):
+    import subprocess
+
+    from agents.onnx_export import git_commit
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "agents" / "models").mkdir(parents=True)
+    (tmp_path / "agents" / "train.py").write_text("x = 1\n")
+    (tmp_path / "agents" / "models" / "m.onnx").write_text("old\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    sha = git_commit(tmp_path)
+    assert len(sha) == 40 and "+" not in sha
+    (tmp_path / "agents" / "models" / "m.onnx").write_text("retrained\n")
+    (tmp_path / "agents" / "new_untracked.py").write_text("")
+    assert git_commit(tmp_path) == sha  # its own output and untracked files do not count
+    (tmp_path / "agents" / "train.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == sha + "+dirty"
+    assert git_commit(tmp_path / "agents") == sha + "+dirty"  # from any folder of the tree
