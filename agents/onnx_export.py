@@ -29,7 +29,7 @@ REQUIRED_KEYS = ("board", "schema_version", "role", "seed", "command", "git_comm
 
 
 #: what training itself writes: its outputs do not make the source tree count as modified
-_OUTPUTS = (":(exclude)agents/models", ":(exclude)tests/agents/data")
+_OUTPUTS = (":(top,exclude)agents/models", ":(top,exclude)tests/agents/data")
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -38,23 +38,20 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
     commit), or "unknown" when git cannot tell. Read it when training starts."""
     where = cwd or Path(__file__).resolve().parent
 
-    def git(*args: str) -> subprocess.CompletedProcess | None:
+    def git(*args: str) -> str | None:
         try:
-            return subprocess.run(
+            out = subprocess.run(
                 ["git", *args], cwd=where, capture_output=True, text=True, timeout=5, check=False
             )
         except (OSError, subprocess.SubprocessError):
             return None
+        return out.stdout.strip() if out.returncode == 0 else None
 
-    out = git("rev-parse", "HEAD")
-    sha = out.stdout.strip() if out is not None and out.returncode == 0 else ""
+    sha = git("rev-parse", "HEAD")
     if not sha:
         return "unknown"
-    top = git("rev-parse", "--show-toplevel")
-    if top is not None and top.returncode == 0:
-        where = top.stdout.strip()
-    st = git("status", "--porcelain", "--untracked-files=no", "--", ".", *_OUTPUTS)
-    return sha + "+dirty" if st is not None and st.stdout.strip() else sha
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", *_OUTPUTS)
+    return sha + "+dirty" if status else sha
 
 
 def provenance(

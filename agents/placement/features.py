@@ -139,6 +139,8 @@ class LocalState:
         self.free_cpu[node] -= v.cpu[task]
         self.free_mem[node] -= v.mem[task]
         self.n_running += 1
+        if self.epoch is not None:  # refresh the committed node's column
+            self.epoch.commit(self, node)
 
     def hold(self, task: int, node: int, pos: int) -> None:
         """Keep ``task`` waiting for the busy ``node``, reserved for it in this round."""
@@ -236,14 +238,14 @@ class _ViewCache:
 class _EpochCache:
     """What depends on the free capacity of the round: which ready task fits which node now,
     every ready task's earliest start and finish on every node, the node columns and the
-    classes of identical nodes. Built once per round; :meth:`commit` refreshes the one node
-    whose capacity a commit changed. A hold (taken task, reserved node) changes none of it
+    classes of identical nodes. Built at the round's first decision; :meth:`commit` refreshes
+    the one node whose capacity a commit changed. A hold (taken task, reserved node) changes none of it
     (:meth:`reserve` masks the node), so holding costs only the per-decision part of
     :meth:`FeatureBuilder.build`."""
 
     def __init__(self, fb: FeatureBuilder, s: LocalState):
         v, cc = s.view, s.cache
-        self.n_placed = len(s.placed)
+        self.fb = fb
         c, m = cc.cpu_r, cc.mem_r
         self.now = (c[:, None] <= s.free_cpu[None, :] + _EPS) & (
             m[:, None] <= s.free_mem[None, :] + _EPS
@@ -260,42 +262,32 @@ class _EpochCache:
         self.node_block[:, 0] = cc.node_fixed[:, 0]
         self.node_block[:, 3] = cc.node_fixed[:, 1]
         self.node_block[:, 4] = cc.node_fixed[:, 2]
-        self._columns(s, slice(None))
+        self._columns(s, np.arange(v.n_nodes))
         self.n_fit = np.count_nonzero(self.now & ~s.reserved[None, :], axis=1)
         self._round(fb, s)
 
-    def _columns(self, s: LocalState, k) -> None:
-        """Fill the capacity-dependent columns of nodes ``k`` (a slice or one index)."""
+    def _columns(self, s: LocalState, k: np.ndarray) -> None:
+        """Fill the capacity-dependent columns of the nodes ``k`` (an index array)."""
         v, cc = s.view, s.cache
-        c, m = cc.cpu_r, cc.mem_r
-        cols = np.arange(v.n_nodes)[k]
+        c, m = cc.cpu_r[:, None], cc.mem_r[:, None]
         # earliest finish on every node if the task waited for it (busy nodes included), with
         # this round's placements still holding their cores. The wait estimate counts cores
         # only (one row per distinct core demand, memory checked now)
         times, pc, _ = cc.profile
-        held_c = (v.free_cpu[k] - s.free_cpu[k])[..., None]
+        held_c = (v.free_cpu[k] - s.free_cpu[k])[:, None]
         ok = pc[k][None] - held_c[None] >= cc.cpu_levels[:, None, None] - _EPS
-        ok = ok.reshape(cc.cpu_levels.size, -1, pc.shape[1])
         first = np.argmax(ok, axis=2)
-        later = np.where(ok.any(axis=2), times[np.atleast_1d(cols)[None, :], first], np.inf)[
-            cc.cpu_level_of
-        ]
-        now = self.now[:, k]
-        est = np.where(now, v.t, np.maximum(later.reshape(now.shape), v.t))
+        later = np.where(ok.any(axis=2), times[k[None, :], first], np.inf)[cc.cpu_level_of]
+        est = np.where(self.now[:, k], v.t, np.maximum(later, v.t))
         self.est[:, k] = est
         # earliest finish, inf on reserved nodes
-        eft = est + self.run[:, k]
-        self.eft[:, k] = np.where(s.reserved[k], np.inf, eft)
+        self.eft[:, k] = np.where(s.reserved[k], np.inf, est + self.run[:, k])
         fc, fm = s.free_cpu[k], s.free_mem[k]
         cap_c, cap_m = v.cap_cpu[k], v.cap_mem[k]
         # edge columns of every (ready task, node) pair (the regret column is filled later)
         eb = self.edge_block
-        if isinstance(k, slice):
-            c2, m2 = c[:, None], m[:, None]
-        else:
-            c2, m2 = c, m
-        eb[:, k, 2] = c2 * fc / cap_c**2 + m2 * fm / cap_m**2
-        eb[:, k, 3] = (fc - c2) / cap_c
+        eb[:, k, 2] = c * fc / cap_c**2 + m * fm / cap_m**2
+        eb[:, k, 3] = (fc - c) / cap_c
         nb = self.node_block
         nb[k, 1] = fc / cap_c
         nb[k, 2] = fm / cap_m
@@ -335,21 +327,20 @@ class _EpochCache:
             dtype=np.float32,
         )
 
-    def commit(self, fb: FeatureBuilder, s: LocalState, node: int) -> None:
+    def commit(self, s: LocalState, node: int) -> None:
         """A task started on ``node``: only that node's free capacity changed, so only its
         column is refreshed (O(ready tasks), not O(ready tasks x nodes))."""
+        cc = s.cache
         free = ~s.reserved[node]
         if free:
             self.n_fit -= self.now[:, node]
-        cc = s.cache
         self.now[:, node] = (cc.cpu_r <= s.free_cpu[node] + _EPS) & (
             cc.mem_r <= s.free_mem[node] + _EPS
         )
         if free:
             self.n_fit += self.now[:, node]
-        self._columns(s, node)
-        self._round(fb, s)
-        self.n_placed += 1
+        self._columns(s, np.array([node]))
+        self._round(self.fb, s)
 
     def reserve(self, node: int) -> None:
         """``node`` was reserved by a hold: no task may start or wait there any more."""
@@ -434,8 +425,6 @@ class FeatureBuilder:
             s.cache = _ViewCache(self, s.view)
         if s.epoch is None:
             s.epoch = _EpochCache(self, s)
-        for _task, node in s.placed[s.epoch.n_placed :]:
-            s.epoch.commit(self, s, node)
         cc, ep = s.cache, s.epoch
         keep = ~s.taken
         n_ready = s.n_ready
