@@ -14,7 +14,9 @@ capacity. A placer may hold tasks back (e.g. to wait for a faster node) while so
 Metrics (one definition everywhere, stated with each result):
 - makespan = max_i C_i - min_j a_j (C completion, a job arrival);
 - task flow time F_i = C_i - r_i and wait time W_i = S_i - r_i, with r_i the time task i
-  became ready (its job's arrival for a root task) and S_i its start; both averaged over tasks.
+  became ready (its job's arrival for a root task) and S_i its start; both averaged over tasks;
+- makespan lower bound (:func:`makespan_lower_bound`): what no placement can beat, so a ratio
+  to it says how much any policy could still gain.
 """
 
 from __future__ import annotations
@@ -453,6 +455,37 @@ class Placer(Protocol):
     def place(self, view: ClusterView) -> list[tuple[int, int]]: ...
 
 
+def makespan_lower_bound(
+    w: Workload, nodes: Sequence[NodeSpec], cpu: np.ndarray | None = None
+) -> float:
+    """The larger of two bounds no schedule can beat (nominal speeds; a ``speed_fn`` that
+    only slows a node keeps it valid):
+
+    - path: a job's longest chain cannot start before the job arrives nor run faster than
+      the fastest node, so ``max_j a_j + rank_u(root of j) / v_max``;
+    - work: the core-seconds of the jobs arriving at or after ``a_j`` need at least their
+      total over the cluster's speed-weighted cores, so
+      ``max_j a_j + sum_{a_k >= a_j} W_k / sum_n cores_n v_n``.
+
+    Both are measured from the first arrival, like the makespan. ``cpu`` is the demand the
+    simulator ran (after clamping to the largest node), the workload's demand by default.
+    """
+    if w.n_tasks == 0 or not nodes:
+        return 0.0
+    cpu = w.cpu if cpu is None else cpu
+    v_max = max(n.speed for n in nodes)
+    cap = sum(n.cpus * n.speed for n in nodes)
+    chain = np.zeros(w.n_jobs)
+    np.maximum.at(chain, w.task_job, w.rank_u)
+    path = float(np.max(w.job_arrival + chain / v_max))
+    job_work = np.zeros(w.n_jobs)
+    np.add.at(job_work, w.task_job, w.work * cpu)
+    order = np.argsort(w.job_arrival, kind="stable")
+    after = np.cumsum(job_work[order][::-1])[::-1]
+    work = float(np.max(w.job_arrival[order] + after / cap))
+    return max(path, work) - float(w.job_arrival.min())
+
+
 # --------------------------------------------------------------------------------------------
 # Results
 
@@ -500,6 +533,7 @@ class SimResult:
             "tasks": self.workload.n_tasks,
             "nodes": len(self.nodes),
             "makespan_s": self.makespan,
+            "makespan_lb_s": makespan_lower_bound(self.workload, self.nodes, self.cpu),
             "mean_flow_s": self.mean_flow,
             "mean_wait_s": self.mean_wait,
             "mean_jct_s": self.mean_jct,

@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 
 from agents.placement.heuristics import HEURISTICS, make_heuristic
 from agents.placement.higfrl import HigfrlPlacer
-from platforms.cluster.simcluster import NodeSpec, PiecewiseSpeed, SimResult, Workload, simulate
+from platforms.cluster.simcluster import (
+    NodeSpec,
+    PiecewiseSpeed,
+    SimResult,
+    Workload,
+    makespan_lower_bound,
+    simulate,
+)
 from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
 
 POLICIES = ("higfrl", *HEURISTICS)
@@ -88,6 +95,8 @@ def test_every_policy_respects_dependencies_and_capacity(seed, n_jobs, load, nod
         assert violations(res) == [], name
         assert res.makespan >= 0 and res.mean_wait >= 0
         assert res.mean_flow >= res.mean_wait
+        # throttling only slows nodes, so the nominal-speed bound holds for every schedule
+        assert res.makespan >= makespan_lower_bound(w, nodes, res.cpu) - 1e-6, name
 
 
 def test_checker_catches_a_broken_schedule():

@@ -15,6 +15,7 @@ from platforms.cluster.simcluster import (
     Workload,
     board_node,
     capacity,
+    makespan_lower_bound,
     parse_nodes_spec,
     simulate,
 )
@@ -69,6 +70,26 @@ def test_chain_runs_at_node_speed_and_metrics():
     assert res.makespan == 15.0
     assert res.mean_flow == pytest.approx(7.5)  # (5 + 10) / 2, flow from the ready time
     assert res.mean_wait == 0.0
+
+
+def test_makespan_lower_bound_is_the_chain_or_the_work_whichever_binds():
+    chain = _workload(["M1,1,j,1,Terminated,0,10,100,0.1", "R2_1,1,j,1,Terminated,10,30,100,0.1"])
+    fast = NodeSpec("f", "x", cpus=1, mem=1, speed=2.0)
+    slow = NodeSpec("s", "x", cpus=8, mem=8, speed=0.5)
+    # the chain of 30 s at the fastest speed 2.0 binds (work bound 30 / 6 = 5 s)
+    assert makespan_lower_bound(chain, [fast, slow]) == pytest.approx(15.0)
+    assert simulate(chain, [fast], FirstFit()).makespan == pytest.approx(15.0)  # tight
+    # four independent 10 s single-core tasks on one 2-core node: the work binds (40 / 2)
+    par = _workload([f"task_{i},1,j,1,Terminated,0,10,100,0.1" for i in range(4)])
+    two = NodeSpec("n", "x", cpus=2, mem=8, speed=1.0)
+    assert makespan_lower_bound(par, [two]) == pytest.approx(20.0)
+    assert simulate(par, [two], FirstFit()).makespan == pytest.approx(20.0)
+    # work that arrives late counts from its arrival, measured from the first arrival
+    late = _workload(
+        ["task_1,1,a,1,Terminated,0,10,100,0.1", "task_1,1,b,1,Terminated,100,110,100,0.1"]
+    )
+    assert makespan_lower_bound(late, [two]) == pytest.approx(110.0)
+    assert makespan_lower_bound(_workload([]), [two]) == 0.0
 
 
 def test_waiting_for_capacity_counts_as_wait():
