@@ -83,13 +83,10 @@ Log = Callable[[str], None]
 
 
 #: per-board training settings that differ from :class:`TrainConfig`'s defaults, chosen on
-#: validation mixes (never the held-out ones). orin-nx: its CPU rail is only 20-26 % of the
-#: board's energy, so lambda_E = 1 on that rail buys CPU joules with time the board pays for
-#: (validation seeds 700100-9: EDP vs maxfreq 0.980x mean but 1.164x worst, CPU -28 %); 0.3 keeps
-#: the CPU saving above 15 % (-15.9 %) with EDP 0.968x mean, 1.004x worst, 0 misses. The total
-#: rail (EDP-aligned) gave 0.964x but only -14 % CPU, and on tx2 / rubikpi3 it did no better
-#: (rubikpi3 worse: 0.882x vs 0.835x maxfreq), so they keep the CPU rail at 1.
-BOARD_DEFAULTS: dict[str, dict[str, object]] = {"orin-nx": {"lambda_e": 0.3}}
+#: validation mixes (never the held-out ones; the comparison is in agents/TRAINING.md).
+#: orin-nx: its CPU rail is only 20-26 % of the board's energy, so lambda_E = 1 on that rail
+#: buys CPU joules with time the board pays for; 0.7 had the lowest mean EDP of 0.3-1.0.
+BOARD_DEFAULTS: dict[str, dict[str, object]] = {"orin-nx": {"lambda_e": 0.7}}
 
 
 @dataclass
