@@ -37,7 +37,13 @@ class Decision:
     events: list[str] = field(default_factory=list)  # gate/shield/guard interventions
 
     def copy(self) -> Decision:
-        return Decision(dict(self.freq_khz), dict(self.jobs), dict(self.governor), dict(self.cap_khz), list(self.events))
+        return Decision(
+            dict(self.freq_khz),
+            dict(self.jobs),
+            dict(self.governor),
+            dict(self.cap_khz),
+            list(self.events),
+        )
 
 
 class Policy(ABC):

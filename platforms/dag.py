@@ -93,7 +93,9 @@ class DagBuilder:
         self._edges_src: list[int] = []
         self._edges_dst: list[int] = []
 
-    def add(self, cycles: float, mem_s: float = 0.0, preds: tuple[int, ...] | list[int] = ()) -> int:
+    def add(
+        self, cycles: float, mem_s: float = 0.0, preds: tuple[int, ...] | list[int] = ()
+    ) -> int:
         tid = len(self._cycles)
         self._cycles.append(float(cycles))
         self._mem.append(float(mem_s))
@@ -112,7 +114,9 @@ class DagBuilder:
         return len(self._cycles)
 
     def build(self, **meta) -> DAG:
-        return make_dag(self.name, self._cycles, self._mem, self._edges_src, self._edges_dst, **meta)
+        return make_dag(
+            self.name, self._cycles, self._mem, self._edges_src, self._edges_dst, **meta
+        )
 
 
 def make_dag(name, cycles, mem_s, src, dst, **meta) -> DAG:

@@ -189,8 +189,9 @@ def spawn_job(argv: list[str], env: dict[str, str], stdout) -> subprocess.Popen:
     if not argv:
         raise ValueError("no command given to run")
     try:
-        return subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, env=env, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True
+        )
     except OSError as err:
         raise OSError(err.errno, f"cannot launch {argv[0]!r}: {err.strerror}") from None
 

@@ -186,18 +186,24 @@ class _Reader:
             raise SpecError(self.file, path, desc, v)
         return v
 
-    def int_list(self, d: dict, key: str, where: str, desc: str, required: bool = True) -> tuple[int, ...]:
+    def int_list(
+        self, d: dict, key: str, where: str, desc: str, required: bool = True
+    ) -> tuple[int, ...]:
         path = f"{where}.{key}"
         if key not in d:
             if required:
                 raise SpecError(self.file, path, f"{desc} (missing)")
             return ()
         v = d[key]
-        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        if not isinstance(v, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v
+        ):
             raise SpecError(self.file, path, desc, v)
         return tuple(v)
 
-    def str_list(self, d: dict, key: str, where: str, desc: str, required: bool = True) -> tuple[str, ...]:
+    def str_list(
+        self, d: dict, key: str, where: str, desc: str, required: bool = True
+    ) -> tuple[str, ...]:
         path = f"{where}.{key}" if where else key
         if key not in d:
             if required:
@@ -235,14 +241,21 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
         if not cpus:
             raise SpecError(file, f"{w}.cpus", "at least one CPU id", list(cpus))
         if policy not in cpus:
-            raise SpecError(file, f"{w}.policy", f"the first CPU of the domain (one of {list(cpus)})", policy)
+            raise SpecError(
+                file, f"{w}.policy", f"the first CPU of the domain (one of {list(cpus)})", policy
+            )
         dup = seen_cpus.intersection(cpus)
         if dup:
             raise SpecError(file, f"{w}.cpus", "CPU ids not used by another cluster", sorted(dup))
         seen_cpus.update(cpus)
         freqs = r.int_list(c, "freqs_khz", w, "a list of frequencies in kHz")
         if not freqs or list(freqs) != sorted(set(freqs)) or freqs[0] <= 0:
-            raise SpecError(file, f"{w}.freqs_khz", "a strictly increasing list of positive kHz values", list(freqs))
+            raise SpecError(
+                file,
+                f"{w}.freqs_khz",
+                "a strictly increasing list of positive kHz values",
+                list(freqs),
+            )
         governors = r.str_list(c, "governors", w, "a list of governor names")
         default_gov = r.req(c, "default_governor", w, str, "a governor name")
         modular = r.str_list(c, "modular_governors", w, "a list of governor names", required=False)
@@ -250,7 +263,12 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
             raise SpecError(file, f"{w}.default_governor", f"one of {list(governors)}", default_gov)
         offline = r.int_list(c, "offline_by_default", w, "a list of CPU ids", required=False)
         if not set(offline) <= set(cpus):
-            raise SpecError(file, f"{w}.offline_by_default", f"CPU ids of this cluster {list(cpus)}", list(offline))
+            raise SpecError(
+                file,
+                f"{w}.offline_by_default",
+                f"CPU ids of this cluster {list(cpus)}",
+                list(offline),
+            )
         capacity = r.req(c, "capacity", w, float, "relative speed per Hz (number > 0)")
         if capacity <= 0:
             raise SpecError(file, f"{w}.capacity", "a number > 0", capacity)
@@ -262,7 +280,9 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
                 core_type=r.req(c, "core_type", w, str, "a core type name"),
                 capacity=capacity,
                 freqs_khz=freqs,
-                transition_latency_ns=r.req(c, "transition_latency_ns", w, int, "nanoseconds (int)"),
+                transition_latency_ns=r.req(
+                    c, "transition_latency_ns", w, int, "nanoseconds (int)"
+                ),
                 governors=governors,
                 default_governor=default_gov,
                 modular_governors=modular,

@@ -102,7 +102,9 @@ class DirSysfs(SysfsBackend):
             and not os.path.isdir(os.path.join(self.root, "devices"))
         )
         self._sys = os.path.join(self.root, "sys") if full_root else self.root
-        self._proc = os.path.join(self.root, "proc") if full_root else os.path.join(self.root, "proc")
+        self._proc = (
+            os.path.join(self.root, "proc") if full_root else os.path.join(self.root, "proc")
+        )
 
     def __repr__(self) -> str:
         return f"DirSysfs({self.root!r})"

@@ -16,11 +16,30 @@ def test_bench_daemon_cpu_and_rss(benchmark, tmp_path):
     tree = tmp_path / "tree"
     write_fake_tree(load_board("tx2"), tree)
     state = tmp_path / "state"
-    cmd = [sys.executable, "-m", "tools.cli", "daemon", "--sysfs-root", str(tree), "--policy",
-           "schedutil", "--period-ms", "100", "--state-dir", str(state), "--socket",
-           str(state / "s.sock"), "--duration", "12"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=Path(__file__).resolve().parents[2])
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools.cli",
+        "daemon",
+        "--sysfs-root",
+        str(tree),
+        "--policy",
+        "schedutil",
+        "--period-ms",
+        "100",
+        "--state-dir",
+        str(state),
+        "--socket",
+        str(state / "s.sock"),
+        "--duration",
+        "12",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
     def measure():
         p = psutil.Process(proc.pid)
@@ -38,4 +57,6 @@ def test_bench_daemon_cpu_and_rss(benchmark, tmp_path):
     assert 0.0 < share < 1.0 and rss > 0
     benchmark.extra_info["cpu_share_of_one_core"] = round(share, 4)
     benchmark.extra_info["rss_mb"] = round(rss / 2**20, 1)
-    print(f"\ndaemon at 100 ms on a fake TX2 tree: {share * 100:.2f}% of one core, {rss / 2**20:.1f} MB RSS")
+    print(
+        f"\ndaemon at 100 ms on a fake TX2 tree: {share * 100:.2f}% of one core, {rss / 2**20:.1f} MB RSS"
+    )

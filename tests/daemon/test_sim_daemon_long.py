@@ -11,8 +11,15 @@ from tools.simdaemon import run_sim_daemon
 @pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])
 def test_ten_simulated_minutes_per_board(board, tmp_path):
     status_file = tmp_path / "status.json"
-    status = run_sim_daemon(board, "schedutil", period_ms=100, duration_s=600.0,
-                            status_file=str(status_file), seed=1, load=0.5)
+    status = run_sim_daemon(
+        board,
+        "schedutil",
+        period_ms=100,
+        duration_s=600.0,
+        status_file=str(status_file),
+        seed=1,
+        load=0.5,
+    )
     on_disk = json.loads(status_file.read_text())
     assert on_disk["t"] == pytest.approx(600.0) and status["t"] == pytest.approx(600.0)
     assert on_disk["ticks"] >= 6000
