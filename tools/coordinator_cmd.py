@@ -197,7 +197,7 @@ def train(
             )
 
     model, history = run(cfg, log)
-    command = f"python -m tools.coordinator_cmd train --seed {seed}" + (
+    command = f"hidvfs coordinator train --seed {seed}" + (
         "" if iterations is None else f" --iterations {iterations}"
     )
     date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

@@ -26,7 +26,7 @@ Advantage actor-critic (numpy, hand-written backprop, Adam), reproducible from o
   best heuristic of each trace, so a checkpoint must do well on both) is the one returned and
   exported.
 
-``python -m tools.coordinator_cmd train --seed 0`` trains and exports the shipped model
+``hidvfs coordinator train --seed 0`` trains and exports the shipped model
 (``tools`` owns the clock and the file paths; this module only computes).
 """
 

@@ -145,7 +145,7 @@ def test_shipped_model_loads_with_provenance():
         "git_commit",
     ):
         assert m.metadata.get(key), key
-    assert "coordinator_cmd train" in m.metadata["command"]
+    assert m.metadata["command"].startswith("hidvfs coordinator train --seed ")
     assert (m.n_pair, m.n_global) == (N_PAIR, N_GLOBAL)
     x = np.random.default_rng(0).normal(size=(7, N_PAIR)).astype(np.float32)
     assert m.logits(x).shape == (7,)
