@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from agents.nn import Adam
 from agents.placement.features import FEATURE_VERSION, N_GLOBAL, N_PAIR, topological_prior
 from agents.placement.heuristics import HEURISTICS, make_heuristic
 from agents.placement.higfrl import HigfrlPlacer, Trajectory
@@ -85,38 +86,8 @@ class TrainConfig:
     val_loads: tuple[float, ...] = (0.7, 1.0, 1.2)
 
 
-class Adam:
-    def __init__(
-        self,
-        params: list[np.ndarray],
-        lr: float,
-        b1: float = 0.9,
-        b2: float = 0.999,
-        eps: float = 1e-8,
-    ):
-        self.params, self.lr, self.b1, self.b2, self.eps = params, lr, b1, b2, eps
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
-        self.k = 0
-
-    def step(self, grads: list[np.ndarray]) -> None:
-        self.k += 1
-        c1, c2 = 1 - self.b1**self.k, 1 - self.b2**self.k
-        for p, g, m, v in zip(self.params, grads, self.m, self.v):
-            m *= self.b1
-            m += (1 - self.b1) * g
-            v *= self.b2
-            v += (1 - self.b2) * g * g
-            p -= self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
-
-
 def _flat(mlp: Mlp) -> list[np.ndarray]:
     return [a for wb in mlp.layers for a in wb]
-
-
-def _clip(grads: list[np.ndarray], limit: float) -> list[np.ndarray]:
-    norm = float(np.sqrt(sum(float((g * g).sum()) for g in grads)))
-    return [g * (limit / norm) for g in grads] if norm > limit else grads
 
 
 def episode_workload(seed: int, n_jobs: int, load: float, nodes: Sequence[NodeSpec]) -> Workload:
@@ -272,8 +243,8 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
     model = _init_model(cfg, rng, nodes)
     validator = Validator(cfg, nodes) if cfg.val_every > 0 else None
     best: tuple[float, int, NumpyPolicyModel] | None = None
-    opt_a = Adam(_flat(model.actor), cfg.lr)
-    opt_c = Adam(_flat(model.critic), cfg.critic_lr)
+    opt_a = Adam(_flat(model.actor), cfg.lr, clip=cfg.grad_clip)
+    opt_c = Adam(_flat(model.critic), cfg.critic_lr, clip=cfg.grad_clip)
     history = []
     for it in range(cfg.iterations):
         frac = it / max(cfg.iterations - 1, 1)
@@ -315,8 +286,8 @@ def train(cfg: TrainConfig, log=None) -> tuple[NumpyPolicyModel, list[dict]]:
             a_grads, stats = actor_grads(
                 model, xs, np.concatenate(acts), np.concatenate(teach), adv_a, beta, bc, ent
             )
-            opt_a.step(_clip(a_grads, cfg.grad_clip))
-        opt_c.step(_clip(c_grads, cfg.grad_clip))
+            opt_a.step(a_grads)
+        opt_c.step(c_grads)
         flow = float(np.mean([r.mean_flow for r, _ in runs]))
         mk = float(np.mean([r.makespan for r, _ in runs]))
         row = {
