@@ -101,6 +101,12 @@ def _bad(**changes):
         (_bad(kernels=[]), "kernels", "non-empty list"),
         (_bad(kernels=["fib", "fib"]), "kernels", "without duplicates"),
         (_bad(classes=["t40"]), "classes", "a class every selected kernel has (sort has"),
+        # the simulator models fewer classes than the binaries have: checked per backend
+        (
+            _bad(backend="sim", classes=["smoke"]),
+            "classes",
+            "a class every selected kernel has (fib has test, small, medium, large)",
+        ),
         (_bad(policies=["fastest"]), "policies", "names from hidvfs"),
         (_bad(seeds=[]), "seeds", "non-empty list of integers"),
         (_bad(seeds=0), "seeds", "positive count"),
@@ -133,6 +139,14 @@ def test_malformed_specs_name_the_key(data, key, expected):
     assert e.value.file == "camp.yaml"
     assert expected in e.value.expected, e.value.expected
     assert str(e.value).startswith(f"camp.yaml: key '{key}': expected ")
+
+
+def test_sim_campaigns_accept_the_classes_the_simulator_models():
+    from bots_bench.dags import CLASSES
+
+    spec = parse_spec({**GOOD, "backend": "sim", "classes": ["test", "small"]}, "camp.yaml")
+    assert spec.classes == ("test", "small")
+    assert all({"test", "small"} <= set(CLASSES[k]) for k in spec.kernels)
 
 
 def test_unreadable_and_invalid_files(tmp_path):
