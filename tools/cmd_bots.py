@@ -113,85 +113,24 @@ def run_cmd(
     as_json,
 ) -> None:
     """Run a campaign and print run records (--json) or a table with ratios to the first policy."""
-    from agents.factory import parse_policy_list
-    from bots_bench.campaign_sim import SimRunConfig, ratio_table, run_one
-    from tools.policies import build_policy_stack
+    from tools.native_campaign import run_campaign_cli
 
-    if spec_file or backend == "native":
-        from tools.native_campaign import run_campaign_cli
-
-        run_campaign_cli(
-            backend=backend,
-            board=board,
-            bench=bench,
-            cls=cls,
-            policy=policy,
-            seeds=seeds,
-            db=db,
-            bots_bin=bots_bin,
-            spec_file=spec_file,
-            as_json=as_json,
-            deadline_slack=deadline_slack,
-            sysfs_root=sysfs_root,
-        )
-        return
-    policies = parse_policy_list(policy)
-    kernels = _kernels(bench)
-    from bots_bench.dags import CLASSES
-
-    for k in kernels:
-        if cls not in CLASSES[k]:
-            fail(f"kernel {k} has no class {cls!r}; its classes: {', '.join(CLASSES[k])}")
-    configs = [
-        SimRunConfig(k, cls, p, s, board, deadline_slack)
-        for k in kernels
-        for p in policies
-        for s in range(seeds)
-    ]
-    store = None
-    done = set()
-    if db:
-        from bots_bench.store import ResultStore
-
-        store = ResultStore(db)
-        done = store.done_keys()
-    from bots_bench.progress import Progress
-
-    records = []
-    with Progress(len(configs), quiet=as_json) as bar:
-        for cfg in configs:
-            key = store.key_for(_as_run_dict(cfg)) if store is not None else None
-            if store is not None and key in done:
-                bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}")
-                continue
-            bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}")
-            rec = run_one(cfg, build_policy_stack)
-            records.append(rec)
-            if store is not None:
-                store.add(rec)
-            bar.advance()
-    if store is not None:
-        records = [
-            r
-            for r in store.runs({"backend": "sim", "board": board})
-            if r["policy"] in policies and r["bench"] in kernels
-        ]
-    if as_json:
-        emit_json([{k: v for k, v in r.items() if k != "series"} for r in records])
-    else:
-        click.echo(ratio_table(records, policies))
-
-
-def _as_run_dict(cfg) -> dict:
-    return {
-        "bench": cfg.bench,
-        "class": cfg.cls,
-        "policy": cfg.policy,
-        "seed": cfg.seed,
-        "board": cfg.board,
-        "backend": "sim",
-        "rep": cfg.rep,
-    }
+    if backend == "sim" and not spec_file and not db:
+        db = ":memory:"  # a simulated campaign keeps no file unless --db names one
+    run_campaign_cli(
+        backend=backend,
+        board=board,
+        bench=bench,
+        cls=cls,
+        policy=policy,
+        seeds=seeds,
+        db=db,
+        bots_bin=bots_bin,
+        spec_file=spec_file,
+        as_json=as_json,
+        deadline_slack=deadline_slack,
+        sysfs_root=sysfs_root,
+    )
 
 
 @bots.command("list")

@@ -1,4 +1,4 @@
-"""``hidvfs bots run --spec F`` and ``--backend native``: resumable campaigns on any backend."""
+"""``hidvfs bots run`` (flags or ``--spec F``, simulated or native): resumable campaigns on any backend."""
 
 from __future__ import annotations
 
