@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from bots_bench import registry
+from bots_bench.dags import CLASSES as SIM_CLASSES
 from bots_bench.store import RunKey
 from platforms.errors import SpecError
 from platforms.spec import board_names
@@ -278,12 +279,8 @@ def parse_spec(
     classes = _str_list(source, "classes", data["classes"])
     # the simulator runs DAG models of a subset of the binaries' input classes: check the
     # classes against what the chosen backend can run, so a bad one fails here, not per run
-    if data.get("backend") == "sim":
-        from bots_bench.dags import CLASSES as SIM_CLASSES
-
-        classes_of = {k: tuple(SIM_CLASSES[k]) for k in kernels}
-    else:
-        classes_of = {k: tuple(registry.KERNELS[k].classes) for k in kernels}
+    sim = data.get("backend") == "sim"
+    classes_of = {k: tuple(SIM_CLASSES[k] if sim else registry.KERNELS[k].classes) for k in kernels}
     for c in classes:
         lacking = [k for k in kernels if c not in classes_of[k]]
         if lacking:

@@ -115,8 +115,6 @@ def run_cmd(
     """Run a campaign and print run records (--json) or a table with ratios to the first policy."""
     from tools.native_campaign import run_campaign_cli
 
-    if backend == "sim" and not spec_file and not db:
-        db = ":memory:"  # a simulated campaign keeps no file unless --db names one
     run_campaign_cli(
         backend=backend,
         board=board,

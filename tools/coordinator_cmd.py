@@ -25,7 +25,11 @@ TOKEN_ENV = "HIDVFS_TELEMETRY_TOKEN"
 
 
 def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
-    """Add ``*_vs_best`` ratios against the best heuristic (every policy but higfrl)."""
+    """Add ``*_vs_best`` ratios against the best heuristic (every policy but higfrl) and the
+    makespan's ratio to its lower bound."""
+    for r in rows:
+        if r.get("makespan_lb_s"):
+            r["makespan_vs_lb"] = r["makespan_s"] / r["makespan_lb_s"]
     keys = ("makespan_s", "mean_flow_s", "mean_wait_s")
     groups = sorted({r.get(group) for r in rows}, key=str) if group else [None]
     for g in groups:
@@ -77,13 +81,6 @@ def simulate(
     return _with_ratios(rows)
 
 
-def _vs_lb(row: dict) -> float:
-    if "makespan_vs_lb" in row:
-        return row["makespan_vs_lb"]
-    lb = row.get("makespan_lb_s") or 0.0
-    return row["makespan_s"] / lb if lb else float("nan")
-
-
 def format_table(rows: list[dict]) -> str:
     """A text table: per policy (and load, when present) the metrics and ratios to the best
     heuristic."""
@@ -114,7 +111,7 @@ def format_table(rows: list[dict]) -> str:
             f"{r['makespan_vs_best']:.4f}",
             f"{r['flow_vs_best']:.4f}",
             f"{r['wait_vs_best']:.4f}",
-            f"{_vs_lb(r):.4f}",
+            f"{r.get('makespan_vs_lb', float('nan')):.4f}",
         ]
         lines.append(cells)
     width = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]

@@ -137,7 +137,10 @@ def run_campaign_cli(
         spec_file=spec_file,
     )
     configs = expand(spec)
-    store = Store(db or "results.sqlite")
+    # a flag-driven simulated campaign keeps no file unless --db names one; a spec file or a
+    # native campaign (hours of board time) always lands in a results file
+    default_db = ":memory:" if spec.backend == "sim" and not spec_file else "results.sqlite"
+    store = Store(db or default_db)
     run_configs(
         configs,
         store,

@@ -398,11 +398,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                 for k in ("makespan_s", "mean_flow_s", "mean_wait_s")
             }
             # per-run ratio to the bound no placement can beat (see makespan_lower_bound)
-            agg[p]["makespan_vs_lb"] = float(
-                np.mean([r["makespan_s"] / r["makespan_lb_s"] for r in rs if r["makespan_lb_s"]])
-                if any(r.get("makespan_lb_s") for r in rs)
-                else float("nan")
-            )
+            vs_lb = [r["makespan_s"] / r["makespan_lb_s"] for r in rs if r["makespan_lb_s"]]
+            agg[p]["makespan_vs_lb"] = float(np.mean(vs_lb)) if vs_lb else float("nan")
             agg[p]["runs"] = len(rs)
             agg[p]["tasks"] = int(np.mean([r["tasks"] for r in rs]))
         heur = [p for p in pols if p != "higfrl"] or pols
