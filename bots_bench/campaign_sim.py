@@ -6,6 +6,7 @@ DESIGN.md, with the makespan bounds computed from the job's DAG at the board's f
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,44 +128,77 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
     return rec
 
 
+#: the three measures of the table: makespan, whole-board energy, CPU-rail energy
+_MEASURES = (("makespan_s", "time/s", "t", ".3f"), ("energy_j", "E/J", "E", ".2f"))
+_CPU = ("cpu_energy_j", "Ecpu/J", "Ecpu", ".2f")
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
 def ratio_table(records: list[dict], policies: list[str]) -> str:
-    """Plain-text table: per kernel, makespan and energy per policy and ratios to the first."""
+    """Plain-text table: per kernel, makespan, board energy and CPU-rail energy per policy,
+    their ratios to the first policy, and the geometric mean of each ratio over the kernels.
+
+    Board energy (every rail) is what the wall socket pays while the job runs; the CPU rail
+    is the part DVFS controls (a slower policy saves there and pays the rest of the board for
+    the extra time). A record without a CPU rail (a native board with no such sensor) shows
+    ``-`` there."""
     base = policies[0]
-    by = {(r["bench"], r["policy"]): [] for r in records}
+    by: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         if r["ok"]:
             by.setdefault((r["bench"], r["policy"]), []).append(r)
+    measures = _MEASURES + (_CPU,)
     benches = sorted({r["bench"] for r in records})
-    head = f"{'kernel':<10}" + "".join(f" {p[:11]:>11} {'':>8}" for p in policies)
-    sub = f"{'':<10}" + "".join(f" {'time/s':>11} {'E/J':>8}" for p in policies)
-    if len(policies) > 1:
-        head += "".join(f" {p[:9]:>9} {'':>9}" for p in policies[1:])
-        sub += "".join(f" {'t/' + base[:7]:>9} {'E/' + base[:7]:>9}" for p in policies[1:])
+    w_abs = {"makespan_s": 8, "energy_j": 7, "cpu_energy_j": 7}
+    width = sum(w_abs.values()) + len(measures)
+    head = f"{'kernel':<10}" + "".join(f" {p[:width - 1]:<{width - 1}}" for p in policies)
+    sub = f"{'':<10}" + "".join(
+        f" {label:>{w_abs[key]}}" for _ in policies for key, label, _, _ in measures
+    )
+    others = policies[1:]
+    if others:
+        rw = 7 * len(measures)
+        head += " |" + "".join(f" {(p + '/' + base)[: rw - 1]:<{rw - 1}}" for p in others)
+        sub += " |" + "".join(f" {short:>6}" for _ in others for _, _, short, _ in measures)
     lines = [head, sub, "-" * len(sub)]
-
-    def mean(xs):
-        xs = [x for x in xs if x is not None]
-        return sum(xs) / len(xs) if xs else None
-
+    logs: dict[tuple[str, str], list[float]] = {}
     for b in benches:
         row = f"{b:<10}"
-        stats = {}
+        stats = {
+            p: {key: _mean([r.get(key) for r in by.get((b, p), [])]) for key, *_ in measures}
+            for p in policies
+        }
         for p in policies:
-            rs = by.get((b, p), [])
-            m, e = mean([r["makespan_s"] for r in rs]), mean([r["energy_j"] for r in rs])
-            stats[p] = (m, e)
-            row += (
-                f" {m:>11.3f} {e:>8.2f}"
-                if m is not None and e is not None
-                else f" {'failed':>11} {'-':>8}"
-            )
-        bm, be = stats[base]
-        for p in policies[1:]:
-            m, e = stats[p]
-            if None in (m, e, bm, be):
-                row += f" {'-':>9} {'-':>9}"
-            else:
-                row += f" {m / bm:>9.3f} {e / be:>9.3f}"
+            if stats[p]["makespan_s"] is None:
+                row += f" {'failed':>{w_abs['makespan_s']}}" + "".join(
+                    f" {'-':>{w_abs[k]}}" for k, *_ in measures[1:]
+                )
+                continue
+            for key, _, _, fmt in measures:
+                v = stats[p][key]
+                row += f" {v:>{w_abs[key]}{fmt}}" if v is not None else f" {'-':>{w_abs[key]}}"
+        if others:
+            row += " |"
+        for p in others:
+            for key, *_ in measures:
+                a, ref = stats[p][key], stats[base][key]
+                if a is None or not ref:
+                    row += f" {'-':>6}"
+                    continue
+                row += f" {a / ref:>6.3f}"
+                logs.setdefault((p, key), []).append(math.log(a / ref) if a > 0 else -math.inf)
+        lines.append(row)
+    if others and benches:
+        row = f"{'geomean':<10}" + " " * (len(sub) - 10 - 2 - 7 * len(measures) * len(others))
+        row += " |"
+        for p in others:
+            for key, *_ in measures:
+                xs = logs.get((p, key))
+                row += f" {math.exp(sum(xs) / len(xs)):>6.3f}" if xs else f" {'-':>6}"
         lines.append(row)
     failed = [r for r in records if not r["ok"]]
     if failed:
