@@ -155,7 +155,7 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
     benches = sorted({r["bench"] for r in records})
     w_abs = {"makespan_s": 8, "energy_j": 7, "cpu_energy_j": 7}
     width = sum(w_abs.values()) + len(measures)
-    head = f"{'kernel':<10}" + "".join(f" {p[:width - 1]:<{width - 1}}" for p in policies)
+    head = f"{'kernel':<10}" + "".join(f" {p[: width - 1]:<{width - 1}}" for p in policies)
     sub = f"{'':<10}" + "".join(
         f" {label:>{w_abs[key]}}" for _ in policies for key, label, _, _ in measures
     )
