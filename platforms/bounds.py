@@ -14,6 +14,7 @@ Pure functions. Times are seconds, frequencies Hz, work in cycles of the board's
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,20 +84,24 @@ class PowerCurve:
             raise ValueError("PowerCurve needs matching, strictly increasing positive frequencies")
 
 
-def lower_hull(curve: PowerCurve) -> tuple[int, ...]:
-    """Indices of the OPPs on the lower convex hull of {(f_k, P_k)} (Ishihara & Yasuura)."""
+def lower_hull_points(x: Sequence[float], y: Sequence[float]) -> tuple[int, ...]:
+    """Indices of the points on the lower convex hull of {(x_k, y_k)}, x strictly increasing."""
     hull: list[int] = []
-    f, p = curve.freqs_hz, curve.power_w
-    for k in range(len(f)):
+    for k in range(len(x)):
         while len(hull) >= 2:
             i, j = hull[-2], hull[-1]
             # drop j if it lies on or above the segment i -> k
-            if (p[j] - p[i]) * (f[k] - f[i]) >= (p[k] - p[i]) * (f[j] - f[i]):
+            if (y[j] - y[i]) * (x[k] - x[i]) >= (y[k] - y[i]) * (x[j] - x[i]):
                 hull.pop()
             else:
                 break
         hull.append(k)
     return tuple(hull)
+
+
+def lower_hull(curve: PowerCurve) -> tuple[int, ...]:
+    """Indices of the OPPs on the lower convex hull of {(f_k, P_k)} (Ishihara & Yasuura)."""
+    return lower_hull_points(curve.freqs_hz, curve.power_w)
 
 
 def hull_power(curve: PowerCurve, s_hz: float) -> float:

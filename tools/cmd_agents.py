@@ -350,10 +350,14 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
 @click.option("--slack", type=float, default=1.5, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
-    """What a frequency policy can save: fixed operating points against maxfreq, same mixes."""
+    """What a frequency policy can save: fixed operating points against maxfreq, same mixes,
+    and the floor no policy that meets every deadline can go below
+    (platforms/sim/energy_floor.py; per mix, from maxfreq's executed jobs)."""
     from agents.governors import make_governor
     from agents.static import StaticFraction
     from agents.train import EVAL_SEEDS
+    from platforms.sim.energy_floor import episode_energy_floor
+    from platforms.spec import load_board
 
     try:
         xs = [float(x) for x in fractions.split(",") if x.strip()]
@@ -364,12 +368,17 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
     rows = []
     for b in _boards(boards):
         run = make_runner(b, ep)
+        spec = load_board(b)
         recs: dict[str, list[dict]] = {p.name: [] for p in pols}
+        floors = []
         for i in range(seeds):
             s = EVAL_SEEDS + i
             items = episode_items(b, s, ep)
             for p in pols:
-                recs[p.name].append(_record(b, p.name, s, run(p, items, s), ep))
+                res = run(p, items, s)
+                recs[p.name].append(_record(b, p.name, s, res, ep))
+                if p.name == "maxfreq":
+                    floors.append(episode_energy_floor(spec, _floor_jobs(res)))
         base = recs["maxfreq"]
         for p in pols:
             rs = recs[p.name]
@@ -383,16 +392,70 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
             row["misses"] = sum(r["misses"] for r in rs)
             row["deadline_jobs"] = sum(r["deadline_jobs"] for r in rs)
             rows.append(row)
+        rows.append(_floor_row(b, floors, base))
     if as_json:
         emit_json(rows)
         return
     for r in rows:
+        if r["policy"] == "floor":
+            click.echo(
+                f"{r['board']:9s} {'floor':12s} episode >= {r['episode_min_s']:.3f}s "
+                f"energy >= {r['energy_j']:.2f}J ({r['energy_vs_maxfreq'] - 1:+.1%}) "
+                f"CPU >= {r['cpu_energy_j']:.2f}J ({r['cpu_energy_vs_maxfreq'] - 1:+.1%}) "
+                f"(no policy meeting every deadline spends less; at most saved per mix: board "
+                f"{r['board_ceiling_min']:.1%}-{r['board_ceiling_max']:.1%}, CPU "
+                f"{r['cpu_ceiling_min']:.1%}-{r['cpu_ceiling_max']:.1%})"
+            )
+            continue
         click.echo(
             f"{r['board']:9s} {r['policy']:12s} makespan {r['makespan_s']:.3f}s "
             f"energy {r['energy_j']:.2f}J ({r['energy_vs_maxfreq'] - 1:+.1%}) "
             f"CPU {r['cpu_energy_j']:.2f}J ({r['cpu_energy_vs_maxfreq'] - 1:+.1%}) "
             f"misses {r['misses']}/{r['deadline_jobs']}"
         )
+
+
+def _floor_jobs(res) -> list:
+    """The episode's jobs as the energy floor wants them: executed DAGs, absolute deadlines."""
+    from platforms.sim.energy_floor import FloorJob
+
+    return [
+        FloorJob(
+            j.release_t,
+            res.executed_dags[j.pid],
+            None if j.deadline_s is None else j.release_t + j.deadline_s,
+        )
+        for j in res.jobs
+    ]
+
+
+def _floor_row(board: str, floors: list, base: list[dict]) -> dict:
+    """The sweep's "floor" row: mean floors over the mixes and the per-mix saving ceilings
+    against maxfreq (its ratios are of the means, as the other rows')."""
+    n = len(floors)
+    ceil = [f.saving_ceiling(r["energy_j"], r["cpu_energy_j"]) for f, r in zip(floors, base)]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {
+        "board": board,
+        "policy": "floor",
+        "seeds": n,
+        "makespan_s": None,
+        "episode_min_s": mean([f.t_min_s for f in floors]),
+        "energy_j": mean([f.total_j for f in floors]),
+        "cpu_energy_j": mean([f.cpu_j for f in floors]),
+        "edp": None,
+        "energy_vs_maxfreq": mean([f.total_j for f in floors])
+        / mean([r["energy_j"] for r in base]),
+        "cpu_energy_vs_maxfreq": mean([f.cpu_j for f in floors])
+        / mean([r["cpu_energy_j"] for r in base]),
+        "board_ceiling_min": min(c[0] for c in ceil),
+        "board_ceiling_max": max(c[0] for c in ceil),
+        "cpu_ceiling_min": min(c[1] for c in ceil),
+        "cpu_ceiling_max": max(c[1] for c in ceil),
+        "deadlines_assumed_met": all(f.deadlines for f in floors),
+        "misses": 0,
+        "deadline_jobs": sum(r["deadline_jobs"] for r in base),
+    }
 
 
 def _fmt(ms: tuple[float, float], digits: int = 3) -> str:

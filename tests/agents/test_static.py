@@ -80,10 +80,18 @@ def test_sweep_command_reports_energy_against_maxfreq():
     )
     assert r.exit_code == 0, r.output
     rows = {row["policy"]: row for row in json.loads(r.output)}
-    assert set(rows) == {"maxfreq", "static-1", "static-0.6"}
+    assert set(rows) == {"maxfreq", "static-1", "static-0.6", "floor"}
     assert rows["maxfreq"]["cpu_energy_vs_maxfreq"] == pytest.approx(1.0)
     # slower points spend less CPU energy and take at least as long
     assert rows["static-0.6"]["cpu_energy_j"] < rows["static-1"]["cpu_energy_j"]
     assert rows["static-0.6"]["makespan_s"] >= rows["static-1"]["makespan_s"]
+    # the floor is below every point that met its deadlines, and says how much could be saved
+    floor = rows["floor"]
+    for name in ("maxfreq", "static-1", "static-0.6"):
+        if rows[name]["misses"] == 0:
+            assert floor["energy_j"] < rows[name]["energy_j"]
+            assert floor["cpu_energy_j"] < rows[name]["cpu_energy_j"]
+    assert 0.0 < floor["board_ceiling_min"] <= floor["board_ceiling_max"] < 1.0
+    assert floor["energy_vs_maxfreq"] == pytest.approx(1.0 - floor["board_ceiling_min"])
     bad = CliRunner().invoke(cli, ["agents", "sweep", "--board", "tx2", "--fractions", "2"])
     assert bad.exit_code != 0 and "fractions" in bad.output
