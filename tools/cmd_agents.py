@@ -345,10 +345,20 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
     show_default=True,
     help="fixed operating points, as fractions of each busy cluster's table maximum",
 )
-@click.option("--seeds", type=int, default=5, show_default=True)
-@click.option("--jobs", "n_jobs", type=int, default=5, show_default=True)
-@click.option("--slack", type=float, default=1.5, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--seeds", type=click.IntRange(1), default=5, show_default=True, help="held-out mixes"
+)
+@click.option(
+    "--jobs", "n_jobs", type=click.IntRange(1), default=5, show_default=True, help="jobs per mix"
+)
+@click.option(
+    "--slack",
+    type=click.FloatRange(1.0),
+    default=1.5,
+    show_default=True,
+    help="deadline = SLACK x the job's reference makespan",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
 def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
     """What a frequency policy can save: fixed operating points against maxfreq, same mixes,
     and the floor no policy that meets every deadline can go below
