@@ -40,6 +40,9 @@ class Actuator:
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
+        #: policy -> (min, max) limits replaced to enforce a cap under a kernel governor
+        self._held: dict[int, tuple[int, int]] = {}
+        self._planned_limits: dict[int, tuple[int, int]] = {}  # last limits written for a cap
         self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
         #: real path -> value we last wrote, so the loop can notice changes made behind our back
         self.expected: dict[str, str] = {}
@@ -78,6 +81,47 @@ class Actuator:
             for n in ("scaling_min_freq", "scaling_max_freq"):
                 self.expected[paths.policy_file(policy, n)] = str(khz)
 
+    def _cap_governed(self, c, cap: int | None, report: ActuationReport) -> None:
+        """Enforce ``cap`` under a kernel governor by lowering ``scaling_max_freq`` (and the
+        min with it if needed, min <= max always); when the cap lifts, put back the limits it
+        replaced. The guard's caps must hold whoever picks the frequency."""
+        held = self._held.get(c.policy)
+        if cap is None and held is None:
+            return
+        top = c.freqs_khz[-1]
+        base = held or (c.min_khz or c.freqs_khz[0], c.max_khz or top)
+        if cap is None:
+            want = base
+        else:
+            hi = min(nearest_freq(c.freqs_khz, cap, mode="floor"), base[1])
+            want = (min(base[0], hi), hi)
+        observed = (c.min_khz, c.max_khz)
+        if observed == want or (self.dry_run and self._planned_limits.get(c.policy) == want):
+            if cap is None:
+                self._held.pop(c.policy, None)
+                self._planned_limits.pop(c.policy, None)
+            return
+        try:
+            if self.dry_run:
+                writes = [
+                    (paths.policy_file(c.policy, n), str(v))
+                    for n, v in (("scaling_min_freq", want[0]), ("scaling_max_freq", want[1]))
+                ]
+            else:
+                writes = cpufreq.set_limits(self.sysfs, c.policy, *want)
+            self._record(report, list(writes))
+            self._planned_limits[c.policy] = want
+            if not self.dry_run:
+                for n, v in (("scaling_min_freq", want[0]), ("scaling_max_freq", want[1])):
+                    self.expected[paths.policy_file(c.policy, n)] = str(v)
+        except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
+            report.errors.append(f"policy{c.policy}: cap {cap} kHz not applied ({err})")
+            return
+        if cap is None:
+            self._held.pop(c.policy, None)
+        else:
+            self._held[c.policy] = base
+
     def _ensure_userspace(self, policy: int, governors: tuple[str, ...], report) -> str:
         mode = self._mode.get(policy)
         if mode in ("setspeed", "limits"):
@@ -108,7 +152,10 @@ class Actuator:
                         self._last_freq.pop(c.policy, None)
                     except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                         report.errors.append(str(err))
+                        continue
+                self._cap_governed(c, decision.cap_khz.get(c.name), report)
                 continue
+            self._held.pop(c.policy, None)  # userspace pins the limits itself
             target = decision.freq_khz.get(c.name)
             if target is None:
                 continue

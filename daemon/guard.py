@@ -2,16 +2,39 @@
 
 When a cluster's hottest zone reaches (passive trip - margin) the cap drops one OPP per tick;
 it rises one OPP per tick once the zone is below (trip - margin - hysteresis). Zones without a
-trip (or unavailable readings) never relax a cap, so a failing sensor keeps the last cap. The
-guard always wins over the policy, the gate and the shield.
+trip (or unavailable readings) never relax a cap, so a failing sensor keeps the last cap.
+Static ceilings (config ``thermal.cap_khz``) hold at all times, whatever the temperature. The
+guard always wins over the policy, the gate and the shield; the actuator enforces its caps
+under a kernel governor too (as ``scaling_max_freq``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agents.policy import Decision
+from platforms.errors import SpecError
 from platforms.observation import Observation
+from platforms.spec import BoardSpec
+
+if TYPE_CHECKING:
+    from daemon.config import Config
+
+
+def static_caps(spec: BoardSpec, caps_khz: Mapping[str, int], source: str = "config") -> dict:
+    """Check ``thermal.cap_khz`` against the board: every key a cluster, every cap at or above
+    the cluster's lowest OPP (a cap below it could not be honoured). Returns the caps."""
+    names = [c.name for c in spec.clusters]
+    for name, khz in caps_khz.items():
+        key = f"thermal.cap_khz.{name}"
+        if name not in names:
+            raise SpecError(source, key, f"a cluster of {spec.name} ({', '.join(names)})", name)
+        low = spec.cluster(name).freqs_khz[0]
+        if khz < low:
+            raise SpecError(source, key, f"at least the cluster's lowest OPP, {low} kHz", khz)
+    return dict(caps_khz)
 
 
 @dataclass
@@ -20,6 +43,8 @@ class ThermalGuard:
     hysteresis_c: float = 3.0
     #: cap level (index into the cluster's table) per cluster; absent = uncapped
     levels: dict[str, int] = field(default_factory=dict)
+    #: static ceilings in kHz per cluster (config ``thermal.cap_khz``), always applied
+    static_khz: dict[str, int] = field(default_factory=dict)
 
     def trips(self, obs: Observation) -> dict[str, tuple[float | None, float | None]]:
         """Per cluster: (hottest temperature, lowest passive trip) over its zones."""
@@ -58,10 +83,34 @@ class ThermalGuard:
                     level += 1
             if level >= top:
                 self.levels.pop(c.name, None)
+            else:
+                self.levels[c.name] = level
+            fixed = self.static_khz.get(c.name)
+            if fixed is not None:
+                level = min(level, _floor_level(c.freqs_khz, fixed))
+            if level >= top:
                 continue
-            self.levels[c.name] = level
             cap = c.freqs_khz[level]
             out.cap_khz[c.name] = min(cap, out.cap_khz.get(c.name, cap))
             if c.name in out.freq_khz and out.freq_khz[c.name] > cap:
                 out.freq_khz[c.name] = cap
         return out
+
+
+def _floor_level(table: tuple[int, ...], khz: int) -> int:
+    """Index of the highest OPP at or below ``khz`` (0 when every OPP is above it)."""
+    level = 0
+    for i, f in enumerate(table):
+        if f <= khz:
+            level = i
+    return level
+
+
+def config_guard(spec: BoardSpec, config: Config | None) -> ThermalGuard:
+    """The guard a config asks for (its margin and checked static caps; defaults without one)."""
+    if config is None:
+        return ThermalGuard()
+    return ThermalGuard(
+        margin_c=config.thermal.margin_c,
+        static_khz=static_caps(spec, config.thermal.cap_khz, config.source),
+    )

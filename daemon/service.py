@@ -18,7 +18,7 @@ from agents.factory import make_policy_stack
 from agents.mixed import ClusterReservation
 from daemon.actuator import Actuator
 from daemon.config import Config, load_config, read_token
-from daemon.guard import ThermalGuard
+from daemon.guard import config_guard
 from daemon.jobs import JobTable
 from daemon.logs import log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
@@ -129,7 +129,7 @@ def run_live(
         period_s=cfg.period_ms / 1000.0,
         jobs=table,
         stages=stages,
-        guard=ThermalGuard(margin_c=cfg.thermal.margin_c),
+        guard=config_guard(spec, cfg),
         actuator=Actuator(sysfs, procs, dry_run=dry_run),
     )
     stop = stop or threading.Event()

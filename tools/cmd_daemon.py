@@ -13,7 +13,8 @@ from tools.common import emit_json, fail, guard_errors
     "config_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Config file (default /etc/hidvfs/config.yaml if present).",
+    help="Config file (default /etc/hidvfs/config.yaml if present). With --sim or --replay only "
+    "a file given here is read, for its policy, period_ms, thermal and mixed_criticality keys.",
 )
 @click.option(
     "--sysfs-root",
@@ -111,17 +112,38 @@ def daemon_cmd(
     chosen = [x for x in (sysfs_root, sim_board, replay_trace) if x]
     if len(chosen) > 1:
         fail("choose at most one of --sysfs-root, --sim, --replay")
+    cfg = None
+    if sim_board or replay_trace:
+        board_only = [
+            flag
+            for flag, value in (
+                ("--socket", socket_path),
+                ("--state-dir", state_dir),
+                ("--dry-run", dry_run),
+            )
+            if value
+        ]
+        if board_only:
+            fail(
+                f"{', '.join(board_only)}: only for a board or a --sysfs-root tree; "
+                "--sim and --replay write nothing real and serve no socket"
+            )
+        if config_path:
+            from daemon.config import load_config
+
+            cfg = load_config(config_path)
     if sim_board:
         from tools.simdaemon import run_sim_daemon
 
         status = run_sim_daemon(
             sim_board,
-            policy or "hidvfs",
-            period_ms=period_ms or 50,
+            policy or (cfg.policy if cfg else "hidvfs"),
+            period_ms=period_ms or (cfg.period_ms if cfg else 50),
             duration_s=duration_s or 60.0,
             status_file=status_file,
             seed=seed,
             load=load,
+            config=cfg,
         )
         if as_json:
             emit_json(status)
@@ -131,7 +153,12 @@ def daemon_cmd(
     if replay_trace:
         from tools.replay import replay_trace as run_replay
 
-        result = run_replay(replay_trace, policy or "schedutil", period_ms)
+        result = run_replay(
+            replay_trace,
+            policy or (cfg.policy if cfg else "schedutil"),
+            period_ms or (cfg.period_ms if cfg else None),
+            config=cfg,
+        )
         if status_file:
             from daemon.statusfile import write_status
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from agents.mixed import ClusterReservation
 from bots_bench.workload import WorkloadSpec, default_items
+from daemon.config import Config
+from daemon.guard import config_guard
 from daemon.simrun import run_sim
 from daemon.statusfile import write_status
 from tools.policies import build_policy_stack
@@ -18,15 +20,18 @@ def run_sim_daemon(
     status_file: str | None,
     seed: int,
     load: float,
+    config: Config | None = None,
 ) -> dict:
-    """Run ``duration_s`` virtual seconds; the status file is refreshed every virtual second."""
+    """Run ``duration_s`` virtual seconds; the status file is refreshed every virtual second.
+    ``config``: its thermal margin and static caps and its mixed-criticality reservation apply
+    (the caller has taken its policy and period)."""
     from platforms.spec import load_board
 
     spec = load_board(board)
     w = WorkloadSpec(duration_s=duration_s, load=load)
     items = default_items(spec, seed, w)
     policy, stages = build_policy_stack(policy_name, spec)
-    stages.append(ClusterReservation(True))
+    stages.append(ClusterReservation(config.mixed_criticality.reserve if config else True))
     cb = (lambda st: write_status(status_file, st)) if status_file else None
     result = run_sim(
         spec.name,
@@ -36,6 +41,7 @@ def run_sim_daemon(
         period_s=period_ms / 1000.0,
         duration_s=duration_s,
         stages=stages,
+        guard=config_guard(spec, config),
         until_idle=False,
         status_cb=cb,
     )
