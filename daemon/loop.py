@@ -49,9 +49,15 @@ class ControlLoop:
         actuator: Actuator | None = None,
         sensor: Sensor | None = None,
         progress: Callable[[int], float | None] | None = None,
+        deadline_margin: float = 0.0,
     ):
         if not period_s > 0:
             raise ValueError(f"period_s must be > 0, got {period_s!r}")
+        if not 0.0 <= deadline_margin < 1.0:
+            raise ValueError(f"deadline_margin must be in [0, 1), got {deadline_margin!r}")
+        #: fraction of every deadline kept back when planning (config ``deadline_slack``): the
+        #: policy, gate and shield see ``deadline x (1 - margin)``; misses count the real one
+        self.deadline_margin = float(deadline_margin)
         self.platform = platform
         self.policy = policy
         self.period_s = float(period_s)
@@ -104,7 +110,9 @@ class ControlLoop:
                     criticality=e.criticality,
                     release_t=e.release_t,
                     elapsed_s=t - e.release_t,
-                    deadline_s=e.deadline_s,
+                    deadline_s=(
+                        None if e.deadline_s is None else e.deadline_s * (1 - self.deadline_margin)
+                    ),
                     cpus=tuple(cpus),
                     profile=e.profile,
                     progress=self.progress(e.pid) if self.progress else None,

@@ -130,6 +130,7 @@ def run_live(
         jobs=table,
         stages=stages,
         guard=config_guard(spec, cfg),
+        deadline_margin=cfg.deadline_slack,
         actuator=Actuator(sysfs, procs, dry_run=dry_run),
     )
     stop = stop or threading.Event()

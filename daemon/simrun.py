@@ -93,6 +93,7 @@ def run_sim(
     duration_s: float | None = None,
     stages: list[Stage] | None = None,
     guard: ThermalGuard | None = None,
+    deadline_margin: float = 0.0,
     until_idle: bool = True,
     max_t: float = 3600.0,
     on_tick: Callable[[TickResult], None] | None = None,
@@ -122,6 +123,7 @@ def run_sim(
         stages=stages,
         guard=guard,
         progress=feeder.progress,
+        deadline_margin=deadline_margin,
     )
     loop.before_tick.append(feeder)
     history: list[dict] = []

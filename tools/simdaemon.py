@@ -23,8 +23,8 @@ def run_sim_daemon(
     config: Config | None = None,
 ) -> dict:
     """Run ``duration_s`` virtual seconds; the status file is refreshed every virtual second.
-    ``config``: its thermal margin and static caps and its mixed-criticality reservation apply
-    (the caller has taken its policy and period)."""
+    ``config``: its thermal margin and static caps, deadline margin (``deadline_slack``) and
+    mixed-criticality reservation apply (the caller has taken its policy and period)."""
     from platforms.spec import load_board
 
     spec = load_board(board)
@@ -42,6 +42,7 @@ def run_sim_daemon(
         duration_s=duration_s,
         stages=stages,
         guard=config_guard(spec, config),
+        deadline_margin=config.deadline_slack if config else 0.0,
         until_idle=False,
         status_cb=cb,
     )
