@@ -11,7 +11,7 @@ the daemon.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agents.policy import Decision, nearest_freq
 from platforms import cpufreq, paths
@@ -43,6 +43,8 @@ class Actuator:
         #: policy -> (min, max) limits replaced to enforce a cap under a kernel governor
         self._held: dict[int, tuple[int, int]] = {}
         self._planned_limits: dict[int, tuple[int, int]] = {}  # last limits written for a cap
+        #: policy -> (min, max) found before the first min = max pin ("limits" mode)
+        self._envelope: dict[int, tuple[int, int]] = {}
         self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
         #: real path -> value we last wrote, so the loop can notice changes made behind our back
         self.expected: dict[str, str] = {}
@@ -80,6 +82,30 @@ class Actuator:
         if not self.dry_run:  # set_limits skips no-op writes; both limits are now khz
             for n in ("scaling_min_freq", "scaling_max_freq"):
                 self.expected[paths.policy_file(policy, n)] = str(khz)
+
+    def envelope(self, obs: Observation) -> Observation:
+        """``obs`` with the limits the daemon found instead of the ones it pinned.
+
+        Without a ``userspace`` governor every write sets min = max = target; a policy that
+        read those back could never move again. Limits someone else changed since our last
+        pin (nvpmodel, an administrator) become the new envelope."""
+        if not self._envelope:
+            return obs
+        clusters, changed = [], False
+        for c in obs.clusters:
+            env = self._envelope.get(c.policy)
+            if env is None or self._mode.get(c.policy) != "limits":
+                clusters.append(c)
+                continue
+            pinned = self._last_freq.get(c.policy)
+            if pinned is not None and (c.min_khz, c.max_khz) != (pinned, pinned):
+                if c.min_khz is not None and c.max_khz is not None:
+                    self._envelope[c.policy] = (c.min_khz, c.max_khz)
+                clusters.append(c)
+                continue
+            clusters.append(replace(c, min_khz=env[0], max_khz=env[1]))
+            changed = True
+        return replace(obs, clusters=tuple(clusters)) if changed else obs
 
     def _cap_governed(self, c, cap: int | None, report: ActuationReport) -> None:
         """Enforce ``cap`` under a kernel governor by lowering ``scaling_max_freq`` (and the
@@ -169,6 +195,8 @@ class Actuator:
                 if self._ensure_userspace(c.policy, c.governors, report) == "setspeed":
                     self._set_speed(c.policy, target, report)
                 else:
+                    if c.min_khz is not None and c.max_khz is not None:
+                        self._envelope.setdefault(c.policy, (c.min_khz, c.max_khz))
                     self._pin_limits(c.policy, target, report)
                 self._last_freq[c.policy] = target
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:

@@ -1,0 +1,96 @@
+"""Without a ``userspace`` governor the actuator pins min = max = target; the policy must still
+see the limits the daemon found, or it could never change the frequency again."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.governors import make_governor
+from daemon.actuator import Actuator
+from platforms import paths
+from platforms.faketree import write_fake_tree
+from platforms.procs import NoProcesses
+from platforms.sense import Sensor
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs
+
+
+@pytest.fixture
+def no_userspace(tmp_path):
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    sysfs = DirSysfs(tmp_path)
+    for c in spec.clusters:
+        f = tmp_path / paths.policy_file(c.policy, "scaling_available_governors")
+        f.write_text(" ".join(g for g in f.read_text().split() if g != "userspace") + "\n")
+    return spec, sysfs
+
+
+def limits(sysfs, policy):
+    return tuple(
+        sysfs.read_int(paths.policy_file(policy, n))
+        for n in ("scaling_min_freq", "scaling_max_freq")
+    )
+
+
+def run(spec, sysfs, act, sensor, name, ticks=2):
+    pol = make_governor(name)
+    for t in range(ticks):
+        o = act.envelope(sensor.read(float(t)))
+        act.apply(pol.decide(o), o)
+    return {c.name: limits(sysfs, c.policy) for c in spec.clusters}
+
+
+def test_pinned_limits_do_not_trap_the_policy(no_userspace):
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    found = limits(sysfs, a57.policy)
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    lo, hi = a57.freqs_khz[0], a57.fmax_khz
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (hi, hi)
+    assert run(spec, sysfs, act, sensor, "powersave")["a57"] == (lo, lo)
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (hi, hi)
+    seen = next(c for c in act.envelope(sensor.read(9.0)).clusters if c.name == "a57")
+    assert (seen.min_khz, seen.max_khz) == found  # the policy sees what was there before us
+
+
+def test_a_lower_ceiling_found_at_start_is_kept(no_userspace):
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    ceiling = a57.freqs_khz[10]
+    sysfs.write(paths.policy_file(a57.policy, "scaling_max_freq"), str(ceiling))  # nvpmodel
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (ceiling, ceiling)
+    run(spec, sysfs, act, sensor, "powersave")
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (ceiling, ceiling)
+
+
+def test_limits_changed_behind_our_back_become_the_envelope(no_userspace):
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    run(spec, sysfs, act, sensor, "maxfreq")
+    new_lo, new_hi = a57.freqs_khz[2], a57.freqs_khz[8]
+    sysfs.write(paths.policy_file(a57.policy, "scaling_min_freq"), str(new_lo))
+    sysfs.write(paths.policy_file(a57.policy, "scaling_max_freq"), str(new_hi))
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (new_hi, new_hi)
+    assert run(spec, sysfs, act, sensor, "powersave")["a57"] == (new_lo, new_lo)
+
+
+def test_the_control_loop_decides_on_the_envelope(no_userspace):
+    from daemon.loop import ControlLoop
+    from platforms.clock import VirtualClock
+    from platforms.platform import Platform
+
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    loop = ControlLoop(
+        Platform(spec, sysfs, NoProcesses(), VirtualClock(0.0), kind="fake"),
+        make_governor("maxfreq"),
+        period_s=0.1,
+    )
+    loop.tick()
+    assert limits(sysfs, a57.policy) == (a57.fmax_khz, a57.fmax_khz)
+    loop.policy = make_governor("powersave")
+    loop.tick()
+    assert limits(sysfs, a57.policy) == (a57.freqs_khz[0], a57.freqs_khz[0])
