@@ -114,14 +114,15 @@ class Actuator:
         held = self._held.get(c.policy)
         if cap is None and held is None:
             return
-        top = c.freqs_khz[-1]
-        base = held or (c.min_khz or c.freqs_khz[0], c.max_khz or top)
+        # the files themselves: the loop's observation shows the caps folded into the limits
+        cur_min, cur_max = cpufreq.read_limits(self.sysfs, c.policy)
+        base = held or (cur_min or c.freqs_khz[0], cur_max or c.freqs_khz[-1])
         if cap is None:
             want = base
         else:
             hi = min(nearest_freq(c.freqs_khz, cap, mode="floor"), base[1])
             want = (min(base[0], hi), hi)
-        observed = (c.min_khz, c.max_khz)
+        observed = (cur_min, cur_max)
         if observed == want or (self.dry_run and self._planned_limits.get(c.policy) == want):
             if cap is None:
                 self._held.pop(c.policy, None)

@@ -11,7 +11,7 @@ under a kernel governor too (as ``scaling_max_freq``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from agents.policy import Decision
@@ -45,6 +45,23 @@ class ThermalGuard:
     levels: dict[str, int] = field(default_factory=dict)
     #: static ceilings in kHz per cluster (config ``thermal.cap_khz``), always applied
     static_khz: dict[str, int] = field(default_factory=dict)
+
+    def view(self, obs: Observation) -> Observation:
+        """``obs`` with the static ceilings folded into each cluster's limits, so that the
+        policy, the gate and the shield plan with the frequencies they can actually get."""
+        if not self.static_khz:
+            return obs
+        clusters = []
+        for c in obs.clusters:
+            fixed = self.static_khz.get(c.name)
+            if fixed is None or not c.freqs_khz:
+                clusters.append(c)
+                continue
+            cap = c.freqs_khz[_floor_level(c.freqs_khz, fixed)]
+            hi = cap if c.max_khz is None else min(c.max_khz, cap)
+            lo = None if c.min_khz is None else min(c.min_khz, hi)
+            clusters.append(replace(c, min_khz=lo, max_khz=hi))
+        return replace(obs, clusters=tuple(clusters))
 
     def trips(self, obs: Observation) -> dict[str, tuple[float | None, float | None]]:
         """Per cluster: (hottest temperature, lowest passive trip) over its zones."""

@@ -82,7 +82,7 @@ class ControlLoop:
     def observe(self) -> tuple[Observation, list[JobOutcome]]:
         clock, procs = self.platform.clock, self.platform.procs
         t = clock.now()
-        hw = self.actuator.envelope(self.sensor.read(t))
+        hw = self.guard.view(self.actuator.envelope(self.sensor.read(t)))
         finished = []
         jobs = []
         for e in self.jobs.snapshot():

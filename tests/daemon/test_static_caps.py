@@ -41,6 +41,15 @@ def test_static_cap_holds_when_cool_and_the_hotter_cap_wins():
     assert g.apply(Decision({"big": 2000}), obs(82.0, cur=1000)).cap_khz["big"] < 1000
 
 
+def test_the_deciders_see_the_ceiling_as_a_limit():
+    g = ThermalGuard(static_khz={"big": 1200})
+    c = g.view(obs(lo=1500, hi=2000)).clusters[0]
+    assert (c.min_khz, c.max_khz) == (1000, 1000)  # min never above max
+    c = g.view(obs(lo=500, hi=2000)).clusters[0]
+    assert (c.min_khz, c.max_khz) == (500, 1000)
+    assert ThermalGuard().view(o := obs()) is o
+
+
 @given(st.lists(st.floats(20.0, 110.0), min_size=1, max_size=20), st.sampled_from(TABLE))
 def test_output_never_exceeds_the_static_cap(temps, want):
     g = ThermalGuard(static_khz={"big": 1500})
@@ -150,3 +159,27 @@ def test_daemon_honours_the_config_cap_and_restores_on_stop(tmp_path, policy):
         proc.communicate(timeout=30)
     assert proc.returncode == 0, log.read_text()
     assert tree_state(tree, spec) == original
+
+
+def test_loop_with_a_kernel_governor_writes_the_ceiling_as_max_freq(tx2_tree):
+    from agents.governors import make_governor
+    from daemon.loop import ControlLoop
+    from platforms.clock import VirtualClock
+    from platforms.platform import Platform
+
+    spec, sysfs = tx2_tree
+    a57, denver = spec.cluster("a57"), spec.cluster("denver")
+    before = {c.name: limits(sysfs, c.policy) for c in spec.clusters}
+    cap = a57.freqs_khz[7]
+    loop = ControlLoop(
+        Platform(spec, sysfs, NoProcesses(), VirtualClock(0.0), kind="fake"),
+        make_governor("performance", native=True),
+        period_s=0.1,
+        guard=ThermalGuard(static_khz={"a57": cap}),
+    )
+    for _ in range(3):
+        loop.tick()
+    gov = sysfs.read(paths.policy_file(a57.policy, "scaling_governor")).strip()
+    assert gov == "performance"
+    assert limits(sysfs, a57.policy) == (before["a57"][0], cap)
+    assert limits(sysfs, denver.policy) == before["denver"]  # uncapped cluster untouched
