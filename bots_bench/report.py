@@ -10,8 +10,8 @@ chosen runs. Statistics (one definition, stated in the report itself):
 - **L10**: mean makespan of the last 10 successful evaluation runs (highest repetitions) of a
   benchmark under one policy and seed, then mean ± std over seeds;
 - speed-up = baseline makespan / policy makespan and energy reduction = 1 - policy energy /
-  baseline energy, paired per seed (same seed, side by side), with a two-sided 95% Student-t
-  interval over seeds;
+  baseline energy (the whole board, and the CPU rail where it is metered), paired per seed
+  (same seed, side by side), with a two-sided 95% Student-t interval over seeds;
 - deadline-miss ratio = misses / runs with a deadline (a failed run counts as a miss), with a
   Clopper-Pearson (exact) 95% interval, per policy and criticality.
 
@@ -210,6 +210,9 @@ class PolicyStats:
     peak_temp: Summary | None
     speedup: Interval | None = None
     energy_reduction: Interval | None = None
+    #: the CPU rail (what DVFS controls); None where the board has no such sensor
+    cpu_energy: Summary | None = None
+    cpu_energy_reduction: Interval | None = None
 
 
 @dataclass
@@ -298,10 +301,12 @@ def compute_stats(
         g = GroupStats(*gkey, baseline=base if base in by_policy else None)
         base_ms = _per_seed(by_policy[g.baseline], "makespan_s") if g.baseline else {}
         base_e = _per_seed(by_policy[g.baseline], "energy_j") if g.baseline else {}
+        base_c = _per_seed(by_policy[g.baseline], "cpu_energy_j") if g.baseline else {}
         for policy in sorted(by_policy, key=lambda p: (p != g.baseline, p)):
             rs = by_policy[policy]
             ms = _per_seed(rs, "makespan_s")
             en = _per_seed(rs, "energy_j")
+            ce = _per_seed(rs, "cpu_energy_j")
             ps = PolicyStats(
                 policy=policy,
                 seeds=len({r["seed"] for r in rs}),
@@ -311,6 +316,7 @@ def compute_stats(
                 l10=summarize([v for _, v in sorted(_l10_per_seed(rs).items())]),
                 energy=summarize([en[s] for s in sorted(en)]),
                 peak_temp=summarize([v for _, v in sorted(_per_seed(rs, "peak_temp_c").items())]),
+                cpu_energy=summarize([ce[s] for s in sorted(ce)]),
             )
             if g.baseline:
                 paired = sorted(set(ms) & set(base_ms))
@@ -318,6 +324,10 @@ def compute_stats(
                 paired_e = sorted(set(en) & set(base_e))
                 ps.energy_reduction = t_interval(
                     [1.0 - en[s] / base_e[s] for s in paired_e if base_e[s] > 0]
+                )
+                paired_c = sorted(set(ce) & set(base_c))
+                ps.cpu_energy_reduction = t_interval(
+                    [1.0 - ce[s] / base_c[s] for s in paired_c if base_c[s] > 0]
                 )
             g.policies.append(ps)
             g.deadlines += _deadline_stats(policy, rs)
@@ -372,9 +382,11 @@ KERNEL_HEADER = (
     "makespan s",
     "L10 s",
     "energy J",
+    "CPU energy J",
     "peak °C",
     "speed-up vs baseline [95% CI]",
     "energy reduction vs baseline [95% CI]",
+    "CPU energy reduction [95% CI]",
 )
 DEADLINE_HEADER = ("policy", "criticality", "misses / runs", "miss ratio", "Clopper-Pearson 95%")
 
@@ -391,9 +403,11 @@ def _kernel_rows(g: GroupStats) -> list[list[str]]:
                 fmt_summary(p.makespan),
                 fmt_summary(p.l10),
                 fmt_summary(p.energy),
+                fmt_summary(p.cpu_energy),
                 fmt_summary(p.peak_temp),
                 fmt_interval(p.speedup),
                 fmt_interval(p.energy_reduction, percent=True),
+                fmt_interval(p.cpu_energy_reduction, percent=True),
             ]
         )
     return rows
@@ -670,15 +684,17 @@ def _definitions(baseline: str | None, n_runs: int, n_failed: int) -> list[Block
             "ul",
             [
                 "**makespan**: wall time from a job's launch to its exit (BOTS `Time Program` is "
-                "stored beside it); **energy**: integral of the board's total input rail "
-                "(n/a where the board has no power monitor).",
+                "stored beside it); **energy**: integral of the board's total input rail; "
+                "**CPU energy**: the CPU rail alone, the part DVFS controls (n/a where the board "
+                "has no power monitor or no CPU rail).",
                 "Each seed's value is the mean over its successful repetitions; **mean ± std** is "
                 "over seeds (sample standard deviation, n-1; n/a with one seed).",
                 f"**L10**: mean makespan of the last {L10_WINDOW} successful evaluation runs "
                 "(highest repetition numbers) of a benchmark under one policy and seed; the table "
                 "gives mean ± std of that over seeds.",
                 "**speed-up** = baseline makespan / policy makespan and **energy reduction** = "
-                "1 - policy energy / baseline energy, paired per seed (measured side by side), "
+                "1 - policy energy / baseline energy (board and CPU rail), paired per seed "
+                "(measured side by side), "
                 "mean over seeds with a two-sided 95% **Student-t interval** over seeds "
                 "(n/a with one seed).",
                 "**deadline-miss ratio** = misses / runs with a deadline, per policy and "
