@@ -10,13 +10,18 @@ relaxes only constraints, never costs (:meth:`platforms.sim.plant.Plant._flush` 
   Over T the board pays its always-on loads (CPU uncore, every rail's ``base_w``) and every
   online core at least its cluster's idle floor (activity ``idle_activity`` plus leakage at the
   cheapest OPP): the daemon never takes a core offline, so a core that does not work still leaks.
-* The compute cycles must run within T. A core of cluster k at OPP i runs ``capacity x f_i``
-  reference cycles per second at ``coef_w[i] + leak[i]`` plus the per-busy-core rail loads
-  (``busy_core_w``); mixing OPPs and idle over time gives at best the lower convex hull of
-  those points and the idle point, so the cheapest way to run C cycles in T is to fill the
-  hull segments of all cores in order of their cost per cycle (exact for separable convex
-  piecewise-linear costs). Each core may pick its own mix (the plant shares one OPP per
-  cluster) and nothing waits on dependencies: both relaxations only lower the floor.
+* A core of cluster k at OPP i runs ``capacity x f_i`` reference cycles per second at
+  ``coef_w[i] + leak[i]`` plus the per-busy-core rail loads (``busy_core_w``); mixing OPPs
+  and idle over time gives at best the lower convex hull of those points and the idle point,
+  so the cheapest way to run C cycles in t seconds is to fill the hull segments of all cores
+  in order of their cost per cycle (exact for separable convex piecewise-linear costs). That
+  cost is convex in the machine's cycle rate.
+* Each job's cycles run between its release and its deadline (or T). For a convex cost of
+  the rate the cheapest rate profile is the Yao-Demers-Shenker schedule (:func:`yds_groups`):
+  each of its stretches is charged the cheapest fill above.
+* Relaxed, so they only lower the floor: each core may pick its own OPP mix (the plant shares
+  one per cluster), the whole machine counts as one processor of the summed rate, and nothing
+  waits on task dependencies beyond each job's critical path in ``t_min_s``.
 * Memory stalls cost at least the cheapest stalled core's power over its idle floor
   (activity ``mem_activity``) plus the per-busy loads; their core time is not charged.
 * Leakage is taken at the ambient, the coldest a die can be.
