@@ -43,8 +43,10 @@ class Actuator:
         #: policy -> (min, max) limits replaced to enforce a cap under a kernel governor
         self._held: dict[int, tuple[int, int]] = {}
         self._planned_limits: dict[int, tuple[int, int]] = {}  # last limits written for a cap
-        #: policy -> (min, max) found before the first min = max pin ("limits" mode)
+        #: policy -> (min, max) found before we pinned min = max ("limits" mode), and the
+        #: frequency pinned there now (only what is really written: never in a dry run)
         self._envelope: dict[int, tuple[int, int]] = {}
+        self._pinned: dict[int, int] = {}
         self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
         #: real path -> value we last wrote, so the loop can notice changes made behind our back
         self.expected: dict[str, str] = {}
@@ -88,24 +90,37 @@ class Actuator:
 
         Without a ``userspace`` governor every write sets min = max = target; a policy that
         read those back could never move again. Limits someone else changed since our last
-        pin (nvpmodel, an administrator) become the new envelope."""
-        if not self._envelope:
+        pin (nvpmodel, an administrator) are theirs: they become the new envelope."""
+        if not self._pinned:
             return obs
         clusters, changed = [], False
         for c in obs.clusters:
-            env = self._envelope.get(c.policy)
-            if env is None or self._mode.get(c.policy) != "limits":
+            pin = self._pinned.get(c.policy)
+            if pin is None:
                 clusters.append(c)
                 continue
-            pinned = self._last_freq.get(c.policy)
-            if pinned is not None and (c.min_khz, c.max_khz) != (pinned, pinned):
+            if (c.min_khz, c.max_khz) != (pin, pin):
+                del self._pinned[c.policy]
                 if c.min_khz is not None and c.max_khz is not None:
-                    self._envelope[c.policy] = (c.min_khz, c.max_khz)
+                    log.warning(
+                        "event=drift detail=policy%d limits set to %s-%s kHz by someone else; "
+                        "deciding within them",
+                        c.policy,
+                        c.min_khz,
+                        c.max_khz,
+                    )
                 clusters.append(c)
                 continue
-            clusters.append(replace(c, min_khz=env[0], max_khz=env[1]))
+            lo, hi = self._envelope[c.policy]
+            clusters.append(replace(c, min_khz=lo, max_khz=hi))
             changed = True
         return replace(obs, clusters=tuple(clusters)) if changed else obs
+
+    def _unpin(self, policy: int, report: ActuationReport) -> None:
+        """Put back the limits found before we pinned them."""
+        lo, hi = self._envelope[policy]
+        self._record(report, list(cpufreq.set_limits(self.sysfs, policy, lo, hi)))
+        del self._pinned[policy]
 
     def _cap_governed(self, c, cap: int | None, report: ActuationReport) -> None:
         """Enforce ``cap`` under a kernel governor by lowering ``scaling_max_freq`` (and the
@@ -172,6 +187,11 @@ class Actuator:
                 continue
             gov = decision.governor.get(c.name)
             if gov and gov != "userspace":
+                if c.policy in self._pinned:  # hand the governor the limits we found
+                    try:
+                        self._unpin(c.policy, report)
+                    except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
+                        report.errors.append(str(err))
                 if self._mode.get(c.policy) != f"governor:{gov}":
                     try:
                         self._set_governor(c.policy, gov, report)
@@ -194,11 +214,15 @@ class Actuator:
                 continue
             try:
                 if self._ensure_userspace(c.policy, c.governors, report) == "setspeed":
+                    if c.policy in self._pinned:  # our old pins would clamp the setspeed
+                        self._unpin(c.policy, report)
                     self._set_speed(c.policy, target, report)
                 else:
-                    if c.min_khz is not None and c.max_khz is not None:
-                        self._envelope.setdefault(c.policy, (c.min_khz, c.max_khz))
+                    if c.policy not in self._pinned and None not in (c.min_khz, c.max_khz):
+                        self._envelope[c.policy] = (c.min_khz, c.max_khz)  # not ours: keep
                     self._pin_limits(c.policy, target, report)
+                    if not self.dry_run and c.policy in self._envelope:
+                        self._pinned[c.policy] = target
                 self._last_freq[c.policy] = target
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                 report.errors.append(str(err))

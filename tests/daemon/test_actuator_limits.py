@@ -94,3 +94,39 @@ def test_the_control_loop_decides_on_the_envelope(no_userspace):
     loop.policy = make_governor("powersave")
     loop.tick()
     assert limits(sysfs, a57.policy) == (a57.freqs_khz[0], a57.freqs_khz[0])
+
+
+def test_drift_elsewhere_does_not_trap_the_policy(no_userspace):
+    """The loop's drift check forgets the actuator's modes (e.g. the governor was changed);
+    the limits it had pinned must still be known as its own."""
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    run(spec, sysfs, act, sensor, "maxfreq")
+    act.overridden(paths.policy_file(a57.policy, "scaling_governor"))
+    assert run(spec, sysfs, act, sensor, "powersave")["a57"] == (a57.freqs_khz[0],) * 2
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (a57.fmax_khz,) * 2
+
+
+def test_dry_run_pins_nothing_and_sees_the_tree(no_userspace):
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    before = limits(sysfs, a57.policy)
+    act, sensor = Actuator(sysfs, NoProcesses(), dry_run=True), Sensor(spec, sysfs)
+    run(spec, sysfs, act, sensor, "powersave")
+    assert limits(sysfs, a57.policy) == before
+    assert act.envelope(o := sensor.read(5.0)) is o
+    assert (paths.policy_file(a57.policy, "scaling_max_freq"), str(a57.freqs_khz[0])) in act.planned
+
+
+def test_a_kernel_governor_gets_the_limits_back(no_userspace):
+    from agents.policy import Decision
+
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    found = limits(sysfs, a57.policy)
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    run(spec, sysfs, act, sensor, "powersave")
+    o = act.envelope(sensor.read(3.0))
+    act.apply(Decision({}, governor={c.name: "schedutil" for c in spec.clusters}), o)
+    assert limits(sysfs, a57.policy) == found
