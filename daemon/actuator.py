@@ -209,7 +209,7 @@ class Actuator:
             cap = decision.cap_khz.get(c.name)
             if cap is not None:
                 target = min(target, cap)
-            target = nearest_freq(c.freqs_khz, target, mode="floor")
+            target = nearest_freq(_within_limits(c), target, mode="floor")
             if self._last_freq.get(c.policy) == target and c.cur_khz == target:
                 continue
             try:
@@ -262,3 +262,13 @@ class Actuator:
 
     def forget(self, pid: int) -> None:
         self._last_jobs.pop(pid, None)
+
+
+def _within_limits(c) -> tuple[int, ...]:
+    """The table entries inside the cluster's limits (as the loop sees them: the envelope the
+    daemon found, static ceilings folded in), or the whole table when none is inside. A pin of
+    min = max must never step outside them: no kernel clamps it as it clamps a setspeed."""
+    lo = c.min_khz if c.min_khz is not None else c.freqs_khz[0]
+    hi = c.max_khz if c.max_khz is not None else c.freqs_khz[-1]
+    inside = tuple(f for f in c.freqs_khz if lo <= f <= hi)
+    return inside or c.freqs_khz

@@ -130,3 +130,18 @@ def test_a_kernel_governor_gets_the_limits_back(no_userspace):
     o = act.envelope(sensor.read(3.0))
     act.apply(Decision({}, governor={c.name: "schedutil" for c in spec.clusters}), o)
     assert limits(sysfs, a57.policy) == found
+
+
+def test_a_pin_never_leaves_the_limits_found(no_userspace):
+    """nvpmodel's ceiling holds even if a decision asks for more: no kernel clamps a pin."""
+    from agents.policy import Decision
+
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    ceiling = a57.freqs_khz[9]
+    sysfs.write(paths.policy_file(a57.policy, "scaling_max_freq"), str(ceiling))
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    for t in range(2):
+        o = act.envelope(sensor.read(float(t)))
+        act.apply(Decision({"a57": a57.fmax_khz}), o)
+    assert limits(sysfs, a57.policy) == (ceiling, ceiling)
