@@ -420,11 +420,19 @@ def read_token(cfg: TelemetryConfig) -> str | None:
     if cfg.token_file:
         try:
             with open(cfg.token_file, encoding="utf-8") as f:
+                mode = os.fstat(f.fileno()).st_mode & 0o777
                 token = f.read().strip()
         except OSError as err:
             raise ConfigError(
                 cfg.token_file, "telemetry.token_file", f"a readable token file ({err.strerror})"
             ) from None
+        if mode & 0o077:  # a secret others can read is no secret (as ssh refuses such keys)
+            raise ConfigError(
+                cfg.token_file,
+                "telemetry.token_file",
+                f"a file only its owner can read (chmod 600 {cfg.token_file})",
+                f"mode {mode:04o}",
+            )
         if not token:
             raise ConfigError(
                 cfg.token_file, "telemetry.token_file", "a file holding a non-empty token"

@@ -199,8 +199,13 @@ def test_telemetry_token_allows_remote_listen():
 def test_read_token_from_file(tmp_path):
     tok = tmp_path / "token"
     tok.write_text("abc123\n")
+    tok.chmod(0o600)
     cfg = parse_config({"telemetry": {"listen": "10.1.1.1:1", "token_file": str(tok)}})
     assert cfgmod.read_token(cfg.telemetry) == "abc123"
+    tok.chmod(0o644)  # others could read the secret: refused, with the fix in the message
+    with pytest.raises(ConfigError, match="chmod 600"):
+        cfgmod.read_token(cfg.telemetry)
+    tok.chmod(0o600)
     tok.write_text("\n")
     with pytest.raises(ConfigError):
         cfgmod.read_token(cfg.telemetry)
