@@ -47,17 +47,24 @@ class ThermalGuard:
     static_khz: dict[str, int] = field(default_factory=dict)
 
     def view(self, obs: Observation) -> Observation:
-        """``obs`` with the static ceilings folded into each cluster's limits, so that the
-        policy, the gate and the shield plan with the frequencies they can actually get."""
-        if not self.static_khz:
+        """``obs`` with the caps folded into each cluster's limits (the static ceilings and
+        the thermal caps in force since the last tick), so that the policy, the gate and the
+        shield plan with the frequencies they can actually get."""
+        if not self.static_khz and not self.levels:
             return obs
         clusters = []
         for c in obs.clusters:
             fixed = self.static_khz.get(c.name)
-            if fixed is None or not c.freqs_khz:
+            level = self.levels.get(c.name)
+            if (fixed is None and level is None) or not c.freqs_khz:
                 clusters.append(c)
                 continue
-            cap = c.freqs_khz[_floor_level(c.freqs_khz, fixed)]
+            top = len(c.freqs_khz) - 1
+            if fixed is not None:
+                top = min(top, _floor_level(c.freqs_khz, fixed))
+            if level is not None:
+                top = min(top, level)
+            cap = c.freqs_khz[top]
             hi = cap if c.max_khz is None else min(c.max_khz, cap)
             lo = None if c.min_khz is None else min(c.min_khz, hi)
             clusters.append(replace(c, min_khz=lo, max_khz=hi))

@@ -50,6 +50,15 @@ def test_the_deciders_see_the_ceiling_as_a_limit():
     assert ThermalGuard().view(o := obs()) is o
 
 
+def test_a_thermal_cap_in_force_is_a_limit_for_the_next_decision():
+    g = ThermalGuard(margin_c=5.0)
+    g.apply(Decision({"big": 2000}), obs(81.0))  # hot: capped one OPP below
+    c = g.view(obs(81.0, cur=1500)).clusters[0]
+    assert c.max_khz == 1500 and c.min_khz == 500
+    g.apply(Decision({"big": 2000}), obs(70.0, cur=1500))  # cool: the cap lifts
+    assert g.view(o := obs(70.0)) is o
+
+
 @given(st.lists(st.floats(20.0, 110.0), min_size=1, max_size=20), st.sampled_from(TABLE))
 def test_output_never_exceeds_the_static_cap(temps, want):
     g = ThermalGuard(static_khz={"big": 1500})
