@@ -1,5 +1,6 @@
 """The canned studies produce their tables from real simulated runs."""
 
+import pytest
 from click.testing import CliRunner
 
 from bots_bench.studies import deadline_vs_maxfreq, format_study, mixed_criticality
@@ -15,7 +16,13 @@ def test_deadline_vs_maxfreq_counts_misses_and_energy():
     assert "missed its deadline" in " ".join(r.problems)
     ok = deadline_vs_maxfreq("tx2", policy="performance", seeds=1, kernels=["fib"], cls="test")
     assert ok.ok and abs(ok.summary["energy_saved_mean"]) < 0.05  # same point as maxfreq
-    assert "energy saved" in format_study(ok)
+    assert abs(ok.summary["cpu_energy_saved_mean"]) < 0.05
+    assert "energy saved" in format_study(ok) and "CPU rail" in format_study(ok)
+    # the CPU-rail saving is the runs' own: 1 - policy / maxfreq on that rail
+    row = r.rows[0]
+    want = 1 - row["policy_cpu_energy_j"] / row["maxfreq_cpu_energy_j"]
+    assert r.summary["cpu_energy_saved_mean"] == pytest.approx(want)
+    assert r.summary["cpu_energy_saved_mean"] != pytest.approx(r.summary["energy_saved_mean"])
 
 
 def test_mixed_criticality_study_table():
