@@ -144,7 +144,8 @@ def run_live(
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too: its default would kill the daemon without restoring (a closed terminal)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             previous_handlers[sig] = signal.signal(sig, on_signal)
     try:
         if not dry_run:

@@ -145,6 +145,22 @@ def test_start_register_write_sigterm_restores_everything(board):
     assert "event=restored" in text and "ok=true" in text
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_interrupt_or_hangup_stops_and_restores(board, sig):
+    """Ctrl-C or a closed terminal: the daemon stops as on SIGTERM, the board gets its
+    settings back (SIGHUP's default would kill it with nothing restored)."""
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state)
+    gov = tree / paths.policy_file(0, "scaling_governor")
+    wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+    assert tree_state(tree, spec) == original
+    assert f"signal={sig.name}" in log.read_text()
+
+
 def test_kill9_then_restart_restores_old_snapshot_first(board):
     spec, tree, state = board
     original = tree_state(tree, spec)
