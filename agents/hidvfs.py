@@ -605,6 +605,30 @@ class ShieldStage:
         self.predictor = predictor
         self.shield = shield
         self.last_bounds: dict[int, float] = {}
+        #: with an adaptive calibrator (``update``): pid -> [(t, predicted log remaining s)] of
+        #: the chosen actions, scored against the real response when the job ends
+        self.pending: dict[int, list[tuple[float, float]]] = {}
+        self.learns = hasattr(shield.calibrator, "update")
+
+    def job_done(self, pid: int, finish_t: float) -> int:
+        """The job ended at ``finish_t``: score every bound issued for it (Gibbs-Candes
+        update of the adaptive calibrator). Returns how many updates were made."""
+        marks = self.pending.pop(pid, [])
+        for t, pred in marks:
+            self.shield.calibrator.update(math.log(max(finish_t - t, 1e-6)), pred)
+        return len(marks)
+
+    def calibration(self) -> dict | None:
+        """The adaptive calibrator's state for the daemon's status (None when static)."""
+        cal = self.shield.calibrator
+        if not self.learns:
+            return None
+        return {
+            "alpha": cal.alpha,
+            "alpha_t": round(cal.alpha_now, 6),
+            "updates": cal.t_,
+            "miss_rate": None if not cal.t_ else round(cal.miss_rate, 6),
+        }
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         self.last_bounds = {}
@@ -652,6 +676,8 @@ class ShieldStage:
                 self.last_bounds[j.pid] = (
                     math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
                 )
+                if self.learns and math.isfinite(p_sub[r.index]):
+                    self.pending.setdefault(j.pid, []).append((obs.t, p_sub[r.index]))
             start += len(cands)
             if res_f != cur:
                 out.freq_khz[cl.name] = res_f

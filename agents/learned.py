@@ -74,10 +74,13 @@ def make_hidvfs(
     shield: bool = True,
     variant: str | None = None,
     period_s: float | None = None,
+    adaptive_gamma: float | None = None,
 ):
-    """The hidvfs policy from ONNX; ``variant="noshaping"`` loads the no-shaping ablation."""
+    """The hidvfs policy from ONNX; ``variant="noshaping"`` loads the no-shaping ablation.
+    ``adaptive_gamma``: the shield's calibration follows the realised response times online
+    (Gibbs-Candes adaptive conformal, step gamma), starting from the shipped calibration."""
     from agents.hidvfs import HidvfsPolicy, ShieldStage
-    from agents.shield import Shield, SplitConformal
+    from agents.shield import AdaptiveConformal, Shield, SplitConformal
 
     folder = model_dir(spec.name, models)
     man = load_manifest(folder)
@@ -86,7 +89,12 @@ def make_hidvfs(
     if shield:
         rt = OnnxModel(folder / "response_time.onnx", spec.name, "response_time")
         ref = load_reference(folder)
-        cal = SplitConformal(float(man["shield"]["alpha"])).fit(ref["cal_scores"])
+        alpha = float(man["shield"]["alpha"])
+        cal = (
+            AdaptiveConformal(alpha, gamma=adaptive_gamma)
+            if adaptive_gamma
+            else SplitConformal(alpha)
+        ).fit(ref["cal_scores"])
         stage = ShieldStage(lambda x: rt(x).reshape(-1), Shield(lambda x: rt(x).reshape(-1), cal))
     pol = HidvfsPolicy(
         spec,

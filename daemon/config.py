@@ -80,6 +80,15 @@ class MixedCriticalityConfig:
 
 
 @dataclass(frozen=True)
+class ShieldConfig:
+    #: the hidvfs shield's calibration follows the realised response times online
+    #: (Gibbs-Candes adaptive conformal), starting from the shipped calibration
+    adaptive: bool = False
+    #: its step; larger adapts faster and wanders more
+    gamma: float = 0.005
+
+
+@dataclass(frozen=True)
 class Config:
     period_ms: int = 100
     policy: str = "hidvfs"
@@ -94,6 +103,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     mixed_criticality: MixedCriticalityConfig = field(default_factory=MixedCriticalityConfig)
+    shield: ShieldConfig = field(default_factory=ShieldConfig)
     #: re-read the cpufreq limits every tick and log settings changed behind our back
     recheck_each_tick: bool = True
     #: file the config was loaded from ("<defaults>" when none)
@@ -360,6 +370,12 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
         reserve=c.bool_("mixed_criticality.reserve", mc.get("reserve", d.mixed_criticality.reserve))
     )
 
+    sh = _mapping(c, get("shield"), "shield", ShieldConfig)
+    shield = ShieldConfig(
+        adaptive=c.bool_("shield.adaptive", sh.get("adaptive", d.shield.adaptive)),
+        gamma=c.float_("shield.gamma", sh.get("gamma", d.shield.gamma), 1e-6, 1.0),
+    )
+
     board = c.str_("board", get("board", d.board), optional=True)
     if board is not None:
         is_file = board.endswith((".yaml", ".yml"))
@@ -384,6 +400,7 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
         metrics=metrics,
         telemetry=telemetry,
         mixed_criticality=mixed,
+        shield=shield,
         recheck_each_tick=c.bool_(
             "recheck_each_tick", get("recheck_each_tick", d.recheck_each_tick)
         ),
@@ -452,3 +469,10 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
             config_to_dict(v) if is_dataclass(v) else (dict(v) if isinstance(v, dict) else v)
         )
     return out
+
+
+def policy_options(cfg: Config) -> dict[str, Any]:
+    """Options the config passes to the policy factory (only hidvfs takes any)."""
+    if cfg.policy == "hidvfs" and cfg.shield.adaptive:
+        return {"adaptive_gamma": cfg.shield.gamma}
+    return {}

@@ -124,6 +124,11 @@ class ControlLoop:
         for cb in self.before_tick:
             cb(self.platform.clock.now())
         obs, finished = self.observe()
+        for out in finished:  # stages that learn from outcomes (the adaptive shield)
+            for stage in self.stages:
+                done = getattr(stage, "job_done", None)
+                if done is not None:
+                    done(out.pid, out.finish_t)
         decision = self.policy.decide(obs)
         for stage in self.stages:
             decision = stage(decision, obs)
@@ -234,4 +239,12 @@ class ControlLoop:
             else [],
             "max_cpu_temp_c": obs.max_cpu_temp_c if obs else None,
             "throttled": bool(self.guard.levels),
+            "shield": next(
+                (
+                    c
+                    for st in self.stages
+                    if (c := getattr(st, "calibration", lambda: None)()) is not None
+                ),
+                None,
+            ),
         }

@@ -17,7 +17,7 @@ from dataclasses import replace
 from agents.factory import make_policy_stack
 from agents.mixed import ClusterReservation
 from daemon.actuator import Actuator
-from daemon.config import Config, load_config, read_token
+from daemon.config import Config, load_config, policy_options, read_token
 from daemon.guard import config_guard
 from daemon.jobs import JobTable
 from daemon.logs import log_event, setup_logging
@@ -120,7 +120,7 @@ def run_live(
     procs = LiveProcessControl()
     clock = MonotonicClock()
     platform = Platform(spec, sysfs, procs, clock, kind="live" if sysfs_root == "/" else "fake")
-    pol, stages = make_policy_stack(cfg.policy, spec)
+    pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
     stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
     table = JobTable()
     loop = ControlLoop(

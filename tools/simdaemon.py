@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agents.mixed import ClusterReservation
 from bots_bench.workload import WorkloadSpec, default_items
-from daemon.config import Config
+from daemon.config import Config, policy_options
 from daemon.guard import config_guard
 from daemon.simrun import run_sim
 from daemon.statusfile import write_status
@@ -30,7 +32,8 @@ def run_sim_daemon(
     spec = load_board(board)
     w = WorkloadSpec(duration_s=duration_s, load=load)
     items = default_items(spec, seed, w)
-    policy, stages = build_policy_stack(policy_name, spec)
+    opts = policy_options(replace(config, policy=policy_name)) if config else {}
+    policy, stages = build_policy_stack(policy_name, spec, **opts)
     stages.append(ClusterReservation(config.mixed_criticality.reserve if config else True))
     cb = (lambda st: write_status(status_file, st)) if status_file else None
     result = run_sim(
