@@ -145,6 +145,59 @@ def profile_from_dag(
     return check_profile(profile)
 
 
+def profile_from_runs(
+    name: str,
+    *,
+    ref_khz: int,
+    low_khz: int,
+    cores: int,
+    capacity: float,
+    t_all_s: float,
+    t_one_s: float,
+    t_low_s: float,
+    version: int = 1,
+) -> JobProfile:
+    """A reference profile from three timed runs of a real program on a board's reference
+    cluster (``hidvfs profile measure``): on all ``cores`` at ``ref_khz`` (``t_all_s``, the
+    reference makespan), on one core at ``ref_khz`` (``t_one_s``, the work C) and on all
+    cores at ``low_khz`` (``t_low_s``).
+
+    The models are the ones the gate plans with: ``T(n) = L + (C - L)/n`` gives the span L;
+    the two-point model ``T(f) = T(f_ref) ((1 - beta) f_ref/f + beta)`` gives beta from the
+    slowdown at ``low_khz``; C and L are then normalised to capacity 1.0 like
+    :func:`profile_from_dag`. Estimates outside their ranges (noise) are clipped.
+    """
+    for key, v in (("t_all_s", t_all_s), ("t_one_s", t_one_s), ("t_low_s", t_low_s)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"profile {name!r}: {key} must be a time > 0 s, got {v!r}")
+    if not (cores >= 1 and capacity > 0 and 0 < low_khz < ref_khz):
+        raise ValueError(
+            f"profile {name!r}: need cores >= 1, capacity > 0 and 0 < low_khz < ref_khz, got "
+            f"cores={cores}, capacity={capacity}, low_khz={low_khz}, ref_khz={ref_khz}"
+        )
+    # T(low)/T(ref) = ((1 - beta) r / kappa + beta) / ((1 - beta) / kappa + beta), r = f_ref/f_low
+    r, slow = ref_khz / low_khz, t_low_s / t_all_s
+    den = (r - slow) + capacity * (slow - 1.0)
+    beta = min(max((r - slow) / den, 0.0), 1.0) if den > 0 else 0.0  # den <= 0: slow >> r
+    work = max(t_one_s, t_all_s)  # one core never beats all of them
+    span = work if cores == 1 else (cores * t_all_s - work) / (cores - 1)
+    span = min(max(span, 0.0), work)
+    scale = (1.0 - beta) / capacity + beta  # time on this core type per capacity-1.0 second
+    work_1, span_1 = work / scale, span / scale
+    return check_profile(
+        JobProfile(
+            name=name,
+            work_s=work_1,
+            span_s=max(span_1, 1e-9 * work_1),
+            beta=beta,
+            ref_makespan_s=float(t_all_s),
+            ref_khz=int(ref_khz),
+            ref_cores=int(cores),
+            version=version,
+        )
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Versioned store
 
@@ -276,3 +329,38 @@ __all__ = [
     "check_profile",
     "profile_from_dag",
 ]
+
+
+class ProfileLookup:
+    """The daemon's view of a profile store file: ``lookup(name)`` for one board, reread when
+    the file changes (a profile measured while the daemon runs is used from the next job on;
+    a store that turns unreadable keeps the last good one and reports why)."""
+
+    def __init__(self, path: str | os.PathLike[str], board: str, on_error=None):
+        self.path = os.fspath(path)
+        self.board = board
+        self.on_error = on_error
+        self._stamp: tuple[int, int] | None = None
+        self._store = load(self.path, missing_ok=True)  # a bad store fails the start
+        self._stamp = self._mtime()
+
+    def _mtime(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def __len__(self) -> int:
+        return sum(1 for board, _ in self._store if board == self.board)
+
+    def __call__(self, name: str) -> JobProfile | None:
+        stamp = self._mtime()
+        if stamp != self._stamp:
+            try:
+                self._store = load(self.path, missing_ok=True)
+            except SpecError as err:
+                if self.on_error is not None:
+                    self.on_error(str(err))
+            self._stamp = stamp
+        return self._store.find(name, self.board)

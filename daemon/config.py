@@ -24,6 +24,7 @@ from platforms.spec import board_names
 DEFAULT_PATH = "/etc/hidvfs/config.yaml"
 DEFAULT_SOCKET = "/run/hidvfs/hidvfs.sock"
 DEFAULT_STATE_DIR = "/var/lib/hidvfs"
+DEFAULT_PROFILES = "/var/lib/hidvfs/profiles.json"
 
 #: decision policies the daemon can run (DESIGN.md, "Policy names"; one list in agents.factory)
 POLICIES = POLICY_NAMES
@@ -96,6 +97,9 @@ class Config:
     board: str | None = None
     #: fraction of each deadline kept as safety margin when planning (0 = plan to the deadline)
     deadline_slack: float = 0.05
+    #: reference profiles (``hidvfs profile measure``) looked up by job name at registration;
+    #: a job without one still runs, but the gate and the shield cannot plan its deadline
+    profiles: str = DEFAULT_PROFILES
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
     socket: SocketConfig = field(default_factory=SocketConfig)
     state_dir: str = DEFAULT_STATE_DIR
@@ -393,6 +397,7 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
         deadline_slack=c.float_(
             "deadline_slack", get("deadline_slack", d.deadline_slack), 0.0, 1.0, hi_open=True
         ),
+        profiles=c.abspath("profiles", get("profiles", d.profiles)),
         thermal=thermal,
         socket=socket,
         state_dir=c.abspath("state_dir", get("state_dir", d.state_dir)),

@@ -137,6 +137,8 @@ def job_to_json(entry: JobEntry, now: float | None = None) -> dict[str, Any]:
         "criticality": entry.criticality,
         "deadline_s": entry.deadline_s,
         "release_t": entry.release_t,
+        # the reference profile the gate and the shield plan with (None: no profile)
+        "profile_version": entry.profile.version if entry.profile else None,
     }
     if now is not None:
         d["elapsed_s"] = round(now - entry.release_t, 6)
@@ -213,11 +215,12 @@ class JobRegistry:
             except ValueError as err:
                 raise RequestError(str(err)) from None
         log.info(
-            "event=job_registered pid=%d name=%s criticality=%s deadline_s=%s",
+            "event=job_registered pid=%d name=%s criticality=%s deadline_s=%s profile=%s",
             pid,
             name,
             criticality,
             deadline_s,
+            f"v{profile.version}" if profile else "none",
         )
         return entry
 

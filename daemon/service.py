@@ -14,6 +14,7 @@ import signal
 import threading
 from dataclasses import replace
 
+from agents.deadlines import ProfileLookup
 from agents.factory import make_policy_stack
 from agents.mixed import ClusterReservation
 from daemon.actuator import Actuator
@@ -120,6 +121,13 @@ def run_live(
     procs = LiveProcessControl()
     clock = MonotonicClock()
     platform = Platform(spec, sysfs, procs, clock, kind="live" if sysfs_root == "/" else "fake")
+    profiles = ProfileLookup(
+        cfg.profiles,
+        spec.name,
+        on_error=lambda why: log_event(
+            log, "profiles_unreadable", level=logging.WARNING, detail=why
+        ),
+    )
     pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
     stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
     table = JobTable()
@@ -158,6 +166,7 @@ def run_live(
             alive=procs.alive,
             status_provider=loop.status,
             pid_owner=procs.owner_uid,
+            profile_for=profiles,
         )
         try:
             servers.append(
@@ -221,6 +230,7 @@ def run_live(
             period_ms=cfg.period_ms,
             root=sysfs.root,
             dry_run=dry_run,
+            profiles=len(profiles),
         )
         loop.run(duration_s=duration_s, stop=stop)
     finally:

@@ -37,7 +37,12 @@ cli.add_command(status_cmd)
 cli.add_command(run_cmd)
 cli.add_command(bots)
 
-for _optional in ("tools.cmd_agents", "tools.cmd_service", "tools.cmd_coordinator"):
+for _optional in (
+    "tools.cmd_agents",
+    "tools.cmd_service",
+    "tools.cmd_coordinator",
+    "tools.cmd_profile",
+):
     try:
         _mod = __import__(_optional, fromlist=["COMMAND"])
     except ImportError:  # pragma: no cover - a part not built into this checkout

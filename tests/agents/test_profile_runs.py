@@ -1,0 +1,124 @@
+"""Reference profiles of real programs: from three timed runs, and the daemon's store lookup."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents import deadlines
+from agents.deadlines import ProfileLookup, ProfileStore, profile_from_runs
+from platforms.observation import JobProfile
+
+
+def model_time(c, span, beta, cores, capacity, khz, ref_khz):
+    """The gate's own models: Graham on n cores, two-point frequency scaling."""
+    return (span + (c - span) / cores) * ((1 - beta) * ref_khz / (capacity * khz) + beta)
+
+
+@given(
+    c=st.floats(0.05, 50.0),
+    frac=st.floats(0.01, 1.0),
+    beta=st.floats(0.0, 1.0),
+    cores=st.integers(1, 8),
+    capacity=st.sampled_from([0.6, 1.0, 1.4]),
+)
+def test_three_runs_recover_the_model_they_were_made_with(c, frac, beta, cores, capacity):
+    span = c * frac if cores > 1 else c
+    ref, low = 2_000_000, 1_000_000
+    p = profile_from_runs(
+        "job",
+        ref_khz=ref,
+        low_khz=low,
+        cores=cores,
+        capacity=capacity,
+        t_all_s=model_time(c, span, beta, cores, capacity, ref, ref),
+        t_one_s=model_time(c, c, beta, 1, capacity, ref, ref),
+        t_low_s=model_time(c, span, beta, cores, capacity, low, ref),
+    )
+    assert p.beta == pytest.approx(beta, abs=1e-6)
+    assert p.work_s == pytest.approx(c, rel=1e-6)
+    if cores > 1:
+        assert p.span_s == pytest.approx(span, rel=1e-6, abs=1e-6 * c)
+    assert p.ref_cores == cores and p.ref_khz == ref
+
+
+def test_noisy_runs_are_clipped_into_a_valid_profile():
+    # all cores slower than one core, low frequency faster than the top: noise, not physics
+    p = profile_from_runs(
+        "noisy",
+        ref_khz=2000,
+        low_khz=1000,
+        cores=4,
+        capacity=1.0,
+        t_all_s=1.2,
+        t_one_s=1.0,
+        t_low_s=1.1,
+    )
+    assert p.span_s == pytest.approx(p.work_s) and p.beta == 1.0
+    with pytest.raises(ValueError, match="t_one_s"):
+        profile_from_runs(
+            "x",
+            ref_khz=2000,
+            low_khz=1000,
+            cores=4,
+            capacity=1.0,
+            t_all_s=1.0,
+            t_one_s=0.0,
+            t_low_s=1.0,
+        )
+    with pytest.raises(ValueError, match="low_khz"):
+        profile_from_runs(
+            "x",
+            ref_khz=2000,
+            low_khz=2000,
+            cores=4,
+            capacity=1.0,
+            t_all_s=1.0,
+            t_one_s=2.0,
+            t_low_s=1.0,
+        )
+
+
+def prof(name="fib", version=1, work=2.0):
+    return JobProfile(name, work, 0.5, 0.1, 1.0, 2035200, 4, version)
+
+
+def test_lookup_rereads_a_changed_store_and_keeps_the_last_good_one(tmp_path):
+    path = tmp_path / "profiles.json"
+    errors = []
+    look = ProfileLookup(path, "tx2", on_error=errors.append)
+    assert look("fib") is None and len(look) == 0  # no file yet: no profiles, no error
+    store = ProfileStore()
+    store.put("tx2", prof())
+    store.put("orin-nx", prof(work=3.0))
+    deadlines.save(store, path)
+    assert look("fib") == prof() and len(look) == 1  # its board only
+    path.write_text("{not json")
+    assert look("fib") == prof() and errors and "valid JSON" in errors[0]
+    store.put("tx2", prof(work=2.5), replace_existing=True)
+    deadlines.save(store, path)
+    assert look("fib").version == 2 and look("fib").work_s == 2.5
+
+
+def test_a_bad_store_fails_the_start(tmp_path):
+    path = tmp_path / "profiles.json"
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(Exception, match="format"):
+        ProfileLookup(path, "tx2")
+
+
+def test_a_slowdown_beyond_the_frequency_ratio_is_compute_bound():
+    p = profile_from_runs(
+        "x",
+        ref_khz=2000,
+        low_khz=1000,
+        cores=2,
+        capacity=0.6,
+        t_all_s=1.0,
+        t_one_s=1.8,
+        t_low_s=5.0,
+    )
+    assert p.beta == 0.0

@@ -1,0 +1,130 @@
+"""`hidvfs profile measure` on a fake tree: the runs happen at the pinned frequencies, the
+profile is the one those times imply, the tree gets its settings back, bad runs store nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from agents import deadlines
+from bots_bench.reference import reference_cluster
+from daemon.jobs import JobTable
+from daemon.registry import JobRegistry, RegistryServer
+from platforms import paths
+from platforms.faketree import write_fake_tree
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs
+from tests.daemon.test_daemon_process import tree_state
+from tools.cli import cli
+from tools.profile_measure import MeasureError, measure
+
+C, L, BETA = 3.0, 0.6, 0.25  # the synthetic program's true cost (capacity-1 seconds at the top)
+
+
+@pytest.fixture
+def tx2(tmp_path):
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path / "tree")
+    (tmp_path / "state").mkdir()
+    return spec, tmp_path
+
+
+def test_measure_pins_the_reference_cluster_and_recovers_the_cost(tx2):
+    spec, tmp = tx2
+    sysfs = DirSysfs(tmp / "tree")
+    ref = reference_cluster(spec)
+    original = tree_state(tmp / "tree", spec)
+    seen = []
+
+    def timer(argv, cpus, timeout_s):
+        # the time the gate's models give at the frequency the tree holds right now
+        khz = sysfs.read_int(paths.policy_file(ref.policy, "scaling_setspeed"))
+        gov = sysfs.read(paths.policy_file(ref.policy, "scaling_governor")).strip()
+        seen.append((gov, khz, tuple(cpus)))
+        phi = (1 - BETA) * ref.fmax_khz / (ref.capacity * khz) + BETA
+        n = len(cpus)
+        return (L + (C - L) / n) * phi
+
+    prof, times = measure(spec, sysfs, ["prog"], "prog", state_dir=str(tmp / "state"), timer=timer)
+    assert [s[0] for s in seen] == ["userspace"] * 3
+    assert seen[0][1] == seen[1][1] == ref.fmax_khz and seen[2][1] < ref.fmax_khz
+    assert seen[0][2] == tuple(ref.cpus) and len(seen[1][2]) == 1
+    assert prof.beta == pytest.approx(BETA) and prof.work_s == pytest.approx(C)
+    assert prof.span_s == pytest.approx(L) and prof.ref_makespan_s == times["all cores, top"]
+    assert tree_state(tmp / "tree", spec) == original  # everything given back
+    assert not (tmp / "state" / "restore.json").exists()
+
+
+def test_a_failing_run_stores_nothing_and_restores(tx2):
+    spec, tmp = tx2
+    sysfs = DirSysfs(tmp / "tree")
+    original = tree_state(tmp / "tree", spec)
+
+    def timer(argv, cpus, timeout_s):
+        raise MeasureError("prog exited with status 3")
+
+    with pytest.raises(MeasureError, match="status 3"):
+        measure(spec, sysfs, ["prog"], "prog", state_dir=str(tmp / "state"), timer=timer)
+    assert tree_state(tmp / "tree", spec) == original
+
+
+def cli_args(tmp, *extra):
+    return [
+        "profile",
+        "measure",
+        "--store",
+        str(tmp / "profiles.json"),
+        "--sysfs-root",
+        str(tmp / "tree"),
+        "--board",
+        "tx2",
+        "--state-dir",
+        str(tmp / "state"),
+        "--socket",
+        str(tmp / "state" / "none.sock"),
+        *extra,
+    ]
+
+
+def test_cli_measures_a_real_program_stores_and_lists_it(tx2):
+    spec, tmp = tx2
+    original = tree_state(tmp / "tree", spec)
+    prog = [sys.executable, "-c", "sum(i * i for i in range(200000))"]
+    r = CliRunner().invoke(cli, cli_args(tmp, "--name", "sq", "--json", "--", *prog))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["name"] == "sq" and out["board"] == "tx2" and out["version"] == 1
+    assert set(out["times_s"]) == {"all cores, top", "one core, top", "all cores, low"}
+    store = deadlines.load(tmp / "profiles.json")
+    assert store.find("sq", "tx2").ref_makespan_s == out["ref_makespan_s"]
+    assert tree_state(tmp / "tree", spec) == original
+    listed = CliRunner().invoke(cli, ["profile", "list", "--store", str(tmp / "profiles.json")])
+    assert "sq" in listed.output and "v1" in listed.output
+    # measuring again gives other times: refused without --replace, a new version with it
+    again = CliRunner().invoke(cli, cli_args(tmp, "--name", "sq", "--", *prog))
+    assert again.exit_code != 0 and "frozen at version 1" in again.output
+    again = CliRunner().invoke(
+        cli, cli_args(tmp, "--name", "sq", "--replace", "--json", "--", *prog)
+    )
+    assert again.exit_code == 0 and json.loads(again.output)["version"] == 2
+
+
+def test_cli_refuses_a_failing_program_and_a_running_daemon(tx2):
+    spec, tmp = tx2
+    r = CliRunner().invoke(cli, cli_args(tmp, "--", sys.executable, "-c", "raise SystemExit(3)"))
+    assert r.exit_code != 0 and "status 3" in r.output
+    assert not (tmp / "profiles.json").exists()
+    sock = tmp / "state" / "d.sock"
+    reg = JobRegistry(JobTable(), now=time.monotonic, alive=lambda pid: True)
+    srv = RegistryServer(reg, str(sock), group=None).start()
+    try:
+        args = cli_args(tmp, "--", "true")
+        args[args.index("--socket") + 1] = str(sock)
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code != 0 and "daemon is running" in r.output
+    finally:
+        srv.stop()

@@ -1,0 +1,130 @@
+"""Measure a real program's reference profile on a board (``hidvfs profile measure``).
+
+Three timed runs on the board's reference cluster: all its cores at the top OPP (the reference
+makespan), one core at the top OPP (the work C) and all cores at about half the top (the
+frequency sensitivity, beta). :func:`agents.deadlines.profile_from_runs` turns them into the
+profile the gate and the shield plan deadlines with. The frequencies are pinned through the
+daemon's own actuator, after the same restore snapshot the daemon takes, and given back
+afterwards whatever happens (a crash leaves the snapshot for the next daemon start).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agents.deadlines import profile_from_runs
+from agents.policy import Decision, nearest_freq
+from bots_bench.reference import reference_cluster
+from daemon.actuator import Actuator
+from daemon.restore import begin_session, restore_snapshot
+from platforms.liveprocs import LiveProcessControl, kill_job
+from platforms.observation import JobProfile
+from platforms.sense import Sensor
+from platforms.spec import BoardSpec, ClusterSpec
+from platforms.sysfs import DirSysfs
+
+log = logging.getLogger("hidvfs.profile")
+
+
+class MeasureError(RuntimeError):
+    """A run failed or could not be timed; nothing is stored."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed configuration: which cores, at which frequency."""
+
+    label: str
+    cpus: tuple[int, ...]
+    khz: int
+
+
+def plan_runs(cluster: ClusterSpec) -> list[Run]:
+    top = cluster.fmax_khz
+    low = nearest_freq(cluster.freqs_khz, top / 2, mode="ceil")
+    if low >= top:  # a one-entry table cannot tell beta
+        raise MeasureError(f"cluster {cluster.name} has a single OPP: beta cannot be measured")
+    cpus = tuple(cluster.cpus)
+    return [
+        Run("all cores, top", cpus, top),
+        Run("one core, top", cpus[:1], top),
+        Run("all cores, low", cpus, low),
+    ]
+
+
+def time_command(argv: Sequence[str], cpus: Sequence[int], timeout_s: float) -> float:
+    """Wall time of one run of ``argv`` confined to ``cpus`` (OpenMP told as many threads)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(len(cpus)))
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)),
+        )
+    except OSError as err:
+        raise MeasureError(f"cannot launch {argv[0]!r}: {err.strerror}") from None
+    try:
+        _, err_out = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_job(proc)
+        proc.communicate()
+        raise MeasureError(f"{argv[0]} ran past {timeout_s:g} s; killed") from None
+    elapsed = time.monotonic() - t0
+    if proc.returncode != 0:
+        tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]
+        raise MeasureError(
+            f"{argv[0]} exited with status {proc.returncode}" + (f": {tail[0]}" if tail else "")
+        )
+    return elapsed
+
+
+def measure(
+    spec: BoardSpec,
+    sysfs: DirSysfs,
+    argv: Sequence[str],
+    name: str,
+    *,
+    state_dir: str,
+    timeout_s: float = 600.0,
+    repeat: int = 1,
+    timer: Callable[[Sequence[str], Sequence[int], float], float] = time_command,
+) -> tuple[JobProfile, dict[str, float]]:
+    """Pin, time the three runs (the best of ``repeat`` each), restore; the profile and the
+    times. ``timer`` runs one configuration (the tests substitute it)."""
+    cluster = reference_cluster(spec)
+    runs = plan_runs(cluster)
+    snapshot = begin_session(sysfs, spec, state_dir, log)
+    act = Actuator(sysfs, LiveProcessControl())
+    sensor = Sensor(spec, sysfs)
+    times: dict[str, float] = {}
+    try:
+        for run in runs:
+            obs = act.envelope(sensor.read(time.monotonic()))
+            report = act.apply(Decision({cluster.name: run.khz}), obs)
+            if report.errors:
+                raise MeasureError(
+                    f"cannot pin {cluster.name} at {run.khz} kHz: {report.errors[0]}"
+                )
+            times[run.label] = min(timer(argv, run.cpus, timeout_s) for _ in range(repeat))
+    finally:
+        restore_snapshot(sysfs, snapshot, log, state_dir=state_dir)
+    profile = profile_from_runs(
+        name,
+        ref_khz=runs[0].khz,
+        low_khz=runs[2].khz,
+        cores=len(runs[0].cpus),
+        capacity=cluster.capacity,
+        t_all_s=times[runs[0].label],
+        t_one_s=times[runs[1].label],
+        t_low_s=times[runs[2].label],
+    )
+    return profile, times
