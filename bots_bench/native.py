@@ -26,6 +26,7 @@ from daemon.restore import begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
 from platforms.liveprocs import LiveProcessControl, kill_job, spawn_job
+from platforms.observation import JobProfile
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
 from platforms.sampler import RailSampler
@@ -101,8 +102,12 @@ def cool_down(
         clock.sleep(0.5)
 
 
-def run_native(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> dict:
-    """One native run -> a run record (failures are recorded, never raised)."""
+def run_native(
+    cfg: RunConfig, nb: NativeBoard, build_policy: Callable, profile: JobProfile | None = None
+) -> dict:
+    """One native run -> a run record (failures are recorded, never raised). ``profile``: the
+    job's reference profile (``hidvfs profile measure``), so the gate and the shield can plan
+    its deadline as the daemon does for a registered job."""
     spec = nb.platform.spec
     rec: dict = {
         "bench": cfg.bench,
@@ -174,6 +179,7 @@ def run_native(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> dict:
                 release_t=t_launch,
                 deadline_s=cfg.deadline_s,
                 criticality="lo",
+                profile=profile,
             )
         )
         worker = threading.Thread(

@@ -69,7 +69,16 @@ def _kernels(bench: str) -> list[str]:
     "--deadline-slack",
     default=None,
     type=click.FloatRange(min=1.0),
-    help="Give each job a deadline of SLACK x its reference makespan.",
+    help="Give each job a deadline of SLACK x its reference makespan (native: the profile "
+    "stored as BENCH.CLASS, see --profiles).",
+)
+@click.option(
+    "--profiles",
+    "profiles_path",
+    default="/var/lib/hidvfs/profiles.json",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Reference profiles for native runs (hidvfs profile measure --name BENCH.CLASS).",
 )
 @click.option(
     "--db",
@@ -106,6 +115,7 @@ def run_cmd(
     policy,
     seeds,
     deadline_slack,
+    profiles_path,
     db,
     bots_bin,
     spec_file,
@@ -128,6 +138,7 @@ def run_cmd(
         as_json=as_json,
         deadline_slack=deadline_slack,
         sysfs_root=sysfs_root,
+        profiles_path=profiles_path,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from tools.common import emit_json
@@ -52,8 +54,13 @@ def run_configs(
     quiet=False,
     deadline_slack=None,
     say=click.echo,
+    profiles_path=None,
 ):
-    """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary."""
+    """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary.
+
+    Natively each job gets the reference profile stored as ``BENCH.CLASS`` for the board
+    (``hidvfs profile measure``); with ``deadline_slack`` its deadline is slack x that
+    profile's reference makespan, and a job without a profile is a failed run saying so."""
     from bots_bench.progress import Progress
     from bots_bench.store import run_pending
     from tools.policies import build_policy_stack
@@ -63,9 +70,24 @@ def run_configs(
         from bots_bench.native import open_board, run_native
 
         nb = open_board(sysfs_root, board, state_dir, say=lambda m: click.echo(m, err=True))
+        from agents import deadlines
+        from daemon.config import DEFAULT_PROFILES
+
+        profiles_path = profiles_path or DEFAULT_PROFILES
+        profiles = deadlines.load(profiles_path, missing_ok=True)
 
         def run_fn(cfg):
-            return run_native(cfg, nb, build_policy_stack)
+            name, board_name = f"{cfg.bench}.{cfg.cls}", nb.platform.spec.name
+            prof = profiles.find(name, board_name)
+            if deadline_slack is not None:
+                if prof is None:
+                    raise LookupError(
+                        f"no reference profile {name!r} for {board_name} in {profiles_path}, so "
+                        f"no deadline can be set: measure it first (sudo hidvfs profile measure "
+                        f"--name {name} -- <the kernel's command line>)"
+                    )
+                cfg = replace(cfg, deadline_s=deadline_slack * prof.ref_makespan_s)
+            return run_native(cfg, nb, build_policy_stack, profile=prof)
     else:
         from bots_bench.campaign_sim import SimRunConfig, run_one
 
@@ -121,6 +143,7 @@ def run_campaign_cli(
     as_json,
     deadline_slack=None,
     sysfs_root="/",
+    profiles_path=None,
 ):
     from bots_bench.campaign_sim import ratio_table
     from bots_bench.spec import expand
@@ -149,6 +172,7 @@ def run_campaign_cli(
         board=None if spec.backend == "native" else spec.board,
         quiet=as_json,
         deadline_slack=deadline_slack,
+        profiles_path=profiles_path,
     )
     keys = {c.key for c in configs}
     records = [r for r in store.runs() if store.key_for(r) in keys]

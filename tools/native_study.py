@@ -1,5 +1,7 @@
 """Native runners for the canned studies: the reference makespan is measured on this board
-(maxfreq, once per kernel), then deadlines are slack x that reference."""
+(maxfreq, once per kernel), then deadlines are slack x that reference. A profile stored as
+BENCH.CLASS (``hidvfs profile measure``) is handed to the loop with each job, so the gate and
+the shield can plan its deadline."""
 
 from __future__ import annotations
 
@@ -8,9 +10,20 @@ from bots_bench.spec import RunConfig
 from tools.policies import build_policy_stack
 
 
-def native_runner(board: str, cls: str, bots_bin: str | None, sysfs_root: str, slack: float | None):
+def native_runner(
+    board: str,
+    cls: str,
+    bots_bin: str | None,
+    sysfs_root: str,
+    slack: float | None,
+    profiles_path: str | None = None,
+):
+    from agents import deadlines
+    from daemon.config import DEFAULT_PROFILES
+
     nb = open_board(sysfs_root, None, None)
     refs: dict[str, float] = {}
+    store = deadlines.load(profiles_path or DEFAULT_PROFILES, missing_ok=True)
 
     def cfg(kernel: str, seed: int, policy: str, deadline_s: float | None) -> RunConfig:
         return RunConfig(
@@ -33,6 +46,7 @@ def native_runner(board: str, cls: str, bots_bin: str | None, sysfs_root: str, s
                 ref = run_native(cfg(kernel, 0, "maxfreq", None), nb, build_policy_stack)
                 refs[kernel] = ref["makespan_s"] if ref["ok"] else None
             deadline = slack * refs[kernel] if refs[kernel] else None
-        return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack)
+        prof = store.find(f"{kernel}.{cls}", nb.platform.spec.name)
+        return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack, prof)
 
     return native, nb

@@ -174,3 +174,38 @@ def test_native_study_deadline_vs_maxfreq_on_the_test_kernels(bots_tree, fake_tx
     assert res.backend == "native"
     assert res.summary["jobs"] == 1 and res.rows[0]["deadline_s"] is not None
     assert res.rows[0]["policy_energy_j"] > 0 and res.rows[0]["maxfreq_energy_j"] > 0
+
+
+def test_native_deadlines_come_from_the_stored_profile(bots_tree, fake_tx2, tmp_path):
+    """--deadline-slack natively: slack x the reference makespan of the profile stored as
+    BENCH.CLASS, handed to the loop with the job; without a profile the run fails saying how
+    to get one (it used to run with no deadline at all)."""
+    from agents import deadlines
+    from platforms.observation import JobProfile
+    from tools.native_campaign import run_configs
+
+    spec, root, _ = fake_tx2
+    profiles = tmp_path / "profiles.json"
+    store = deadlines.ProfileStore()
+    store.put("tx2", JobProfile("fib.smoke", 0.5, 0.05, 0.1, 0.4, 2035200, 4))
+    deadlines.save(store, profiles)
+    db = Store(":memory:")
+    configs = _configs(bots_tree.bin, kernels=("fib", "sort"))
+    run_configs(
+        configs,
+        db,
+        backend="native",
+        sysfs_root=str(root),
+        state_dir=str(tmp_path / "state"),
+        quiet=True,
+        deadline_slack=1.5,
+        profiles_path=str(profiles),
+        say=lambda m: None,
+    )
+    runs = {r["bench"]: r for r in db.runs()}
+    assert runs["fib"]["ok"], runs["fib"]["error"]
+    assert runs["fib"]["deadline_s"] == pytest.approx(1.5 * 0.4)
+    assert runs["fib"]["deadline_met"] is not None
+    assert not runs["sort"]["ok"]
+    assert "no reference profile 'sort.smoke'" in runs["sort"]["error"]
+    assert "hidvfs profile measure --name sort.smoke" in runs["sort"]["error"]
