@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from daemon.config import DEFAULT_SOCKET
@@ -135,8 +136,12 @@ def run_registered(
     name: str | None = None,
     socket_path: str = DEFAULT_SOCKET,
     client: RegistryClient | None = None,
+    on_registered: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
+
+    ``on_registered(job)`` is called with the daemon's record of the job right after it
+    registered (e.g. to warn that it has no reference profile).
 
     The daemon is asked first, so an unreachable daemon fails before anything is launched.
     Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
@@ -152,11 +157,13 @@ def run_registered(
     t0 = clock.now()
     proc = spawn(command)
     try:
-        client.register(proc.pid, deadline_s=deadline_s, criticality=criticality, name=name)
+        job = client.register(proc.pid, deadline_s=deadline_s, criticality=criticality, name=name)
     except BaseException:
         proc.terminate()
         proc.wait()
         raise
+    if on_registered is not None:
+        on_registered(job)
     try:
         rc = proc.wait()
     except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying
@@ -178,4 +185,6 @@ def run_registered(
         "deadline_s": deadline_s,
         "criticality": criticality,
         "deadline_met": None if deadline_s is None else makespan <= deadline_s,
+        # the reference profile the daemon planned with (None: the deadline was not planned)
+        "profile_version": job.get("profile_version"),
     }

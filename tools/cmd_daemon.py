@@ -256,12 +256,22 @@ def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> Non
     """
     from daemon.client import run_registered
 
+    def unplanned(job: dict) -> None:
+        if deadline_s is not None and job.get("profile_version") is None:
+            click.echo(
+                f"hidvfs: warning: no reference profile for {job['name']!r} on this board, so "
+                "the daemon cannot plan its deadline; measure one with: sudo hidvfs profile "
+                f"measure --name {job['name']} -- {' '.join(command)}",
+                err=True,
+            )
+
     result = run_registered(
         list(command),
         deadline_s=deadline_s,
         criticality=criticality,
         name=name,
         socket_path=socket_path,
+        on_registered=unplanned,
     )
     if as_json:
         emit_json(result)

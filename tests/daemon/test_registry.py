@@ -454,3 +454,24 @@ def test_run_registered_fails_before_launching_without_a_daemon(tmp_path):
             socket_path=str(tmp_path / "none.sock"),
         )
     assert not marker.exists()
+
+
+def test_run_warns_when_the_deadline_cannot_be_planned(server):
+    """`hidvfs run --deadline` on a job the daemon has no reference profile for: it runs, and
+    the user is told (at registration) how to measure one; with a profile, no warning."""
+    from click.testing import CliRunner
+
+    from platforms.observation import JobProfile
+    from tools.cli import cli
+
+    cmd = [sys.executable, "-c", "pass"]
+    args = ["run", "--socket", server.path, "--deadline", "5", "--name", "quick", "--json", "--"]
+    r = CliRunner().invoke(cli, [*args, *cmd])
+    assert r.exit_code == 0, r.output
+    assert "no reference profile for 'quick'" in r.stderr
+    assert "hidvfs profile measure --name quick" in r.stderr
+    assert json.loads(r.stdout)["profile_version"] is None
+    server.registry.profile_for = lambda name: JobProfile(name, 1.0, 0.2, 0.1, 0.5, 2035200, 4)
+    r = CliRunner().invoke(cli, [*args, *cmd])
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    assert json.loads(r.stdout)["profile_version"] == 1
