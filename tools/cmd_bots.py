@@ -1,6 +1,8 @@
-"""``hidvfs bots list|run|report|study``: BOTS campaigns on the simulated or the real board."""
+"""``hidvfs bots list|run|profile|report|study``: BOTS campaigns on the simulated or the real board."""
 
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -178,6 +180,99 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
         )
     if not bots_bin:
         click.echo("(pass --bots-bin DIR to look for built binaries)")
+
+
+@bots.command("profile")
+@click.option(
+    "--bots-bin",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Folder with the BOTS binaries you built.",
+)
+@click.option("--bench", default="all", show_default=True, help="Kernels: all, or a comma list.")
+@click.option("--class", "cls", default="small", show_default=True, help="Input class.")
+@click.option(
+    "--store",
+    default="/var/lib/hidvfs/profiles.json",
+    show_default=True,
+    help="Profile store (the daemon's and the native campaigns').",
+)
+@click.option(
+    "--sysfs-root",
+    default="/",
+    show_default=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="Tree to drive (a fake tree to try it).",
+)
+@click.option("--board", default=None, help="Board spec name or .yaml (default: detect).")
+@click.option("--state-dir", default="/var/lib/hidvfs", show_default=True)
+@click.option("--socket", "socket_path", default="/run/hidvfs/hidvfs.sock", show_default=True)
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(0.1), default=600.0, show_default=True
+)
+@click.option("--replace", is_flag=True, help="Record a new version where one exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
+def profile_cmd(
+    bots_bin,
+    bench,
+    cls,
+    store,
+    sysfs_root,
+    board,
+    state_dir,
+    socket_path,
+    timeout_s,
+    replace,
+    as_json,
+) -> None:
+    """Measure the reference profile of each kernel's binary (stored as BENCH.CLASS), so that
+    native campaigns with --deadline-slack and `hidvfs run --name BENCH.CLASS` can plan
+    deadlines. A run whose verification fails stores nothing for that kernel."""
+    from dataclasses import asdict
+
+    from bots_bench import registry
+    from bots_bench.parser import BotsParseError, parse_output, verification_error
+    from bots_bench.reference import reference_cluster
+    from tools.cmd_profile import MeasureSession
+    from tools.profile_measure import command_timer
+
+    try:
+        kernels = _kernels(bench)
+    except ValueError as err:
+        fail(str(err))
+    session = MeasureSession(sysfs_root, board, state_dir, socket_path, store)
+    threads = len(reference_cluster(session.spec).cpus)
+    rows, failed = [], 0
+    for k in kernels:
+        name = f"{k}.{cls}"
+        try:
+            cmd = registry.command_for(k, cls, bots_bin, threads, base_env=dict(os.environ))
+
+            def verified(text: str, check: bool = cmd.check) -> str | None:
+                try:
+                    return verification_error(parse_output(text), check)
+                except BotsParseError as err:
+                    return str(err)
+
+            prof, times = session.measure(
+                list(cmd.argv), name, timeout_s, 1, replace, command_timer(cmd.env, verified)
+            )
+        except Exception as err:  # noqa: BLE001 - one kernel failing is reported, the rest go on
+            failed += 1
+            rows.append({"name": name, "ok": False, "error": str(err)})
+            if not as_json:
+                click.echo(f"{name}: failed: {err}", err=True)
+            continue
+        rows.append({"ok": True, "board": session.spec.name, **asdict(prof), "times_s": times})
+        if not as_json:
+            click.echo(
+                f"{name}: reference makespan {prof.ref_makespan_s:.3f} s, C {prof.work_s:.3f} s, "
+                f"L {prof.span_s:.3f} s, beta {prof.beta:.2f} (version {prof.version})"
+            )
+    if as_json:
+        emit_json(rows)
+    if failed:
+        raise SystemExit(1)
 
 
 @bots.command("report")

@@ -72,57 +72,75 @@ def measure_cmd(
     """
     from dataclasses import asdict
 
-    from agents import deadlines
-    from daemon.client import DaemonUnreachable, RegistryClient
-    from daemon.config import Config
-    from daemon.service import resolve_board
-    from platforms.sysfs import DirSysfs
-    from tools.profile_measure import MeasureError, measure
-
-    if sysfs_root == "/" and os.geteuid() != 0:
-        fail("measuring pins cpufreq settings and must run as root (sudo hidvfs profile measure)")
-    try:
-        RegistryClient(socket_path).status()
-    except DaemonUnreachable:
-        pass
-    else:
-        fail(
-            f"the hidvfs daemon is running ({socket_path}): it would change the frequencies "
-            "during the measurement; stop it first (systemctl stop hidvfs)"
-        )
     name = name or os.path.basename(command[0])
+    session = MeasureSession(sysfs_root, board, state_dir, socket_path, store)
     try:
-        db = deadlines.load(store, missing_ok=True)
-        sysfs = DirSysfs(sysfs_root)
-        spec = resolve_board(Config(board=board), sysfs)
-        prof, times = measure(
-            spec,
-            sysfs,
-            list(command),
-            name,
-            state_dir=state_dir,
-            timeout_s=timeout_s,
-            repeat=repeat,
-        )
-        prof = db.put(spec.name, prof, replace_existing=replace)
-        deadlines.save(db, store)
-    except (MeasureError, ValueError, OSError) as err:
+        prof, times = session.measure(list(command), name, timeout_s, repeat, replace)
+    except Exception as err:  # noqa: BLE001 - a failed run, a bad store, a refused write
         fail(str(err))
-    except Exception as err:  # noqa: BLE001 - HidvfsError and friends: one clean line
-        fail(str(err))
-    out = {"board": spec.name, **asdict(prof), "times_s": times, "store": store}
+    out = {"board": session.spec.name, **asdict(prof), "times_s": times, "store": store}
     if as_json:
         emit_json(out)
         return
     for label, t in times.items():
         click.echo(f"  {label:<16} {t:.3f} s")
     click.echo(
-        f"{name} on {spec.name}: C {prof.work_s:.3f} s, L {prof.span_s:.3f} s, beta "
+        f"{name} on {session.spec.name}: C {prof.work_s:.3f} s, L {prof.span_s:.3f} s, beta "
         f"{prof.beta:.2f}, reference makespan {prof.ref_makespan_s:.3f} s on {prof.ref_cores} "
         f"cores at {prof.ref_khz // 1000} MHz (version {prof.version}) -> {store}\n"
         f"run it with a deadline: hidvfs run --name {name} --deadline "
         f"{1.5 * prof.ref_makespan_s:.3g} -- {' '.join(command)}"
     )
+
+
+class MeasureSession:
+    """What every measurement needs first: root (on a real tree), no daemon running (it would
+    change the frequencies meanwhile), the board and the store; then one profile per call."""
+
+    def __init__(self, sysfs_root, board, state_dir, socket_path, store):
+        from agents import deadlines
+        from daemon.client import DaemonUnreachable, RegistryClient
+        from daemon.config import Config
+        from daemon.service import resolve_board
+        from platforms.sysfs import DirSysfs
+
+        if sysfs_root == "/" and os.geteuid() != 0:
+            fail("measuring pins cpufreq settings and must run as root (sudo hidvfs ...)")
+        try:
+            RegistryClient(socket_path).status()
+        except DaemonUnreachable:
+            pass
+        else:
+            fail(
+                f"the hidvfs daemon is running ({socket_path}): it would change the frequencies "
+                "during the measurement; stop it first (systemctl stop hidvfs)"
+            )
+        try:
+            self.db = deadlines.load(store, missing_ok=True)
+            self.sysfs = DirSysfs(sysfs_root)
+            self.spec = resolve_board(Config(board=board), self.sysfs)
+        except Exception as err:  # noqa: BLE001 - a bad store or an unknown board: one line
+            fail(str(err))
+        self.store, self.state_dir = store, state_dir
+
+    def measure(self, argv, name, timeout_s, repeat, replace, timer=None):
+        """Measure, record (versioned) and save; the stored profile and the run times."""
+        from agents import deadlines
+        from tools.profile_measure import measure, time_command
+
+        prof, times = measure(
+            self.spec,
+            self.sysfs,
+            argv,
+            name,
+            state_dir=self.state_dir,
+            timeout_s=timeout_s,
+            repeat=repeat,
+            timer=timer or time_command,
+        )
+        prof = self.db.put(self.spec.name, prof, replace_existing=replace)
+        deadlines.save(self.db, self.store)
+        return prof, times
 
 
 @profile.command("list")

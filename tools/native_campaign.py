@@ -83,8 +83,8 @@ def run_configs(
                 if prof is None:
                     raise LookupError(
                         f"no reference profile {name!r} for {board_name} in {profiles_path}, so "
-                        f"no deadline can be set: measure it first (sudo hidvfs profile measure "
-                        f"--name {name} -- <the kernel's command line>)"
+                        f"no deadline can be set: measure it first (sudo hidvfs bots profile "
+                        f"--bots-bin {cfg.bots_bin} --bench {cfg.bench} --class {cfg.cls})"
                     )
                 cfg = replace(cfg, deadline_s=deadline_slack * prof.ref_makespan_s)
             return run_native(cfg, nb, build_policy_stack, profile=prof)

@@ -14,7 +14,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.deadlines import profile_from_runs
@@ -57,34 +57,50 @@ def plan_runs(cluster: ClusterSpec) -> list[Run]:
     ]
 
 
-def time_command(argv: Sequence[str], cpus: Sequence[int], timeout_s: float) -> float:
-    """Wall time of one run of ``argv`` confined to ``cpus`` (OpenMP told as many threads)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(len(cpus)))
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)),
-        )
-    except OSError as err:
-        raise MeasureError(f"cannot launch {argv[0]!r}: {err.strerror}") from None
-    try:
-        _, err_out = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_job(proc)
-        proc.communicate()
-        raise MeasureError(f"{argv[0]} ran past {timeout_s:g} s; killed") from None
-    elapsed = time.monotonic() - t0
-    if proc.returncode != 0:
-        tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]
-        raise MeasureError(
-            f"{argv[0]} exited with status {proc.returncode}" + (f": {tail[0]}" if tail else "")
-        )
-    return elapsed
+def command_timer(
+    env: Mapping[str, str] | None = None, check: Callable[[str], str | None] | None = None
+) -> Callable[[Sequence[str], Sequence[int], float], float]:
+    """A timer for :func:`measure`: runs ``argv`` confined to the given CPUs with ``env``
+    (default: this process's) and as many OpenMP threads; ``check(stdout)`` names what makes
+    a run that exited 0 a failure (e.g. a BOTS verification), or returns None."""
+    base = dict(os.environ if env is None else env)
+
+    def timer(argv: Sequence[str], cpus: Sequence[int], timeout_s: float) -> float:
+        run_env = dict(base, OMP_NUM_THREADS=str(len(cpus)))
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                env=run_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)),
+            )
+        except OSError as err:
+            raise MeasureError(f"cannot launch {argv[0]!r}: {err.strerror}") from None
+        try:
+            out, err_out = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_job(proc)
+            proc.communicate()
+            raise MeasureError(f"{argv[0]} ran past {timeout_s:g} s; killed") from None
+        elapsed = time.monotonic() - t0
+        if proc.returncode != 0:
+            tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]
+            raise MeasureError(
+                f"{argv[0]} exited with status {proc.returncode}" + (f": {tail[0]}" if tail else "")
+            )
+        if check is not None:
+            problem = check((out or b"").decode(errors="replace"))
+            if problem:
+                raise MeasureError(f"{argv[0]}: {problem}")
+        return elapsed
+
+    return timer
+
+
+time_command = command_timer()
 
 
 def measure(

@@ -208,4 +208,56 @@ def test_native_deadlines_come_from_the_stored_profile(bots_tree, fake_tx2, tmp_
     assert runs["fib"]["deadline_met"] is not None
     assert not runs["sort"]["ok"]
     assert "no reference profile 'sort.smoke'" in runs["sort"]["error"]
-    assert "hidvfs profile measure --name sort.smoke" in runs["sort"]["error"]
+    assert "hidvfs bots profile --bots-bin" in runs["sort"]["error"]
+    assert "--bench sort --class smoke" in runs["sort"]["error"]
+
+
+def test_bots_profile_measures_each_kernel_and_refuses_a_failed_verification(
+    bots_tree, fake_tx2, tmp_path, monkeypatch
+):
+    """`hidvfs bots profile`: each built kernel's binary is timed on the reference cluster and
+    stored as BENCH.CLASS; a missing binary or an UNSUCCESSFUL verification stores nothing
+    for that kernel and the command exits 1 after the others."""
+    import json
+
+    from click.testing import CliRunner
+
+    from agents import deadlines
+    from tests.daemon.test_daemon_process import tree_state
+    from tools.cli import cli
+
+    spec, root, _ = fake_tx2
+    original = tree_state(root, spec)
+    store = tmp_path / "profiles.json"
+    args = [
+        "bots",
+        "profile",
+        "--bots-bin",
+        str(bots_tree.bin),
+        "--class",
+        "smoke",
+        "--store",
+        str(store),
+        "--sysfs-root",
+        str(root),
+        "--board",
+        "tx2",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--socket",
+        str(tmp_path / "none.sock"),
+        "--json",
+    ]
+    r = CliRunner().invoke(cli, [*args, "--bench", "fib,sort,nqueens"])
+    assert r.exit_code == 1
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert rows["fib.smoke"]["ok"] and rows["sort.smoke"]["ok"]
+    assert not rows["nqueens.smoke"]["ok"] and "not found" in rows["nqueens.smoke"]["error"]
+    db = deadlines.load(store)
+    assert db.find("fib.smoke", "tx2").ref_makespan_s == rows["fib.smoke"]["ref_makespan_s"]
+    assert db.find("nqueens.smoke", "tx2") is None
+    assert tree_state(root, spec) == original
+    monkeypatch.setenv("BOTS_TEST_FAULT", "bad")
+    r = CliRunner().invoke(cli, [*args, "--bench", "fib", "--replace"])
+    assert r.exit_code == 1 and "UNSUCCESSFUL" in r.stdout
+    assert deadlines.load(store).find("fib.smoke", "tx2").version == 1  # nothing recorded
