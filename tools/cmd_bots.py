@@ -205,10 +205,26 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
     help="Tree to drive (a fake tree to try it).",
 )
 @click.option("--board", default=None, help="Board spec name or .yaml (default: detect).")
-@click.option("--state-dir", default="/var/lib/hidvfs", show_default=True)
-@click.option("--socket", "socket_path", default="/run/hidvfs/hidvfs.sock", show_default=True)
 @click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(0.1), default=600.0, show_default=True
+    "--state-dir",
+    default="/var/lib/hidvfs",
+    show_default=True,
+    help="Where the restore snapshot is kept during the measurement.",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    default="/run/hidvfs/hidvfs.sock",
+    show_default=True,
+    help="The daemon's socket (the daemon must not run during a measurement).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0.1),
+    default=600.0,
+    show_default=True,
+    help="Seconds before a run is killed (that kernel then fails).",
 )
 @click.option("--replace", is_flag=True, help="Record a new version where one exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")

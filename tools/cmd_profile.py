@@ -45,9 +45,20 @@ def profile() -> None:
     show_default=True,
     help="The daemon's socket (the daemon must not run during a measurement).",
 )
-@click.option("--repeat", type=click.IntRange(1, 20), default=1, show_default=True)
 @click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(0.1), default=600.0, show_default=True
+    "--repeat",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    help="Runs per configuration; the fastest counts (less noise from other load).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0.1),
+    default=600.0,
+    show_default=True,
+    help="Seconds before a run is killed (and the measurement fails).",
 )
 @click.option("--replace", is_flag=True, help="Record a new version if a different one exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
