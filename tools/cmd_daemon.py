@@ -200,6 +200,13 @@ def _print_status(s: dict) -> None:
         f"deadline misses hi={s['deadline_misses']['hi']} lo={s['deadline_misses']['lo']}, "
         f"interventions {s['interventions']}"
     )
+    sh = s.get("shield")
+    if sh:
+        rate = "-" if sh["miss_rate"] is None else f"{sh['miss_rate']:.3f}"
+        click.echo(
+            f"  adaptive shield: alpha {sh['alpha']:g} -> {sh['alpha_t']:.4f} after "
+            f"{sh['updates']} bounds scored (miss rate {rate})"
+        )
 
 
 @click.command("status")
@@ -219,8 +226,16 @@ def status_cmd(socket_path: str, as_json: bool) -> None:
     status = RegistryClient(socket_path).status()
     if as_json:
         emit_json(status)
-    else:
-        _print_status(status)
+        return
+    _print_status(status)
+    for j in status.get("jobs", []):
+        dl = j.get("deadline_s")
+        prof = j.get("profile_version")
+        click.echo(
+            f"  job {j['pid']} {j['name']} ({j['criticality']}): running {j.get('elapsed_s', 0):.1f} s"
+            + (f" of a {dl:g} s deadline" if dl is not None else ", no deadline")
+            + (f", profile v{prof}" if prof else (", no profile" if dl is not None else ""))
+        )
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})

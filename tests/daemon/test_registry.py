@@ -475,3 +475,49 @@ def test_run_warns_when_the_deadline_cannot_be_planned(server):
     r = CliRunner().invoke(cli, [*args, *cmd])
     assert r.exit_code == 0 and "warning" not in r.stderr
     assert json.loads(r.stdout)["profile_version"] == 1
+
+
+def test_status_command_lists_the_jobs_and_the_adaptive_shield(sock_path):
+    from click.testing import CliRunner
+
+    from platforms.observation import JobProfile
+    from tools.cli import cli
+
+    status = {
+        "board": "tx2",
+        "backend": "live",
+        "policy": "hidvfs",
+        "t": 12.0,
+        "ticks": 120,
+        "freq_khz": {"a57": 2035200},
+        "temp_c": {"BCPU-therm": 41.0},
+        "energy_j": 30.0,
+        "jobs_done": 1,
+        "jobs_running": 2,
+        "deadline_misses": {"hi": 0, "lo": 0},
+        "interventions": 3,
+        "shield": {"alpha": 0.1, "alpha_t": 0.1123, "updates": 40, "miss_rate": 0.075},
+    }
+    reg = JobRegistry(
+        JobTable(),
+        now=time.monotonic,
+        alive=PROCS.alive,
+        status_provider=lambda: status,
+        profile_for=lambda name: (
+            JobProfile(name, 1.0, 0.2, 0.1, 0.5, 2035200, 4) if name == "fib" else None
+        ),
+    )
+    srv = RegistryServer(reg, sock_path, group=None).start()
+    jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(20)"]) for _ in "ab"]
+    try:
+        reg.register(jobs[0].pid, deadline_s=5.0, name="fib")
+        reg.register(jobs[1].pid, deadline_s=3.0, name="other")
+        r = CliRunner().invoke(cli, ["status", "--socket", sock_path])
+    finally:
+        for j in jobs:
+            j.kill()
+        srv.stop()
+    assert r.exit_code == 0, r.output
+    assert "adaptive shield: alpha 0.1 -> 0.1123 after 40 bounds scored" in r.output
+    assert f"job {jobs[0].pid} fib (lo)" in r.output and "profile v1" in r.output
+    assert f"job {jobs[1].pid} other (lo)" in r.output and "no profile" in r.output
