@@ -22,6 +22,7 @@ from agents.policy import Decision, nearest_freq
 from bots_bench.reference import reference_cluster
 from daemon.actuator import Actuator
 from daemon.restore import begin_session, restore_snapshot
+from platforms import cpufreq
 from platforms.liveprocs import LiveProcessControl, kill_job
 from platforms.observation import JobProfile
 from platforms.sense import Sensor
@@ -44,12 +45,31 @@ class Run:
     khz: int
 
 
-def plan_runs(cluster: ClusterSpec) -> list[Run]:
+def measured_cluster(spec: BoardSpec, online: Sequence[int]) -> tuple[ClusterSpec, tuple[int, ...]]:
+    """The reference cluster and its online CPUs (a power mode may have taken some offline;
+    timing on an offline core would only oversubscribe the others). When none of its CPUs is
+    online, the cluster with the most online capacity stands in."""
+    live = set(online)
+    ref = reference_cluster(spec)
+    cpus = tuple(c for c in ref.cpus if c in live)
+    if cpus:
+        return ref, cpus
+    best = max(
+        spec.clusters,
+        key=lambda c: sum(1 for x in c.cpus if x in live) * c.capacity * c.fmax_khz,
+    )
+    cpus = tuple(c for c in best.cpus if c in live)
+    if not cpus:
+        raise MeasureError(f"{spec.name}: no online CPU to measure on")
+    return best, cpus
+
+
+def plan_runs(cluster: ClusterSpec, cpus: Sequence[int] | None = None) -> list[Run]:
     top = cluster.fmax_khz
     low = nearest_freq(cluster.freqs_khz, top / 2, mode="ceil")
     if low >= top:  # a one-entry table cannot tell beta
         raise MeasureError(f"cluster {cluster.name} has a single OPP: beta cannot be measured")
-    cpus = tuple(cluster.cpus)
+    cpus = tuple(cluster.cpus if cpus is None else cpus)
     return [
         Run("all cores, top", cpus, top),
         Run("one core, top", cpus[:1], top),
@@ -116,8 +136,8 @@ def measure(
 ) -> tuple[JobProfile, dict[str, float]]:
     """Pin, time the three runs (the best of ``repeat`` each), restore; the profile and the
     times. ``timer`` runs one configuration (the tests substitute it)."""
-    cluster = reference_cluster(spec)
-    runs = plan_runs(cluster)
+    cluster, cpus = measured_cluster(spec, cpufreq.online_cpus(sysfs))
+    runs = plan_runs(cluster, cpus)
     snapshot = begin_session(sysfs, spec, state_dir, log)
     act = Actuator(sysfs, LiveProcessControl())
     sensor = Sensor(spec, sysfs)

@@ -128,3 +128,24 @@ def test_cli_refuses_a_failing_program_and_a_running_daemon(tx2):
         assert r.exit_code != 0 and "daemon is running" in r.output
     finally:
         srv.stop()
+
+
+def test_offline_cores_are_left_out_of_the_runs(tx2):
+    """A power mode took half the reference cluster offline: the runs use the online ones."""
+    spec, tmp = tx2
+    ref = reference_cluster(spec)
+    for cpu in ref.cpus[2:]:
+        (tmp / "tree" / paths.cpu_online(cpu)).write_text("0\n")
+    # the kernel's summary file follows the per-CPU files in a real tree
+    online = [c for c in spec.cpus if c not in ref.cpus[2:]]
+    (tmp / "tree" / "devices/system/cpu/online").write_text(",".join(map(str, online)) + "\n")
+    seen = []
+
+    def timer(argv, cpus, timeout_s):
+        seen.append(tuple(cpus))
+        return 1.0 if len(cpus) > 1 else 1.8
+
+    prof, _ = measure(
+        spec, DirSysfs(tmp / "tree"), ["p"], "p", state_dir=str(tmp / "state"), timer=timer
+    )
+    assert seen[0] == tuple(ref.cpus[:2]) and prof.ref_cores == 2
