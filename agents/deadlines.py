@@ -364,3 +364,43 @@ class ProfileLookup:
                     self.on_error(str(err))
             self._stamp = stamp
         return self._store.find(name, self.board)
+
+
+#: an estimated progress never claims more than this: a job still running past its modelled
+#: time keeps at least this share of its work on the books (the gate stays cautious)
+PROGRESS_CAP = 0.9
+
+
+@dataclass
+class ProgressEstimate:
+    """Progress of jobs a backend cannot report on (a real board), from their profiles.
+
+    Each interval adds ``dt / T`` where T is the job's whole modelled time at the settings it
+    ran with, T = L(f) + (C(f) - L(f)) / n (Graham, an upper bound of a greedy schedule's
+    makespan), so the estimate trails the real progress and the remaining work is
+    overestimated, the safe side for a deadline. Without it every job would count as
+    untouched until it ends and the gate would push its cluster to the top as its deadline
+    nears."""
+
+    done: dict[int, float] = field(default_factory=dict)
+    last_t: dict[int, float] = field(default_factory=dict)
+
+    def advance(
+        self, pid: int, profile: JobProfile, t: float, khz: float, capacity: float, cores: int
+    ) -> float:
+        prev = self.last_t.get(pid)
+        self.last_t[pid] = t
+        frac = self.done.get(pid, 0.0)
+        if prev is not None and t > prev and khz > 0 and cores >= 1:
+            total = (
+                span_at(profile, khz, capacity)
+                + (work_at(profile, khz, capacity) - span_at(profile, khz, capacity)) / cores
+            )
+            if total > 0:
+                frac = min(frac + (t - prev) / total, PROGRESS_CAP)
+        self.done[pid] = frac
+        return frac
+
+    def forget(self, pid: int) -> None:
+        self.done.pop(pid, None)
+        self.last_t.pop(pid, None)

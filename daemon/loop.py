@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agents.deadlines import ProgressEstimate
 from agents.policy import Decision, Policy
 from daemon.actuator import ActuationReport, Actuator
 from daemon.guard import ThermalGuard
@@ -58,6 +59,7 @@ class ControlLoop:
         #: fraction of every deadline kept back when planning (config ``deadline_slack``): the
         #: policy, gate and shield see ``deadline x (1 - margin)``; misses count the real one
         self.deadline_margin = float(deadline_margin)
+        self._estimate = ProgressEstimate()
         self.platform = platform
         self.policy = policy
         self.period_s = float(period_s)
@@ -89,6 +91,7 @@ class ControlLoop:
             if not procs.alive(e.pid):
                 out = self.jobs.finish(e.pid, t)
                 self.actuator.forget(e.pid)
+                self._estimate.forget(e.pid)
                 if out is not None:
                     finished.append(out)
                     log.info(
@@ -115,10 +118,27 @@ class ControlLoop:
                     ),
                     cpus=tuple(cpus),
                     profile=e.profile,
-                    progress=self.progress(e.pid) if self.progress else None,
+                    progress=(
+                        self.progress(e.pid) if self.progress else self._estimated(e, cpus, hw, t)
+                    ),
                 )
             )
         return hw.with_jobs(tuple(jobs)), finished
+
+    def _estimated(self, e, cpus, hw: Observation, t: float) -> float | None:
+        """Model-based progress where the backend reports none (agents.deadlines)."""
+        if e.profile is None:
+            return None
+        home = next((c for c in hw.clusters if cpus and cpus[0] in c.cpus), None)
+        if home is None:  # no affinity known: the kernel may use every online CPU
+            online = [c for c in hw.clusters if c.online and c.cur_khz]
+            home = max(online, key=lambda c: c.capacity * (c.cur_khz or 0), default=None)
+            cores = sum(len(c.online) for c in hw.clusters)
+        else:
+            cores = len(cpus)
+        if home is None or not home.cur_khz:
+            return self._estimate.done.get(e.pid)
+        return self._estimate.advance(e.pid, e.profile, t, home.cur_khz, home.capacity, cores)
 
     def tick(self) -> TickResult:
         for cb in self.before_tick:

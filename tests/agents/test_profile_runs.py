@@ -122,3 +122,56 @@ def test_a_slowdown_beyond_the_frequency_ratio_is_compute_bound():
         t_low_s=5.0,
     )
     assert p.beta == 0.0
+
+
+def test_progress_estimate_follows_the_modelled_time_and_stays_cautious():
+    from agents.deadlines import PROGRESS_CAP, ProgressEstimate
+
+    p = JobProfile("j", 4.0, 1.0, 0.0, 2.0, 2_000_000, 4)  # T = 1 + 3/4 = 1.75 s on 4 cores
+    est = ProgressEstimate()
+    assert est.advance(1, p, 10.0, 2_000_000, 1.0, 4) == 0.0  # first sight: nothing known
+    assert est.advance(1, p, 10.875, 2_000_000, 1.0, 4) == pytest.approx(0.5)
+    # at half the frequency the same time does half as much
+    assert est.advance(1, p, 11.75, 1_000_000, 1.0, 4) == pytest.approx(0.75)
+    assert est.advance(1, p, 100.0, 2_000_000, 1.0, 4) == PROGRESS_CAP  # overran: capped
+    est.forget(1)
+    assert est.advance(1, p, 200.0, 2_000_000, 1.0, 4) == 0.0
+
+
+def test_the_loop_estimates_progress_where_the_board_reports_none(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from agents.governors import make_governor
+    from daemon.jobs import JobEntry
+    from daemon.loop import ControlLoop
+    from platforms.clock import MonotonicClock
+    from platforms.faketree import write_fake_tree
+    from platforms.liveprocs import LiveProcessControl
+    from platforms.platform import Platform
+    from platforms.spec import load_board
+    from platforms.sysfs import DirSysfs
+
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    clock = MonotonicClock()
+    loop = ControlLoop(
+        Platform(spec, DirSysfs(tmp_path), LiveProcessControl(), clock, kind="fake"),
+        make_governor("maxfreq"),
+        period_s=0.1,
+    )
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        prof = JobProfile("sleeper", 2.0, 0.5, 0.0, 1.0, 2035200, 4)
+        loop.jobs.register(JobEntry(job.pid, "sleeper", clock.now(), 5.0, "lo", prof))
+        loop.jobs.register(JobEntry(job.pid + 10**6, "ghost", clock.now(), 5.0, "lo", None))
+        seen = []
+        for _ in range(3):
+            obs, _ = loop.observe()
+            seen.append(next(j.progress for j in obs.jobs if j.pid == job.pid))
+            time.sleep(0.15)
+    finally:
+        job.kill()
+        job.wait()
+    assert seen[0] == 0.0 and 0.0 < seen[1] < seen[2] <= 0.9
