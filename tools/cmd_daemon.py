@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import click
 
 from tools.common import emit_json, fail, guard_errors
@@ -276,7 +278,7 @@ def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> Non
             click.echo(
                 f"hidvfs: warning: no reference profile for {job['name']!r} on this board, so "
                 "the daemon cannot plan its deadline; measure one with: sudo hidvfs profile "
-                f"measure --name {job['name']} -- {' '.join(command)}",
+                f"measure --name {job['name']} -- {shlex.join(command)}",
                 err=True,
             )
 

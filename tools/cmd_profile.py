@@ -8,6 +8,7 @@ be planned. ``measure`` times a real program on the board's reference cluster an
 from __future__ import annotations
 
 import os
+import shlex
 
 import click
 
@@ -100,7 +101,7 @@ def measure_cmd(
         f"{prof.beta:.2f}, reference makespan {prof.ref_makespan_s:.3f} s on {prof.ref_cores} "
         f"cores at {prof.ref_khz // 1000} MHz (version {prof.version}) -> {store}\n"
         f"run it with a deadline: hidvfs run --name {name} --deadline "
-        f"{1.5 * prof.ref_makespan_s:.3g} -- {' '.join(command)}"
+        f"{1.5 * prof.ref_makespan_s:.3g} -- {shlex.join(command)}"
     )
 
 
