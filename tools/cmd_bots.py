@@ -6,6 +6,7 @@ import os
 
 import click
 
+from tools.cmd_profile import measure_options
 from tools.common import Friendly, emit_json, fail
 
 
@@ -191,42 +192,7 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
 )
 @click.option("--bench", default="all", show_default=True, help="Kernels: all, or a comma list.")
 @click.option("--class", "cls", default="small", show_default=True, help="Input class.")
-@click.option(
-    "--store",
-    default="/var/lib/hidvfs/profiles.json",
-    show_default=True,
-    help="Profile store (the daemon's and the native campaigns').",
-)
-@click.option(
-    "--sysfs-root",
-    default="/",
-    show_default=True,
-    type=click.Path(exists=True, file_okay=False),
-    help="Tree to drive (a fake tree to try it).",
-)
-@click.option("--board", default=None, help="Board spec name or .yaml (default: detect).")
-@click.option(
-    "--state-dir",
-    default="/var/lib/hidvfs",
-    show_default=True,
-    help="Where the restore snapshot is kept during the measurement.",
-)
-@click.option(
-    "--socket",
-    "socket_path",
-    default="/run/hidvfs/hidvfs.sock",
-    show_default=True,
-    help="The daemon's socket (the daemon must not run during a measurement).",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(0.1),
-    default=600.0,
-    show_default=True,
-    help="Seconds before a run is killed (that kernel then fails).",
-)
-@click.option("--replace", is_flag=True, help="Record a new version where one exists.")
+@measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
 def profile_cmd(
     bots_bin,

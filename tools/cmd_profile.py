@@ -17,6 +17,58 @@ from tools.common import Friendly, emit_json, fail
 DEFAULT_STORE = "/var/lib/hidvfs/profiles.json"
 
 
+def measure_options(f):
+    """The options every measuring command shares (``profile measure``, ``bots profile``):
+    the store, the tree and board, the snapshot folder, the daemon's socket, a timeout and
+    whether a different profile may replace the stored one."""
+    for opt in reversed(
+        (
+            click.option(
+                "--store",
+                default=DEFAULT_STORE,
+                show_default=True,
+                help="Profile store (the daemon's and the native campaigns').",
+            ),
+            click.option(
+                "--sysfs-root",
+                default="/",
+                show_default=True,
+                type=click.Path(exists=True, file_okay=False),
+                help="Tree to drive (a fake tree to try it).",
+            ),
+            click.option(
+                "--board", default=None, help="Board spec name or .yaml (default: detect)."
+            ),
+            click.option(
+                "--state-dir",
+                default="/var/lib/hidvfs",
+                show_default=True,
+                help="Where the restore snapshot is kept during the measurement.",
+            ),
+            click.option(
+                "--socket",
+                "socket_path",
+                default="/run/hidvfs/hidvfs.sock",
+                show_default=True,
+                help="The daemon's socket (the daemon must not run during a measurement).",
+            ),
+            click.option(
+                "--timeout",
+                "timeout_s",
+                type=click.FloatRange(0.1),
+                default=600.0,
+                show_default=True,
+                help="Seconds before a run is killed (that measurement then fails).",
+            ),
+            click.option(
+                "--replace", is_flag=True, help="Record a new version where a different one exists."
+            ),
+        )
+    ):
+        f = opt(f)
+    return f
+
+
 @click.group("profile", cls=Friendly)
 def profile() -> None:
     """Reference profiles: a job's measured cost, from which deadlines are planned."""
@@ -24,28 +76,7 @@ def profile() -> None:
 
 @profile.command("measure", context_settings={"ignore_unknown_options": True})
 @click.option("--name", default=None, help="Job name (default: the command's basename).")
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="Profile store.")
-@click.option(
-    "--sysfs-root",
-    default="/",
-    show_default=True,
-    type=click.Path(exists=True, file_okay=False),
-    help="Tree to drive (a fake tree to try it).",
-)
-@click.option("--board", default=None, help="Board spec name or .yaml (default: detect).")
-@click.option(
-    "--state-dir",
-    default="/var/lib/hidvfs",
-    show_default=True,
-    help="Where the restore snapshot is kept during the measurement.",
-)
-@click.option(
-    "--socket",
-    "socket_path",
-    default="/run/hidvfs/hidvfs.sock",
-    show_default=True,
-    help="The daemon's socket (the daemon must not run during a measurement).",
-)
+@measure_options
 @click.option(
     "--repeat",
     type=click.IntRange(1, 20),
@@ -53,15 +84,6 @@ def profile() -> None:
     show_default=True,
     help="Runs per configuration; the fastest counts (less noise from other load).",
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(0.1),
-    default=600.0,
-    show_default=True,
-    help="Seconds before a run is killed (and the measurement fails).",
-)
-@click.option("--replace", is_flag=True, help="Record a new version if a different one exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def measure_cmd(

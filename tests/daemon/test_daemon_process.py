@@ -85,6 +85,21 @@ def wait_for(cond, timeout=20.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def wait_serving(sock: Path) -> RegistryClient:
+    """A client of the daemon's registry, once the socket answers."""
+    client = RegistryClient(str(sock))
+
+    def serving():
+        try:
+            client.status()
+            return True
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+
+    wait_for(serving, what="the registry socket")
+    return client
+
+
 @pytest.fixture
 def board(tmp_path):
     spec = load_board("tx2")
@@ -101,16 +116,7 @@ def test_start_register_write_sigterm_restores_everything(board):
     proc, log = start_daemon(tree, state)
     try:
         sock = state / "hidvfs.sock"
-        client = RegistryClient(str(sock))
-
-        def serving():
-            try:
-                client.status()
-                return True
-            except Exception:  # noqa: BLE001 - not listening yet
-                return False
-
-        wait_for(serving, what="the registry socket")
+        client = wait_serving(sock)
         job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         answer = client.register(job.pid, deadline_s=5.0, criticality="hi", name="sleeper")
         assert answer.get("ok", True)

@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 from agents import deadlines
-from daemon.client import RegistryClient
 from platforms.faketree import write_fake_tree
 from platforms.observation import JobProfile
 from platforms.spec import load_board
-from tests.daemon.test_daemon_process import start_daemon, wait_for
+from tests.daemon.test_daemon_process import start_daemon, wait_serving
 
 
 def test_registered_jobs_get_their_profile_by_name(tmp_path):
@@ -29,16 +28,7 @@ def test_registered_jobs_get_their_profile_by_name(tmp_path):
     proc, log = start_daemon(tree, state, "--config", str(cfg))
     jobs = []
     try:
-        client = RegistryClient(str(state / "hidvfs.sock"))
-
-        def serving():
-            try:
-                client.status()
-                return True
-            except Exception:  # noqa: BLE001 - not listening yet
-                return False
-
-        wait_for(serving, what="the registry socket")
+        client = wait_serving(state / "hidvfs.sock")
         for name in ("sleeper", "other"):
             jobs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
             client.register(jobs[-1].pid, deadline_s=5.0, criticality="lo", name=name)
