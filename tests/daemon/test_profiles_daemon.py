@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from agents import deadlines
 from platforms.faketree import write_fake_tree
 from platforms.observation import JobProfile
@@ -43,3 +45,46 @@ def test_registered_jobs_get_their_profile_by_name(tmp_path):
     text = log.read_text()
     assert proc.returncode == 0, text
     assert "profiles=1" in text and "profile=v1" in text and "profile=none" in text
+
+
+@pytest.mark.parametrize("deadline_s", [0.3, 30.0])
+def test_the_gate_plans_a_board_jobs_deadline_from_its_profile(tmp_path, deadline_s):
+    """On a board backend (fake tree, a real process, no progress reported) the federated gate
+    now sees the job's profile: a tight deadline gets a whole cluster at its top frequency, a
+    loose one leaves the policy's slow point and one core."""
+    import time
+
+    from agents.governors import make_governor
+    from agents.hidvfs import GateStage
+    from daemon.jobs import JobEntry
+    from daemon.loop import ControlLoop
+    from platforms.clock import MonotonicClock
+    from platforms.liveprocs import LiveProcessControl
+    from platforms.platform import Platform
+    from platforms.sysfs import DirSysfs
+
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    clock = MonotonicClock()
+    loop = ControlLoop(
+        Platform(spec, DirSysfs(tmp_path), LiveProcessControl(), clock, kind="fake"),
+        make_governor("powersave"),
+        period_s=0.05,
+        stages=[GateStage()],
+    )
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        prof = JobProfile("j", 1.2, 0.1, 0.05, 0.4, 2035200, 4)
+        loop.jobs.register(JobEntry(job.pid, "j", clock.now(), deadline_s, "lo", prof))
+        res = loop.tick()
+        time.sleep(0.05)
+    finally:
+        job.kill()
+        job.wait()
+    a57 = spec.cluster("a57")
+    cores = res.decision.jobs[job.pid].cpus
+    if deadline_s < 1:
+        assert res.decision.freq_khz["a57"] == a57.fmax_khz and set(cores) == set(a57.cpus)
+        assert any("cannot meet its deadline" in e for e in res.decision.events)
+    else:
+        assert res.decision.freq_khz["a57"] == a57.freqs_khz[0] and len(cores) == 1
