@@ -202,7 +202,14 @@ class Actuator:
                         continue
                 self._cap_governed(c, decision.cap_khz.get(c.name), report)
                 continue
-            self._held.pop(c.policy, None)  # userspace pins the limits itself
+            if c.policy in self._held:  # a kernel governor's cap held them: give them back
+                try:
+                    lo, hi = self._held[c.policy]
+                    self._record(report, list(cpufreq.set_limits(self.sysfs, c.policy, lo, hi)))
+                    self._planned_limits.pop(c.policy, None)
+                except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
+                    report.errors.append(f"policy{c.policy}: limits not given back ({err})")
+                del self._held[c.policy]
             target = decision.freq_khz.get(c.name)
             if target is None:
                 continue

@@ -192,3 +192,19 @@ def test_loop_with_a_kernel_governor_writes_the_ceiling_as_max_freq(tx2_tree):
     assert gov == "performance"
     assert limits(sysfs, a57.policy) == (before["a57"][0], cap)
     assert limits(sysfs, denver.policy) == before["denver"]  # uncapped cluster untouched
+
+
+def test_leaving_a_capped_kernel_governor_gives_the_limits_back(tx2_tree):
+    spec, sysfs = tx2_tree
+    a57 = spec.cluster("a57")
+    before = limits(sysfs, a57.policy)
+    act = Actuator(sysfs, NoProcesses())
+
+    def tick(decision):
+        c = cluster_obs(spec, sysfs, "a57")
+        return act.apply(decision, Observation(0.0, "tx2", (c,), (), ()))
+
+    tick(Decision({}, governor={"a57": "performance"}, cap_khz={"a57": a57.freqs_khz[3]}))
+    assert limits(sysfs, a57.policy)[1] == a57.freqs_khz[3]
+    tick(Decision({"a57": a57.fmax_khz}))  # userspace from now on: the kernel cap must go
+    assert limits(sysfs, a57.policy) == before
