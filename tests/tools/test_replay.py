@@ -60,3 +60,17 @@ def test_corrupt_trace_is_a_clear_cli_error(tmp_path):
     )
     r = CliRunner().invoke(cli, ["trace", "info", str(bad)])
     assert r.exit_code == 2 and "line 1" in r.output and "version 9" in r.output
+
+
+def test_replay_honours_the_config_ceilings(tmp_path):
+    """`daemon --replay --config`: the config's static ceilings hold in the replayed writes."""
+    from daemon.config import parse_config
+
+    out, _, spec = _record(tmp_path)
+    a57 = spec.cluster("a57")
+    cap = a57.freqs_khz[5]
+    cfg = parse_config({"thermal": {"cap_khz": {"a57": cap}}})
+    res = replay_trace(str(out), "maxfreq", config=cfg)
+    sp = f"devices/system/cpu/cpufreq/policy{a57.policy}/scaling_setspeed"
+    written = {int(v) for _, p, v in res["writes"] if p == sp}
+    assert written and max(written) == cap
