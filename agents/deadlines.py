@@ -331,41 +331,6 @@ __all__ = [
 ]
 
 
-class ProfileLookup:
-    """The daemon's view of a profile store file: ``lookup(name)`` for one board, reread when
-    the file changes (a profile measured while the daemon runs is used from the next job on;
-    a store that turns unreadable keeps the last good one and reports why)."""
-
-    def __init__(self, path: str | os.PathLike[str], board: str, on_error=None):
-        self.path = os.fspath(path)
-        self.board = board
-        self.on_error = on_error
-        self._stamp: tuple[int, int] | None = None
-        self._store = load(self.path, missing_ok=True)  # a bad store fails the start
-        self._stamp = self._mtime()
-
-    def _mtime(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
-
-    def __len__(self) -> int:
-        return sum(1 for board, _ in self._store if board == self.board)
-
-    def __call__(self, name: str) -> JobProfile | None:
-        stamp = self._mtime()
-        if stamp != self._stamp:
-            try:
-                self._store = load(self.path, missing_ok=True)
-            except SpecError as err:
-                if self.on_error is not None:
-                    self.on_error(str(err))
-            self._stamp = stamp
-        return self._store.find(name, self.board)
-
-
 #: an estimated progress never claims more than this: a job still running past its modelled
 #: time keeps at least this share of its work on the books (the gate stays cautious)
 PROGRESS_CAP = 0.9

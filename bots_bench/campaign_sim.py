@@ -129,8 +129,11 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
 
 
 #: the three measures of the table: makespan, whole-board energy, CPU-rail energy
-_MEASURES = (("makespan_s", "time/s", "t", ".3f"), ("energy_j", "E/J", "E", ".2f"))
-_CPU = ("cpu_energy_j", "Ecpu/J", "Ecpu", ".2f")
+_MEASURES = (
+    ("makespan_s", "time/s", "t", ".3f"),
+    ("energy_j", "E/J", "E", ".2f"),
+    ("cpu_energy_j", "Ecpu/J", "Ecpu", ".2f"),
+)
 
 
 def _mean(xs: list) -> float | None:
@@ -151,40 +154,39 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
     for r in records:
         if r["ok"]:
             by.setdefault((r["bench"], r["policy"]), []).append(r)
-    measures = _MEASURES + (_CPU,)
     benches = sorted({r["bench"] for r in records})
     w_abs = {"makespan_s": 8, "energy_j": 7, "cpu_energy_j": 7}
-    width = sum(w_abs.values()) + len(measures)
+    width = sum(w_abs.values()) + len(_MEASURES)
     head = f"{'kernel':<10}" + "".join(f" {p[: width - 1]:<{width - 1}}" for p in policies)
     sub = f"{'':<10}" + "".join(
-        f" {label:>{w_abs[key]}}" for _ in policies for key, label, _, _ in measures
+        f" {label:>{w_abs[key]}}" for _ in policies for key, label, _, _ in _MEASURES
     )
     others = policies[1:]
     if others:
-        rw = 7 * len(measures)
+        rw = 7 * len(_MEASURES)
         head += " |" + "".join(f" {(p + '/' + base)[: rw - 1]:<{rw - 1}}" for p in others)
-        sub += " |" + "".join(f" {short:>6}" for _ in others for _, _, short, _ in measures)
+        sub += " |" + "".join(f" {short:>6}" for _ in others for _, _, short, _ in _MEASURES)
     lines = [head, sub, "-" * len(sub)]
     logs: dict[tuple[str, str], list[float]] = {}
     for b in benches:
         row = f"{b:<10}"
         stats = {
-            p: {key: _mean([r.get(key) for r in by.get((b, p), [])]) for key, *_ in measures}
+            p: {key: _mean([r.get(key) for r in by.get((b, p), [])]) for key, *_ in _MEASURES}
             for p in policies
         }
         for p in policies:
             if stats[p]["makespan_s"] is None:
                 row += f" {'failed':>{w_abs['makespan_s']}}" + "".join(
-                    f" {'-':>{w_abs[k]}}" for k, *_ in measures[1:]
+                    f" {'-':>{w_abs[k]}}" for k, *_ in _MEASURES[1:]
                 )
                 continue
-            for key, _, _, fmt in measures:
+            for key, _, _, fmt in _MEASURES:
                 v = stats[p][key]
                 row += f" {v:>{w_abs[key]}{fmt}}" if v is not None else f" {'-':>{w_abs[key]}}"
         if others:
             row += " |"
         for p in others:
-            for key, *_ in measures:
+            for key, *_ in _MEASURES:
                 a, ref = stats[p][key], stats[base][key]
                 if a is None or not ref:
                     row += f" {'-':>6}"
@@ -193,10 +195,10 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
                 logs.setdefault((p, key), []).append(math.log(a / ref) if a > 0 else -math.inf)
         lines.append(row)
     if others and benches:
-        row = f"{'geomean':<10}" + " " * (len(sub) - 10 - 2 - 7 * len(measures) * len(others))
+        row = f"{'geomean':<10}" + " " * (len(sub) - 10 - 2 - 7 * len(_MEASURES) * len(others))
         row += " |"
         for p in others:
-            for key, *_ in measures:
+            for key, *_ in _MEASURES:
                 xs = logs.get((p, key))
                 row += f" {math.exp(sum(xs) / len(xs)):>6.3f}" if xs else f" {'-':>6}"
         lines.append(row)

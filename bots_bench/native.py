@@ -175,7 +175,7 @@ def run_native(
         table.register(
             JobEntry(
                 pid=proc.pid,
-                name=f"{cfg.bench}.{cfg.cls}",
+                name=registry.job_name(cfg.bench, cfg.cls),
                 release_t=t_launch,
                 deadline_s=cfg.deadline_s,
                 criticality="lo",

@@ -406,6 +406,11 @@ def omp_env(kernel_name: str, cls: str, threads: int) -> dict[str, str]:
     return env
 
 
+def job_name(kernel: str, cls: str) -> str:
+    """The name a BOTS run registers under, and its reference profile is stored as."""
+    return f"{kernel}.{cls}"
+
+
 def command_for(
     kernel_name: str,
     cls: str,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
+from agents.governors import ClusterView
 from agents.policy import Decision, nearest_freq
 from platforms import cpufreq, paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
@@ -72,18 +73,23 @@ class Actuator:
             cpufreq.set_setspeed(self.sysfs, policy, khz, check_governor=False)
         self._record(report, [(paths.policy_file(policy, "scaling_setspeed"), str(khz))])
 
-    def _pin_limits(self, policy: int, khz: int, report: ActuationReport) -> None:
+    def _write_limits(self, policy: int, lo: int, hi: int, report: ActuationReport) -> None:
+        """Set min/max (min <= max at every step), or plan it in a dry run; both are then
+        what the drift check expects (set_limits skips no-op writes)."""
         if self.dry_run:
             writes = [
-                (paths.policy_file(policy, n), str(khz))
-                for n in ("scaling_min_freq", "scaling_max_freq")
+                (paths.policy_file(policy, n), str(v))
+                for n, v in (("scaling_min_freq", lo), ("scaling_max_freq", hi))
             ]
         else:
-            writes = cpufreq.set_limits(self.sysfs, policy, khz, khz)
+            writes = cpufreq.set_limits(self.sysfs, policy, lo, hi)
         self._record(report, list(writes))
-        if not self.dry_run:  # set_limits skips no-op writes; both limits are now khz
-            for n in ("scaling_min_freq", "scaling_max_freq"):
-                self.expected[paths.policy_file(policy, n)] = str(khz)
+        if not self.dry_run:
+            for n, v in (("scaling_min_freq", lo), ("scaling_max_freq", hi)):
+                self.expected[paths.policy_file(policy, n)] = str(v)
+
+    def _pin_limits(self, policy: int, khz: int, report: ActuationReport) -> None:
+        self._write_limits(policy, khz, khz, report)
 
     def envelope(self, obs: Observation) -> Observation:
         """``obs`` with the limits the daemon found instead of the ones it pinned.
@@ -118,8 +124,7 @@ class Actuator:
 
     def _unpin(self, policy: int, report: ActuationReport) -> None:
         """Put back the limits found before we pinned them."""
-        lo, hi = self._envelope[policy]
-        self._record(report, list(cpufreq.set_limits(self.sysfs, policy, lo, hi)))
+        self._write_limits(policy, *self._envelope[policy], report)
         del self._pinned[policy]
 
     def _cap_governed(self, c, cap: int | None, report: ActuationReport) -> None:
@@ -144,18 +149,8 @@ class Actuator:
                 self._planned_limits.pop(c.policy, None)
             return
         try:
-            if self.dry_run:
-                writes = [
-                    (paths.policy_file(c.policy, n), str(v))
-                    for n, v in (("scaling_min_freq", want[0]), ("scaling_max_freq", want[1]))
-                ]
-            else:
-                writes = cpufreq.set_limits(self.sysfs, c.policy, *want)
-            self._record(report, list(writes))
+            self._write_limits(c.policy, *want, report)
             self._planned_limits[c.policy] = want
-            if not self.dry_run:
-                for n, v in (("scaling_min_freq", want[0]), ("scaling_max_freq", want[1])):
-                    self.expected[paths.policy_file(c.policy, n)] = str(v)
         except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
             report.errors.append(f"policy{c.policy}: cap {cap} kHz not applied ({err})")
             return
@@ -204,8 +199,7 @@ class Actuator:
                 continue
             if c.policy in self._held:  # a kernel governor's cap held them: give them back
                 try:
-                    lo, hi = self._held[c.policy]
-                    self._record(report, list(cpufreq.set_limits(self.sysfs, c.policy, lo, hi)))
+                    self._write_limits(c.policy, *self._held[c.policy], report)
                     self._planned_limits.pop(c.policy, None)
                 except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                     report.errors.append(f"policy{c.policy}: limits not given back ({err})")
@@ -216,7 +210,8 @@ class Actuator:
             cap = decision.cap_khz.get(c.name)
             if cap is not None:
                 target = min(target, cap)
-            target = nearest_freq(_within_limits(c), target, mode="floor")
+            # a min = max pin is clamped by no kernel, unlike a setspeed: stay in the limits
+            target = nearest_freq(ClusterView.of(c).allowed, target, mode="floor")
             if self._last_freq.get(c.policy) == target and c.cur_khz == target:
                 continue
             try:
@@ -269,13 +264,3 @@ class Actuator:
 
     def forget(self, pid: int) -> None:
         self._last_jobs.pop(pid, None)
-
-
-def _within_limits(c) -> tuple[int, ...]:
-    """The table entries inside the cluster's limits (as the loop sees them: the envelope the
-    daemon found, static ceilings folded in), or the whole table when none is inside. A pin of
-    min = max must never step outside them: no kernel clamps it as it clamps a setspeed."""
-    lo = c.min_khz if c.min_khz is not None else c.freqs_khz[0]
-    hi = c.max_khz if c.max_khz is not None else c.freqs_khz[-1]
-    inside = tuple(f for f in c.freqs_khz if lo <= f <= hi)
-    return inside or c.freqs_khz

@@ -476,8 +476,9 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def policy_options(cfg: Config) -> dict[str, Any]:
-    """Options the config passes to the policy factory (only hidvfs takes any)."""
-    if cfg.policy == "hidvfs" and cfg.shield.adaptive:
+def policy_options(cfg: Config, policy: str | None = None) -> dict[str, Any]:
+    """Options the config passes to the factory of ``policy`` (default: the config's own;
+    only hidvfs takes any)."""
+    if (policy or cfg.policy) == "hidvfs" and cfg.shield.adaptive:
         return {"adaptive_gamma": cfg.shield.gamma}
     return {}

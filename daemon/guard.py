@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from agents.policy import Decision
+from agents.policy import Decision, nearest_freq
 from platforms.errors import SpecError
 from platforms.observation import Observation
 from platforms.spec import BoardSpec
@@ -123,11 +123,7 @@ class ThermalGuard:
 
 def _floor_level(table: tuple[int, ...], khz: int) -> int:
     """Index of the highest OPP at or below ``khz`` (0 when every OPP is above it)."""
-    level = 0
-    for i, f in enumerate(table):
-        if f <= khz:
-            level = i
-    return level
+    return table.index(nearest_freq(table, khz, mode="floor"))
 
 
 def config_guard(spec: BoardSpec, config: Config | None) -> ThermalGuard:

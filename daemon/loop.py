@@ -136,9 +136,11 @@ class ControlLoop:
             cores = sum(len(c.online) for c in hw.clusters)
         else:
             cores = len(cpus)
-        if home is None or not home.cur_khz:
-            return self._estimate.done.get(e.pid)
-        return self._estimate.advance(e.pid, e.profile, t, home.cur_khz, home.capacity, cores)
+        # an unknown frequency (khz 0) adds nothing for the interval: the cautious side
+        khz = (home.cur_khz or 0) if home else 0
+        return self._estimate.advance(
+            e.pid, e.profile, t, khz, home.capacity if home else 1.0, cores
+        )
 
     def tick(self) -> TickResult:
         for cb in self.before_tick:

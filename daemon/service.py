@@ -14,7 +14,6 @@ import signal
 import threading
 from dataclasses import replace
 
-from agents.deadlines import ProfileLookup
 from agents.factory import make_policy_stack
 from agents.mixed import ClusterReservation
 from daemon.actuator import Actuator
@@ -24,6 +23,7 @@ from daemon.jobs import JobTable
 from daemon.logs import log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
+from daemon.profiles import ProfileLookup
 from daemon.restore import begin_session, detect_drift, restore_snapshot
 from daemon.statusfile import write_status
 from platforms import cpufreq

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from tools.cmd_profile import measure_options
@@ -226,9 +224,9 @@ def profile_cmd(
     threads = len(reference_cluster(session.spec).cpus)
     rows, failed = [], 0
     for k in kernels:
-        name = f"{k}.{cls}"
+        name = registry.job_name(k, cls)
         try:
-            cmd = registry.command_for(k, cls, bots_bin, threads, base_env=dict(os.environ))
+            cmd = registry.command_for(k, cls, bots_bin, threads)
 
             def verified(text: str, check: bool = cmd.check) -> str | None:
                 try:

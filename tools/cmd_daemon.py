@@ -16,8 +16,8 @@ from tools.common import emit_json, fail, guard_errors
     default=None,
     type=click.Path(dir_okay=False),
     help="Config file (default /etc/hidvfs/config.yaml if present). With --sim or --replay only "
-    "a file given here is read, for its policy, period_ms, deadline_slack, thermal and "
-    "mixed_criticality keys.",
+    "a file given here is read: --sim takes its policy, period_ms, deadline_slack, thermal, "
+    "shield and mixed_criticality keys, --replay (no jobs) its policy, period_ms and thermal.",
 )
 @click.option(
     "--sysfs-root",

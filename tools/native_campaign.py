@@ -71,13 +71,14 @@ def run_configs(
 
         nb = open_board(sysfs_root, board, state_dir, say=lambda m: click.echo(m, err=True))
         from agents import deadlines
+        from bots_bench.registry import job_name
         from daemon.config import DEFAULT_PROFILES
 
         profiles_path = profiles_path or DEFAULT_PROFILES
         profiles = deadlines.load(profiles_path, missing_ok=True)
 
         def run_fn(cfg):
-            name, board_name = f"{cfg.bench}.{cfg.cls}", nb.platform.spec.name
+            name, board_name = job_name(cfg.bench, cfg.cls), nb.platform.spec.name
             prof = profiles.find(name, board_name)
             if deadline_slack is not None:
                 if prof is None:

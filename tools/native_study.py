@@ -6,6 +6,7 @@ the shield can plan its deadline."""
 from __future__ import annotations
 
 from bots_bench.native import open_board, run_native
+from bots_bench.registry import job_name
 from bots_bench.spec import RunConfig
 from tools.policies import build_policy_stack
 
@@ -46,7 +47,7 @@ def native_runner(
                 ref = run_native(cfg(kernel, 0, "maxfreq", None), nb, build_policy_stack)
                 refs[kernel] = ref["makespan_s"] if ref["ok"] else None
             deadline = slack * refs[kernel] if refs[kernel] else None
-        prof = store.find(f"{kernel}.{cls}", nb.platform.spec.name)
+        prof = store.find(job_name(kernel, cls), nb.platform.spec.name)
         return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack, prof)
 
     return native, nb

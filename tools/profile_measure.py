@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from bots_bench.reference import reference_cluster
 from daemon.actuator import Actuator
 from daemon.restore import begin_session, restore_snapshot
 from platforms import cpufreq
+from platforms.clock import MonotonicClock
 from platforms.liveprocs import LiveProcessControl, kill_job
 from platforms.observation import JobProfile
 from platforms.sense import Sensor
@@ -30,6 +30,7 @@ from platforms.spec import BoardSpec, ClusterSpec
 from platforms.sysfs import DirSysfs
 
 log = logging.getLogger("hidvfs.profile")
+_CLOCK = MonotonicClock()
 
 
 class MeasureError(RuntimeError):
@@ -87,7 +88,7 @@ def command_timer(
 
     def timer(argv: Sequence[str], cpus: Sequence[int], timeout_s: float) -> float:
         run_env = dict(base, OMP_NUM_THREADS=str(len(cpus)))
-        t0 = time.monotonic()
+        t0 = _CLOCK.now()
         try:
             proc = subprocess.Popen(
                 list(argv),
@@ -105,7 +106,7 @@ def command_timer(
             kill_job(proc)
             proc.communicate()
             raise MeasureError(f"{argv[0]} ran past {timeout_s:g} s; killed") from None
-        elapsed = time.monotonic() - t0
+        elapsed = _CLOCK.now() - t0
         if proc.returncode != 0:
             tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]
             raise MeasureError(
@@ -144,7 +145,7 @@ def measure(
     times: dict[str, float] = {}
     try:
         for run in runs:
-            obs = act.envelope(sensor.read(time.monotonic()))
+            obs = act.envelope(sensor.read(_CLOCK.now()))
             report = act.apply(Decision({cluster.name: run.khz}), obs)
             if report.errors:
                 raise MeasureError(

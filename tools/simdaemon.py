@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from agents.mixed import ClusterReservation
 from bots_bench.workload import WorkloadSpec, default_items
 from daemon.config import Config, policy_options
@@ -32,7 +30,7 @@ def run_sim_daemon(
     spec = load_board(board)
     w = WorkloadSpec(duration_s=duration_s, load=load)
     items = default_items(spec, seed, w)
-    opts = policy_options(replace(config, policy=policy_name)) if config else {}
+    opts = policy_options(config, policy_name) if config else {}
     policy, stages = build_policy_stack(policy_name, spec, **opts)
     stages.append(ClusterReservation(config.mixed_criticality.reserve if config else True))
     cb = (lambda st: write_status(status_file, st)) if status_file else None

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents import deadlines
-from agents.deadlines import ProfileLookup, ProfileStore, profile_from_runs
+from agents.deadlines import ProfileStore, profile_from_runs
+from daemon.profiles import ProfileLookup
 from platforms.observation import JobProfile
 
 

@@ -1,44 +1,22 @@
 """CPU share and memory of the real daemon process at a 100 ms period on a fake TX2 tree
 (goal: under 2% of one core and under 100 MB RSS). Measured after start-up, over a window."""
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 
 from platforms.faketree import write_fake_tree
 from platforms.spec import load_board
+from tests.daemon.test_daemon_process import start_daemon
 
 
 def test_bench_daemon_cpu_and_rss(benchmark, tmp_path):
     tree = tmp_path / "tree"
     write_fake_tree(load_board("tx2"), tree)
     state = tmp_path / "state"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tools.cli",
-        "daemon",
-        "--sysfs-root",
-        str(tree),
-        "--policy",
-        "schedutil",
-        "--period-ms",
-        "100",
-        "--state-dir",
-        str(state),
-        "--socket",
-        str(state / "s.sock"),
-        "--duration",
-        "12",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=Path(__file__).resolve().parents[2],
+    state.mkdir()
+    proc, _ = start_daemon(
+        tree, state, "--duration", "12", policy="schedutil", period_ms=100, status_file=False
     )
 
     def measure():

@@ -145,3 +145,17 @@ def test_a_pin_never_leaves_the_limits_found(no_userspace):
         o = act.envelope(sensor.read(float(t)))
         act.apply(Decision({"a57": a57.fmax_khz}), o)
     assert limits(sysfs, a57.policy) == (ceiling, ceiling)
+
+
+def test_limits_put_back_are_what_the_drift_check_expects(no_userspace):
+    """Giving the limits back (to a kernel governor) updates what the drift check compares
+    with: the daemon's own restore is not reported as someone else's change."""
+    from agents.policy import Decision
+    from daemon.restore import detect_drift
+
+    spec, sysfs = no_userspace
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    run(spec, sysfs, act, sensor, "powersave")
+    o = act.envelope(sensor.read(3.0))
+    act.apply(Decision({}, governor={c.name: "schedutil" for c in spec.clusters}), o)
+    assert detect_drift(sysfs, act.expected) == []

@@ -43,8 +43,14 @@ def tree_state(root: Path, spec) -> dict[str, str]:
 
 
 def start_daemon(
-    tree: Path, state: Path, *extra: str, policy: str = "maxfreq"
+    tree: Path,
+    state: Path,
+    *extra: str,
+    policy: str = "maxfreq",
+    period_ms: int = 50,
+    status_file: bool = True,
 ) -> tuple[subprocess.Popen, Path]:
+    """The real daemon process on ``tree`` (its log in ``state``), as a board would run it."""
     log = state / f"daemon-{time.monotonic_ns()}.log"
     cmd = [
         sys.executable,
@@ -56,13 +62,12 @@ def start_daemon(
         "--policy",
         policy,
         "--period-ms",
-        "50",
+        str(period_ms),
         "--state-dir",
         str(state),
         "--socket",
         str(state / "hidvfs.sock"),
-        "--status-file",
-        str(state / "status.json"),
+        *(["--status-file", str(state / "status.json")] if status_file else []),
         *extra,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
