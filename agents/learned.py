@@ -185,7 +185,9 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
             row["command"] = m.meta.get("command")
             row["git_commit"] = m.meta.get("git_commit")
             if not row["ok"]:
-                row["error"] = f"outputs differ from training time by {diff:.3g} > {TOLERANCE}"
+                row["error"] = (
+                    f"outputs differ from training time by {diff:.3g} > {row['tolerance']:.3g}"
+                )
         except KeyError as err:
             row["error"] = f"no reference outputs {err} in reference.npz"
         except (OSError, ValueError) as err:

@@ -173,7 +173,8 @@ def train_cmd(
 @click.option("--models", default=None, help="models folder (default agents/models/BOARD)")
 @click.option("--json", "as_json", is_flag=True)
 def check_cmd(boards, models, as_json) -> None:
-    """Verify each ONNX file loads, matches its training-time outputs to 1e-5 and the schema."""
+    """Verify each ONNX file loads, matches its training-time outputs to 1e-5 (relative where
+    an output exceeds 1 in magnitude) and the daemon's observation schema."""
     from agents.learned import check_board
 
     reports = [check_board(b, models if models else None) for b in _boards(boards)]
@@ -184,7 +185,8 @@ def check_cmd(boards, models, as_json) -> None:
             for f in r["files"]:
                 click.echo(
                     f"{r['board']:9s} {f['file']:32s} {'ok' if f['ok'] else 'FAIL'} "
-                    f"max|diff| {f.get('max_abs_diff', float('nan')):.2e} {f.get('error', '')}"
+                    f"max|diff| {f.get('max_abs_diff', float('nan')):.2e} "
+                    f"(tol {f.get('tolerance', float('nan')):.1e}) {f.get('error', '')}"
                 )
     bad = [r["board"] for r in reports if not r["ok"]]
     if bad:
