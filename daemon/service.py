@@ -34,6 +34,7 @@ from platforms.platform import Platform
 from platforms.probe import detect_board, probe
 from platforms.spec import BoardSpec, load_board, load_board_file
 from platforms.sysfs import DirSysfs
+from platforms.trace import TickRecorder
 
 log = logging.getLogger("hidvfs.daemon")
 
@@ -91,6 +92,7 @@ def run_live(
     state_dir: str | None = None,
     dry_run: bool = False,
     stop: threading.Event | None = None,
+    record: str | None = None,
 ) -> dict:
     cfg = load_config(config_path)
     if policy:
@@ -120,7 +122,24 @@ def run_live(
 
     procs = LiveProcessControl()
     clock = MonotonicClock()
-    platform = Platform(spec, sysfs, procs, clock, kind="live" if sysfs_root == "/" else "fake")
+    kind = "live" if sysfs_root == "/" else "fake"
+    root = sysfs.root
+    recorder = None
+    if record:
+        try:
+            recorder = TickRecorder(
+                sysfs,
+                clock,
+                record,
+                board=spec.name,
+                period_s=cfg.period_ms / 1000.0,
+                policy=cfg.policy,
+                spec=spec,
+            )
+        except OSError as err:
+            raise DaemonError(f"cannot record to {record}: {err.strerror or err}") from None
+        sysfs = recorder.sysfs  # everything the daemon reads and writes goes through it
+    platform = Platform(spec, sysfs, procs, clock, kind=kind)
     profiles = ProfileLookup(
         cfg.profiles,
         spec.name,
@@ -220,6 +239,8 @@ def run_live(
                 for path, value in res.report.writes:
                     print(f"dry-run: would write {value} to {path}", flush=True)
 
+        if recorder is not None:  # first: drift checks after the tick go to the next sample
+            loop.on_tick.append(lambda res: recorder.sample(res.t))
         loop.on_tick.append(after_tick)
         notifier.ready(f"controlling {spec.name} with {pol.name}")
         log_event(
@@ -228,13 +249,16 @@ def run_live(
             board=spec.name,
             policy=pol.name,
             period_ms=cfg.period_ms,
-            root=sysfs.root,
+            root=root,
             dry_run=dry_run,
             profiles=len(profiles),
         )
         loop.run(duration_s=duration_s, stop=stop)
     finally:
         notifier.stopping("restoring cpufreq settings")
+        if recorder is not None:
+            recorder.close()
+            log_event(log, "recorded", samples=recorder.count, path=record)
         for srv in reversed(servers):
             try:
                 srv.stop()

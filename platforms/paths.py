@@ -77,15 +77,19 @@ def hwmon_root(device: str) -> str:
     return f"{device}/hwmon"
 
 
+#: the kernel's largest NR_CPUS (CONFIG_NR_CPUS is at most 8192): a range past it is garbage
+MAX_CPUS = 8192
+
+
 def parse_cpu_ranges(text: str) -> tuple[int, ...]:
     """``0-3,5`` -> (0, 1, 2, 3, 5); also accepts the space-separated ``related_cpus`` form."""
     cpus: set[int] = set()
     for part in text.replace(",", " ").split():
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.update(range(int(lo), int(hi) + 1))
-        else:
-            cpus.add(int(part))
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if not 0 <= first <= last < MAX_CPUS:
+            raise ValueError(f"CPU range {part!r} is not within 0-{MAX_CPUS - 1}")
+        cpus.update(range(first, last + 1))
     return tuple(sorted(cpus))
 
 

@@ -172,6 +172,7 @@ def _discover_clusters(
             notes.append(str(err))
             continue
         states[p] = st
+        notes.extend(st.errors)
         ref = _known_cluster(known, p)
         cpus = st.related_cpus or st.affected_cpus or (p,)
         table = st.freq_table
@@ -206,6 +207,13 @@ def _discover_clusters(
     if known is not None:
         for ref in known.clusters:
             if ref.policy not in states and not seen.intersection(ref.cpus):
+                up = sorted(set(ref.cpus).intersection(online))
+                if up:  # online but without cpufreq: not the nvpmodel case, nothing to borrow
+                    notes.append(
+                        f"policy{ref.policy} ({ref.name}) absent although CPUs {up} are online: "
+                        "no cpufreq policy for them"
+                    )
+                    continue
                 notes.append(
                     f"policy{ref.policy} ({ref.name}) absent: CPUs {list(ref.cpus)} offline; "
                     f"taken from the {known.name} spec"

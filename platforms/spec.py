@@ -10,6 +10,7 @@ expected (:class:`SpecError`).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -384,10 +385,14 @@ def board_names() -> list[str]:
     return sorted(p.stem for p in BOARDS_DIR.glob("*.yaml"))
 
 
+#: a shipped board's name (also what a trace header or a config may name): no path parts
+_BOARD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
 @cache
 def load_board(name: str) -> BoardSpec:
     """Load a shipped board spec by name (``tx2``, ``orin-nx``, ``rubikpi3``)."""
     path = BOARDS_DIR / f"{name}.yaml"
-    if not path.exists():
+    if not isinstance(name, str) or not _BOARD_NAME.fullmatch(name) or not path.exists():
         raise UnknownBoard(f"unknown board {name!r}; known boards: {', '.join(board_names())}")
     return load_board_file(path)

@@ -44,6 +44,8 @@ __all__ = [
     "read_trace",
     "ReplaySysfs",
     "RecordingSysfs",
+    "RECORDED_BY",
+    "TickRecorder",
     "relevant_files",
     "record",
     "trace_info",
@@ -146,6 +148,12 @@ class WriteMismatch:
     recorded: str | None
     replayed: str | None
 
+    def __str__(self) -> str:
+        return (
+            f"t={self.t:.3f}s {self.path}: recorded {self.recorded or '(nothing)'}, "
+            f"replayed {self.replayed or '(nothing)'}"
+        )
+
 
 def compare_writes(trace: Trace, writes: list[tuple[float, str, str]]) -> list[WriteMismatch]:
     """Compare replayed writes with the recorded ``w``, tick by tick (last write per path wins).
@@ -216,6 +224,55 @@ class RecordingSysfs(SysfsBackend):
         out = (self._reads, self._writes)
         self._reads, self._writes = {}, {}
         return out
+
+
+#: header key of a trace written by the daemon itself (``hidvfs daemon --record``): one sample
+#: per tick, so a replay can tick at the same times and compare every write
+RECORDED_BY = "recorded_by"
+
+
+class TickRecorder:
+    """The daemon's own recording (``hidvfs daemon --record``): one sample per control tick
+    with every file it read and wrote since the previous one.
+
+    :attr:`sysfs` is the backend to hand the daemon; :meth:`sample` is called after each tick
+    with the tick's sense time on ``clock``. The header names the policy and marks the trace
+    as the daemon's, so ``trace replay`` ticks at the sample times and compares the writes.
+    """
+
+    def __init__(
+        self,
+        inner: SysfsBackend,
+        clock: Clock,
+        out: str | os.PathLike[str],
+        *,
+        board: str,
+        period_s: float,
+        policy: str,
+        spec: BoardSpec | None = None,
+    ):
+        self.sysfs = RecordingSysfs(inner)
+        self._clock = clock
+        header = TraceHeader(
+            board=board,
+            period_s=float(period_s),
+            files=relevant_files(inner, spec),
+            extra={RECORDED_BY: "daemon", "policy": policy},
+        )
+        self._writer = TraceWriter(out, header).open()
+        self._t0 = clock.now()
+
+    def sample(self, t: float) -> None:
+        reads, writes = self.sysfs.take()
+        self._writer.write_sample(max(t - self._t0, 0.0), reads, writes)
+
+    @property
+    def count(self) -> int:
+        return self._writer.count
+
+    def close(self) -> None:
+        """Stop recording: what the daemon does afterwards (its restore) is not a decision."""
+        self._writer.close()
 
 
 _POLICY_RE = re.compile(r"policy\d+")

@@ -28,6 +28,11 @@ from platforms.errors import TraceError
 FORMAT = "hidvfs-trace"
 VERSION = 1
 _GZIP_MAGIC = b"\x1f\x8b"
+#: the shortest period `trace record` samples at; a header below it is not a recording
+MIN_PERIOD_S = 0.001
+#: the latest sample time a trace may hold (about 31 years): past it float time stops advancing
+#: by a period, and a replay would never end
+MAX_T_S = 1e9
 
 
 def now_iso() -> str:
@@ -113,6 +118,11 @@ class TraceWriter:
         self._last_t: float | None = None
 
     def open(self) -> TraceWriter:
+        p = self.header.period_s
+        if not MIN_PERIOD_S <= p <= MAX_T_S:
+            raise ValueError(
+                f"{self.path}: period_s must be {MIN_PERIOD_S} to {MAX_T_S:g} s, got {p}"
+            )
         if self._f is None:
             if self.path.endswith(".gz"):
                 # level 6 (gzip's own default): 4x cheaper than 9 for ~5% more bytes, which
@@ -140,8 +150,8 @@ class TraceWriter:
         if self._f is None:
             raise RuntimeError(f"{self.path}: write_sample on a closed TraceWriter")
         t = float(t)
-        if not math.isfinite(t):
-            raise ValueError(f"{self.path}: sample time must be finite, got {t}")
+        if not 0.0 <= t <= MAX_T_S:
+            raise ValueError(f"{self.path}: sample time must be 0 to {MAX_T_S:g} s, got {t}")
         if self._last_t is not None and t < self._last_t:
             raise ValueError(
                 f"{self.path}: sample time {t} is earlier than the previous {self._last_t}"
@@ -200,6 +210,8 @@ def read_trace(path: str | os.PathLike[str], *, allow_truncated: bool = False) -
                 continue  # a blank line carries nothing
             try:
                 obj = json.loads(raw)
+            except RecursionError:
+                raise TraceError(path, lineno, "corrupt line: JSON nested too deeply") from None
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 if not raw.endswith(b"\n"):
                     reason = "truncated last line (no newline at the end and not valid JSON)"
@@ -257,8 +269,11 @@ def _parse_header(obj: Any, path: str, line: int) -> TraceHeader:
     if board is not None and not isinstance(board, str):
         raise fail(f"header 'board' must be a string or null, got {board!r}")
     period = obj.get("period_s")
-    if not _is_number(period) or period <= 0:
-        raise fail(f"header 'period_s' must be a number of seconds > 0, got {period!r}")
+    if not _is_number(period) or not MIN_PERIOD_S <= period <= MAX_T_S:
+        raise fail(
+            f"header 'period_s' must be a number of seconds from {MIN_PERIOD_S} "
+            f"(what `trace record` can sample) to {MAX_T_S:g}, got {period!r}"
+        )
     started = obj.get("started")
     if not isinstance(started, str) or not _is_iso(started):
         raise fail(f"header 'started' must be an ISO-8601 time, got {started!r}")
@@ -293,8 +308,8 @@ def _parse_sample(obj: Any, path: str, line: int) -> Sample:
     if "t" not in obj:
         raise fail("sample has no 't' (time in seconds)")
     t = obj["t"]
-    if not _is_number(t):
-        raise fail(f"'t' must be a finite number of seconds, got {t!r}")
+    if not _is_number(t) or not 0 <= t <= MAX_T_S:
+        raise fail(f"'t' must be a number of seconds from 0 to {MAX_T_S:g}, got {t!r}")
     r = obj.get("r", {})
     w = obj.get("w", {})
     if not isinstance(r, dict):

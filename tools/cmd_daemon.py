@@ -88,6 +88,14 @@ from tools.common import emit_json, fail, guard_errors
     type=click.FloatRange(0.05, 3.0),
     help="Offered load of the simulated workload (--sim).",
 )
+@click.option(
+    "--record",
+    "record_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Record every file the daemon reads and writes, one sample per tick, to this trace "
+    "(.jsonl or .jsonl.gz); `hidvfs trace replay --check` then checks its decisions.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
 @guard_errors
 def daemon_cmd(
@@ -104,6 +112,7 @@ def daemon_cmd(
     dry_run,
     seed,
     load,
+    record_path,
     as_json,
 ) -> None:
     """Run the DVFS daemon: sense -> decide -> gate -> shield -> thermal guard -> actuate.
@@ -123,6 +132,7 @@ def daemon_cmd(
                 ("--socket", socket_path),
                 ("--state-dir", state_dir),
                 ("--dry-run", dry_run),
+                ("--record", record_path),
             )
             if value
         ]
@@ -158,7 +168,7 @@ def daemon_cmd(
 
         result = run_replay(
             replay_trace,
-            policy or (cfg.policy if cfg else "schedutil"),
+            policy or (cfg.policy if cfg else None),
             period_ms or (cfg.period_ms if cfg else None),
             config=cfg,
         )
@@ -183,6 +193,7 @@ def daemon_cmd(
         socket_path=socket_path,
         state_dir=state_dir,
         dry_run=dry_run,
+        record=record_path,
     )
 
 

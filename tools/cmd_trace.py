@@ -46,16 +46,30 @@ def trace() -> None:
     type=click.FloatRange(min=0.001),
     help="Seconds to record.",
 )
-@click.option("--board", default=None, help="Board name for the header (default: detected).")
+@click.option(
+    "--board",
+    default=None,
+    help="Board name for the header: a shipped board or 'unknown' (default: detected).",
+)
 def record_cmd(
     out: str, sysfs_root: str, period_ms: int, duration_s: float, board: str | None
 ) -> None:
-    """Sample every file the daemon reads (cpufreq, thermal, rails, /proc/stat) into a trace."""
+    """Sample every file the daemon reads (cpufreq, thermal, rails, /proc/stat) into a trace.
+
+    This records the board alone; `hidvfs daemon --record FILE` records what a running daemon
+    read and wrote on each tick, so a replay can check its decisions.
+    """
     from platforms.clock import MonotonicClock
     from platforms.probe import detect_board
+    from platforms.spec import board_names
     from platforms.sysfs import DirSysfs
     from platforms.trace import record
 
+    if board is not None and board not in (*board_names(), "unknown"):
+        raise click.BadParameter(
+            f"{board!r} is not a known board ({', '.join(board_names())}, or unknown)",
+            param_hint="--board",
+        )
     sysfs = DirSysfs(sysfs_root)
     board = board or detect_board(sysfs) or "unknown"
     n = record(
@@ -76,7 +90,7 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
     """Summarise a trace: board, length, files, sample rate, temperature and frequency ranges."""
     from platforms.trace import format_info, read_trace, trace_info
 
-    info = trace_info(read_trace(trace_file))
+    info = trace_info(read_trace(trace_file, allow_truncated=True))  # says TRUNCATED if so
     if as_json:
         emit_json(info)
     else:
@@ -86,7 +100,9 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
 @trace.command("replay")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
 @click.option(
-    "--policy", default="schedutil", show_default=True, help="Policy to run against the trace."
+    "--policy",
+    default=None,
+    help="Policy to run against the trace (default: the recording daemon's, else schedutil).",
 )
 @click.option(
     "--period-ms",
@@ -94,23 +110,54 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
     type=click.IntRange(1, 60000),
     help="Decision period (default: the trace's).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the per-tick decisions as JSON.")
-def replay_cmd(trace_file: str, policy: str, period_ms: int | None, as_json: bool) -> None:
+@click.option(
+    "--allow-truncated",
+    is_flag=True,
+    help="Replay the complete samples of a recording that was cut short (a crash, kill -9).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 unless every write matches the recording (a trace from `daemon --record`).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the writes, the comparison and the status."
+)
+def replay_cmd(
+    trace_file: str,
+    policy: str | None,
+    period_ms: int | None,
+    allow_truncated: bool,
+    check: bool,
+    as_json: bool,
+) -> None:
     """Run the daemon's control loop on a recorded trace and show its decisions.
 
     The daemon reads the recorded files on a virtual clock; its writes are captured, never
-    applied, and compared with what the recording daemon wrote (if it wrote anything).
+    applied, and compared with what the recording daemon wrote (a trace from
+    `hidvfs daemon --record` is replayed at its tick times, so every write compares).
     """
+    from tools.common import fail
     from tools.replay import replay_trace
 
-    result = replay_trace(trace_file, policy, period_ms)
+    result = replay_trace(trace_file, policy, period_ms, allow_truncated=allow_truncated)
+    if check and not result["recorded_writes"]:
+        fail(f"{trace_file}: --check needs a trace with the daemon's writes (daemon --record)")
+    same = not result["mismatches"]
     if as_json:
         emit_json(result)
-        return
-    click.echo(
-        f"replayed {result['ticks']} ticks of {result['board']} under {policy}: "
-        f"{len(result['writes'])} writes, {result['recorded_writes']} recorded writes, "
-        f"{result['matching_writes']} identical"
-    )
-    for t, path, value in result["writes"][:20]:
-        click.echo(f"  t={t:8.3f}s {path} <- {value}")
+    else:
+        click.echo(
+            f"replayed {result['ticks']} ticks of {result['board']} under {result['policy']}: "
+            f"{len(result['writes'])} writes; {result['recorded_writes']} recorded writes, "
+            f"{result['matching_writes']} identical, {result['extra_writes']} extra"
+        )
+        if result["truncated"]:
+            click.echo(f"  the recording was cut short ({result['truncated']})")
+        for m in result["mismatches"][:20]:
+            click.echo(f"  differs: {m}")
+        if not result["recorded_writes"]:
+            for t, path, value in result["writes"][:20]:
+                click.echo(f"  t={t:8.3f}s {path} <- {value}")
+    if check and not same:
+        fail(f"{len(result['mismatches'])} writes differ from the recording", code=1)

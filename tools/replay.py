@@ -2,48 +2,105 @@
 
 from __future__ import annotations
 
-from agents.factory import make_policy
-from daemon.config import Config
+from agents.factory import make_policy_stack
+from agents.mixed import ClusterReservation
+from daemon.config import Config, policy_options
 from daemon.guard import config_guard
 from daemon.loop import ControlLoop
 from platforms.clock import VirtualClock
+from platforms.errors import HidvfsError, UnknownBoard
 from platforms.platform import Platform
 from platforms.procs import NoProcesses
 from platforms.spec import load_board
-from platforms.trace import ReplaySysfs, compare_writes, read_trace
+from platforms.trace import RECORDED_BY, ReplaySysfs, Trace, compare_writes, read_trace
+
+#: a replay longer than this many ticks is refused: it is a sparse or mistimed trace, and it
+#: would run for hours
+MAX_TICKS = 10_000_000
+
+
+class ReplayError(HidvfsError):
+    """A trace that cannot be replayed (no samples, or far too many ticks)."""
+
+
+def recorded_policy(trace: Trace) -> str | None:
+    """The policy of the daemon that recorded ``trace`` (``daemon --record``), else None."""
+    if trace.header.extra.get(RECORDED_BY) != "daemon":
+        return None
+    name = trace.header.extra.get("policy")
+    return name if isinstance(name, str) else None
 
 
 def replay_trace(
-    path: str, policy_name: str, period_ms: int | None = None, config: Config | None = None
+    path: str,
+    policy_name: str | None,
+    period_ms: int | None = None,
+    config: Config | None = None,
+    *,
+    allow_truncated: bool = False,
 ) -> dict:
-    trace = read_trace(path)
+    """Run the control loop on a recorded trace; its writes are kept, never applied.
+
+    Replay time is trace time (a read at t sees the latest sample at or before t). A trace the
+    daemon recorded (``daemon --record``) is replayed tick by tick at its sample times with
+    the daemon's policy stack, unless ``period_ms`` is given, so its writes compare one to one.
+    """
+    trace = read_trace(path, allow_truncated=allow_truncated)
+    if not trace.samples:
+        raise ReplayError(f"{path}: the trace has no samples: nothing to replay")
+    t_first, t_last = trace.samples[0].t, trace.samples[-1].t
+    policy_name = policy_name or recorded_policy(trace) or "schedutil"
+    lockstep = recorded_policy(trace) is not None and period_ms is None
+    period = period_ms / 1000.0 if period_ms else trace.header.period_s
+    duration = t_last - t_first
+    if not lockstep and duration / period > MAX_TICKS:
+        raise ReplayError(
+            f"{path}: {duration:g} s at a {period:g} s period is more than {MAX_TICKS} ticks; "
+            "give a longer --period-ms"
+        )
+    clock = VirtualClock(t_first)
+    sysfs = ReplaySysfs(trace, clock, t0=0.0)  # replay time is trace time
     try:
-        spec = load_board(trace.header.board)
-    except Exception:  # noqa: BLE001 - an unknown board: describe it from the recording
+        spec = load_board(trace.header.board or "unknown")
+    except UnknownBoard:  # describe it from the recording
         from platforms.probe import probe
 
-        spec = probe(
-            ReplaySysfs(trace, VirtualClock(trace.samples[0].t if trace.samples else 0.0))
-        ).spec
-    clock = VirtualClock(trace.samples[0].t if trace.samples else 0.0)
-    sysfs = ReplaySysfs(trace, clock)
+        spec = probe(sysfs).spec
     platform = Platform(spec, sysfs, NoProcesses(), clock, kind="replay")
-    period = period_ms / 1000.0 if period_ms else trace.header.period_s
+    cfg = config if config is not None else Config()
+    # the stack the daemon runs (run_live): policy, its stages, the reservation, the guard
+    policy, stages = make_policy_stack(policy_name, spec, **policy_options(cfg, policy_name))
+    stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
     loop = ControlLoop(
-        platform, make_policy(policy_name, spec), period_s=period, guard=config_guard(spec, config)
+        platform,
+        policy,
+        period_s=period,
+        stages=stages,
+        guard=config_guard(spec, config),
+        deadline_margin=cfg.deadline_slack,
     )
-    duration = (trace.samples[-1].t - trace.samples[0].t) if trace.samples else 0.0
-    loop.run(duration_s=max(duration, period))
+    if lockstep:
+        for s in trace.samples:
+            clock.set(max(s.t, clock.now()))
+            loop.tick()
+    else:
+        loop.run(duration_s=max(duration, period))
     recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]
-    ours = [(t, p, v) for (t, p, v) in sysfs.writes]
+    ours = list(sysfs.writes)
     mismatches = compare_writes(trace, ours) if recorded else []
+    differing = sum(1 for m in mismatches if m.recorded is not None)
     return {
         "board": spec.name,
         "policy": policy_name,
+        "lockstep": lockstep,
         "ticks": loop.ticks,
         "writes": ours,
         "recorded_writes": len(recorded),
         "mismatches": [str(m) for m in mismatches],
-        "matching_writes": max(0, len(recorded) - len(mismatches)) if recorded else 0,
+        # recorded writes the replay repeated with the same value on the same tick
+        "matching_writes": len(recorded) - differing,
+        # writes the replay made on a tick where the recording made none to that file
+        "extra_writes": sum(1 for m in mismatches if m.recorded is None),
+        "truncated": trace.truncated,
         "status": loop.status(),
     }

@@ -325,3 +325,40 @@ def test_fake_writer_hotplug_recreates_policy(tmp_path):
     assert "cpu2 " in (tmp_path / paths.PROC_STAT).read_text()
     with pytest.raises(ValueError, match="cpu0"):
         w.set_cpu_online(0, False)
+
+
+def test_online_cpus_without_cpufreq_are_not_called_offline_nor_given_the_spec(tmp_path):
+    """Only CPUs that really are offline borrow their cluster from the spec (TX2 Denver in
+    the default nvpmodel mode); online CPUs without a policy are a missing driver."""
+    import shutil
+
+    write_fake_tree(load_board("tx2"), tmp_path)
+    shutil.rmtree(tmp_path / "devices/system/cpu/cpufreq/policy1")
+    for c in (1, 2):
+        shutil.rmtree(tmp_path / f"devices/system/cpu/cpu{c}/cpufreq", ignore_errors=True)
+    res = probe(DirSysfs(tmp_path))
+    assert [c.name for c in res.spec.clusters] == ["a57"]
+    text = "\n".join(res.notes)
+    assert "CPUs [1, 2] are online: no cpufreq policy" in text
+    assert "offline; taken from" not in text
+
+
+def test_a_policy_file_that_does_not_parse_is_a_note(tmp_path):
+    write_fake_tree(load_board("tx2"), tmp_path)
+    (tmp_path / "devices/system/cpu/cpufreq/policy0/scaling_available_frequencies").write_text(
+        "a b c\n"
+    )
+    res = probe(DirSysfs(tmp_path))
+    assert any("policy0/scaling_available_frequencies" in n and "a b c" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("text", ["0-5,7-99999999", "3-1", "-1"])
+def test_a_garbage_cpu_range_is_refused_not_expanded(text):
+    with pytest.raises(ValueError):
+        paths.parse_cpu_ranges(text)
+
+
+def test_a_cpu_list_in_both_kernel_forms_parses():
+    assert paths.parse_cpu_ranges("0-3,5") == (0, 1, 2, 3, 5)
+    assert paths.parse_cpu_ranges("0 3 4 5\n") == (0, 3, 4, 5)
+    assert paths.parse_cpu_ranges("") == ()

@@ -49,6 +49,10 @@ def test_board_specific_facts():
 def test_unknown_board_lists_the_known_ones():
     with pytest.raises(UnknownBoard, match="orin-nx, rubikpi3, tx2"):
         load_board("nano")
+    # a name is a shipped board, never a path (a trace header or a config names it)
+    for bad in ("../boards/tx2", "/etc/hidvfs/x", "", "TX2/"):
+        with pytest.raises(UnknownBoard):
+            load_board(bad)
 
 
 def _raw(name="tx2"):

@@ -423,13 +423,17 @@ def test_writer_refuses_what_the_reader_would_refuse(tmp_path):
         w.write_sample(1.0, {"a": "1"})
         with pytest.raises(ValueError, match="earlier than the previous"):
             w.write_sample(0.5, {})
-        with pytest.raises(ValueError, match="finite"):
+        with pytest.raises(ValueError, match="sample time must be 0 to"):
             w.write_sample(float("nan"), {})
+        with pytest.raises(ValueError, match="sample time must be 0 to"):
+            w.write_sample(1e308, {})
         with pytest.raises(TypeError, match="read of a: expected text or None, got 5"):
             w.write_sample(2.0, {"a": 5})
     with pytest.raises(RuntimeError, match="closed"):
         w.write_sample(3.0, {})
     assert len(read_trace(tmp_path / "w.jsonl").samples) == 1
+    with pytest.raises(ValueError, match="period_s must be"):
+        TraceWriter(tmp_path / "p.jsonl", TraceHeader(board=None, period_s=1e-9)).open()
 
 
 def test_crashed_gz_recording_loses_at_most_the_last_line(tmp_path):
@@ -488,7 +492,9 @@ def _header(**kw) -> str:
         ),
         (_header(version=0) + "\n", 1, "trace version 0 is unknown"),
         (_header(version="1") + "\n", 1, "header 'version' must be an integer, got '1'"),
-        (_header(period_s=0) + "\n", 1, "'period_s' must be a number of seconds > 0, got 0"),
+        (_header(period_s=0) + "\n", 1, "'period_s' must be a number of seconds from 0.001"),
+        # a period no recorder samples at would make a replay tick forever
+        (_header(period_s=1e-9) + "\n", 1, "'period_s' must be .* got 1e-09"),
         (_header(started="yesterday") + "\n", 1, "'started' must be an ISO-8601 time"),
         (_header(board=3) + "\n", 1, "'board' must be a string or null"),
         (_header(files="a") + "\n", 1, "'files' must be a list"),
@@ -497,10 +503,14 @@ def _header(**kw) -> str:
         (
             HEADER + '\n{"t": "0.5", "r": {}}\n',
             2,
-            "corrupt line: 't' must be a finite number of seconds, got '0.5'",
+            "corrupt line: 't' must be a number of seconds from 0 to 1e\\+09, got '0.5'",
         ),
-        (HEADER + '\n{"t": true}\n', 2, "'t' must be a finite number"),
-        (HEADER + '\n{"t": NaN}\n', 2, "'t' must be a finite number"),
+        (HEADER + '\n{"t": true}\n', 2, "'t' must be a number of seconds"),
+        (HEADER + '\n{"t": NaN}\n', 2, "'t' must be a number of seconds"),
+        # past 1e9 s a float time no longer advances by a period: a replay would never end
+        (HEADER + '\n{"t": 1e308}\n', 2, "'t' must be a number of seconds from 0 to 1e\\+09"),
+        (HEADER + '\n{"t": -1}\n', 2, "'t' must be a number of seconds from 0"),
+        (HEADER + "\n" + "[" * 100000 + "]" * 100000 + "\n", 2, "nested too deeply"),
         (HEADER + '\n{"t": 0, "r": []}\n', 2, "corrupt line: 'r' must be an object"),
         (
             HEADER + '\n{"t": 0, "r": {"a": 5}}\n',

@@ -1,6 +1,7 @@
 """CI without hardware: record a fake board, replay it through the real control loop, and check
 the daemon's decisions."""
 
+import pytest
 from click.testing import CliRunner
 
 from platforms.clock import VirtualClock
@@ -74,3 +75,196 @@ def test_replay_honours_the_config_ceilings(tmp_path):
     sp = f"devices/system/cpu/cpufreq/policy{a57.policy}/scaling_setspeed"
     written = {int(v) for _, p, v in res["writes"] if p == sp}
     assert written and max(written) == cap
+
+
+# -- replay time is trace time ----------------------------------------------------------------
+
+
+def _shifted(src, dst, dt):
+    """A copy of a trace with every sample time moved by ``dt`` (a recorder on a real clock
+    stamps its first sample a few microseconds after 0; a cut trace starts later still)."""
+    import json
+
+    tr = read_trace(src)
+    with open(dst, "w") as f:
+        f.write(json.dumps(tr.header.to_json()) + "\n")
+        for s in tr.samples:
+            f.write(json.dumps({"t": s.t + dt, "r": s.r, "w": s.w}) + "\n")
+    return dst
+
+
+def test_replay_sees_the_first_sample_of_a_trace_that_does_not_start_at_zero(tmp_path):
+    """Replay time is trace time: a trace whose samples start after t=0 is read from its first
+    sample, so its zones are found and the guard caps the hot recording."""
+    out, _, spec = _record(tmp_path)
+    base = replay_trace(str(out), "maxfreq")
+    assert base["status"]["temp_c"]
+    for dt in (3e-6, 100.0):
+        res = replay_trace(str(_shifted(out, tmp_path / f"s{dt}.jsonl", dt)), "maxfreq")
+        assert res["status"]["temp_c"], f"shift {dt}: no zone seen"
+        assert res["status"]["temp_c"] == base["status"]["temp_c"]
+        assert [(p, v) for _, p, v in res["writes"]] == [(p, v) for _, p, v in base["writes"]]
+    zone = next(z for z in spec.zones if z.role == "cpu")
+    assert base["status"]["temp_c"][zone.type] >= 70.0  # the recording heated up to 78 C
+
+
+def test_a_trace_without_samples_or_with_too_many_ticks_is_refused(tmp_path):
+    header = (
+        '{"format": "hidvfs-trace", "version": 1, "board": "tx2", "period_s": 0.001, '
+        '"started": "2026-01-01T00:00:00+00:00", "files": []}\n'
+    )
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(header)
+    r = CliRunner().invoke(cli, ["trace", "replay", str(empty)])
+    assert r.exit_code == 2 and "no samples: nothing to replay" in r.output
+    sparse = tmp_path / "sparse.jsonl"
+    sparse.write_text(header + '{"t": 0, "r": {}}\n{"t": 1e8, "r": {}}\n')
+    r = CliRunner().invoke(cli, ["trace", "replay", str(sparse)])
+    assert r.exit_code == 2 and "more than 10000000 ticks" in r.output
+
+
+def test_a_recording_cut_short_is_shown_and_replays_on_request(tmp_path):
+    out, _, _ = _record(tmp_path)
+    text = open(_shifted(out, tmp_path / "p.jsonl", 0.0)).read()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text[: len(text) - 40])  # the last line loses its end
+    r = CliRunner().invoke(cli, ["trace", "info", str(cut)])
+    assert r.exit_code == 0 and "TRUNCATED" in r.output
+    r = CliRunner().invoke(cli, ["trace", "replay", str(cut)])
+    assert r.exit_code == 2 and "truncated" in r.output
+    r = CliRunner().invoke(cli, ["trace", "replay", str(cut), "--allow-truncated"])
+    assert r.exit_code == 0 and "cut short" in r.output
+
+
+def test_trace_record_refuses_a_board_it_does_not_know(tmp_path):
+    write_fake_tree(load_board("tx2"), tmp_path / "tree")
+    for bad in ("bogus", "../boards/tx2"):
+        r = CliRunner().invoke(
+            cli,
+            [
+                "trace",
+                "record",
+                "--sysfs-root",
+                str(tmp_path / "tree"),
+                "--out",
+                str(tmp_path / "t.jsonl"),
+                "--duration",
+                "0.1",
+                "--board",
+                bad,
+            ],
+        )
+        assert r.exit_code == 2 and "not a known board" in r.output
+        assert not (tmp_path / "t.jsonl").exists()
+
+
+# -- the daemon's own recording -----------------------------------------------------------------
+
+
+def _daemon_recording(tmp_path, policy):
+    """The real daemon process on a fake TX2 that heats up while it runs, recording."""
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    spec = load_board("tx2")
+    tree = tmp_path / "tree"
+    writer = write_fake_tree(spec, tree)
+    out = tmp_path / "daemon.jsonl.gz"
+    state = tmp_path / "state"
+    done = threading.Event()
+
+    def heat():
+        zone = next(z for z in spec.zones if z.role == "cpu")
+        t = 40.0
+        while not done.wait(0.05):
+            t = min(t + 1.5, 99.0)
+            writer.set_temp(zone.type, t)
+            writer.advance_stat(0.05, busy=0.8)
+
+    th = threading.Thread(target=heat, daemon=True)
+    th.start()
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tools.cli",
+                "daemon",
+                "--sysfs-root",
+                str(tree),
+                "--policy",
+                policy,
+                "--period-ms",
+                "50",
+                "--duration",
+                "3",
+                "--state-dir",
+                str(state),
+                "--socket",
+                str(state / "s.sock"),
+                "--record",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    finally:
+        done.set()
+        th.join()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("policy", ["schedutil", "hidvfs"])
+def test_replay_of_the_daemons_own_recording_repeats_every_write(tmp_path, policy):
+    """`daemon --record` then `trace replay --check`: the replay ticks at the recorded times
+    with the recorded policy and writes exactly what the daemon wrote, while the board heated
+    up under it (schedutil's frequency moves with the load, then the guard caps it); another
+    policy on the same trace is caught."""
+    out = _daemon_recording(tmp_path, policy)
+    tr = read_trace(out)
+    assert tr.header.extra == {"recorded_by": "daemon", "policy": policy}
+    written = [(p, v) for s in tr.samples for p, v in s.w.items()]
+    if policy == "schedutil":
+        assert len({v for p, v in written if p.endswith("policy0/scaling_setspeed")}) >= 2
+    # the restore at stop is not a decision: the last sample holds no governor give-back
+    assert all(not p.endswith("scaling_governor") or v == "userspace" for p, v in written)
+    r = CliRunner().invoke(cli, ["trace", "replay", str(out), "--check"])
+    assert r.exit_code == 0, r.output
+    res = replay_trace(str(out), None)
+    assert res["lockstep"] and res["policy"] == policy and res["ticks"] == len(tr.samples)
+    assert res["matching_writes"] == res["recorded_writes"] == len(written)
+    assert not res["mismatches"] and res["extra_writes"] == 0
+    r = CliRunner().invoke(cli, ["trace", "replay", str(out), "--check", "--policy", "maxfreq"])
+    assert r.exit_code == 1 and "differ from the recording" in r.output
+
+
+def test_check_needs_a_recording_with_writes(tmp_path):
+    out, _, _ = _record(tmp_path)
+    r = CliRunner().invoke(cli, ["trace", "replay", str(out), "--check"])
+    assert r.exit_code == 2 and "daemon --record" in r.output
+
+
+def test_matching_writes_counts_recorded_writes_repeated_not_replayed_ones(tmp_path):
+    """4 recorded writes that the replay repeats, among many more replayed: 4 identical."""
+    import json
+
+    out, _, spec = _record(tmp_path)
+    first = replay_trace(str(out), "maxfreq")
+    t0 = read_trace(out).samples[0].t
+    keep = [(t, p, v) for t, p, v in first["writes"] if abs(t - t0) < 1e-9][:4]
+    assert len(keep) == 4 and len(first["writes"]) > 4
+    tr = read_trace(out)
+    dst = tmp_path / "w.jsonl"
+    with open(dst, "w") as f:
+        f.write(json.dumps(tr.header.to_json()) + "\n")
+        for i, s in enumerate(tr.samples):
+            w = {p: v for _, p, v in keep} if i == 0 else {}
+            f.write(json.dumps({"t": s.t, "r": s.r, "w": w}) + "\n")
+    res = replay_trace(str(dst), "maxfreq")
+    assert res["recorded_writes"] == 4 and res["matching_writes"] == 4
+    assert res["extra_writes"] == len(res["mismatches"]) > 0
