@@ -62,7 +62,7 @@ def simulate(
     load = read_batch_task(trace_path)
     log = logging.getLogger("hidvfs.coordinator")
     for issue in load.issues:
-        (log.warning if issue.skipped else log.info)("%s", issue)
+        (log.warning if issue.warn else log.info)("%s", issue)
     if not load.jobs:
         raise ValueError(f"{trace_path}: no usable job ({len(load.issues)} issues)")
     w = Workload.from_jobs(load.jobs)
@@ -75,6 +75,7 @@ def simulate(
                 **res.metrics(),
                 "trace": os.fspath(trace_path),
                 "skipped_jobs": len(load.skipped_jobs),
+                "dropped_rows": load.dropped_rows,
                 "seed": seed,
             }
         )

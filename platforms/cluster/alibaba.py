@@ -7,6 +7,9 @@ and 4; the leading letter carries no meaning; non-numeric tokens (``Stg4``) are 
 
 A broken job (a cycle, a parent that does not exist, a bad row, a status other than the
 accepted ones) is reported with the file, the line and the job, and only that job is skipped.
+Each physical line is one record (no field of the schema holds a line break), so a damaged line
+(an unmatched quote, a field past 131072 characters, bytes that are not UTF-8, a NUL) spoils
+itself only; a bad row whose job cannot be told is reported and counted (``dropped_rows``).
 Units: times in seconds from the trace start, ``cpu`` in cores (plan_cpu / 100), ``mem`` in the
 trace's normalised units (0-100).
 """
@@ -24,6 +27,9 @@ import numpy as np
 from platforms.dag import DAG, make_dag
 
 N_COLUMNS = 9
+#: the csv module's default field limit; no field of the schema comes near it
+FIELD_LIMIT = 131072
+_DIGITS = frozenset("0123456789")
 #: ``DAG.cycles`` holds the work as cycles at this frequency on a capacity-1 core, so that
 #: ``dag.task_time(REF_HZ)`` is the task's duration in seconds on the reference node.
 REF_HZ = 1e9
@@ -84,8 +90,13 @@ class TraceIssue:
     detail: str
     skipped: bool = True
 
+    @property
+    def warn(self) -> bool:
+        """Worth a warning: everything but an imputed value (a dropped row loses data)."""
+        return self.kind != "imputed"
+
     def __str__(self) -> str:
-        act = "job skipped" if self.skipped else "kept"
+        act = "job skipped" if self.skipped else "row dropped" if self.kind == "bad-row" else "kept"
         return f"{self.file}: line {self.line}: job {self.job or '?'}: {self.kind}: {self.detail} ({act})"
 
 
@@ -103,16 +114,22 @@ class TraceLoad:
     def n_tasks(self) -> int:
         return sum(len(j.tasks) for j in self.jobs)
 
+    @property
+    def dropped_rows(self) -> int:
+        """Bad rows that belong to no known job (so no job could be skipped for them)."""
+        return sum(1 for i in self.issues if i.kind == "bad-row" and not i.skipped)
+
 
 def parse_task_name(name: str) -> tuple[int | None, tuple[int, ...]]:
     """``(task id, parent ids)``; the id is ``None`` for a non-DAG task (``task_*``, ``MergeTask*``)."""
     if name.startswith("task_") or name.startswith("MergeTask"):
         return None, ()
     tok = name.split("_")
-    digits = "".join(ch for ch in tok[0] if ch.isdigit())
+    digits = "".join(ch for ch in tok[0] if ch in _DIGITS)
     if not digits:
         return None, ()
-    parents = tuple(int(t) for t in tok[1:] if t.isdigit())
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
+    parents = tuple(int(t) for t in tok[1:] if t and t.isascii() and t.isdecimal())
     return int(digits), parents
 
 
@@ -144,6 +161,10 @@ def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
     name = row[0].strip()
     if not name:
         raise _BadRow("task_name is empty")
+    if not name.isascii() or not name.isprintable() or '"' in name or " " in name:
+        # trace names are ASCII words; anything else is a damaged row (a stray quote, a
+        # fragment of a broken record) whose dependencies cannot be trusted
+        raise _BadRow(f"task_name {name[:40]!r} is not an ASCII trace name")
     instances = _number(row[1], "instance_num", 1.0, imputed)
     if instances < 1 or instances != int(instances):
         raise _BadRow(f"instance_num={row[1]!r} is not a positive integer")
@@ -152,6 +173,8 @@ def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
     end = _number(row[6], "end_time", None, imputed)
     if end < start:
         raise _BadRow(f"end_time {end:g} < start_time {start:g}")
+    if not math.isfinite((end - start) * REF_HZ):
+        raise _BadRow(f"duration {end - start:g} s is too large to simulate")
     plan_cpu = _number(row[7], "plan_cpu", 100.0, imputed)
     plan_mem = _number(row[8], "plan_mem", 0.0, imputed)
     if plan_cpu <= 0:
@@ -172,6 +195,37 @@ def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
         line=0,
     )
     return task, imputed
+
+
+def _split_line(line: str) -> list[str]:
+    """The fields of one physical line.
+
+    No field of the schema holds a line break, so a record never spans lines: an unmatched
+    quote spoils its own line only (``csv.reader`` would swallow the rows after it into one
+    field, and count records rather than lines)."""
+    text = line.rstrip("\r\n")
+    if "\x00" in text:
+        raise _BadRow("line contains a NUL byte")
+    if "\ufffd" in text:
+        raise _BadRow("line has bytes that are not UTF-8")
+    if '"' in text:
+        try:
+            row = next(csv.reader((text,), strict=True), [])
+        except csv.Error as err:
+            raise _BadRow(f"malformed quoting ({err})") from None
+    else:
+        row = text.split(",")
+    for f in row:
+        if len(f) > FIELD_LIMIT:
+            raise _BadRow(f"a field of {len(f)} characters (limit {FIELD_LIMIT})")
+    return row
+
+
+def _guess_job(line: str) -> str:
+    """The job a line that cannot be parsed seems to belong to (third comma field), or ""."""
+    parts = line.split(",", 3)
+    job = parts[2].strip() if len(parts) > 2 else ""
+    return job if 0 < len(job) <= 256 and '"' not in job and "\x00" not in job else ""
 
 
 def _find_cycle(n: int, preds: list[list[int]]) -> list[int]:
@@ -267,16 +321,30 @@ def parse_batch_task(
     groups: dict[str, list[TraceTask]] = {}
     bad: dict[str, TraceIssue] = {}
     issues: list[TraceIssue] = []
-    for lineno, row in enumerate(csv.reader(lines), start=1):
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            row = _split_line(line)
+        except _BadRow as err:
+            rows += 1
+            job = _guess_job(line)
+            if job and job not in groups and (max_jobs is None or len(order) < max_jobs):
+                order.append(job)
+                groups[job] = []
+            if job in groups:
+                bad.setdefault(job, TraceIssue(source, lineno, job, "bad-row", str(err)))
+            elif not job:
+                issues.append(
+                    TraceIssue(source, lineno, "", "bad-row", f"{err}; job unknown", skipped=False)
+                )
+            continue
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
         rows += 1
         job = row[2].strip() if len(row) > 2 else ""
         if not job:
+            what = "job_name is empty" if len(row) > 2 else f"{len(row)} of {N_COLUMNS} columns"
             issues.append(
-                TraceIssue(
-                    source, lineno, "", "bad-row", "job_name missing; row ignored", skipped=False
-                )
+                TraceIssue(source, lineno, "", "bad-row", f"{what}; job unknown", skipped=False)
             )
             continue
         if job not in groups:
@@ -337,10 +405,10 @@ def _open_lines(path: str) -> Iterator[str]:
     if path.endswith(".gz"):
         import gzip
 
-        with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
             yield from f
-    else:
-        with open(path, encoding="utf-8", newline="") as f:
+    else:  # a bad byte becomes U+FFFD and spoils its row only (_split_line), not the file
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
             yield from f
 
 

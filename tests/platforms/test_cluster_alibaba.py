@@ -186,3 +186,53 @@ def test_real_sample_reports_cycles_and_keeps_the_rest():
     assert len(load.jobs) > 300
     for issue in load.issues:
         assert issue.line > 0 and issue.job
+
+
+@pytest.mark.parametrize(
+    "bad_line, reason",
+    [
+        ('"M1,1,j_bad,1,Terminated,0,5,100,0.2', "quoting"),  # an unmatched quote
+        ("M2_²,1,j_bad,1,Terminated,0,5,100,0.2", "ASCII"),  # str.isdigit() accepts "²"
+        ("M1,1,j_bad,1,Terminated,0,1e300,100,0.2", "too large"),  # work would be inf
+        ("M1,1,j_bad,1,Terminated,0,5,100," + "9" * 200000, "characters"),  # > csv's limit
+        ("M1,1,j_bad,1,Terminated,0,5,100\x00,0.2", "NUL"),
+    ],
+    ids=["quote", "superscript", "huge-work", "big-field", "nul"],
+)
+def test_a_damaged_line_skips_its_job_only(bad_line, reason):
+    rows = _good_job("j_a") + [bad_line] + _good_job("j_b", 50)
+    load = parse_batch_task(rows, source="trace.csv")
+    assert [j.name for j in load.jobs] == ["j_a", "j_b"]
+    assert [len(j.tasks) for j in load.jobs] == [2, 2]  # the rows after it are all read
+    (issue,) = [i for i in load.issues if i.skipped]
+    assert (issue.job, issue.line, issue.kind) == ("j_bad", 3, "bad-row")
+    assert reason in issue.detail
+
+
+def test_a_row_of_no_known_job_is_a_counted_warning():
+    rows = [
+        "M1,1,j_1,1,Terminated,100,110,100,1",
+        "M2_1,1,j_1,1,Terminated,110,120,100,1",
+        "R3_1,1",  # truncated: its job is unknown
+        '"M1',  # a quoted field broken across lines
+        'x",1,j_2,1,Terminated,100,110,100,1',
+        "M1,1,j_3,1,Terminated,100,110,abc,1",
+    ]
+    load = parse_batch_task(rows, source="trace.csv")
+    assert load.dropped_rows == 2
+    dropped = [i for i in load.issues if i.kind == "bad-row" and not i.skipped]
+    assert [i.line for i in dropped] == [3, 4] and all(i.warn for i in dropped)
+    assert "2 of 9 columns" in dropped[0].detail
+    # physical line numbers, not csv records, after the broken quote
+    assert {i.job: i.line for i in load.issues if i.skipped} == {"j_2": 5, "j_3": 6}
+
+
+def test_a_non_utf8_byte_spoils_its_row_not_the_file(tmp_path):
+    path = tmp_path / "batch_task.csv"
+    path.write_bytes(
+        b"M1,1,j_ok,1,Terminated,100,110,100,1\nM1,1,j_\xff,1,Terminated,100,110,100,1\n"
+    )
+    load = read_batch_task(path)
+    assert [j.name for j in load.jobs] == ["j_ok"]
+    (issue,) = load.issues
+    assert issue.skipped and issue.line == 2 and "UTF-8" in issue.detail
