@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -131,14 +132,18 @@ class RunConfig:
     timeout_s: float = 600.0
     cooldown: Cooldown | None = Cooldown()
     bots_bin: str | None = None
+    #: deadline = slack x the job's reference makespan (``--deadline-slack``); None: no slack
+    deadline_slack: float | None = None
 
     @property
     def spec_hash(self) -> str:
         """Hash of the settings that change what is measured but are not key fields.
 
         Adding seeds, repetitions, kernels or policies leaves it alone (a re-run resumes);
-        changing threads, variant, deadline, check or cool-down starts fresh rows. The
-        timeout and the BOTS path do not change a measurement and are left out.
+        changing threads, variant, deadline, deadline slack, check or cool-down starts fresh
+        rows. The timeout and the BOTS path do not change a measurement and are left out.
+        The slack enters the hash only when set, so runs stored before it was a key field
+        keep their hash and still resume.
         """
         payload = {
             "threads": self.threads,
@@ -148,6 +153,8 @@ class RunConfig:
             "deadline_s": self.deadline_s,
             "cooldown": None if self.cooldown is None else asdict(self.cooldown),
         }
+        if self.deadline_slack is not None:
+            payload["deadline_slack"] = self.deadline_slack
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -201,8 +208,12 @@ def _str_list(source: str, key: str, v: Any) -> tuple[str, ...]:
 
 
 def _number(source: str, key: str, v: Any, *, minimum: float, strict: bool) -> float:
+    """A finite number above ``minimum``: YAML's .inf/.nan would pass the comparison (or
+    slip past it) and only fail after the first run, in the runner or the store."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _err(source, key, "a number", v)
+    if not math.isfinite(v):
+        raise _err(source, key, "a finite number", v)
     if v < minimum or (strict and v == minimum):
         raise _err(source, key, f"a number {'>' if strict else '>='} {minimum:g}", v)
     return float(v)
@@ -373,6 +384,10 @@ def load_spec(path: str | os.PathLike[str], **kw) -> CampaignSpec:
             data = yaml.safe_load(f)
     except OSError as err:
         raise SpecError(path, "<file>", f"a readable YAML file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            path, "<file>", f"a UTF-8 text file ({err.reason} at byte {err.start})"
+        ) from None
     except yaml.YAMLError as err:
         raise SpecError(path, "<file>", f"valid YAML ({err})") from None
     return parse_spec(data, path, **kw)
