@@ -35,7 +35,7 @@ from typing import Any
 from bots_bench.registry import KERNEL_NAMES
 from bots_bench.store import Store
 
-#: used as the baseline when none is named, first one present
+#: used as the baseline when none is named, first one present (else the first policy stored)
 DEFAULT_BASELINES = ("schedutil", "ondemand", "performance", "maxfreq")
 CONFIDENCE = 0.95
 L10_WINDOW = 10
@@ -270,7 +270,10 @@ def _l10_per_seed(rows: list[dict]) -> dict[int, float]:
 
 
 def resolve_baseline(policies: Iterable[str], baseline: str | None) -> str | None:
-    present = set(policies)
+    """The policy the ratios are taken against: ``baseline`` if named (it must have runs),
+    else the first of :data:`DEFAULT_BASELINES` with runs, else the first policy stored, so
+    a campaign of other policies still gets its ratios (None only without any policy)."""
+    present = list(dict.fromkeys(policies))
     if baseline is not None:
         if baseline not in present:
             raise ReportError(
@@ -278,7 +281,7 @@ def resolve_baseline(policies: Iterable[str], baseline: str | None) -> str | Non
                 f"policies present: {', '.join(sorted(present))}"
             )
         return baseline
-    return next((p for p in DEFAULT_BASELINES if p in present), None)
+    return next((p for p in DEFAULT_BASELINES if p in present), present[0] if present else None)
 
 
 def _bench_order(bench: str) -> tuple[int, str]:
@@ -724,7 +727,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     if not Path(db_path).exists():
         raise ReportError(f"{db_path}: no such results database")
-    with Store(db_path) as store:
+    with Store(db_path, readonly=True) as store:  # a report never writes into the file
         rows = store.runs(with_stdout=False, with_timeseries=False)
         if not rows:
             raise ReportError(f"{db_path}: the results database holds no runs")

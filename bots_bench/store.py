@@ -22,7 +22,7 @@ import math
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -243,37 +243,56 @@ def _row_values(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _row_to_record(row: sqlite3.Row, with_stdout: bool, with_timeseries: bool) -> dict[str, Any]:
     rec: dict[str, Any] = {"id": row["id"]}
+    have = set(row.keys())  # a read-only older file may lack the newer nullable columns
     for c in COLUMNS:
         if c in ("config", "stdout", "timeseries", "extra"):
             continue
-        v = row[c]
+        v = row[c] if c in have else None
         rec[c] = None if v is None else (bool(v) if c in _BOOLS else v)
-    rec["config"] = json.loads(row["config"] or "{}")
+    blob = {c: (row[c] if c in have else None) for c, _ in _BLOB_COLUMNS}
+    rec["config"] = json.loads(blob["config"] or "{}")
     if with_stdout:
-        rec["stdout"] = row["stdout"]
+        rec["stdout"] = blob["stdout"]
     if with_timeseries:
-        rec["timeseries"] = None if row["timeseries"] is None else json.loads(row["timeseries"])
-    for k, v in json.loads(row["extra"] or "{}").items():
+        ts = blob["timeseries"]
+        rec["timeseries"] = None if ts is None else json.loads(ts)
+    for k, v in json.loads(blob["extra"] or "{}").items():
         rec.setdefault(k, v)
     return rec
 
 
 class Store:
-    """A results file. Use as a context manager, or call :meth:`close`."""
+    """A results file. Use as a context manager, or call :meth:`close`.
 
-    def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB):
+    ``readonly`` opens an existing file for reading only (reports): nothing is created,
+    migrated or written, so a file given by mistake is left exactly as it was.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
+        db = None
         try:
-            self._db = sqlite3.connect(str(self.path), timeout=30.0)
-            self._db.row_factory = sqlite3.Row
+            if readonly:
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                db = sqlite3.connect(uri, uri=True, timeout=30.0)
+            else:
+                db = sqlite3.connect(str(self.path), timeout=30.0)
+            db.row_factory = sqlite3.Row
+            self._db = db
             self._open_schema()
         except sqlite3.DatabaseError as err:
+            if db is not None:
+                db.close()
             raise StoreError(f"{self.path}: not a usable SQLite results store ({err})") from None
 
     # -- schema -------------------------------------------------------------------------
     def _open_schema(self) -> None:
         db = self._db
         version = db.execute("PRAGMA user_version").fetchone()[0]
+        if self.readonly:
+            self._check_readable(version)
+            return
         if version > SCHEMA_VERSION:
             db.close()
             raise StoreError(
@@ -297,6 +316,57 @@ class Store:
             raise StoreError(f"{self.path}: results schema {version} but no 'runs' table")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
+        self._add_missing_columns()
+        self._check_writable()
+
+    def _check_readable(self, version: int) -> None:
+        tables = {
+            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: written by a newer hidvfs (results schema {version}; this version "
+                f"reads up to {SCHEMA_VERSION}); upgrade hidvfs"
+            )
+        if version == 0 or "runs" not in tables:
+            what = "an empty file" if not tables else f"tables {sorted(tables)}"
+            raise StoreError(f"{self.path}: not a hidvfs results store ({what}, no runs table)")
+        missing = [c for c, t in self._missing_columns() if "NOT NULL" in t]
+        if missing:
+            raise StoreError(f"{self.path}: the runs table lacks column(s) {', '.join(missing)}")
+
+    def _missing_columns(self) -> list[tuple[str, str]]:
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+        return [(c, t) for c, t in _KEY_COLUMNS + _METRIC_COLUMNS + _BLOB_COLUMNS if c not in have]
+
+    def _add_missing_columns(self) -> None:
+        """A file from an older hidvfs lacks the columns added since (``cpu_energy_j`` ...):
+        add them empty, so its runs stay readable and new runs can be stored beside them. A
+        missing key column cannot be filled in and the file is refused."""
+        missing = self._missing_columns()
+        required = [c for c, t in missing if "NOT NULL" in t]
+        if required:
+            self._db.close()
+            raise StoreError(
+                f"{self.path}: the runs table lacks the required column(s) {', '.join(required)}; "
+                "not a results store this hidvfs can extend (choose another --db)"
+            )
+        with self._db:
+            for c, t in missing:
+                self._db.execute(f"ALTER TABLE runs ADD COLUMN {_q(c)} {t}")
+
+    def _check_writable(self) -> None:
+        """Fail now, before hours of runs, if no run could be stored: a write transaction that
+        touches nothing is refused the same way a real insert would be (read-only file,
+        folder or mount, or a lock held by another campaign)."""
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("UPDATE runs SET id = id WHERE 0")
+        except sqlite3.Error as err:
+            db.close()
+            raise StoreError(f"{self.path}: cannot store runs in this file ({err})") from None
+        db.execute("ROLLBACK")
 
     def close(self) -> None:
         self._db.close()
@@ -321,9 +391,22 @@ class Store:
             "ON CONFLICT(run_key) DO UPDATE SET "
             + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in vals)
         )
-        with self._db:
-            self._db.execute(sql, [key_text, *vals.values()])
-        return self._db.execute("SELECT id FROM runs WHERE run_key = ?", (key_text,)).fetchone()[0]
+        try:
+            with self._db:
+                self._db.execute(sql, [key_text, *vals.values()])
+            return self._db.execute(
+                "SELECT id FROM runs WHERE run_key = ?", (key_text,)
+            ).fetchone()[0]
+        except sqlite3.Error as err:
+            # say what the lost run measured, so the message is all that is lost
+            got = "ok" if vals["ok"] else f"failed: {vals['error']}"
+            if vals["makespan_s"] is not None:
+                got += f", makespan {vals['makespan_s']:.6g} s"
+            if vals["energy_j"] is not None:
+                got += f", energy {vals['energy_j']:.6g} J"
+            raise StoreError(
+                f"{self.path}: cannot store the run {run_key(record).label()} ({got}): {err}"
+            ) from None
 
     # -- reading ------------------------------------------------------------------------
     def key_for(self, record: Mapping[str, Any]) -> RunKey:
@@ -439,6 +522,8 @@ class CampaignSummary:
     skipped: int = 0
     failed: int = 0
     ids: list[int] | None = None
+    #: the key of every config given, run or skipped (what a caller's table should show)
+    keys: set[RunKey] = field(default_factory=set)
 
 
 def _key_of(config: Any) -> RunKey:
@@ -468,12 +553,14 @@ def run_pending(
     record dicts. ``run_fn(config)`` returns the run record; the key fields of the config
     fill what it leaves out. An exception from ``run_fn`` is stored as a failed run
     (``ok=False``, ``error``) and the campaign goes on; ``KeyboardInterrupt`` stops it with
-    every finished run already committed. ``retry_failed`` re-runs stored failures.
+    every finished run already committed. ``retry_failed`` re-runs stored failures; the new
+    record replaces the failed row (one row per key), and successful runs are never re-run.
     """
     done = store.done_keys(ok_only=retry_failed)
     summary = CampaignSummary(ids=[])
     for cfg in configs:
         key = _key_of(cfg)
+        summary.keys.add(key)
         if key in done:
             summary.skipped += 1
             if on_skip:
