@@ -10,14 +10,16 @@ its own session, register it with the loop, sample the power rails in a separate
 from __future__ import annotations
 
 import logging
+import math
 import os
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bots_bench import registry
-from bots_bench.parser import BotsParseError, parse_output, verification_error
+from bots_bench.parser import BotsParseError, parse_output, run_error
 from bots_bench.spec import RunConfig
 from daemon.actuator import Actuator
 from daemon.jobs import JobEntry, JobTable
@@ -25,6 +27,7 @@ from daemon.loop import ControlLoop
 from daemon.restore import begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
+from platforms.errors import HidvfsError
 from platforms.liveprocs import LiveProcessControl, kill_job, spawn_job
 from platforms.observation import JobProfile
 from platforms.platform import Platform
@@ -35,6 +38,10 @@ from platforms.spec import load_board
 from platforms.sysfs import DirSysfs
 
 log = logging.getLogger("hidvfs.native")
+
+
+class BoardMismatchError(HidvfsError):
+    """The board a campaign names is not the board it runs on."""
 
 
 @dataclass
@@ -61,8 +68,19 @@ def open_board(
     state_dir: str | None = None,
     say: Callable[[str], None] = print,
 ) -> NativeBoard:
+    """Open the board under ``sysfs_root`` for a campaign. The spec is the detected board's;
+    ``board`` names the board the caller expects: a different detected board is refused
+    (driving one board's tree with another's spec would write wrong OPPs and store runs
+    under the wrong name), and it is used as given only when nothing is detected."""
     sysfs = DirSysfs(sysfs_root)
-    name = board or detect_board(sysfs)
+    detected = detect_board(sysfs)
+    if board and detected and board != detected:
+        raise BoardMismatchError(
+            f"--board {board} was asked for, but the board under {sysfs.root} is detected as "
+            f"{detected}; "
+            f"leave --board out (the board is detected) or run on a {board}"
+        )
+    name = detected or board
     spec = load_board(name) if name else probe(sysfs).spec
     platform = Platform(
         spec,
@@ -114,7 +132,8 @@ def run_native(
         "class": cfg.cls,
         "policy": cfg.policy,
         "seed": cfg.seed,
-        "board": cfg.board,
+        # the board this run was measured on (the detected one), whatever the spec said
+        "board": spec.name,
         "backend": "native",
         "rep": cfg.rep,
         "makespan_s": None,
@@ -168,10 +187,16 @@ def run_native(
     stop = threading.Event()
     sampler = RailSampler(spec, nb.platform.sysfs, rate_hz=nb.sample_hz)
     out = tempfile.TemporaryFile(mode="w+b")
+    proc = worker = None
     try:
         sampler.start()
         t_launch = nb.platform.clock.now()
-        proc = spawn_job(list(cmd.argv), dict(cmd.env), out)
+        proc = spawn_job(
+            list(cmd.argv),
+            dict(cmd.env),
+            out,
+            unlimited_stack=registry.input_class(cfg.bench, cfg.cls).unlimited_stack,
+        )
         table.register(
             JobEntry(
                 pid=proc.pid,
@@ -189,7 +214,7 @@ def run_native(
         timed_out = False
         try:
             proc.wait(timeout=cfg.timeout_s)
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+        except subprocess.TimeoutExpired:
             timed_out = True
             kill_job(proc)
             proc.wait()
@@ -199,6 +224,18 @@ def run_native(
         stop.set()
         sampler.stop()
         return rec
+    except BaseException:
+        # Ctrl-C (or any other error) while the kernel runs: it is in its own session, so
+        # nothing else would stop it; kill its group and stop our threads before going up
+        if proc is not None and proc.returncode is None:
+            kill_job(proc)
+            proc.wait()
+        stop.set()
+        if worker is not None:
+            worker.join(timeout=5.0)
+        sampler.stop()
+        out.close()
+        raise
     finally:
         stop.set()
     worker.join(timeout=5.0)
@@ -233,9 +270,11 @@ def run_native(
     except BotsParseError as err:
         rec["error"] = f"exit status {proc.returncode}; {err}"
         return rec
-    rec["time_program_s"] = result.time_program_s
+    # a non-finite time is refused below; kept out of the record so JSON stays standard
+    if math.isfinite(result.time_program_s):
+        rec["time_program_s"] = result.time_program_s
     rec["verification"] = result.verification
-    problem = verification_error(result, cmd.check)
+    problem = run_error(result, cfg.bench, cmd.check)
     if problem:
         rec["error"] = problem
     elif proc.returncode != 0:

@@ -9,10 +9,11 @@ the check a runner must apply (bots.md sections 4.3, 5 and 8).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
-from bots_bench.registry import PROGRAMS, kernel_for_program
+from bots_bench.registry import KERNELS, PROGRAMS, kernel_for_program
 
 VERIFICATIONS = ("successful", "UNSUCCESSFUL", "n/a", "Not requested", "error")
 
@@ -286,6 +287,30 @@ def verification_error(result: BotsResult, check_requested: bool) -> str | None:
             return f"Verification = {v} although -c was given"
         return None
     return f"Verification = {v}"
+
+
+def run_error(result: BotsResult, kernel: str, check_requested: bool) -> str | None:
+    """Why a run of ``kernel`` is a failure judged by its output, or None when it is acceptable.
+
+    Beyond :func:`verification_error`: the block must come from the kernel that was launched
+    (a wrong binary under the kernel's name would otherwise be measured as that kernel), and
+    ``Time Program`` must be a finite, non-negative time (inf or a negative value means the
+    binary's own timing broke, and would poison every mean and ratio downstream).
+    """
+    printed = result.kernel
+    if printed != kernel:
+        expected = (
+            " or ".join(repr(p) for p in KERNELS[kernel].programs) if kernel in KERNELS else "?"
+        )
+        return (
+            f"the binary printed Program = {result.program!r}"
+            + (f" (kernel {printed})" if printed else " (no known kernel)")
+            + f", not {expected} of {kernel}: wrong binary?"
+        )
+    t = result.time_program_s
+    if not math.isfinite(t) or t < 0:
+        return f"Time Program = {t!r} is not a finite, non-negative time"
+    return verification_error(result, check_requested)
 
 
 def verification_ok(result: BotsResult, check_requested: bool) -> bool:

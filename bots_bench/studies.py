@@ -100,7 +100,9 @@ def deadline_vs_maxfreq(
                 "policy_makespan_s": ra.get("makespan_s"),
                 "maxfreq_makespan_s": rb.get("makespan_s"),
                 "deadline_s": ra.get("deadline_s"),
-                "deadline_met": ra.get("deadline_met"),
+                # a failed pair is neither a met nor a missed deadline: it is in problems
+                "deadline_met": ra.get("deadline_met") if ra["ok"] and rb["ok"] else None,
+                "ok": bool(ra["ok"] and rb["ok"]),
             }
         )
     m, sd = _mean_std(savings)

@@ -184,13 +184,34 @@ def spawn(command: list[str]) -> subprocess.Popen:
         raise OSError(err.errno, f"cannot launch {command[0]!r}: {err.strerror}") from None
 
 
-def spawn_job(argv: list[str], env: dict[str, str], stdout) -> subprocess.Popen:
-    """Launch a benchmark in its own session (so a timeout can kill its whole group)."""
+def raise_stack_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_STACK to its hard limit (unlimited unless a lower hard
+    limit forbids it), the ``ulimit -s unlimited`` some kernels need for their main thread's
+    deep recursion; returns the previous (soft, hard) so a caller can put it back."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_STACK)
+    resource.setrlimit(resource.RLIMIT_STACK, (old[1], old[1]))
+    return old
+
+
+def spawn_job(
+    argv: list[str], env: dict[str, str], stdout, *, unlimited_stack: bool = False
+) -> subprocess.Popen:
+    """Launch a benchmark in its own session (so a timeout can kill its whole group).
+
+    ``unlimited_stack`` raises the child's stack limit (:func:`raise_stack_limit`) between
+    fork and exec, so only the benchmark gets it, not this process."""
     if not argv:
         raise ValueError("no command given to run")
     try:
         return subprocess.Popen(
-            argv, env=env, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=raise_stack_limit if unlimited_stack else None,
         )
     except OSError as err:
         raise OSError(err.errno, f"cannot launch {argv[0]!r}: {err.strerror}") from None

@@ -12,7 +12,7 @@ from tools.policies import build_policy_stack
 
 
 def native_runner(
-    board: str,
+    board: str | None,
     cls: str,
     bots_bin: str | None,
     sysfs_root: str,
@@ -22,8 +22,8 @@ def native_runner(
     from agents import deadlines
     from daemon.config import DEFAULT_PROFILES
 
-    nb = open_board(sysfs_root, None, None)
-    refs: dict[str, float] = {}
+    nb = open_board(sysfs_root, board, None)  # the detected board; a different ``board`` is refused
+    refs: dict[str, float | str] = {}  # kernel -> reference makespan, or why it failed
     store = deadlines.load(profiles_path or DEFAULT_PROFILES, missing_ok=True)
 
     def cfg(kernel: str, seed: int, policy: str, deadline_s: float | None) -> RunConfig:
@@ -45,8 +45,21 @@ def native_runner(
         if slack is not None:
             if kernel not in refs:
                 ref = run_native(cfg(kernel, 0, "maxfreq", None), nb, build_policy_stack)
-                refs[kernel] = ref["makespan_s"] if ref["ok"] else None
-            deadline = slack * refs[kernel] if refs[kernel] else None
+                refs[kernel] = ref["makespan_s"] if ref["ok"] else f"{ref['error']}"
+            if isinstance(refs[kernel], str):
+                # without a reference there is no deadline: running anyway would be counted
+                # as a deadline met, so the run is a failure naming the reference's
+                failed = cfg(kernel, seed, policy, None)
+                return {
+                    **failed.record_base(),
+                    "ok": False,
+                    "error": f"reference maxfreq run failed, so no deadline: {refs[kernel]}",
+                    "makespan_s": None,
+                    "energy_j": None,
+                    "cpu_energy_j": None,
+                    "deadline_met": None,
+                }
+            deadline = slack * refs[kernel]
         prof = store.find(job_name(kernel, cls), nb.platform.spec.name)
         return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack, prof)
 

@@ -1,0 +1,165 @@
+"""Native runs that used to go wrong quietly: Ctrl-C left the kernel running (it is in its own
+session), a wrong binary or an impossible ``Time Program`` was recorded as a good run, the
+kernels that need ``ulimit -s unlimited`` never got it, and the deadline study counted jobs
+whose reference run had failed (so they had no deadline) as deadlines met."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import threading
+
+import pytest
+
+from bots_bench import native as native_mod
+from bots_bench.native import open_board, run_native
+from bots_bench.spec import RunConfig
+from platforms.faketree import write_fake_tree
+from platforms.spec import load_board
+from tools.policies import build_policy_stack
+
+BLOCK = (
+    "Program             = {program}\n"
+    "Parameters          = N=25\n"
+    "Model               = OpenMP (using tasks)\n"
+    "Embedded cut-off    = none\n"
+    "# of Threads        = 2\n"
+    "Verification        = successful\n"
+    "Time Program        = {time} seconds\n"
+)
+
+
+@pytest.fixture
+def board(tmp_path):
+    root = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    nb = open_board(str(root), None, str(tmp_path / "state"), say=lambda m: None)
+    yield nb
+    nb.close()
+
+
+def _cfg(bench, bots_bin, cls="smoke", **kw):
+    return RunConfig(
+        bench, cls, "maxfreq", 0, "tx2", "native", 0, bots_bin=str(bots_bin), cooldown=None, **kw
+    )
+
+
+def _stand_in(folder, name, script):
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return path
+
+
+def test_ctrl_c_during_a_run_kills_the_kernel_and_stops_the_sampler(bots_tree, board, monkeypatch):
+    monkeypatch.setenv("BOTS_TEST_FAULT", "hang")
+    spawned = []
+
+    def spawn(*args, **kw):
+        proc = real_spawn(*args, **kw)
+        spawned.append(proc)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return proc
+
+    real_spawn = native_mod.spawn_job
+    monkeypatch.setattr(native_mod, "spawn_job", spawn)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_native(_cfg("sort", bots_tree.bin, timeout_s=60.0), board, build_policy_stack)
+        (proc,) = spawned
+        assert proc.returncode is not None  # killed and reaped
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)  # nothing of its group is left
+        alive = {t.name for t in threading.enumerate()}
+        assert "hidvfs-rail-sampler" not in alive and "hidvfs-loop" not in alive
+    finally:
+        for p in spawned:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize(
+    ("kernel", "program", "time", "error"),
+    [
+        ("sort", "Fibonacci", "0.5", "Program = 'Fibonacci' (kernel fib), not 'Sort' of sort"),
+        ("sort", "Nothing Known", "0.5", "(no known kernel)"),
+        ("fib", "Fibonacci", "inf", "Time Program = inf is not a finite"),
+        ("fib", "Fibonacci", "-3.0", "Time Program = -3.0 is not a finite"),
+    ],
+)
+def test_output_of_the_wrong_program_or_an_impossible_time_fails_the_run(
+    board, tmp_path, kernel, program, time, error
+):
+    out = BLOCK.format(program=program, time=time)
+    _stand_in(tmp_path / "bin", f"{kernel}.gcc.omp-tasks", f"printf '{out}'\n")
+    rec = run_native(_cfg(kernel, tmp_path / "bin"), board, build_policy_stack)
+    assert not rec["ok"] and error in rec["error"]
+    assert rec["time_program_s"] is None or rec["time_program_s"] == float(time)
+    if time == "inf":
+        assert rec["time_program_s"] is None  # kept out so the record stays standard JSON
+
+
+def test_a_stand_in_with_the_right_program_still_passes(board, tmp_path):
+    out = BLOCK.format(program="Sort", time="0.25")
+    _stand_in(tmp_path / "bin", "sort.gcc.omp-tasks", f"printf '{out}'\n")
+    rec = run_native(_cfg("sort", tmp_path / "bin"), board, build_policy_stack)
+    assert rec["ok"], rec["error"]
+    assert rec["time_program_s"] == 0.25
+
+
+def test_the_classes_that_need_it_get_an_unlimited_stack(board, tmp_path):
+    out = BLOCK.format(program="Connected Components", time="0.1")
+    _stand_in(
+        tmp_path / "bin", "concom.gcc.omp-tasks", f"echo \"stack=$(ulimit -s)\"\nprintf '{out}'\n"
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    # a known, lower soft limit here, so that a child that merely inherits it is told apart
+    resource.setrlimit(resource.RLIMIT_STACK, (6 * 1024 * 1024, hard))
+    try:
+        small = run_native(_cfg("concom", tmp_path / "bin", "small"), board, build_policy_stack)
+        test = run_native(_cfg("concom", tmp_path / "bin", "test"), board, build_policy_stack)
+        assert resource.getrlimit(resource.RLIMIT_STACK)[0] == 6 * 1024 * 1024  # ours unchanged
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+    assert small["ok"] and test["ok"], (small["error"], test["error"])
+    raised = "unlimited" if hard == resource.RLIM_INFINITY else str(hard // 1024)
+    assert f"stack={raised}" in small["stdout"]
+    assert "stack=6144" in test["stdout"]  # concom test does not ask for it
+
+
+def test_the_deadline_study_fails_when_its_reference_run_failed(bots_tree, tmp_path):
+    from bots_bench.studies import deadline_vs_maxfreq
+    from tools.native_study import native_runner
+
+    root = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    count = tmp_path / "count"
+    real = bots_tree.binary("fib.gcc.omp-tasks")
+    # the first run (the maxfreq reference) fails its verification, later ones pass
+    _stand_in(
+        tmp_path / "bin",
+        "fib.gcc.omp-tasks",
+        f'if [ ! -e {count} ]; then : > {count}; BOTS_TEST_FAULT=bad exec {real} "$@"; fi\n'
+        f'exec {real} "$@"\n',
+    )
+    runner, nb = native_runner(None, "smoke", str(tmp_path / "bin"), str(root), slack=3.0)
+    try:
+        res = deadline_vs_maxfreq(
+            "tx2",
+            policy="performance",
+            seeds=1,
+            slack=3.0,
+            kernels=["fib"],
+            cls="smoke",
+            runner=runner,
+        )
+    finally:
+        nb.close()
+    assert not res.ok
+    assert any("reference maxfreq run failed" in p and "UNSUCCESSFUL" in p for p in res.problems)
+    (row,) = res.rows
+    assert row["ok"] is False and row["deadline_met"] is None
