@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from tools.cmd_profile import measure_options
@@ -38,7 +40,10 @@ def _kernels(bench: str) -> list[str]:
     help="Simulated board or the real one.",
 )
 @click.option(
-    "--board", default="tx2", show_default=True, help="Board spec (sim) or board override (native)."
+    "--board",
+    default=None,
+    help="Board spec (sim; default tx2). Native runs use the detected board; a --board that "
+    "differs from it is refused.",
 )
 @click.option(
     "--bench",
@@ -85,7 +90,13 @@ def _kernels(bench: str) -> list[str]:
     "--db",
     default=None,
     type=click.Path(dir_okay=False),
-    help="SQLite results store; runs already in it are skipped.",
+    help="SQLite results store; runs already done in it are skipped, failed ones run again.",
+)
+@click.option(
+    "--no-retry-failed",
+    "no_retry_failed",
+    is_flag=True,
+    help="Keep the failed runs stored in --db instead of running them again.",
 )
 @click.option(
     "--bots-bin",
@@ -118,12 +129,17 @@ def run_cmd(
     deadline_slack,
     profiles_path,
     db,
+    no_retry_failed,
     bots_bin,
     spec_file,
     sysfs_root,
     as_json,
 ) -> None:
-    """Run a campaign and print run records (--json) or a table with ratios to the first policy."""
+    """Run a campaign and print run records (--json) or a table with ratios to the first policy.
+
+    A re-run with the same --db resumes: successful runs are kept, failed ones (a missing
+    profile, a timeout ...) are run again unless --no-retry-failed. Exits 1 when any run of
+    the campaign failed."""
     from tools.native_campaign import run_campaign_cli
 
     run_campaign_cli(
@@ -140,6 +156,7 @@ def run_cmd(
         deadline_slack=deadline_slack,
         sysfs_root=sysfs_root,
         profiles_path=profiles_path,
+        retry_failed=not no_retry_failed,
     )
 
 
@@ -156,6 +173,8 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
     from bots_bench.dags import CLASSES
     from bots_bench.registry import KERNELS, find_binaries
 
+    if bots_bin and not os.path.isdir(bots_bin):
+        fail(f"--bots-bin {bots_bin}: no such folder (build BOTS there, see README)")
     found = find_binaries(bots_bin) if bots_bin else {}
     rows = []
     for name, k in KERNELS.items():
@@ -208,11 +227,13 @@ def profile_cmd(
     """Measure the reference profile of each kernel's binary (stored as BENCH.CLASS), so that
     native campaigns with --deadline-slack and `hidvfs run --name BENCH.CLASS` can plan
     deadlines. A run whose verification fails stores nothing for that kernel."""
+    import resource
     from dataclasses import asdict
 
     from bots_bench import registry
-    from bots_bench.parser import BotsParseError, parse_output, verification_error
+    from bots_bench.parser import BotsParseError, parse_output, run_error
     from bots_bench.reference import reference_cluster
+    from platforms.liveprocs import raise_stack_limit
     from tools.cmd_profile import MeasureSession
     from tools.profile_measure import command_timer
 
@@ -228,15 +249,23 @@ def profile_cmd(
         try:
             cmd = registry.command_for(k, cls, bots_bin, threads)
 
-            def verified(text: str, check: bool = cmd.check) -> str | None:
+            def verified(text: str, check: bool = cmd.check, kernel: str = k) -> str | None:
                 try:
-                    return verification_error(parse_output(text), check)
+                    return run_error(parse_output(text), kernel, check)
                 except BotsParseError as err:
                     return str(err)
 
-            prof, times = session.measure(
-                list(cmd.argv), name, timeout_s, 1, replace, command_timer(cmd.env, verified)
+            # the kernels that need `ulimit -s unlimited` get it while they are timed too
+            old_stack = (
+                raise_stack_limit() if registry.input_class(k, cls).unlimited_stack else None
             )
+            try:
+                prof, times = session.measure(
+                    list(cmd.argv), name, timeout_s, 1, replace, command_timer(cmd.env, verified)
+                )
+            finally:
+                if old_stack is not None:
+                    resource.setrlimit(resource.RLIMIT_STACK, old_stack)
         except Exception as err:  # noqa: BLE001 - one kernel failing is reported, the rest go on
             failed += 1
             rows.append({"name": name, "ok": False, "error": str(err)})
@@ -274,7 +303,8 @@ def profile_cmd(
 @click.option(
     "--baseline",
     default=None,
-    help="Policy the ratios are taken against (default: maxfreq if present, else the first).",
+    help="Policy the ratios are taken against (default: the first of schedutil, ondemand, "
+    "performance, maxfreq with runs, else the first policy stored).",
 )
 def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
     """Write report.md, report.html and PNG plots from a results store."""
@@ -288,7 +318,11 @@ def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
 @click.argument(
     "name", type=click.Choice(["deadline-vs-maxfreq", "mixed-criticality", "vs-geardvfs"])
 )
-@click.option("--board", default="tx2", show_default=True, help="Board (simulated).")
+@click.option(
+    "--board",
+    default=None,
+    help="Board (simulated; default tx2). Native: the detected board; a different one is refused.",
+)
 @click.option(
     "--backend",
     type=click.Choice(["sim", "native"]),
@@ -346,6 +380,8 @@ def study_cmd(
         runner, nb = native_runner(
             board, cls, bots_bin, sysfs_root, slack if name == "deadline-vs-maxfreq" else None
         )
+        board = nb.platform.spec.name
+    board = board or "tx2"
     try:
         if name == "deadline-vs-maxfreq":
             res = studies.deadline_vs_maxfreq(

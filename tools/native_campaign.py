@@ -55,21 +55,31 @@ def run_configs(
     deadline_slack=None,
     say=click.echo,
     profiles_path=None,
+    retry_failed=True,
 ):
-    """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary.
+    """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary,
+    whose ``keys`` are the stored keys of every selected run.
 
     Natively each job gets the reference profile stored as ``BENCH.CLASS`` for the board
     (``hidvfs profile measure``); with ``deadline_slack`` its deadline is slack x that
-    profile's reference makespan, and a job without a profile is a failed run saying so."""
+    profile's reference makespan, and a job without a profile is a failed run saying so.
+    The slack is part of every run's key, so changing it never reuses runs measured without
+    it. Native runs are stored under the board detected on ``sysfs_root``; ``board``, when
+    given, must be that board. A stored failure is run again unless ``retry_failed`` is
+    False (it is how a run whose profile was missing gets its deadline once measured)."""
     from bots_bench.progress import Progress
     from bots_bench.store import run_pending
     from tools.policies import build_policy_stack
 
+    if deadline_slack is not None:
+        configs = [replace(c, deadline_slack=deadline_slack) for c in configs]
     nb = None
     if backend == "native":
         from bots_bench.native import open_board, run_native
 
         nb = open_board(sysfs_root, board, state_dir, say=lambda m: click.echo(m, err=True))
+        detected = nb.platform.spec.name
+        configs = [replace(c, board=detected) for c in configs]
         from agents import deadlines
         from bots_bench.registry import job_name
         from daemon.config import DEFAULT_PROFILES
@@ -80,14 +90,14 @@ def run_configs(
         def run_fn(cfg):
             name, board_name = job_name(cfg.bench, cfg.cls), nb.platform.spec.name
             prof = profiles.find(name, board_name)
-            if deadline_slack is not None:
+            if cfg.deadline_slack is not None:
                 if prof is None:
                     raise LookupError(
                         f"no reference profile {name!r} for {board_name} in {profiles_path}, so "
                         f"no deadline can be set: measure it first (sudo hidvfs bots profile "
                         f"--bots-bin {cfg.bots_bin} --bench {cfg.bench} --class {cfg.cls})"
                     )
-                cfg = replace(cfg, deadline_s=deadline_slack * prof.ref_makespan_s)
+                cfg = replace(cfg, deadline_s=cfg.deadline_slack * prof.ref_makespan_s)
             return run_native(cfg, nb, build_policy_stack, profile=prof)
     else:
         from bots_bench.campaign_sim import SimRunConfig, run_one
@@ -100,7 +110,7 @@ def run_configs(
                     cfg.policy,
                     cfg.seed,
                     cfg.board,
-                    deadline_slack,
+                    cfg.deadline_slack,
                     cfg.rep,
                     cfg.deadline_s,
                 ),
@@ -119,6 +129,7 @@ def run_configs(
             configs,
             run_fn,
             store,
+            retry_failed=retry_failed,
             on_skip=lambda cfg: bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
             on_start=lambda cfg: bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
             on_done=on_done,
@@ -145,14 +156,19 @@ def run_campaign_cli(
     deadline_slack=None,
     sysfs_root="/",
     profiles_path=None,
+    retry_failed=True,
 ):
+    """``hidvfs bots run``: exits 1 after the table when a selected run is not ok.
+
+    ``board`` None means: tx2 in the simulator, the detected board natively; a board named
+    on the command line or in a spec file must match the native board."""
     from bots_bench.campaign_sim import ratio_table
     from bots_bench.spec import expand
     from bots_bench.store import Store
 
     spec = build_spec(
         backend=backend,
-        board=board,
+        board=board or "tx2",
         bench=bench,
         cls=cls,
         policy=policy,
@@ -165,18 +181,19 @@ def run_campaign_cli(
     # native campaign (hours of board time) always lands in a results file
     default_db = ":memory:" if spec.backend == "sim" and not spec_file else "results.sqlite"
     store = Store(db or default_db)
-    run_configs(
+    explicit = spec_file is not None or board is not None
+    summary = run_configs(
         configs,
         store,
         backend=spec.backend,
         sysfs_root=sysfs_root,
-        board=None if spec.backend == "native" else spec.board,
+        board=spec.board if spec.backend == "sim" or explicit else None,
         quiet=as_json,
         deadline_slack=deadline_slack,
         profiles_path=profiles_path,
+        retry_failed=retry_failed,
     )
-    keys = {c.key for c in configs}
-    records = [r for r in store.runs() if store.key_for(r) in keys]
+    records = [r for r in store.runs() if store.key_for(r) in summary.keys]
     if as_json:
         emit_json(
             [
@@ -186,3 +203,8 @@ def run_campaign_cli(
         )
     else:
         click.echo(ratio_table(records, list(spec.policies)))
+    failed = sum(1 for r in records if not r["ok"])
+    if failed:
+        where = "" if as_json else " (errors above)"
+        click.echo(f"{failed} of {len(records)} runs failed{where}", err=True)
+        raise SystemExit(1)
