@@ -3,29 +3,35 @@ and each node's live telemetry.
 
 Each node runs the hidvfs daemon, which serves its status as JSON over HTTP (default
 ``http://127.0.0.1:9130/status``, the single-board case). The coordinator fetches it per
-node with a timeout (concurrently, cached for ``cache_s``), sending a bearer token only to
-non-loopback hosts. From it comes the node's speed factor (current over maximum frequency,
-capacity-weighted, so thermal capping shows) and its free cores. A node whose daemon cannot
-be reached, or whose status cannot be read, is never failed by ``filter`` and gets the
-neutral score in ``prioritize``; the reason is logged (the extender fails open, like
-``ignorable: true``).
+node within one total budget per request (``timeout_s``, 0.5 s: connect, headers and body;
+concurrently, cached for ``cache_s``), sending a bearer token only to non-loopback hosts.
+From it comes the node's speed factor (the rate its cores can run at now over their top
+rate, capacity-weighted: offline cores and frequency caps lower it, an idle governor's low
+``cur_khz`` does not) and its free cores. A node whose daemon cannot be reached in time, or
+whose status cannot be read (wrong types, non-finite numbers), is never failed by
+``filter`` for its telemetry and gets the neutral score in ``prioritize``; the reason is
+logged (the extender fails open, like ``ignorable: true``).
 
 Status keys read (case-insensitive; every one optional): ``speed_factor`` (0..1) or
-``clusters: [{cur_khz, max_khz | freqs_khz, capacity, cpus, online, util}]``,
-``free_cpus``, ``max_cpu_temp_c``, ``throttled``.
+``clusters: [{max_khz | freqs_khz, limit_khz, cur_khz, capacity, cpus, online, util}]``
+(``limit_khz``: the current frequency ceiling; without it a ``throttled`` board is taken at
+``cur_khz``, any other at ``max_khz``), ``free_cpus``, ``max_cpu_temp_c``, ``throttled``.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import ipaddress
 import json
 import logging
+import math
 import threading
-import urllib.error
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,64 +60,117 @@ class NodeTelemetry:
     throttled: bool | None = None
 
 
+class _BadStatus(ValueError):
+    pass
+
+
+def _finite(v: object, what: str) -> float:
+    """A JSON number that is finite; anything else makes the whole status unreadable."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _BadStatus(f"{what}={v!r:.40} is not a number")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise _BadStatus(f"{what} is too large") from None
+    if not math.isfinite(f):
+        raise _BadStatus(f"{what}={f!r} is not finite")
+    return f
+
+
+def _list(v: object, what: str) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise _BadStatus(f"{what}: expected a list, got {type(v).__name__}")
+    return v
+
+
+def _cluster_rates(c: object, i: int, throttled: bool) -> tuple[float, float, float]:
+    """(reachable rate, top rate, idle cores) of one status cluster.
+
+    The rate a new pod can get is the cluster's frequency ceiling now, not ``cur_khz``: an
+    idle board's governor lowers ``cur_khz`` (orin-nx idle: 115200 of 1984000 kHz), which
+    would rank idle boards last. The ceiling is ``limit_khz`` (the current scaling_max_freq,
+    thermal or policy cap) when the status has it; the daemon's status has only ``max_khz``
+    (the top OPP), so a board that reports ``throttled`` without a limit is taken at
+    ``cur_khz`` (which its cap bounds from above), and any other at its top frequency.
+    """
+    where = f"clusters[{i}]"
+    if not isinstance(c, dict):
+        raise _BadStatus(f"{where}: expected an object")
+    cap = ci_get(c, "capacity")
+    cap = 1.0 if cap is None else max(_finite(cap, f"{where}.capacity"), 0.0)
+    cpus = _list(ci_get(c, "cpus"), f"{where}.cpus")
+    online = _list(ci_get(c, "online", cpus), f"{where}.online")
+    n_all = len(cpus) or len(online)
+    n_on = len(online)
+    table = _list(ci_get(c, "freqs_khz"), f"{where}.freqs_khz")
+    table = [_finite(f, f"{where}.freqs_khz") for f in table]
+    top = ci_get(c, "max_khz")
+    top = _finite(top, f"{where}.max_khz") if top is not None else max(table, default=0.0)
+    cur = ci_get(c, "cur_khz")
+    cur = None if cur is None else _finite(cur, f"{where}.cur_khz")
+    limit = ci_get(c, "limit_khz")
+    if limit is not None:
+        ceiling = _finite(limit, f"{where}.limit_khz")
+    elif throttled and cur is not None:
+        ceiling = cur
+    else:
+        ceiling = top
+    ceiling = min(max(ceiling, 0.0), top)
+    idle = 0.0
+    util = ci_get(c, "util")
+    mean_util = ci_get(c, "mean_util")
+    if isinstance(util, list) and util:
+        vals = [_finite(u, f"{where}.util") for u in util if u is not None]
+        if vals:
+            idle = n_on * (1.0 - min(max(sum(vals) / len(vals), 0.0), 1.0))
+    elif util is not None and not isinstance(util, list):
+        raise _BadStatus(f"{where}.util: expected a list")
+    elif mean_util is not None:
+        idle = n_on * (1.0 - min(max(_finite(mean_util, f"{where}.mean_util"), 0.0), 1.0))
+    if top <= 0:
+        return 0.0, 0.0, idle
+    return cap * ceiling * n_on, cap * top * n_all, idle
+
+
 def parse_status(node: str, data: object) -> NodeTelemetry:
-    """Telemetry from a node daemon's status JSON (see the module docstring for the keys)."""
+    """Telemetry from a node daemon's status JSON (see the module docstring for the keys).
+
+    Never raises: a status that cannot be read (wrong types, non-finite numbers) is
+    ``ok=False`` with the reason, so its node gets the neutral score instead of failing
+    the whole request."""
+    try:
+        return _parse_status(node, data)
+    except _BadStatus as err:
+        return NodeTelemetry(node, False, f"status unreadable: {err}")
+    except Exception as err:  # noqa: BLE001 - one node's odd status must not fail the pod
+        return NodeTelemetry(node, False, f"status unreadable: {type(err).__name__}: {err}")
+
+
+def _parse_status(node: str, data: object) -> NodeTelemetry:
     if not isinstance(data, dict):
         return NodeTelemetry(node, False, "status is not a JSON object")
     speed = ci_get(data, "speed_factor")
     free = ci_get(data, "free_cpus")
-    clusters = ci_get(data, "clusters")
-    if isinstance(clusters, list) and clusters:
-        num = den = idle = 0.0
-        for c in clusters:
-            cap = float(ci_get(c, "capacity", 1.0) or 1.0)
-            cpus = ci_get(c, "cpus") or []
-            online = ci_get(c, "online", cpus) or []
-            cur = ci_get(c, "cur_khz")
-            top = ci_get(c, "max_khz")
-            table = ci_get(c, "freqs_khz") or []
-            if top is None and table:
-                top = max(table)
-            n_all = (
-                len(cpus)
-                if isinstance(cpus, list) and cpus
-                else len(online)
-                if isinstance(online, list)
-                else 0
-            )
-            n_on = len(online) if isinstance(online, list) else n_all
-            if cur is not None and top:
-                num += cap * float(cur) * n_on
-                den += cap * float(top) * n_all
-            util = ci_get(c, "util")
-            if isinstance(util, list) and util:
-                vals = [float(u) for u in util if u is not None]
-                if vals:
-                    idle += n_on * (1.0 - min(max(sum(vals) / len(vals), 0.0), 1.0))
-            elif ci_get(c, "mean_util") is not None:
-                idle += n_on * (1.0 - min(max(float(ci_get(c, "mean_util")), 0.0), 1.0))
-        if speed is None and den > 0:
-            speed = num / den
-        if free is None and idle > 0:
-            free = idle
-    try:
-        speed = None if speed is None else min(max(float(speed), 0.0), 1.0)
-        free = None if free is None else max(float(free), 0.0)
-    except (TypeError, ValueError):
-        return NodeTelemetry(
-            node, False, f"status has a non-numeric speed_factor or free_cpus ({speed!r}, {free!r})"
-        )
     temp = ci_get(data, "max_cpu_temp_c")
     thr = ci_get(data, "throttled")
-    return NodeTelemetry(
-        node,
-        True,
-        "",
-        speed,
-        free,
-        None if temp is None else float(temp),
-        None if thr is None else bool(thr),
-    )
+    if thr is not None and not isinstance(thr, bool):
+        raise _BadStatus(f"throttled={thr!r:.40} is not a boolean")
+    speed = None if speed is None else min(max(_finite(speed, "speed_factor"), 0.0), 1.0)
+    free = None if free is None else max(_finite(free, "free_cpus"), 0.0)
+    temp = None if temp is None else _finite(temp, "max_cpu_temp_c")
+    clusters = ci_get(data, "clusters")
+    if clusters is not None:
+        num = den = idle = 0.0
+        for i, c in enumerate(_list(clusters, "clusters")):
+            reach, top, free_i = _cluster_rates(c, i, bool(thr))
+            num, den, idle = num + reach, den + top, idle + free_i
+        if speed is None and den > 0:
+            speed = min(num / den, 1.0)
+        if free is None and idle > 0:
+            free = idle
+    return NodeTelemetry(node, True, "", speed, free, temp, thr)
 
 
 def _is_loopback(url: str) -> bool:
@@ -124,8 +183,71 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
+MAX_STATUS_BYTES = 1 << 20
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads that end at a deadline: a socket timeout bounds each read only, so a
+    status dripping a byte at a time would hold the fetch without bound."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(b)
+
+
+class _DeadlineSocket:
+    """The connection's socket as http.client sees it; the fetch closes the real one."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, *_a, **_k):
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def close(self) -> None:  # http.client closes early when the server will; reads go on
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _connection(url: str, deadline: float) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to ``url``'s host whose every read stops at ``deadline``, and the path."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    base = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+
+    class Conn(base):
+        raw_sock = None
+
+        def connect(self):
+            super().connect()
+            self.raw_sock = self.sock
+            self.sock = _DeadlineSocket(self.sock, deadline)
+
+    left = max(deadline - time.monotonic(), 1e-3)
+    conn = Conn(parts.hostname, parts.port, timeout=left)
+    path = parts.path or "/"
+    return conn, path + ("?" + parts.query if parts.query else "")
+
+
 class TelemetryClient:
-    """Fetches node status JSON over HTTP with a timeout; caches each answer for ``cache_s``."""
+    """Fetches node status JSON over HTTP; caches each answer for ``cache_s``.
+
+    ``timeout_s`` is the whole budget of one fetch (connect, headers and body) counted from
+    the request that asked for it; a node that has not answered by then is unreachable for
+    that request (neutral score) and a later answer is dropped.
+    """
 
     def __init__(
         self,
@@ -135,6 +257,7 @@ class TelemetryClient:
         cache_s: float = 1.0,
         default_url: str = DEFAULT_STATUS_URL,
         clock: Clock | None = None,
+        max_workers: int = 32,
     ):
         self.urls = dict(urls or {})
         self.token = token
@@ -144,23 +267,36 @@ class TelemetryClient:
         self.clock = clock or MonotonicClock()
         self._cache: dict[str, tuple[float, NodeTelemetry]] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="telemetry")
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="telemetry")
 
     def url(self, node: str) -> str:
         return self.urls.get(node, self.default_url)
 
-    def fetch(self, node: str) -> NodeTelemetry:
+    def fetch(self, node: str, deadline: float | None = None) -> NodeTelemetry:
+        """``node``'s telemetry, answered by ``deadline`` (time.monotonic; default: the
+        budget from now)."""
+        deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
         now = self.clock.now()
         with self._lock:
             hit = self._cache.get(node)
         if hit is not None and now - hit[0] < self.cache_s:
             return hit[1]
-        tel = self._fetch(node)
+        try:
+            tel = self._fetch(node, deadline)
+        except Exception as err:  # noqa: BLE001 - a bad URL or status must not fail the pod
+            tel = NodeTelemetry(node, False, f"{self.url(node)}: {type(err).__name__}: {err}")
+        if time.monotonic() > deadline + 0.05:
+            tel = self._late(node)
         if not tel.ok:
             log.warning("node %s: telemetry unavailable (%s); neutral score", node, tel.reason)
         with self._lock:
             self._cache[node] = (now, tel)
         return tel
+
+    def _late(self, node: str) -> NodeTelemetry:
+        return NodeTelemetry(
+            node, False, f"{self.url(node)}: no answer within {self.timeout_s:g} s"
+        )
 
     def request(self, node: str) -> urllib.request.Request:
         """The status request for ``node``: a bearer token goes to remote hosts only."""
@@ -170,27 +306,55 @@ class TelemetryClient:
             req.add_header("Authorization", f"Bearer {self.token}")
         return req
 
-    def _fetch(self, node: str) -> NodeTelemetry:
-        req = self.request(node)
-        url = req.full_url
+    def _fetch(self, node: str, deadline: float) -> NodeTelemetry:
+        url = self.url(node)
+        if time.monotonic() >= deadline:
+            return self._late(node)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                body = resp.read(1 << 20)
-        except urllib.error.HTTPError as err:
-            return NodeTelemetry(node, False, f"{url}: HTTP {err.code}")
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            return NodeTelemetry(node, False, f"{url}: {reason}")
+            req = self.request(node)
+            conn, path = _connection(req.full_url, deadline)
+        except ValueError as err:
+            return NodeTelemetry(node, False, f"{url!r}: bad status URL ({err})")
         try:
-            return parse_status(node, json.loads(body))
+            conn.request("GET", path, headers=dict(req.header_items()))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                return NodeTelemetry(node, False, f"{url}: HTTP {resp.status}")
+            body = resp.read(MAX_STATUS_BYTES + 1)
+        except TimeoutError:
+            return self._late(node)
+        except (OSError, http.client.HTTPException) as err:
+            return NodeTelemetry(node, False, f"{url}: {type(err).__name__}: {err}")
+        finally:
+            conn.close()
+            if conn.raw_sock is not None:
+                conn.raw_sock.close()
+        if len(body) > MAX_STATUS_BYTES:
+            return NodeTelemetry(node, False, f"{url}: status larger than {MAX_STATUS_BYTES} bytes")
+        try:
+            data = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             return NodeTelemetry(node, False, f"{url}: status is not JSON ({err})")
+        except RecursionError:
+            return NodeTelemetry(node, False, f"{url}: status JSON is nested too deeply")
+        return parse_status(node, data)
 
     def fetch_many(self, nodes: list[str]) -> dict[str, NodeTelemetry]:
-        return dict(zip(nodes, self._pool.map(self.fetch, nodes)))
+        """Every node's telemetry within the one budget, fetched concurrently."""
+        deadline = time.monotonic() + self.timeout_s
+        futs = {n: self._pool.submit(self.fetch, n, deadline) for n in dict.fromkeys(nodes)}
+        wait(futs.values(), timeout=self.timeout_s + 0.1)
+        out = {}
+        for n, f in futs.items():
+            if f.done():
+                out[n] = f.result()
+            else:  # its worker never started in time; the deadline ends it if it does
+                out[n] = self._late(n)
+                log.warning("node %s: telemetry unavailable (%s); neutral score", n, out[n].reason)
+        return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _make_placer(policy: str, model_path=None):
@@ -224,7 +388,9 @@ class Coordinator:
     """Scores and filters nodes for one pod with a placement policy and live telemetry.
 
     ``boards`` maps node names to board types (else the node's ``hidvfs.io/board`` label,
-    else ``default_board``); the board gives the nominal cores, memory and speed.
+    seen in this request or remembered from an earlier one that sent whole nodes, else
+    ``default_board`` with a warning once per node); the board gives the nominal cores,
+    memory and speed.
     """
 
     def __init__(
@@ -235,44 +401,104 @@ class Coordinator:
         default_board: str = DEFAULT_BOARD,
         model_path=None,
     ):
+        for node, board in (boards or {}).items():
+            try:
+                board_node(board)
+            except Exception as err:
+                raise ValueError(f"nodes: node {node!r}: {err}") from None
         self.policy = policy
         self.telemetry = telemetry
         self.boards = dict(boards or {})
         self.default_board = default_board
         self.placer = _make_placer(policy, model_path)
         self._lock = threading.Lock()  # placers keep per-call state
+        self._labels: dict[str, dict] = {}  # from requests with whole nodes (NodeNames lack them)
+        self._warned: set[tuple[str, str]] = set()
+        self._default_url_nodes: set[str] = set()
+
+    def _warn_once(self, node: str, what: str, msg: str, *a) -> None:
+        if (node, what) not in self._warned:
+            self._warned.add((node, what))
+            log.warning(msg, *a)
 
     def _board(self, node) -> str:
         if node.name in self.boards:
             return self.boards[node.name]
+        labels = node.labels or self._labels.get(node.name, {})
         for key in BOARD_LABELS:
-            if node.labels.get(key):
-                return str(node.labels[key])
+            if labels.get(key):
+                return str(labels[key])
+        self._warn_once(
+            node.name,
+            "board",
+            "node %s: board unknown (no --nodes entry, no %s label seen); sized as %s",
+            node.name,
+            BOARD_LABELS[0],
+            self.default_board,
+        )
         return self.default_board
+
+    def _spec(self, n) -> NodeSpec:
+        board = self._board(n)
+        try:
+            base = board_node(board, n.name)
+        except Exception as err:  # a label naming no shipped board
+            self._warn_once(
+                n.name, "label", "node %s: %s; sized as %s", n.name, err, self.default_board
+            )
+            base = board_node(self.default_board, n.name)
+        cpus = n.cpu if n.cpu is not None else base.cpus
+        mem = n.mem_gb if n.mem_gb is not None else base.mem
+        return NodeSpec(n.name, base.board, max(cpus, 1e-3), max(mem, 1e-3), base.speed)
+
+    def _remember(self, args: ExtenderArgs) -> None:
+        if args.raw_nodes is not None:
+            for n in args.nodes:
+                self._labels[n.name] = dict(n.labels)
+        for n in args.nodes:
+            if n.name not in self.telemetry.urls and n.name not in self._default_url_nodes:
+                self._default_url_nodes.add(n.name)
+                if len(self._default_url_nodes) == 2:
+                    log.warning(
+                        "nodes %s have no --nodes URL and all read %s (one board's daemon); "
+                        "give --nodes name=board@url for each node",
+                        ", ".join(sorted(self._default_url_nodes)),
+                        self.telemetry.default_url,
+                    )
 
     def _nodes(
         self, args: ExtenderArgs, tel: dict[str, NodeTelemetry]
     ) -> tuple[list[NodeSpec], np.ndarray, np.ndarray]:
         specs, free_cpu, speed = [], [], []
         for n in args.nodes:
-            try:
-                base = board_node(self._board(n), n.name)
-            except Exception:  # unknown board label: size from the node object alone
-                base = NodeSpec(n.name, self._board(n), n.cpu or 1.0, n.mem_gb or 1.0, 1.0)
-            cpus = n.cpu if n.cpu is not None else base.cpus
-            mem = n.mem_gb if n.mem_gb is not None else base.mem
-            spec = NodeSpec(n.name, base.board, max(cpus, 1e-3), max(mem, 1e-3), base.speed)
+            spec = self._spec(n)
             t = tel[n.name]
             specs.append(spec)
             free_cpu.append(
                 min(t.free_cpus, spec.cpus) if t.ok and t.free_cpus is not None else spec.cpus
             )
-            factor = t.speed_factor if t.ok and t.speed_factor else 1.0
+            factor = t.speed_factor if t.ok and t.speed_factor is not None else 1.0
             speed.append(spec.speed * max(factor, 1e-3))
         return specs, np.array(free_cpu), np.array(speed)
 
-    def _view(self, args: ExtenderArgs, tel: dict[str, NodeTelemetry]) -> ClusterView:
-        specs, free_cpu, speed = self._nodes(args, tel)
+    def _unfit(
+        self, args: ExtenderArgs, specs: list[NodeSpec], free_cpu: np.ndarray
+    ) -> dict[str, str]:
+        """Why each node that cannot take the pod cannot: the one test filter and
+        prioritize share (size from allocatable or the board; free cores from telemetry)."""
+        p, out = args.pod, {}
+        for n, spec, free in zip(args.nodes, specs, free_cpu.tolist()):
+            src = "allocatable" if n.cpu is not None else f"board {spec.board}"
+            if p.cpu > spec.cpus + 1e-9:
+                out[n.name] = f"pod requests {p.cpu:g} cores, node {src} {spec.cpus:g}"
+            elif p.cpu > free + 1e-9:
+                out[n.name] = f"pod requests {p.cpu:g} cores, telemetry shows {free:.2f} free"
+            elif p.mem_gb > spec.mem + 1e-9:
+                src = "allocatable" if n.mem_gb is not None else f"board {spec.board}"
+                out[n.name] = f"pod requests {p.mem_gb:g} GB memory, node {src} {spec.mem:g} GB"
+        return out
+
+    def _view(self, args: ExtenderArgs, specs, free_cpu, speed) -> ClusterView:
         p = args.pod
         w = single_task_workload(p.name, p.work_s, p.cpu, p.mem_gb, p.rank_s)
         self.placer.reset(w, specs, 0)
@@ -288,30 +514,27 @@ class Coordinator:
         )
 
     def filter(self, args: ExtenderArgs) -> dict[str, str]:
+        self._remember(args)
         tel = self.telemetry.fetch_many([n.name for n in args.nodes])
-        failed = {}
-        for n in args.nodes:
-            t = tel[n.name]
-            if n.cpu is not None and args.pod.cpu > n.cpu + 1e-9:
-                failed[n.name] = f"pod requests {args.pod.cpu:g} cores, node allocatable {n.cpu:g}"
-            elif t.ok and t.free_cpus is not None and args.pod.cpu > t.free_cpus + 1e-9:
-                failed[n.name] = (
-                    f"pod requests {args.pod.cpu:g} cores, telemetry shows {t.free_cpus:.2f} free"
-                )
-        return failed
+        specs, free_cpu, _ = self._nodes(args, tel)
+        return self._unfit(args, specs, free_cpu)
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
+        self._remember(args)
         names = [n.name for n in args.nodes]
         tel = self.telemetry.fetch_many(names)
+        specs, free_cpu, speed = self._nodes(args, tel)
+        unfit = self._unfit(args, specs, free_cpu)
         with self._lock:  # the placer keeps the workload of the current pod
-            view = self._view(args, tel)
+            view = self._view(args, specs, free_cpu, speed)
             raw = np.asarray(self.placer.node_scores(view, 0), dtype=float)
-        reachable = np.array([tel[n].ok for n in names])
-        scores = np.full(len(names), NEUTRAL_SCORE, dtype=np.int64)
+        fits = np.array([n not in unfit for n in names], dtype=bool)
+        reachable = np.array([tel[n].ok for n in names], dtype=bool) & fits
+        scores = np.where(fits, NEUTRAL_SCORE, 0).astype(np.int64)
         if reachable.any():
             scores[reachable] = scale_scores(raw[reachable])
         for n in names:
-            if not tel[n].ok:
+            if not tel[n].ok and n not in unfit:
                 log.info("pod %s: node %s scored neutral (%s)", args.pod.name, n, tel[n].reason)
         return dict(zip(names, scores.tolist()))
 

@@ -6,6 +6,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,6 +74,7 @@ def extender(node_daemon):
                     "online": [0, 1, 2, 3],
                     "cur_khz": 500000,
                     "max_khz": 2000000,
+                    "limit_khz": 500000,  # capped to a quarter
                     "capacity": 1.0,
                     "util": [0.0, 0.0, 0.0, 0.0],
                 }
@@ -83,6 +85,7 @@ def extender(node_daemon):
         "orin-a": {"board": "orin-nx", "url": cool},
         "orin-hot": {"board": "orin-nx", "url": hot},
         "tx2-dead": {"board": "tx2", "url": _dead_url()},
+        "orin-dead": {"board": "orin-nx", "url": _dead_url()},
     }
     srv = build_server("127.0.0.1", 0, "heft", nodes, timeout_s=0.3)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -147,14 +150,14 @@ def test_filter_both_casings_and_node_lists(extender):
         "spec": {"containers": [{"resources": {"requests": {"cpu": "6"}}}]},
     }
     code, out = _post(
-        extender + "/filter", {"Pod": big, "NodeNames": ["orin-a", "orin-hot", "tx2-dead"]}
+        extender + "/filter",
+        {"Pod": big, "NodeNames": ["orin-a", "orin-hot", "tx2-dead", "orin-dead"]},
     )
     assert code == 200 and out["Error"] == ""
-    assert out["NodeNames"] == [
-        "orin-a",
-        "tx2-dead",
-    ]  # hot node has 4 cores free; dead node fails open
+    # hot node has 4 cores free; a dead node fails open on telemetry, not on its board's size
+    assert out["NodeNames"] == ["orin-a", "orin-dead"]
     assert "orin-hot" in out["FailedNodes"] and "cores" in out["FailedNodes"]["orin-hot"]
+    assert "board tx2 4" in out["FailedNodes"]["tx2-dead"]
     items = [
         {
             "metadata": {"name": "orin-a", "labels": {"hidvfs.io/board": "orin-nx"}},
@@ -231,7 +234,7 @@ def test_status_parsing_and_helpers():
     )
     assert (
         t.ok
-        and t.speed_factor == pytest.approx(2 * 1000 * 1 / (2 * 2000 * 2))
+        and t.speed_factor == pytest.approx(2 * 2000 * 1 / (2 * 2000 * 2))  # 1 of 2 online
         and t.free_cpus == pytest.approx(0.5)
     )
     assert not parse_status("n", [1, 2]).ok
@@ -245,3 +248,202 @@ def test_status_parsing_and_helpers():
 
     assert scale_scores(np.array([-np.inf, 1.0, 3.0])).tolist() == [0, 1, 10]
     assert isinstance(Coordinator("fifo", TelemetryClient()).status(), dict)
+
+
+class _Raw(BaseHTTPRequestHandler):
+    """Serves ``server.bodies[path]`` as is; ``server.drip`` paths one byte per 0.1 s."""
+
+    def do_GET(self):
+        body = self.server.bodies.get(self.path, b"{}")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.path.startswith("/drip"):
+            for i in range(len(body)):
+                try:
+                    self.wfile.write(body[i : i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.1)
+        else:
+            self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def raw_daemon():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Raw)
+    srv.daemon_threads = True
+    srv.bodies = {}
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def _serve(nodes, policy="heft", timeout_s=0.5):
+    srv = build_server("127.0.0.1", 0, policy, nodes, timeout_s=timeout_s)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def _stop(srv):
+    srv.shutdown()
+    srv.server_close()
+    srv.coordinator.telemetry.close()
+
+
+def _orin_status(cur_khz, util):
+    """What ``hidvfs daemon --sim orin-nx`` serves (max_khz is the top OPP)."""
+    return {
+        "clusters": [
+            {
+                "cpus": cpus,
+                "online": cpus,
+                "cur_khz": cur_khz,
+                "max_khz": 1984000,
+                "capacity": 1.0,
+                "util": [util] * 4,
+            }
+            for cpus in ([0, 1, 2, 3], [4, 5, 6, 7])
+        ],
+        "max_cpu_temp_c": 38.8,
+        "throttled": False,
+    }
+
+
+def test_an_idle_board_is_scored_at_its_frequency_ceiling(node_daemon):
+    idle = parse_status("n", _orin_status(115200, 0.0))  # the governor parks an idle board
+    busy = parse_status("n", _orin_status(1984000, 0.5))
+    assert idle.speed_factor == busy.speed_factor == 1.0
+    capped = _orin_status(115200, 0.0)
+    for c in capped["clusters"]:
+        c["limit_khz"] = 992000  # a thermal cap: the ceiling now
+    assert parse_status("n", capped).speed_factor == pytest.approx(0.5)
+    throttled = dict(_orin_status(992000, 1.0), throttled=True)  # no limit: cur bounds it
+    assert parse_status("n", throttled).speed_factor == pytest.approx(0.5)
+    idle_url, _ = node_daemon(_orin_status(115200, 0.0))
+    busy_url, _ = node_daemon(_orin_status(1984000, 0.5))
+    srv, base = _serve(f"idle=orin-nx@{idle_url},busy=orin-nx@{busy_url}")
+    try:
+        _, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["idle", "busy"]})
+        scores = {e["Host"]: e["Score"] for e in out}
+        assert scores["idle"] == 10 and scores["idle"] >= scores["busy"]
+    finally:
+        _stop(srv)
+
+
+MALFORMED = {
+    "/str-cur": b'{"clusters": [{"cur_khz": "x", "max_khz": 1000, "cpus": [0]}]}',
+    "/str-util": b'{"clusters": [{"cpus": [0, 1], "util": ["a"]}]}',
+    "/str-freqs": b'{"clusters": [{"cur_khz": 1, "freqs_khz": ["a", "b"], "cpus": [0]}]}',
+    "/str-cap": b'{"clusters": [{"capacity": "big", "cur_khz": 1, "max_khz": 2, "cpus": [0]}]}',
+    "/str-temp": b'{"speed_factor": 0.9, "max_cpu_temp_c": "hot"}',
+    "/str-clusters": b'{"clusters": "abc"}',
+    "/nan": b'{"speed_factor": NaN, "free_cpus": 4}',
+    "/inf-free": b'{"free_cpus": Infinity}',
+    "/nan-util": b'{"clusters": [{"cpus": [0], "max_khz": 1, "util": [NaN]}]}',
+    "/deep": b"[" * 200000,
+    "/huge-int": b'{"speed_factor": 1' + b"0" * 400 + b"}",
+}
+
+
+def test_malformed_telemetry_degrades_its_node_only(raw_daemon, node_daemon, caplog):
+    caplog.set_level(logging.INFO, logger="hidvfs.coordinator")
+    srv_raw, base_raw = raw_daemon
+    srv_raw.bodies.update(MALFORMED)
+    good, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 8})
+    nodes = {p.strip("/"): {"board": "orin-nx", "url": base_raw + p} for p in MALFORMED}
+    nodes["badurl"] = {"board": "orin-nx", "url": "notaurl"}
+    nodes["good"] = {"board": "orin-nx", "url": good}
+    srv, base = _serve(nodes, timeout_s=2.0)  # the point is the content, not the timing
+    try:
+        names = list(nodes)
+        code, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": names})
+        assert code == 200
+        scores = {e["Host"]: e["Score"] for e in out}
+        assert scores == {n: 10 if n == "good" else 5 for n in names}
+        code, out = _post(base + "/filter", {"Pod": POD, "NodeNames": names})
+        assert code == 200 and out["Error"] == "" and out["NodeNames"] == names
+        for n in names[:-1]:
+            assert f"node {n} scored neutral" in caplog.text
+        assert "notaurl" in caplog.text and "nested too deeply" in caplog.text
+    finally:
+        _stop(srv)
+
+
+def test_speed_factor_zero_is_slow_and_nan_is_neutral(node_daemon):
+    assert parse_status("n", {"speed_factor": 0.0}).speed_factor == 0.0
+    assert parse_status("n", {"speed_factor": -3}).speed_factor == 0.0
+    assert not parse_status("n", {"speed_factor": float("nan")}).ok
+    stopped, _ = node_daemon({"speed_factor": 0.0, "free_cpus": 8})
+    full, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 8})
+    srv, base = _serve(f"stopped=orin-nx@{stopped},full=orin-nx@{full}")
+    try:
+        _, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["stopped", "full"]})
+        scores = {e["Host"]: e["Score"] for e in out}
+        assert scores["full"] == 10 and scores["stopped"] < scores["full"]
+    finally:
+        _stop(srv)
+
+
+def test_a_dripping_status_is_cut_at_the_budget(raw_daemon, node_daemon):
+    srv_raw, base_raw = raw_daemon
+    good, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 8})
+    urls = {"good": good}
+    for i in range(12):  # more than the old 8-worker pool; each would drip for 3 s
+        srv_raw.bodies[f"/drip{i}"] = b" " * 30
+        urls[f"drip{i}"] = f"{base_raw}/drip{i}"
+    client = TelemetryClient(urls, timeout_s=0.4)
+    try:
+        t0 = time.monotonic()
+        tel = client.fetch_many(list(urls))
+        elapsed = time.monotonic() - t0
+        assert elapsed < 0.4 + 0.25
+        assert tel["good"].ok
+        for i in range(12):
+            assert not tel[f"drip{i}"].ok and "within 0.4 s" in tel[f"drip{i}"].reason
+    finally:
+        client.close()
+
+
+def test_filter_and_prioritize_share_one_fit_test(extender):
+    huge = {
+        "metadata": {"name": "huge"},
+        "spec": {"containers": [{"resources": {"requests": {"cpu": "1", "memory": "100Gi"}}}]},
+    }
+    names = ["orin-a", "orin-hot", "tx2-dead"]
+    _, out = _post(extender + "/filter", {"Pod": huge, "NodeNames": names})
+    assert out["NodeNames"] == [] and all("memory" in r for r in out["FailedNodes"].values())
+    _, out = _post(extender + "/prioritize", {"Pod": huge, "NodeNames": names})
+    assert [e["Score"] for e in out] == [0, 0, 0]
+
+
+def test_an_unknown_board_in_nodes_is_refused_at_start():
+    with pytest.raises(ValueError, match="'orin_nx'"):
+        build_server("127.0.0.1", 0, "fifo", "a=orin_nx@http://127.0.0.1:1/status")
+
+
+def test_labels_from_whole_nodes_are_remembered_for_node_names(caplog):
+    caplog.set_level(logging.WARNING, logger="hidvfs.coordinator")
+    srv, base = _serve(None, "fifo", timeout_s=0.2)
+    six = {
+        "metadata": {"name": "six"},
+        "spec": {"containers": [{"resources": {"requests": {"cpu": "6"}}}]},
+    }
+    try:
+        items = [{"metadata": {"name": "t", "labels": {"hidvfs.io/board": "tx2"}}}]
+        _, out = _post(base + "/filter", {"Pod": POD, "Nodes": {"items": items}})
+        assert [i["metadata"]["name"] for i in out["Nodes"]["items"]] == ["t"]
+        for _ in range(2):  # nodeCacheCapable: names only from now on
+            _, out = _post(base + "/filter", {"Pod": six, "NodeNames": ["t", "u"]})
+            assert "board tx2" in out["FailedNodes"]["t"] and out["NodeNames"] == ["u"]
+        assert caplog.text.count("node u: board unknown") == 1
+        assert "node t: board unknown" not in caplog.text
+        assert "have no --nodes URL" in caplog.text
+    finally:
+        _stop(srv)
