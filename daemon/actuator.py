@@ -49,6 +49,7 @@ class Actuator:
         self._envelope: dict[int, tuple[int, int]] = {}
         self._pinned: dict[int, int] = {}
         self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
+        self._dry_limits: dict[int, tuple[int, int]] = {}  # dry-run: limits after the plan
         #: real path -> value we last wrote, so the loop can notice changes made behind our back
         self.expected: dict[str, str] = {}
 
@@ -76,11 +77,11 @@ class Actuator:
     def _write_limits(self, policy: int, lo: int, hi: int, report: ActuationReport) -> None:
         """Set min/max (min <= max at every step), or plan it in a dry run; both are then
         what the drift check expects (set_limits skips no-op writes)."""
-        if self.dry_run:
-            writes = [
-                (paths.policy_file(policy, n), str(v))
-                for n, v in (("scaling_min_freq", lo), ("scaling_max_freq", hi))
-            ]
+        if self.dry_run:  # the writes set_limits would make, against what it would have made
+            cur = self._dry_limits.get(policy) or cpufreq.read_limits(self.sysfs, policy)
+            order = cpufreq.limit_write_order(cur[0], cur[1], lo, hi, hi)
+            writes = [(paths.policy_file(policy, n), str(v)) for n, v in order]
+            self._dry_limits[policy] = (lo, hi)
         else:
             writes = cpufreq.set_limits(self.sysfs, policy, lo, hi)
         self._record(report, list(writes))
@@ -212,7 +213,8 @@ class Actuator:
                 target = min(target, cap)
             # a min = max pin is clamped by no kernel, unlike a setspeed: stay in the limits
             target = nearest_freq(ClusterView.of(c).allowed, target, mode="floor")
-            if self._last_freq.get(c.policy) == target and c.cur_khz == target:
+            # (a dry run writes nothing, so the frequency read back never follows)
+            if self._last_freq.get(c.policy) == target and (self.dry_run or c.cur_khz == target):
                 continue
             try:
                 if self._ensure_userspace(c.policy, c.governors, report) == "setspeed":

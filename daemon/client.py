@@ -158,11 +158,18 @@ def run_registered(
     proc = spawn(command)
     try:
         job = client.register(proc.pid, deadline_s=deadline_s, criticality=criticality, name=name)
+    except RegistryError:
+        if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
+            proc.terminate()
+            proc.wait()
+            raise
+        # it ended before the daemon saw it (a short command): its result still counts
+        job = {"pid": proc.pid, "unmanaged": True}
     except BaseException:
         proc.terminate()
         proc.wait()
         raise
-    if on_registered is not None:
+    if on_registered is not None and not job.get("unmanaged"):
         on_registered(job)
     try:
         rc = proc.wait()
@@ -187,4 +194,6 @@ def run_registered(
         "deadline_met": None if deadline_s is None else makespan <= deadline_s,
         # the reference profile the daemon planned with (None: the deadline was not planned)
         "profile_version": job.get("profile_version"),
+        # the command ended before the daemon could register it: the daemon never steered it
+        "unmanaged": bool(job.get("unmanaged")),
     }

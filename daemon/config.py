@@ -432,6 +432,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         raise ConfigError(file, "<file>", f"a readable config file ({err.strerror})") from None
     except yaml.YAMLError as err:
         raise ConfigError(file, "<file>", f"valid YAML ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            file, "<file>", f"a UTF-8 text file ({err.reason} at byte {err.start})"
+        ) from None
     return parse_config(data, file)
 
 

@@ -72,6 +72,11 @@ class ControlLoop:
         self.on_tick: list[Callable[[TickResult], None]] = []
         #: run at the start of every tick with the clock time (e.g. a workload registering jobs)
         self.before_tick: list[Callable[[float], None]] = []
+        #: run while the loop waits for its next tick, at least every ``idle_every_s`` (the
+        #: systemd watchdog: a period longer than half of WatchdogSec must not get the daemon
+        #: killed; pinging from the loop's own thread still proves the loop is alive)
+        self.on_idle: list[Callable[[], None]] = []
+        self.idle_every_s: float | None = None
         self.ticks = 0
         self.energy_j = 0.0  # trapezoid integral of the total rail, as a board would measure
         self.cpu_energy_j = 0.0
@@ -183,12 +188,18 @@ class ControlLoop:
     def _sleep_until(self, target: float, stop: threading.Event | None) -> None:
         """Until the next tick, or earlier when a job registers/leaves or a stop is asked."""
         clock = self.platform.clock
-        dt = target - clock.now()
-        if dt <= 0:
-            return
         events = [self.jobs.changed] + ([stop] if stop is not None else [])
-        if clock.wait(dt, *events):
-            self.jobs.changed.clear()
+        while True:
+            dt = target - clock.now()
+            if dt <= 0:
+                return
+            step = dt if self.idle_every_s is None else min(dt, self.idle_every_s)
+            if clock.wait(step, *events):
+                self.jobs.changed.clear()
+                return
+            if step < dt:
+                for cb in self.on_idle:
+                    cb()
 
     def run(
         self,

@@ -93,6 +93,13 @@ class Snapshot:
             online = {int(k): str(v) for k, v in dict(data.get("online", {})).items()}
         except (KeyError, TypeError, ValueError) as err:
             raise SnapshotError(f"{file}: malformed snapshot ({err!r})") from None
+        for p in policies:  # the kernel never holds min > max: such a file is not originals
+            mn, mx = _int_or_none(p.min_khz), _int_or_none(p.max_khz)
+            if mn is not None and mx is not None and mn > mx:
+                raise SnapshotError(
+                    f"{file}: policy{p.policy} min_khz {mn} > max_khz {mx}: not a snapshot "
+                    "of a board"
+                )
         return cls(policies, online, str(data.get("taken", "")), int(data.get("pid", 0) or 0))
 
 
@@ -245,6 +252,8 @@ def _limit_writes(sysfs: SysfsBackend, p: PolicySnapshot) -> list[Write]:
         cur_min = _int_or_none(sysfs.read_or(paths.policy_file(p.policy, "scaling_min_freq")))
         cur_max = _int_or_none(sysfs.read_or(paths.policy_file(p.policy, "scaling_max_freq")))
         order = ordered_limits(cur_min, cur_max, mn, mx)
+    elif mn is not None and mx is not None:  # min > max: never write an inverted pair
+        order = ["scaling_max_freq"]
     else:
         order = ["scaling_max_freq", "scaling_min_freq"]
     return [

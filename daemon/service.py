@@ -24,7 +24,8 @@ from daemon.logs import log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
 from daemon.profiles import ProfileLookup
-from daemon.restore import begin_session, detect_drift, restore_snapshot
+from daemon.restore import begin_session, detect_drift, recover_stale, restore_snapshot
+from daemon.statelock import StateLock
 from daemon.statusfile import write_status
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
@@ -45,7 +46,7 @@ class DaemonError(HidvfsError):
 
 def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
     if cfg.board:
-        if cfg.board.endswith(".yaml"):
+        if cfg.board.endswith((".yaml", ".yml")):
             return load_board_file(cfg.board)
         return load_board(cfg.board)
     name = detect_board(sysfs)
@@ -80,7 +81,55 @@ def check_writable(sysfs: DirSysfs, spec: BoardSpec) -> None:
         )
 
 
+def _state_dir_for(config_path: str | None, state_dir: str | None) -> str:
+    """The state dir a start will use, known even when the config is broken (its restore
+    snapshot must be put back before the start is refused)."""
+    if state_dir:
+        return os.path.abspath(state_dir)
+    try:
+        return load_config(config_path).state_dir
+    except HidvfsError:
+        return Config().state_dir
+
+
 def run_live(
+    *,
+    config_path: str | None = None,
+    sysfs_root: str = "/",
+    state_dir: str | None = None,
+    dry_run: bool = False,
+    **kwargs,
+) -> dict:
+    """Run the daemon on a live or fake tree until stopped (see the module docstring).
+
+    Before anything else it locks the state dir (one daemon per state dir, StateDirBusy
+    otherwise) and restores a snapshot a crashed run left: a start refused afterwards (a
+    config typo, a file that vanished) must not leave the board with the dead run's settings.
+    A dry run, or a non-root user on the live tree, writes nothing and takes no lock.
+    """
+    writes = not dry_run and not (sysfs_root == "/" and os.geteuid() != 0)
+    if not writes:
+        return _run_live(
+            config_path=config_path,
+            sysfs_root=sysfs_root,
+            state_dir=state_dir,
+            dry_run=dry_run,
+            **kwargs,
+        )
+    state = _state_dir_for(config_path, state_dir)
+    with StateLock(state):
+        setup_logging()  # the config's logging comes once it has loaded
+        recover_stale(DirSysfs(sysfs_root), state, log)
+        return _run_live(
+            config_path=config_path,
+            sysfs_root=sysfs_root,
+            state_dir=state_dir,
+            dry_run=dry_run,
+            **kwargs,
+        )
+
+
+def _run_live(
     *,
     config_path: str | None = None,
     sysfs_root: str = "/",
@@ -219,6 +268,9 @@ def run_live(
             )
 
         pinger = WatchdogPinger(notifier, clock.now)
+        if pinger.interval_s:  # ping between ticks too: a long period_ms must not starve it
+            loop.idle_every_s = pinger.interval_s / 2.0
+            loop.on_idle.append(pinger.tick)
         last_status = [-1e18]
 
         def after_tick(res: TickResult) -> None:

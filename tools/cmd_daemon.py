@@ -54,7 +54,8 @@ from tools.common import emit_json, fail, guard_errors
     "duration_s",
     default=None,
     type=click.FloatRange(min=0.001),
-    help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped.",
+    help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped; "
+    "60 virtual seconds with --sim.",
 )
 @click.option(
     "--status-file",
@@ -240,7 +241,18 @@ def status_cmd(socket_path: str, as_json: bool) -> None:
     if as_json:
         emit_json(status)
         return
-    _print_status(status)
+    try:
+        _print_status(status)
+        _print_jobs(status)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        what = f"no field {err}" if isinstance(err, KeyError) else str(err)
+        fail(
+            f"the daemon at {socket_path} answered a status this hidvfs cannot read ({what}); "
+            "is it another hidvfs version? `hidvfs status --json` shows the answer"
+        )
+
+
+def _print_jobs(status: dict) -> None:
     for j in status.get("jobs", []):
         dl = j.get("deadline_s")
         prof = j.get("profile_version")
@@ -301,6 +313,12 @@ def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> Non
         socket_path=socket_path,
         on_registered=unplanned,
     )
+    if result.get("unmanaged"):
+        click.echo(
+            f"hidvfs: warning: {result['name']!r} ended before the daemon could register it; "
+            "it ran unmanaged",
+            err=True,
+        )
     if as_json:
         emit_json(result)
     else:

@@ -93,7 +93,35 @@ def render_unit(template: str, exe: str | None) -> str:
             f"the unit template must have exactly one ExecStart= line, found {len(hits)}"
         )
     lines[hits[0]] = f"ExecStart={_systemd_quote(exe)} {DAEMON_ARGS}\n"
+    if _in_home(exe):
+        # ProtectHome=yes hides /home and /root, and the service could not even start the
+        # script (203/EXEC); read-only keeps them unwritable but lets it run
+        lines = [
+            "# hidvfs is installed under a home folder, which ProtectHome=yes would hide\n"
+            "ProtectHome=read-only\n"
+            if ln.strip() == "ProtectHome=yes"
+            else ln
+            for ln in lines
+        ]
     return "".join(lines)
+
+
+_HOMES = ("/home/", "/root/", "/run/user/")
+
+
+def _in_home(exe: str) -> bool:
+    """Whether the script, or the Python it runs under, lives where ProtectHome=yes hides."""
+    paths = {exe, os.path.realpath(exe)}
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(512)
+        if first.startswith(b"#!"):
+            interp = first[2:].decode(errors="replace").split()
+            if interp:
+                paths.update({interp[0], os.path.realpath(interp[0])})
+    except OSError:
+        pass
+    return any(p.startswith(_HOMES) for p in paths)
 
 
 def _under(prefix: str, path: str) -> str:
@@ -110,7 +138,13 @@ def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = N
     steps = [
         Step(
             "write",
-            f"install the systemd unit (ExecStart={exe or '/usr/bin/env hidvfs'})",
+            f"install the systemd unit (ExecStart={exe or '/usr/bin/env hidvfs'}"
+            + (
+                ", ProtectHome=read-only: it is under a home folder"
+                if exe and _in_home(exe)
+                else ""
+            )
+            + ")",
             _under(prefix, f"{UNIT_DIR}/{UNIT_NAME}"),
             content=unit,
         ),

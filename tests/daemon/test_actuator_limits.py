@@ -159,3 +159,17 @@ def test_limits_put_back_are_what_the_drift_check_expects(no_userspace):
     o = act.envelope(sensor.read(3.0))
     act.apply(Decision({}, governor={c.name: "schedutil" for c in spec.clusters}), o)
     assert detect_drift(sysfs, act.expected) == []
+
+
+def test_a_dry_run_shows_each_write_once_and_only_those_the_real_run_makes(no_userspace):
+    """A dry run prints the writes a real run would make: a value already in place is not
+    written, and a repeated decision writes nothing (it printed every tick before)."""
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    lo, hi = a57.freqs_khz[0], a57.freqs_khz[2]
+    for n, v in (("scaling_min_freq", lo), ("scaling_max_freq", hi)):
+        sysfs.write(paths.policy_file(a57.policy, n), str(v))
+    act, sensor = Actuator(sysfs, NoProcesses(), dry_run=True), Sensor(spec, sysfs)
+    run(spec, sysfs, act, sensor, "maxfreq", ticks=5)  # maxfreq in limits: pins min = max = hi
+    mine = [(p, v) for p, v in act.planned if f"policy{a57.policy}/" in p]
+    assert mine == [(paths.policy_file(a57.policy, "scaling_min_freq"), str(hi))]

@@ -68,6 +68,24 @@ def test_invalid_yaml_names_the_file(tmp_path):
     assert str(p) in str(exc.value) and "valid YAML" in str(exc.value)
 
 
+def test_a_config_that_is_not_utf8_names_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"policy: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml.*UTF-8"):
+        load_config(p)
+
+
+def test_a_board_spec_path_ending_in_yml_is_loaded(tmp_path):
+    """The config accepts .yaml and .yml board paths; the daemon loads both."""
+    from daemon.service import resolve_board
+
+    src = Path(__file__).resolve().parents[2] / "platforms" / "boards" / "tx2.yaml"
+    yml = tmp_path / "tx2.yml"
+    yml.write_text(src.read_text())
+    cfg = parse_config({"board": str(yml)})
+    assert resolve_board(cfg, None).name == "tx2"
+
+
 def test_shipped_config_is_the_defaults_and_documents_every_key():
     cfg = load_config(SHIPPED)
     assert cfg == Config()

@@ -190,6 +190,88 @@ def test_kill9_then_restart_restores_old_snapshot_first(board):
     assert tree_state(tree, spec) == original
 
 
+@pytest.mark.parametrize("why", ["config typo", "file gone"])
+def test_a_restart_that_is_refused_still_restores_the_crashed_runs_snapshot(board, why):
+    """After a crash the next start may refuse (a config typo, a file the crash left
+    missing); it puts the dead run's snapshot back first, or under Restart=on-failure the
+    board would keep the dead run's settings for good."""
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state)
+    gov = tree / paths.policy_file(0, "scaling_governor")
+    wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert tree_state(tree, spec) != original
+    extra: tuple[str, ...] = ("--duration", "0.5")
+    gone = tree / paths.policy_file(1, "scaling_max_freq")
+    if why == "config typo":
+        cfg = state / "bad.yaml"
+        cfg.write_text("perod_ms: 100\n")
+        extra += ("--config", str(cfg))
+    else:
+        kept = gone.read_text()
+        gone.unlink()
+    proc2, log2 = start_daemon(tree, state, *extra)
+    _, err = proc2.communicate(timeout=60)
+    assert proc2.returncode != 0
+    text = log2.read_text()
+    assert "perod_ms" in text if why == "config typo" else "scaling_max_freq" in text
+    if why == "file gone":
+        gone.write_text(kept)
+        assert (state / "restore.json").exists()  # partly restored: the originals are kept
+        original.pop(str(gone.relative_to(tree)))
+        now = tree_state(tree, spec)
+        now.pop(str(gone.relative_to(tree)))
+        assert now == original
+    else:
+        assert tree_state(tree, spec) == original
+        assert not (state / "restore.json").exists()
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused_before_touching_anything(board):
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state, policy="maxfreq")
+    try:
+        gov = tree / paths.policy_file(0, "scaling_governor")
+        wait_for(lambda: gov.read_text().strip() == "userspace", what="the first daemon")
+        held = tree_state(tree, spec)
+        snap = (state / "restore.json").read_text()
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tools.cli",
+                "daemon",
+                "--sysfs-root",
+                str(tree),
+                "--policy",
+                "powersave",
+                "--duration",
+                "1",
+                "--state-dir",
+                str(state),
+                "--socket",
+                str(state / "other.sock"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert second.returncode == 2
+        assert f"another hidvfs daemon (pid {proc.pid}) is running" in second.stderr
+        assert (state / "restore.json").read_text() == snap  # the first one's originals
+        assert tree_state(tree, spec) == held
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+    assert tree_state(tree, spec) == original
+
+
 def test_missing_file_and_eagain_zone_are_logged_not_fatal(board):
     spec, tree, state = board
     (tree / paths.zone_file(0, "temp")).unlink()  # BCPU-therm vanishes

@@ -108,3 +108,32 @@ def test_module_functions_use_the_environment(receiver, monkeypatch):
     assert notify.stopping()
     assert recv(s) == ["STOPPING=1"]
     monkeypatch.setattr(notify, "_default", None)
+
+
+def test_a_period_longer_than_the_watchdog_still_gets_pinged_between_ticks():
+    """WatchdogSec=10 with period_ms=15000: pings come from the loop's wait, at most 0.75 x
+    WatchdogSec apart, while the ticks stay 15 s apart."""
+    from agents.governors import make_governor
+    from daemon.loop import ControlLoop
+    from platforms.sim import make_sim_platform
+    from platforms.spec import load_board
+
+    platform = make_sim_platform(load_board("tx2"), seed=0)
+    clock = platform.clock
+    pings: list[float] = []
+
+    class Recorder(Notifier):
+        def watchdog(self) -> bool:
+            pings.append(clock.now())
+            return True
+
+    pinger = WatchdogPinger(Recorder({"WATCHDOG_USEC": "10000000"}), clock.now)
+    loop = ControlLoop(platform, make_governor("schedutil"), period_s=15.0)
+    ticks: list[float] = []
+    loop.on_tick.append(lambda res: (ticks.append(res.t), pinger.tick()))
+    loop.idle_every_s = pinger.interval_s / 2
+    loop.on_idle.append(pinger.tick)
+    loop.run(duration_s=60.0)
+    assert [round(b - a, 6) for a, b in zip(ticks, ticks[1:])] == [15.0, 15.0, 15.0]
+    gaps = [b - a for a, b in zip(pings, pings[1:])]
+    assert pings[0] == ticks[0] and max(gaps) <= 7.5 + 1e-9 and len(pings) >= 10

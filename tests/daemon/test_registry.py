@@ -521,3 +521,40 @@ def test_status_command_lists_the_jobs_and_the_adaptive_shield(sock_path):
     assert "adaptive shield: alpha 0.1 -> 0.1123 after 40 bounds scored" in r.output
     assert f"job {jobs[0].pid} fib (lo)" in r.output and "profile v1" in r.output
     assert f"job {jobs[1].pid} other (lo)" in r.output and "no profile" in r.output
+
+
+def test_a_command_that_ends_before_it_registers_still_reports_its_exit(server, monkeypatch):
+    """`hidvfs run -- sh -c 'exit 3'`: the child can exit before the daemon sees it (a
+    zombie counts as gone); its own exit status and makespan are the result, flagged
+    unmanaged, not a registry error with status 2."""
+    import daemon.client as client_mod
+
+    real_spawn = client_mod.spawn
+
+    def spawn_and_wait(cmd):
+        proc = real_spawn(cmd)
+        # make the race certain: the child has exited, a zombie not yet reaped
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        return proc
+
+    monkeypatch.setattr(client_mod, "spawn", spawn_and_wait)
+    r = run_registered(["sh", "-c", "exit 3"], socket_path=server.path)
+    assert r["returncode"] == 3 and r["unmanaged"] is True and r["makespan_s"] > 0
+    assert len(server.registry.table) == 0
+
+
+@pytest.mark.parametrize(
+    "answer", [{}, None, {"board": "tx2", "freq_khz": {"a": "bad"}}, {"jobs": "x"}]
+)
+def test_status_of_an_answer_it_cannot_read_is_one_line(monkeypatch, answer):
+    """A daemon of another version may answer a status this client cannot format: one clear
+    line, no traceback."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    monkeypatch.setattr(RegistryClient, "status", lambda self: answer)
+    r = CliRunner().invoke(cli, ["status", "--socket", "/nonexistent.sock"])
+    assert r.exit_code == 2, r.output
+    assert "answered a status this hidvfs cannot read" in r.output
+    assert "Traceback" not in r.output

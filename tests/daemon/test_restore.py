@@ -417,3 +417,28 @@ def test_expected_from_snapshot_matches_the_tree(tmp_path):
     mutate(fs)
     assert len(detect_drift(fs, expected)) >= 5
     assert Snapshot.from_json(snap.to_json()) == snap
+
+
+def test_a_snapshot_with_min_above_max_is_not_originals(tmp_path):
+    """The kernel never holds min > max, so such a file is corrupt: it is moved aside, never
+    written back (that would invert the limits)."""
+    fs = make_tree(tmp_path / "sys")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "restore.json").write_text(
+        json.dumps(
+            {
+                "format": "hidvfs-restore",
+                "version": 1,
+                "policies": [
+                    {"policy": 0, "governor": "ondemand", "min_khz": "1420800", "max_khz": "652800"}
+                ],
+            }
+        )
+    )
+    with pytest.raises(SnapshotError, match="min_khz 1420800 > max_khz 652800"):
+        load_snapshot(state)
+    before = {p: fs.read(p) for p in (paths.policy_file(0, "scaling_min_freq"),)}
+    assert recover_stale(fs, state, LOG) is None
+    assert (state / "restore.json.corrupt").exists()
+    assert {p: fs.read(p) for p in before} == before

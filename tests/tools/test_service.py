@@ -183,3 +183,22 @@ def test_systemd_analyze_verify(tmp_path):
     # and the check can fail: a missing executable is reported
     bad = _verify(sp.render_unit(UNIT.read_text(), str(tmp_path / "missing-hidvfs")), tmp_path)
     assert bad.returncode != 0 and "missing-hidvfs" in bad.stderr
+
+
+def test_a_script_under_a_home_folder_gets_protecthome_read_only(tmp_path, monkeypatch):
+    """ProtectHome=yes hides /home and /root: a pyenv, --user or home venv install could not
+    even be started (203/EXEC). Such a unit gets ProtectHome=read-only, others keep yes."""
+    monkeypatch.setattr(sp, "_HOMES", (str(tmp_path) + "/",))
+    script = tmp_path / "venv" / "bin" / "hidvfs"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/usr/bin/python3\n")
+    text = sp.render_unit(UNIT.read_text(), str(script))
+    assert unit_directives(text)["Service.ProtectHome"] == ["read-only"]
+    # the interpreter of the script counts too (a system path script run by a home Python)
+    other = tmp_path.parent / f"{tmp_path.name}-opt" / "hidvfs"
+    other.parent.mkdir()
+    other.write_text(f"#!{tmp_path}/venv/bin/python\n")
+    assert unit_directives(sp.render_unit(UNIT.read_text(), str(other)))["Service.ProtectHome"] == [
+        "read-only"
+    ]
+    assert unit_directives(sp.render_unit(UNIT.read_text(), EXE))["Service.ProtectHome"] == ["yes"]
