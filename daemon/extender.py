@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 log = logging.getLogger("hidvfs.coordinator")
 
 MAX_BODY = 8 << 20
+#: a connection that sends nothing for this long is closed (idle keep-alive, short bodies)
+HANDLER_TIMEOUT_S = 10.0
 #: pod annotations an upstream DAG coordinator sets (seconds on a speed-1 node)
 ANN_WORK = "hidvfs.io/work-s"
 ANN_RANK = "hidvfs.io/rank-s"
@@ -64,25 +68,51 @@ _MEM_UNIT = {
 }
 
 
-def parse_cpu(q: object) -> float:
+def _quantity(v: float, what: str, q: object) -> float:
+    """A request quantity must be finite and >= 0 (a NaN or -1 would slip through every fit)."""
+    if not math.isfinite(v) or v < 0:
+        raise BadRequest(f"{what} quantity {q!r} is not a finite number >= 0")
+    return v
+
+
+def _quantity_text(q: object, what: str) -> str:
+    if isinstance(q, bool) or not isinstance(q, (str, int, float)):
+        raise BadRequest(f"{what} quantity {q!r:.60}: expected a string or a number")
+    return str(q).strip()
+
+
+def parse_cpu(q: object, what: str = "cpu") -> float:
     """Kubernetes CPU quantity (``"500m"``, ``"2"``, 1.5) in cores."""
     if isinstance(q, (int, float)) and not isinstance(q, bool):
-        return float(q)
-    m = _CPU_RE.match(str(q).strip())
-    if not m:
-        raise BadRequest(f"cpu quantity {q!r} is not understood")
-    v = float(m.group(1))
-    return v / 1000.0 if m.group(2) else v
+        try:
+            return _quantity(float(q), what, q)
+        except OverflowError:
+            raise BadRequest(f"{what} quantity is too large") from None
+    m = _CPU_RE.match(_quantity_text(q, what))
+    try:
+        v = float(m.group(1)) if m else None
+    except ValueError:
+        v = None
+    if v is None:
+        raise BadRequest(f"{what} quantity {q!r:.60} is not understood")
+    return _quantity(v / 1000.0 if m.group(2) else v, what, q)
 
 
-def parse_mem_gb(q: object) -> float:
+def parse_mem_gb(q: object, what: str = "memory") -> float:
     """Kubernetes memory quantity (``"1Gi"``, ``"512M"``, bytes) in GB (10^9 bytes)."""
     if isinstance(q, (int, float)) and not isinstance(q, bool):
-        return float(q) / 1e9
-    m = _MEM_RE.match(str(q).strip())
-    if not m:
-        raise BadRequest(f"memory quantity {q!r} is not understood")
-    return float(m.group(1)) * _MEM_UNIT[m.group(2)] / 1e9
+        try:
+            return _quantity(float(q) / 1e9, what, q)
+        except OverflowError:
+            raise BadRequest(f"{what} quantity is too large") from None
+    m = _MEM_RE.match(_quantity_text(q, what))
+    try:
+        v = float(m.group(1)) * _MEM_UNIT[m.group(2)] / 1e9 if m else None
+    except ValueError:
+        v = None
+    if v is None:
+        raise BadRequest(f"{what} quantity {q!r:.60} is not understood")
+    return _quantity(v, what, q)
 
 
 @dataclass(frozen=True)
@@ -113,47 +143,72 @@ class ExtenderArgs:
 def _number_annotation(ann: dict, key: str, default: float | None) -> float | None:
     if key not in ann:
         return default
+    v = ann[key]
     try:
-        v = float(ann[key])
-    except (TypeError, ValueError):
-        raise BadRequest(f"pod annotation {key}={ann[key]!r} is not a number") from None
-    if v < 0:
-        raise BadRequest(f"pod annotation {key}={v!r} is negative")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise TypeError
+        v = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise BadRequest(f"pod annotation {key}={ann[key]!r:.60} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise BadRequest(f"pod annotation {key}={ann[key]!r:.60} is not a finite number >= 0")
+    return v
+
+
+def _obj(d: object, key: str, where: str) -> dict:
+    """``d[key]`` (case-insensitive) as an object: absent or null is empty, else a 400."""
+    v = ci_get(d, key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise BadRequest(f"{where}: expected an object, got {type(v).__name__}")
     return v
 
 
 def parse_pod(pod: object) -> PodRequest:
     if not isinstance(pod, dict):
         raise BadRequest("Pod: expected an object")
-    meta = ci_get(pod, "metadata", {}) or {}
+    meta = _obj(pod, "metadata", "Pod.metadata")
     name = str(ci_get(meta, "name", "") or "")
     ns = ci_get(meta, "namespace")
-    ann = ci_get(meta, "annotations", {}) or {}
+    ann = _obj(meta, "annotations", "Pod.metadata.annotations")
+    containers = ci_get(_obj(pod, "spec", "Pod.spec"), "containers") or []
+    if not isinstance(containers, list):
+        raise BadRequest(f"Pod.spec.containers: expected a list, got {type(containers).__name__}")
     cpu = mem = 0.0
-    for c in ci_get(ci_get(pod, "spec", {}) or {}, "containers", []) or []:
-        req = ci_get(ci_get(c, "resources", {}) or {}, "requests", {}) or {}
+    for i, c in enumerate(containers):
+        where = f"Pod.spec.containers[{i}]"
+        if not isinstance(c, dict):
+            raise BadRequest(f"{where}: expected an object, got {type(c).__name__}")
+        req = _obj(_obj(c, "resources", f"{where}.resources"), "requests", f"{where}.requests")
         if ci_get(req, "cpu") is not None:
-            cpu += parse_cpu(ci_get(req, "cpu"))
+            cpu += parse_cpu(ci_get(req, "cpu"), f"{where} cpu")
         if ci_get(req, "memory") is not None:
-            mem += parse_mem_gb(ci_get(req, "memory"))
+            mem += parse_mem_gb(ci_get(req, "memory"), f"{where} memory")
     work = _number_annotation(ann, ANN_WORK, DEFAULT_WORK_S)
     rank = _number_annotation(ann, ANN_RANK, work)
     return PodRequest(f"{ns}/{name}" if ns else name, cpu, mem, float(work), float(max(rank, work)))
 
 
-def _node_info(item: dict) -> NodeInfo:
-    meta = ci_get(item, "metadata", {}) or {}
+def _node_info(item: object, i: int) -> NodeInfo:
+    where = f"Nodes.items[{i}]"
+    if not isinstance(item, dict):
+        raise BadRequest(f"{where}: expected a Node object, got {type(item).__name__}")
+    meta = _obj(item, "metadata", f"{where}.metadata")
     name = ci_get(meta, "name")
     if not isinstance(name, str) or not name:
-        raise BadRequest("Nodes.items[].metadata.name: expected a node name")
-    alloc = ci_get(ci_get(item, "status", {}) or {}, "allocatable", {}) or {}
+        raise BadRequest(f"{where}.metadata.name: expected a node name")
+    alloc = _obj(_obj(item, "status", f"{where}.status"), "allocatable", f"{where}.allocatable")
+    labels = _obj(meta, "labels", f"{where}.metadata.labels")
+    if not all(isinstance(v, str) for v in labels.values()):
+        raise BadRequest(f"{where}.metadata.labels: expected string values")
     cpu = ci_get(alloc, "cpu")
     mem = ci_get(alloc, "memory")
     return NodeInfo(
         name,
-        parse_cpu(cpu) if cpu is not None else None,
-        parse_mem_gb(mem) if mem is not None else None,
-        dict(ci_get(meta, "labels", {}) or {}),
+        parse_cpu(cpu, f"{where} allocatable cpu") if cpu is not None else None,
+        parse_mem_gb(mem, f"{where} allocatable memory") if mem is not None else None,
+        dict(labels),
     )
 
 
@@ -162,6 +217,8 @@ def parse_args(body: bytes) -> ExtenderArgs:
         data = json.loads(body or b"null")
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BadRequest(f"body is not JSON ({err})") from None
+    except RecursionError:
+        raise BadRequest("body is JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest("ExtenderArgs: expected a JSON object")
     lower = "pod" in data and "Pod" not in data
@@ -169,10 +226,12 @@ def parse_args(body: bytes) -> ExtenderArgs:
     node_list = ci_get(data, "nodes")
     names = ci_get(data, "nodenames")
     if node_list is not None:
+        if not isinstance(node_list, dict):
+            raise BadRequest('Nodes: expected a NodeList object ({"items": [...]})')
         items = ci_get(node_list, "items", []) or []
         if not isinstance(items, list):
             raise BadRequest("Nodes.items: expected a list")
-        return ExtenderArgs(pod, [_node_info(i) for i in items], items, lower)
+        return ExtenderArgs(pod, [_node_info(it, i) for i, it in enumerate(items)], items, lower)
     if names is not None:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise BadRequest("NodeNames: expected a list of strings")
@@ -224,6 +283,7 @@ class Verbs:
 def make_handler(verbs: Verbs) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "hidvfs-coordinator/1"
+        timeout = HANDLER_TIMEOUT_S  # an idle or half-sent request must not hold a thread
 
         def log_message(self, fmt, *a):  # route access logs through logging, not stderr
             log.debug("%s %s", self.address_string(), fmt % a)
@@ -247,14 +307,33 @@ def make_handler(verbs: Verbs) -> type[BaseHTTPRequestHandler]:
             if verb not in ("filter", "prioritize"):
                 self._send(404, {"Error": f"unknown verb {verb!r}; expected filter or prioritize"})
                 return
+            length = self.headers.get("Content-Length")
+            if length is None or "chunked" in (self.headers.get("Transfer-Encoding") or ""):
+                self.close_connection = True  # the body, if any, is still on the socket
+                self._send(411, {"Error": "Content-Length required (chunked bodies are not read)"})
+                return
             try:
-                n = int(self.headers.get("Content-Length") or 0)
+                n = int(length) if length.strip().isascii() and length.strip().isdigit() else -1
                 if n < 0 or n > MAX_BODY:
-                    raise BadRequest(f"Content-Length {n} outside 0..{MAX_BODY}")
-                args = parse_args(self.rfile.read(n))
-            except (BadRequest, ValueError) as err:
+                    self.close_connection = True
+                    raise BadRequest(f"Content-Length {length!r:.40}: expected 0..{MAX_BODY}")
+                try:
+                    body = self.rfile.read(n)
+                except TimeoutError:
+                    self.close_connection = True
+                    raise BadRequest(
+                        f"body shorter than Content-Length {n} (none for {self.timeout:g} s)"
+                    ) from None
+                if len(body) < n:
+                    raise BadRequest(f"body ended after {len(body)} of {n} bytes")
+                args = parse_args(body)
+            except BadRequest as err:
                 log.warning("%s: bad request: %s", verb, err)
                 self._send(400, {"Error": str(err)})
+                return
+            except Exception as err:  # a malformed request is a 400, never a dropped socket
+                log.warning("%s: bad request: %s: %s", verb, type(err).__name__, err)
+                self._send(400, {"Error": f"malformed request ({type(err).__name__}: {err})"})
                 return
             try:
                 if verb == "filter":
@@ -271,8 +350,17 @@ def make_handler(verbs: Verbs) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the default 5 reset connections at 32-64 concurrent clients
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def make_server(host: str, port: int, verbs: Verbs) -> ThreadingHTTPServer:
-    """A threading HTTP server (port 0 = ephemeral; read ``server.server_address``)."""
-    srv = ThreadingHTTPServer((host, port), make_handler(verbs))
-    srv.daemon_threads = True
-    return srv
+    """A threading HTTP server (port 0 = ephemeral; read ``server.server_address``); an IPv6
+    host (``::1``) gets an IPv6 socket."""
+    cls = _Server6 if ":" in host else _Server
+    return cls((host, port), make_handler(verbs))

@@ -447,3 +447,130 @@ def test_labels_from_whole_nodes_are_remembered_for_node_names(caplog):
         assert "have no --nodes URL" in caplog.text
     finally:
         _stop(srv)
+
+
+def _raw_post(base, path, head: bytes, body: bytes = b"", timeout=5.0) -> tuple[int, dict]:
+    """POST with hand-written headers over a plain socket: (status, JSON reply)."""
+    host, port = base.rsplit("/", 1)[-1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+            if b"\r\n\r\n" in data:
+                top, _, rest = data.partition(b"\r\n\r\n")
+                n = int(
+                    next(
+                        h for h in top.split(b"\r\n") if h.lower().startswith(b"content-length")
+                    ).split(b":")[1]
+                )
+                if len(rest) >= n:
+                    return int(top.split()[1]), json.loads(rest[:n])
+    raise AssertionError(f"connection closed without a reply: {data!r}")
+
+
+def _post_error(url, obj_or_bytes) -> tuple[int, str]:
+    data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else json.dumps(obj_or_bytes).encode()
+    req = urllib.request.Request(url, data=data, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    return err.value.code, json.loads(err.value.read())["Error"]
+
+
+def _pod(requests=None, annotations=None):
+    return {
+        "metadata": {"name": "p", "annotations": annotations or {}},
+        "spec": {"containers": [{"resources": {"requests": requests or {}}}]},
+    }
+
+
+MALFORMED_REQUESTS = [
+    ({"Pod": {"spec": {"containers": 5}}, "NodeNames": ["a"]}, "containers"),
+    ({"Pod": {"spec": {"containers": True}}, "NodeNames": ["a"]}, "containers"),
+    ({"Pod": {"spec": {"containers": [5]}}, "NodeNames": ["a"]}, "containers[0]"),
+    ({"Pod": {"metadata": []}, "NodeNames": ["a"]}, "metadata"),
+    ({"Pod": _pod({"cpu": {"x": 1}}), "NodeNames": ["a"]}, "cpu"),
+    (
+        {"Pod": POD, "Nodes": {"items": [{"metadata": {"name": "a", "labels": ["x"]}}]}},
+        "labels",
+    ),
+    ({"Pod": POD, "Nodes": {"items": [5]}}, "items[0]"),
+    ({"Pod": POD, "Nodes": [{"metadata": {"name": "a"}}]}, "NodeList object"),
+    (b"[" * 100000, "nested too deeply"),
+    ({"Pod": _pod(annotations={"hidvfs.io/work-s": "nan"}), "NodeNames": ["a"]}, "work-s"),
+    ({"Pod": _pod(annotations={"hidvfs.io/work-s": "inf"}), "NodeNames": ["a"]}, "work-s"),
+    ({"Pod": _pod(annotations={"hidvfs.io/rank-s": "1e309"}), "NodeNames": ["a"]}, "rank-s"),
+    ({"Pod": _pod(annotations={"hidvfs.io/work-s": [1]}), "NodeNames": ["a"]}, "work-s"),
+    ({"Pod": _pod({"cpu": -1}), "NodeNames": ["a"]}, "cpu"),
+    ({"Pod": _pod({"memory": "1e309"}), "NodeNames": ["a"]}, "memory"),
+    ({"Pod": _pod({"cpu": "1.2.3"}), "NodeNames": ["a"]}, "cpu"),
+    (
+        {
+            "Pod": POD,
+            "Nodes": {
+                "items": [{"metadata": {"name": "a"}, "status": {"allocatable": {"cpu": -4}}}]
+            },
+        },
+        "allocatable cpu",
+    ),
+]
+
+
+def test_malformed_requests_get_400_naming_the_field(extender):
+    for body, needle in MALFORMED_REQUESTS:
+        for verb in ("filter", "prioritize"):
+            code, error = _post_error(f"{extender}/{verb}", body)
+            assert code == 400 and needle in error, (body, error)
+
+
+def test_a_nan_cpu_is_refused():
+    # JSON NaN reaches parse_cpu as a float
+    with pytest.raises(ValueError, match="finite"):
+        parse_cpu(float("nan"))
+    with pytest.raises(ValueError, match="finite"):
+        parse_mem_gb(-1)
+
+
+def test_content_length_is_required_and_checked(extender):
+    body = json.dumps({"Pod": POD, "NodeNames": ["orin-a"]}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    code, out = _raw_post(extender, "/filter", b"Transfer-Encoding: chunked\r\n", chunked)
+    assert code == 411 and "Content-Length required" in out["Error"]
+    code, out = _raw_post(extender, "/filter", b"")
+    assert code == 411
+    code, out = _raw_post(extender, "/filter", b"Content-Length: abc\r\n", body)
+    assert code == 400 and "Content-Length 'abc'" in out["Error"]
+    code, out = _raw_post(extender, "/filter", b"Content-Length: %d\r\n" % len(body), body)
+    assert code == 200 and out["NodeNames"] == ["orin-a"]
+
+
+def test_a_short_body_is_answered_after_the_handler_timeout(monkeypatch):
+    import daemon.extender as ext
+
+    monkeypatch.setattr(ext, "HANDLER_TIMEOUT_S", 0.5)
+    srv, base = _serve(None, "fifo", timeout_s=0.1)
+    try:
+        assert srv.request_queue_size >= 128
+        t0 = time.monotonic()
+        code, out = _raw_post(base, "/filter", b"Content-Length: 100\r\n", b'{"Pod"')
+        assert code == 400 and "shorter than Content-Length" in out["Error"]
+        assert time.monotonic() - t0 < 3
+    finally:
+        _stop(srv)
+
+
+def test_serves_on_ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as err:
+        pytest.skip(f"no IPv6 loopback ({err})")
+    srv = build_server("::1", 0, "fifo", None, timeout_s=0.1)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with urllib.request.urlopen(
+            f"http://[::1]:{srv.server_address[1]}/healthz", timeout=5
+        ) as r:
+            assert json.loads(r.read())["ok"] is True
+    finally:
+        _stop(srv)
