@@ -98,11 +98,13 @@ class ThermalGuard:
                 limit = trip - self.margin_c
                 if temp >= limit:
                     current = c.level if c.level is not None else top
+                    before = level
                     level = max(0, min(level, current) - 1)
-                    out.events.append(
-                        f"thermal_cap cluster={c.name} temp_c={temp:.1f} limit_c={limit:.1f} "
-                        f"cap_khz={c.freqs_khz[level]}"
-                    )
+                    if level < before:  # at the floor already: nothing new to report each tick
+                        out.events.append(
+                            f"thermal_cap cluster={c.name} temp_c={temp:.1f} "
+                            f"limit_c={limit:.1f} cap_khz={c.freqs_khz[level]}"
+                        )
                 elif temp < limit - self.hysteresis_c and level < top:
                     level += 1
             if level >= top:

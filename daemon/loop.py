@@ -37,6 +37,28 @@ class TickResult:
     finished: list[JobOutcome] = field(default_factory=list)
 
 
+class SensorErrorLog:
+    """Log a sensor file when its reads start failing and when they recover, once each: the
+    status keeps only the latest errors, and a file failing every tick must not flood."""
+
+    def __init__(self, logger: logging.Logger):
+        self.log = logger
+        self.failing: dict[str, str] = {}  # file -> the error that started it
+
+    @staticmethod
+    def _file(error: str) -> str:
+        return error.split(": ", 1)[0]
+
+    def update(self, errors) -> None:
+        now = {self._file(e): e for e in errors}
+        for f, e in now.items():
+            if f not in self.failing:
+                self.log.warning("event=sensor_unavailable detail=%r", e)
+        for f in self.failing.keys() - now.keys():
+            self.log.info("event=sensor_recovered file=%s", f)
+        self.failing = now
+
+
 class ControlLoop:
     def __init__(
         self,
@@ -80,6 +102,11 @@ class ControlLoop:
         self.ticks = 0
         self.energy_j = 0.0  # trapezoid integral of the total rail, as a board would measure
         self.cpu_energy_j = 0.0
+        #: seconds the integrals above miss because a reading failed (the energy is a lower
+        #: bound by that much); whether each rail has ever been read
+        self.energy_gap_s = 0.0
+        self.cpu_energy_gap_s = 0.0
+        self._metered = (False, False)
         self.events_total = 0
         self.last: TickResult | None = None
         self._last_power: tuple[float, float | None, float | None] | None = None
@@ -180,8 +207,13 @@ class ControlLoop:
             if dt > 0:
                 if p is not None and p_prev is not None:
                     self.energy_j += 0.5 * (p + p_prev) * dt
+                elif self._metered[0]:  # a reading failed at either end: not integrated
+                    self.energy_gap_s += dt
                 if pc is not None and pc_prev is not None:
                     self.cpu_energy_j += 0.5 * (pc + pc_prev) * dt
+                elif self._metered[1]:
+                    self.cpu_energy_gap_s += dt
+        self._metered = (self._metered[0] or p is not None, self._metered[1] or pc is not None)
         self._last_power = (obs.t, p, pc)
 
     # -- running -----------------------------------------------------------------------------
@@ -245,10 +277,11 @@ class ControlLoop:
                 "total": obs.total_power_w if obs else None,
                 "cpu": obs.cpu_power_w if obs else None,
             },
-            "energy_j": round(self.energy_j, 6) if obs and obs.total_power_w is not None else None,
-            "cpu_energy_j": round(self.cpu_energy_j, 6)
-            if obs and obs.cpu_power_w is not None
-            else None,
+            # kept through a failed reading once metered; the gap says what it misses
+            "energy_j": round(self.energy_j, 6) if self._metered[0] else None,
+            "cpu_energy_j": round(self.cpu_energy_j, 6) if self._metered[1] else None,
+            "energy_gap_s": round(self.energy_gap_s, 6),
+            "cpu_energy_gap_s": round(self.cpu_energy_gap_s, 6),
             "jobs_running": len(self.jobs),
             "jobs_done": len(self.jobs.outcomes),
             "deadline_misses": self.jobs.misses(),

@@ -21,7 +21,7 @@ from daemon.config import Config, load_config, policy_options, read_token
 from daemon.guard import config_guard
 from daemon.jobs import JobTable
 from daemon.logs import log_event, setup_logging
-from daemon.loop import ControlLoop, TickResult
+from daemon.loop import ControlLoop, SensorErrorLog, TickResult
 from daemon.notify import Notifier, WatchdogPinger
 from daemon.profiles import ProfileLookup
 from daemon.restore import begin_session, detect_drift, recover_stale, restore_snapshot
@@ -273,8 +273,11 @@ def _run_live(
             loop.on_idle.append(pinger.tick)
         last_status = [-1e18]
 
+        sensor_log = SensorErrorLog(log)
+
         def after_tick(res: TickResult) -> None:
             pinger.tick()
+            sensor_log.update(res.obs.errors)
             if cfg.recheck_each_tick and not dry_run:
                 for msg in detect_drift(sysfs, loop.actuator.expected):
                     log_event(log, "drift", level=logging.WARNING, detail=msg)

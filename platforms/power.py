@@ -177,10 +177,32 @@ def read_power_mw(sysfs: SysfsBackend, src: RailSource) -> float:
     Values may carry a unit suffix (``"32760 ma"``); only the leading integer counts.
     """
     if src.driver == "iio":
-        return float(sysfs.read_int(paths.iio_power(src.folder, src.channel)))
-    mv = sysfs.read_int(f"{src.folder}/in{src.channel}_input")
-    ma = sysfs.read_int(f"{src.folder}/curr{src.channel}_input")
-    return mv * ma / 1000.0
+        path = paths.iio_power(src.folder, src.channel)
+        return _plausible_mw(path, float(sysfs.read_int(path)))
+    vpath = f"{src.folder}/in{src.channel}_input"
+    ipath = f"{src.folder}/curr{src.channel}_input"
+    mv = sysfs.read_int(vpath)
+    ma = sysfs.read_int(ipath)
+    if mv < 0:  # a bus voltage is never negative (and -V x -A would pass as power)
+        raise SysfsUnavailable(vpath, f"implausible bus voltage {mv} mV")
+    if ma < -RAIL_NOISE_MA:
+        raise SysfsUnavailable(ipath, f"implausible current {ma} mA")
+    return _plausible_mw(f"{vpath} x {ipath}", mv * max(ma, 0) / 1000.0)
+
+
+#: an INA3221 channel of an idle rail reads a few mA either side of 0; past this, a negative
+#: current is a broken reading
+RAIL_NOISE_MA = 100
+#: no rail of a board this daemon drives draws a kilowatt: above it the reading is garbage
+RAIL_MAX_MW = 1_000_000.0
+
+
+def _plausible_mw(path: str, mw: float) -> float:
+    """``mw`` if a rail can read it (noise below 0 counts as 0), else SysfsUnavailable: a
+    garbage reading must never be integrated into the energy."""
+    if mw < -RAIL_NOISE_MA * 5.0 or mw > RAIL_MAX_MW:
+        raise SysfsUnavailable(path, f"implausible power {mw:g} mW")
+    return max(mw, 0.0)
 
 
 def read_power_mw_or_none(sysfs: SysfsBackend, src: RailSource | None) -> float | None:

@@ -40,6 +40,25 @@ class _ZonePlan:
     path: str | None  # the zone's temp file; None while no zone has this type
     passive_c: float | None
     critical_c: float | None
+    index: int | None = None  # the zone's thermal_zoneN, to re-read its trips
+
+    def set_trips(self, trips) -> None:
+        self.passive_c = thermal.trip_c(trips, "passive")
+        self.critical_c = thermal.trip_c(trips, "critical")
+
+
+def _plausible_khz(khz, freqs: tuple[int, ...]) -> bool:
+    """A frequency a policy can report: positive and not far past its table (a kernel may
+    report a boost or a rounding just outside it, never 0 or 10x its top)."""
+    return isinstance(khz, int) and khz > 0 and (not freqs or khz <= 10 * max(freqs))
+
+
+#: a zone or rail of the spec that is not found is looked for again this often (s): a zone
+#: re-registering or a power monitor probing late must not stay unseen until the refresh
+MISSING_RETRY_S = 1.0
+#: the trips of the zones found are read again this often (s): a trip an administrator or
+#: a driver lowers must move the guard's caps without waiting for the refresh
+TRIPS_REREAD_S = 5.0
 
 
 @dataclass
@@ -62,6 +81,8 @@ class Sensor:
         self._zones: list[_ZonePlan] = []
         self._rails: list[_RailPlan] = []
         self._last_refresh: float | None = None
+        self._last_retry: float | None = None
+        self._last_trips: float | None = None
         #: how many discoveries ran (tests and logs use it to see caching work)
         self.discoveries = 0
         self.rediscover()
@@ -132,6 +153,7 @@ class Sensor:
                     path=info.temp_path if info is not None else None,
                     passive_c=thermal.trip_c(trips, "passive"),
                     critical_c=thermal.trip_c(trips, "critical"),
+                    index=info.index if info is not None else None,
                 )
             )
         self._zones = plans
@@ -179,6 +201,27 @@ class Sensor:
             if self._last_refresh is not None:
                 self.rediscover()
             self._last_refresh = t
+        if self._last_retry is not None and t < self._last_retry:
+            self._last_retry = self._last_trips = None  # the clock restarted
+        if self._last_retry is None or t - self._last_retry >= MISSING_RETRY_S:
+            self._last_retry = t
+            missing_zone = any(z.path is None for z in self._zones)
+            missing_rail = any(r.src is None for r in self._rails)
+            if missing_zone:
+                self._discover_zones()
+            if missing_rail:
+                self._discover_rails()
+            if missing_zone or missing_rail:
+                self.discoveries += 1
+        if self._last_trips is None:
+            self._last_trips = t
+        elif t - self._last_trips >= TRIPS_REREAD_S:
+            self._last_trips = t
+            for z in self._zones:
+                if z.index is not None:
+                    trips = thermal.read_trips(s, z.index)
+                    if trips:
+                        z.set_trips(trips)
         online = self._read_online(errors)
         if online != self._online:
             self._online = online
@@ -206,6 +249,10 @@ class Sensor:
                         errors.append(str(err))
                         if self._vanished(path):
                             dirty_clusters = True
+                        continue
+                    if i < 3 and not _plausible_khz(values[i], plan.freqs):
+                        errors.append(f"{path}: unavailable (implausible {values[i]} kHz)")
+                        values[i] = None
             elif plan.present != s.exists(paths.policy_dir(plan.spec.policy)):
                 dirty_clusters = True
             clusters.append(

@@ -104,7 +104,26 @@ def read_temp_c(sysfs: SysfsBackend, path: str) -> tuple[float | None, str | Non
     value = parse_millicelsius(text)
     if value is None:
         return None, f"{path}: unavailable (not a temperature: {text!r})"
+    why = implausible_temp(value)
+    if why is not None:
+        return None, f"{path}: unavailable ({why}: {str(text).strip()!r})"
     return value, None
+
+
+#: what a die or a board can really read, °C: a value outside is a broken or gated sensor,
+#: never a temperature to act on (a -5 °C glitch must not lift a thermal cap)
+TEMP_PLAUSIBLE_C = (-50.0, 200.0)
+
+
+def implausible_temp(celsius: float) -> str | None:
+    """Why a reading in °C is not a temperature, or None when it can be one."""
+    lo, hi = TEMP_PLAUSIBLE_C
+    if not lo <= celsius < hi:
+        return f"implausible {celsius:g} °C"
+    if celsius != 0.0 and abs(celsius) < 0.2:
+        # thermal zones report m°C; a zone reading "95" is 95 °C in the wrong unit, not 0.095
+        return f"{celsius * 1000:g} is likely °C, not the m°C a thermal zone reports"
+    return None
 
 
 def skip_reason(type_: str, spec: ZoneSpec | None = None) -> str | None:

@@ -234,9 +234,11 @@ class Executor:
             self.act[c] = self.idle_activity
             self.free.add(c)
         else:
+            busy = bool(self.on_core[c])
             for thr in list(self.on_core[c]):
                 self._evict(thr, t)
-            self._core_idle(c, t)
+            if busy:  # an idle core has no busy stretch to close (it would book a stale one)
+                self._core_idle(c, t)
             self.act[c] = 0.0
             self.free.discard(c)
         for job in self.jobs.values():

@@ -54,3 +54,16 @@ def test_output_never_exceeds_the_cap_or_leaves_the_table(temps, want):
         if t >= 80.0:
             assert f < 2000 or want < 2000
         cur = f
+
+
+def test_a_cap_held_at_the_floor_is_reported_once_not_every_tick():
+    g = ThermalGuard(margin_c=5.0)
+    d = Decision({"big": 2000})
+    events = []
+    cur = 2000
+    for _ in range(8):  # stays hot: steps down to the floor, then holds it
+        out = g.apply(d, obs(95.0, cur=cur))
+        cur = out.freq_khz["big"]
+        events += out.events
+    assert cur == 500
+    assert [e.split("cap_khz=")[1] for e in events] == ["1500", "1000", "500"]

@@ -151,18 +151,43 @@ def test_zone_reindexed_is_followed_after_one_tick(tx2, tmp_path):
     assert sensor.zone_paths["GPU-therm"] == paths.zone_file(12, "temp")
 
 
-def test_missing_zone_found_on_refresh(tmp_path):
-    w = write_fake_tree(TX2, tmp_path)
+def test_missing_zone_is_looked_for_again_within_a_second(tmp_path):
+    """A zone not registered yet (or re-registering) is searched for every second, not only
+    on the refresh: the guard must not stay blind to it for 30 s."""
+    write_fake_tree(TX2, tmp_path)
     hidden = tmp_path / "hidden-zone"
     os.rename(tmp_path / paths.zone_dir(7), hidden)  # thermal-fan-est not registered yet
-    sensor = Sensor(TX2, DirSysfs(tmp_path), refresh_s=10.0)
+    sensor = Sensor(TX2, DirSysfs(tmp_path), refresh_s=30.0)
     obs = sensor.read(0.0)
     assert any("no thermal zone of type 'thermal-fan-est'" in e for e in obs.errors)
-    os.rename(hidden, tmp_path / paths.zone_dir(7))
-    w.set_temp("thermal-fan-est", 39.0)
-    assert next(z for z in sensor.read(5.0).zones if z.type == "thermal-fan-est").temp_c is None
-    obs = sensor.read(10.0)
+    n = sensor.discoveries
+    sensor.read(0.5)
+    assert sensor.discoveries == n  # not every tick
+    os.rename(hidden, tmp_path / paths.zone_dir(9))  # back under another index
+    (tmp_path / paths.zone_file(9, "temp")).write_text("39000\n")
+    assert next(z for z in sensor.read(0.9).zones if z.type == "thermal-fan-est").temp_c is None
+    obs = sensor.read(1.0)
     assert next(z for z in obs.zones if z.type == "thermal-fan-est").temp_c == 39.0
+    n = sensor.discoveries
+    sensor.read(2.5)
+    assert sensor.discoveries == n  # nothing missing: no more searching
+
+
+def test_a_lowered_trip_moves_the_zone_within_seconds(tmp_path):
+    write_fake_tree(ORIN, tmp_path)
+    sensor = Sensor(ORIN, DirSysfs(tmp_path), refresh_s=30.0)
+    zone = next(z for z in sensor.read(0.0).zones if z.passive_trip_c is not None)
+    idx = int(sensor.zone_paths[zone.type].split("thermal_zone")[1].split("/")[0])
+    k = next(
+        int(f.name.split("_")[2])
+        for f in (tmp_path / paths.zone_dir(idx)).iterdir()
+        if f.name.endswith("_type") and f.read_text().strip() == "passive"
+    )
+    (tmp_path / paths.zone_file(idx, f"trip_point_{k}_temp")).write_text("40000\n")
+    assert next(z for z in sensor.read(4.0).zones if z.type == zone.type).passive_trip_c == (
+        zone.passive_trip_c
+    )
+    assert next(z for z in sensor.read(5.0).zones if z.type == zone.type).passive_trip_c == 40.0
 
 
 def test_eagain_zones_on_orin(tmp_path, monkeypatch):
@@ -300,3 +325,14 @@ def test_clock_restart_does_not_stop_refreshing(tx2):
     sensor.read(0.0)  # a replay started again from the top
     sensor.read(31.0)
     assert sensor.discoveries == n + 1
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "99999999999"])
+def test_a_frequency_no_policy_can_run_at_is_unavailable(tmp_path, raw):
+    """scaling_cur_freq of 0, negative or 10x the table is a broken read, not a frequency
+    (the observation says unavailable, never 0)."""
+    write_fake_tree(TX2, tmp_path)
+    (tmp_path / paths.policy_file(0, "scaling_cur_freq")).write_text(raw + "\n")
+    obs = Sensor(TX2, DirSysfs(tmp_path)).read(0.0)
+    assert obs.cluster("a57").cur_khz is None
+    assert any("scaling_cur_freq: unavailable (implausible" in e for e in obs.errors)

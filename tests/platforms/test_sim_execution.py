@@ -309,6 +309,24 @@ def test_offline_cpu_moves_its_tasks_and_affinity_change_migrates():
     assert plant.jobs[pid].done_tasks == dag.n
 
 
+def test_taking_an_idle_cpu_offline_books_no_busy_time_nor_energy():
+    """An idle core going offline closes no busy stretch: it used to book its whole idle
+    time as busy, and the per-busy-core rail loads charged it."""
+    plant = Plant(TX2, params=NO_JITTER, governor="userspace")
+    plant.advance(10.0)
+    busy, e = plant.cpu_busy_s(5), plant.energy_j
+    assert busy == 0.0
+    plant.set_online(5, False)
+    assert plant.cpu_busy_s(5) == 0.0
+    plant.advance(10.01)
+    e_off = plant.energy_j - e
+    plant.set_online(5, True)
+    plant.advance(10.02)
+    assert plant.cpu_busy_s(5) == 0.0
+    total_idle_w = plant.power_w()[0]  # all cores online and idle
+    assert 0.0 < e_off <= total_idle_w * 0.01 + 1e-12  # one core less, no fake busy load
+
+
 def test_denver_cores_run_faster_by_their_capacity():
     dag = independent(np.random.default_rng(9), n=10)
     plant = Plant(TX2, params=NO_JITTER, governor="userspace", online=TX2.cpus)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 import pytest
 
@@ -318,3 +319,75 @@ def test_rubik_has_no_power_monitor(tmp_path):
 )
 def test_guess_role(name, taken, role):
     assert power.guess_role(name, taken_cpu=taken) == role
+
+
+# -- implausible readings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        ("-60000", "implausible -60 °C"),
+        ("1000000000", "implausible 1e\\+06 °C"),
+        ("95", "95 is likely °C"),
+        ("-150", "-150 is likely °C"),
+    ],
+)
+def test_a_temperature_no_die_can_read_is_unavailable(tx2, tmp_path, raw, why):
+    """A glitch (-60 °C, 1e6 °C) or a zone in the wrong unit ("95" = 0.095 °C) is never a
+    temperature to act on: a -5 °C glitch used to lift a thermal cap."""
+    _, s = tx2
+    path = _by_type(s)["BCPU-therm"].temp_path
+    (tmp_path / path).write_text(raw + "\n")
+    temp, err = thermal.read_temp_c(s, path)
+    assert temp is None and err.startswith(path)
+    assert re.search(why, err), err
+
+
+@pytest.mark.parametrize("raw", ["-5000", "0", "149000"])
+def test_plausible_temperatures_still_read(tx2, tmp_path, raw):
+    _, s = tx2
+    path = _by_type(s)["BCPU-therm"].temp_path
+    (tmp_path / path).write_text(raw + "\n")
+    assert thermal.read_temp_c(s, path) == (int(raw) / 1000.0, None)
+
+
+@pytest.mark.parametrize("raw", ["-4000", "999999999999"])
+def test_an_iio_power_no_rail_can_draw_is_unavailable(tx2, tmp_path, raw):
+    """A negative or kilowatt rail reading must never reach the energy integral."""
+    _, s = tx2
+    src = power.find_rail(s, TX2.total_rail)
+    (tmp_path / src.files[0]).write_text(raw + "\n")
+    assert power.read_power_mw_or_none(s, src) is None
+    with pytest.raises(power.SysfsUnavailable, match="implausible power"):
+        power.read_power_mw(s, src)
+
+
+def test_iio_noise_below_zero_reads_as_zero(tx2, tmp_path):
+    _, s = tx2
+    src = power.find_rail(s, TX2.total_rail)
+    (tmp_path / src.files[0]).write_text("-40\n")
+    assert power.read_power_mw(s, src) == 0.0
+
+
+@pytest.mark.parametrize(
+    "mv, ma, ok",
+    [
+        ("5000", "-800", False),
+        ("-5000", "-800", False),
+        ("5000", "-20", True),
+        ("5000", "800", True),
+    ],
+)
+def test_hwmon_voltage_and_current_must_be_a_rail_reading(tmp_path, mv, ma, ok):
+    """-5 V x -0.8 A passed as +4 W; a negative bus voltage or a current past the noise is a
+    broken channel."""
+    write_fake_tree(ORIN, tmp_path, seed=5)
+    s = DirSysfs(tmp_path)
+    src = power.find_rail(s, ORIN.total_rail)
+    (tmp_path / f"{src.folder}/in{src.channel}_input").write_text(mv + "\n")
+    (tmp_path / f"{src.folder}/curr{src.channel}_input").write_text(ma + "\n")
+    got = power.read_power_mw_or_none(s, src)
+    assert (got is not None) == ok
+    if ok:
+        assert got == int(mv) * max(int(ma), 0) / 1000.0
