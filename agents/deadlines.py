@@ -17,6 +17,7 @@ this module is :func:`load` and :func:`save`.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -57,14 +58,28 @@ def span_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float =
     return min(p.span_s, remaining * p.work_s) * slowdown(p.beta, p.ref_khz, khz, capacity)
 
 
+#: the longest job name the job registry accepts (daemon.registry checks the same)
+MAX_NAME = 128
+
+
+def check_name(name: object) -> str:
+    """A job name a profile can be stored and looked up under (the registry's rule)."""
+    if not (isinstance(name, str) and name and len(name) <= MAX_NAME and name.isprintable()):
+        raise ValueError(f"job name {name!r}: must be printable, 1 to {MAX_NAME} characters")
+    return name
+
+
 def check_profile(p: JobProfile, where: str = "profile") -> JobProfile:
     """Validate a profile's values; raises ValueError naming the field and the value."""
 
     def bad(key: str, expected: str, got: object) -> ValueError:
         return ValueError(f"{where} {p.name!r}: '{key}' must be {expected}, got {got!r}")
 
-    if not (isinstance(p.name, str) and p.name):
-        raise bad("name", "a non-empty string", p.name)
+    if not (
+        isinstance(p.name, str) and p.name and len(p.name) <= MAX_NAME and p.name.isprintable()
+    ):
+        # the job registry's rule: a name it would refuse could never be looked up
+        raise bad("name", f"a printable name of 1 to {MAX_NAME} characters", p.name)
     for key in ("work_s", "span_s", "ref_makespan_s"):
         v = getattr(p, key)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -231,7 +246,7 @@ class ProfileStore:
             if not replace_existing:
                 raise ValueError(
                     f"reference profile {profile.name!r} on {board!r} is frozen at version {old.version}; "
-                    "pass replace_existing=True to record a new version"
+                    "measure it again with --replace to record a new version"
                 )
             profile = replace(profile, version=max(old.version + 1, profile.version))
         self.profiles[key] = profile
@@ -264,6 +279,10 @@ def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> ProfileSt
         raise SpecError(path, "<file>", f"a readable profile store ({err.strerror})") from None
     except json.JSONDecodeError as err:
         raise SpecError(path, "<file>", f"valid JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(path, "<file>", f"UTF-8 text ({err.reason} at byte {err.start})") from None
+    except RecursionError:
+        raise SpecError(path, "<file>", "a profile store (JSON nested too deeply)") from None
     return _parse(data, path)
 
 
@@ -308,6 +327,22 @@ def _parse(data: object, path: str) -> ProfileStore:
     return store
 
 
+def update(
+    path: str | os.PathLike[str], board: str, profile: JobProfile, *, replace_existing: bool = False
+) -> JobProfile:
+    """Add one profile to the store on disk under an exclusive lock (load, put, save), so two
+    measurements that end together both land (each used to save its own stale copy)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        store = load(path, missing_ok=True)
+        out = store.put(board, profile, replace_existing=replace_existing)
+        save(store, path)
+    return out
+
+
 def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     """Write atomically (temporary file + rename) so a crash never leaves half a store."""
     path = os.fspath(path)
@@ -315,7 +350,9 @@ def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     text = json.dumps(
         {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}, indent=1
     )
-    write_text_atomic(path, text + "\n")
+    # readable by everyone, as the daemon's other state (`hidvfs profile list` without root);
+    # profiles hold timings, no secret
+    write_text_atomic(path, text + "\n", mode=0o644)
 
 
 __all__ = [
@@ -327,6 +364,8 @@ __all__ = [
     "span_at",
     "soft_deadline",
     "check_profile",
+    "check_name",
+    "update",
     "profile_from_dag",
 ]
 

@@ -351,6 +351,11 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
         token=c.str_("telemetry.token", te.get("token"), optional=True),
         token_file=c.str_("telemetry.token_file", te.get("token_file"), optional=True),
     )
+    if telemetry.token is not None and not (
+        telemetry.token.isascii() and telemetry.token.isprintable() and " " not in telemetry.token
+    ):
+        # HTTP headers arrive as latin-1: a non-ASCII token could never match
+        raise c.fail("telemetry.token", "visible ASCII characters only", "<hidden>")
     if telemetry.token and telemetry.token_file:
         raise c.fail(
             "telemetry.token_file",

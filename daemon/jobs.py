@@ -20,6 +20,8 @@ class JobEntry:
     deadline_s: float | None = None
     criticality: str = "lo"
     profile: JobProfile | None = None
+    #: uid of the client that registered it (None: in-process), who may unregister it
+    registrant_uid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.deadlines import MAX_NAME  # the names profiles are stored under
 from daemon.jobs import JobEntry, JobTable
 from platforms.errors import HidvfsError
 from platforms.observation import JobProfile
@@ -45,7 +46,14 @@ from platforms.observation import JobProfile
 MAX_LINE = 64 * 1024
 #: a client that never reads its answers is dropped once this much output is queued
 MAX_OUTPUT = 1024 * 1024
-MAX_NAME = 128
+#: slots root always has beyond ``max_clients`` (the administrator's `hidvfs status`)
+ROOT_RESERVE = 8
+#: refused connections waiting for their answer to be read; past it, new ones are closed
+MAX_DRAINING = 16
+#: a refused connection gets this long to read its answer and hang up
+DRAIN_TIMEOUT_S = 2.0
+#: after an accept fails (out of descriptors), the listen socket is left alone this long
+ACCEPT_PAUSE_S = 1.0
 OPS = ("register", "unregister", "status")
 FIELDS = {
     "register": ("op", "pid", "deadline_s", "criticality", "name"),
@@ -196,7 +204,9 @@ class JobRegistry:
                     f"pid {pid} belongs to uid {owner}; a client with uid {peer_uid} may only register its own processes"
                 )
         name = name or f"pid{pid}"
-        profile = self.profile_for(name) if self.profile_for else None
+        # (not `if self.profile_for`: an empty store is falsy, and profiles added to it later
+        # must still be found)
+        profile = self.profile_for(name) if self.profile_for is not None else None
         with self._lock:
             if self.table.get(pid) is not None:
                 raise RequestError(f"pid {pid} is already registered (unregister it first)")
@@ -209,6 +219,7 @@ class JobRegistry:
                 deadline_s=deadline_s,
                 criticality=criticality,
                 profile=profile,
+                registrant_uid=peer_uid,
             )
             try:
                 self.table.register(entry)
@@ -224,8 +235,20 @@ class JobRegistry:
         )
         return entry
 
-    def unregister(self, pid: int) -> JobEntry:
+    def unregister(self, pid: int, *, peer_uid: int | None = None) -> JobEntry:
+        """Drop a job. A non-root client may only drop a job it registered or a process it
+        owns: another user's job would lose its deadline and its reservation."""
         with self._lock:
+            entry = self.table.get(pid)
+            if entry is None:
+                raise RequestError(f"pid {pid} is not registered")
+            if peer_uid not in (None, 0) and entry.registrant_uid != peer_uid:
+                owner = self.pid_owner(pid) if self.pid_owner is not None else None
+                if owner != peer_uid:
+                    raise RequestError(
+                        f"pid {pid} was registered by uid {entry.registrant_uid}; a client "
+                        f"with uid {peer_uid} may only unregister its own jobs"
+                    )
             entry = self.table.unregister(pid)
         if entry is None:
             raise RequestError(f"pid {pid} is not registered")
@@ -247,7 +270,8 @@ class JobRegistry:
             )
             return {"ok": True, "job": job_to_json(e)}
         if op == "unregister":
-            return {"ok": True, "job": job_to_json(self.unregister(req["pid"]))}
+            entry = self.unregister(req["pid"], peer_uid=peer_uid)
+            return {"ok": True, "job": job_to_json(entry)}
         now = self.now()
         try:
             status = self.status()
@@ -350,6 +374,8 @@ class RegistryServer:
         self._inode: tuple[int, int] | None = None
         #: requests answered so far (status/metrics)
         self.served = 0
+        #: the listen socket is unwatched until then after an accept failed (EMFILE)
+        self._accept_paused_until: float | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def _bind(self) -> socket.socket:
@@ -488,17 +514,41 @@ class RegistryServer:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as err:  # EMFILE and friends: keep serving the others
-            log.warning("event=registry_accept_failed error=%r", err.strerror)
+            # the listen socket stays readable: stop watching it for a moment, or this spins
+            log.warning(
+                "event=registry_accept_failed error=%r pause_s=%g", err.strerror, ACCEPT_PAUSE_S
+            )
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(self._sock)
+            self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
             return
         sock.setblocking(False)
         conn = _Conn(sock, peer_uid(sock))
-        if len(self._conns) >= self.max_clients:
-            conn.outbuf += encode(
-                {"ok": False, "error": f"too many clients (limit {self.max_clients}); retry later"}
-            )
+        refusal = self._refusal(conn.peer_uid)
+        if refusal is not None:
+            if sum(1 for c in self._conns.values() if c.draining) >= MAX_DRAINING:
+                sock.close()  # refusals pile up: no answer rather than one more descriptor
+                return
+            conn.outbuf += encode({"ok": False, "error": refusal})
             conn.draining = True
         self._conns[sock.fileno()] = conn
         self._sel.register(sock, self._events(conn), conn)
+
+    def _refusal(self, uid: int | None) -> str | None:
+        """Why a new client is refused, None when it is served. One uid gets a quarter of
+        the slots and root always has room, so one user cannot lock the others (or the
+        administrator) out."""
+        live = [c for c in self._conns.values() if not c.draining]
+        if uid == 0:
+            if len(live) >= self.max_clients + ROOT_RESERVE:
+                return f"too many clients (limit {self.max_clients}); retry later"
+            return None
+        if len(live) >= self.max_clients:
+            return f"too many clients (limit {self.max_clients}); retry later"
+        per_uid = max(1, self.max_clients // 4)
+        if sum(1 for c in live if c.peer_uid == uid) >= per_uid:
+            return f"too many connections from uid {uid} (limit {per_uid}); close some first"
+        return None
 
     @staticmethod
     def _events(conn: _Conn) -> int:
@@ -508,7 +558,6 @@ class RegistryServer:
         return ev or selectors.EVENT_WRITE
 
     def _service(self, conn: _Conn, mask: int) -> None:
-        conn.last_active = time.monotonic()
         if conn.draining:
             self._drain(conn, mask)
             return
@@ -575,11 +624,14 @@ class RegistryServer:
             if conn.discarding:  # the tail of an oversized line: the next line is a new request
                 conn.discarding = False
                 continue
-            if len(line) > MAX_LINE:
-                self._too_long(conn)
-                conn.discarding = False
+            if len(line) > MAX_LINE:  # a whole line: what follows it is the next request
+                self._answer(
+                    conn, {"ok": False, "error": f"request line longer than {MAX_LINE} bytes"}
+                )
                 continue
             if line.strip():
+                # only a whole request keeps a connection alive: a byte now and then does not
+                conn.last_active = time.monotonic()
                 self._answer(conn, self.registry.handle_line(line, conn.peer_uid))
         if conn.discarding:
             conn.inbuf.clear()
@@ -625,7 +677,12 @@ class RegistryServer:
         conn.sock.close()
 
     def _reap_idle(self) -> None:
-        limit = time.monotonic() - self.idle_timeout_s
+        now = time.monotonic()
         for conn in list(self._conns.values()):
-            if conn.last_active < limit:
+            timeout = DRAIN_TIMEOUT_S if conn.draining else self.idle_timeout_s
+            if conn.last_active < now - timeout:
                 self._close(conn)
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.register(self._sock, selectors.EVENT_READ, "listen")

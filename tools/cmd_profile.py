@@ -122,7 +122,7 @@ def measure_cmd(
         f"{name} on {session.spec.name}: C {prof.work_s:.3f} s, L {prof.span_s:.3f} s, beta "
         f"{prof.beta:.2f}, reference makespan {prof.ref_makespan_s:.3f} s on {prof.ref_cores} "
         f"cores at {prof.ref_khz // 1000} MHz (version {prof.version}) -> {store}\n"
-        f"run it with a deadline: hidvfs run --name {name} --deadline "
+        f"run it with a deadline: hidvfs run --name {shlex.quote(name)} --deadline "
         f"{1.5 * prof.ref_makespan_s:.3g} -- {shlex.join(command)}"
     )
 
@@ -162,6 +162,13 @@ class MeasureSession:
         from agents import deadlines
         from tools.profile_measure import measure, time_command
 
+        deadlines.check_name(name)  # before minutes of timed runs, not after
+        if (name, self.spec.name) in self.db.profiles and not replace:
+            raise ValueError(
+                f"{name!r} already has a profile on {self.spec.name} (version "
+                f"{self.db.profiles[(name, self.spec.name)].version}); measure it again with "
+                "--replace to record a new version"
+            )
         prof, times = measure(
             self.spec,
             self.sysfs,
@@ -172,8 +179,8 @@ class MeasureSession:
             repeat=repeat,
             timer=timer or time_command,
         )
-        prof = self.db.put(self.spec.name, prof, replace_existing=replace)
-        deadlines.save(self.db, self.store)
+        prof = deadlines.update(self.store, self.spec.name, prof, replace_existing=replace)
+        self.db.profiles[(prof.name, self.spec.name)] = prof
         return prof, times
 
 

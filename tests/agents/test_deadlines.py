@@ -131,3 +131,15 @@ def test_store_refuses_bad_files(tmp_path):
     path.write_text("{not json")
     with pytest.raises(SpecError, match="valid JSON"):
         deadlines.load(path)
+
+
+@pytest.mark.parametrize(
+    "content, why", [(b"\xff\xfe garbage", "UTF-8"), (b"[" * 100000, "nested too deeply")]
+)
+def test_a_store_that_is_not_text_or_too_deep_is_a_clear_error(tmp_path, content, why):
+    """The daemon keeps its last good store on a SpecError; anything else failed every
+    registration with an internal error."""
+    p = tmp_path / "profiles.json"
+    p.write_bytes(content)
+    with pytest.raises(SpecError, match=why):
+        deadlines.load(p)

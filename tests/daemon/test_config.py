@@ -281,3 +281,10 @@ def test_period_of_a_non_integer_type_is_refused(v):
     with pytest.raises(ConfigError) as exc:
         parse_config({"period_ms": v})
     assert exc.value.key == "period_ms"
+
+
+@pytest.mark.parametrize("token", ["tökén", "with space", "tab\tx"])
+def test_a_telemetry_token_must_be_visible_ascii(token):
+    """Headers arrive as latin-1: a non-ASCII token could never authenticate."""
+    with pytest.raises(ConfigError, match="telemetry.token.*visible ASCII"):
+        parse_config({"telemetry": {"listen": "127.0.0.1:9130", "token": token}})

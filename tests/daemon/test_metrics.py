@@ -171,3 +171,63 @@ def test_label_values_round_trip(value):
     fam = parse_exposition(render([Metric("m", "gauge", "h").add(1, zone=value)]))
     assert fam["m"]["samples"][0][0]["zone"] == value
     assert "\n" not in escape_label(value)
+
+
+def _idle_conn(addr, partial=b"GET /metrics HTTP/1.1\r\n"):
+    import socket
+
+    s = socket.create_connection(addr, timeout=5)
+    s.sendall(partial)
+    return s
+
+
+def test_a_request_never_finished_is_dropped_after_the_timeout(monkeypatch):
+    """A slowloris (a request line and nothing more) held a thread for ever."""
+    import time
+
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.3)
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        s = _idle_conn(srv.address)
+        t0 = time.monotonic()
+        s.settimeout(5)
+        assert s.recv(4096) == b""  # the server hung up
+        assert time.monotonic() - t0 < 3
+        s.close()
+
+
+def test_connections_past_the_cap_are_closed_and_the_server_still_answers(monkeypatch):
+    import time
+
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 2)
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        held = [_idle_conn(srv.address) for _ in range(2)]
+        time.sleep(0.2)
+        extra = _idle_conn(srv.address, b"GET /metrics HTTP/1.0\r\n\r\n")
+        extra.settimeout(5)
+        try:
+            assert extra.recv(4096) == b""  # closed unanswered
+        except ConnectionResetError:
+            pass
+        for s in held:
+            s.close()
+        time.sleep(0.3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.address[1]}/metrics", timeout=5) as r:
+            assert r.status == 200
+
+
+def test_a_client_hanging_up_early_leaves_no_traceback(capfd):
+    import socket
+    import time
+
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        for _ in range(3):
+            s = socket.create_connection(srv.address)
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()  # reset: the answer hits a closed socket
+        time.sleep(0.3)
+    assert "Traceback" not in capfd.readouterr().err

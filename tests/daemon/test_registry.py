@@ -18,6 +18,7 @@ from daemon.client import DaemonUnreachable, RegistryClient, RegistryError, run_
 from daemon.jobs import JobTable
 from daemon.registry import (
     MAX_LINE,
+    ROOT_RESERVE,
     JobRegistry,
     RegistryServer,
     RegistryStartError,
@@ -391,7 +392,8 @@ def test_connection_survives_an_oversized_line(server):
 def test_too_many_clients_get_an_error(sock_path):
     with RegistryServer(_reg(), sock_path, group=None, max_clients=2) as srv:
         held = []
-        for _ in range(2):
+        # root (the tests may run as root) always has ROOT_RESERVE more slots
+        for _ in range(2 + (ROOT_RESERVE if os.geteuid() == 0 else 0)):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(srv.path)
             held.append(s)
@@ -558,3 +560,64 @@ def test_status_of_an_answer_it_cannot_read_is_one_line(monkeypatch, answer):
     assert r.exit_code == 2, r.output
     assert "answered a status this hidvfs cannot read" in r.output
     assert "Traceback" not in r.output
+
+
+def test_one_user_cannot_take_every_slot_and_root_always_has_room(sock_path):
+    srv = RegistryServer(_reg(), sock_path, group=None, max_clients=8)
+
+    class C:
+        def __init__(self, uid, draining=False):
+            self.peer_uid, self.draining = uid, draining
+
+    srv._conns = {0: C(1000)}
+    assert srv._refusal(1000) is None
+    srv._conns[1] = C(1000)  # a quarter of 8: full
+    assert "too many connections from uid 1000 (limit 2)" in srv._refusal(1000)
+    assert srv._refusal(1001) is None  # another user still gets in
+    srv._conns = {i: C(1000 + i) for i in range(8)}  # every slot taken by users
+    assert "too many clients" in srv._refusal(1009)
+    assert srv._refusal(0) is None  # the administrator's status still answers
+    srv._conns |= {100 + i: C(5000, draining=True) for i in range(50)}  # refusals: not slots
+    assert srv._refusal(0) is None
+
+
+def test_only_the_registrant_or_the_owner_may_unregister_a_job():
+    """A user of the socket group could drop another user's hi-criticality job (and its
+    reservation)."""
+    owners = {4242: 1234}
+    reg = JobRegistry(now=lambda: 0.0, alive=lambda pid: True, pid_owner=owners.get)
+    reg.register(4242, 100.0, "hi", "victim", peer_uid=1234)
+    with pytest.raises(RequestError, match="registered by uid 1234; a client with uid 65534"):
+        reg.unregister(4242, peer_uid=65534)
+    assert reg.table.get(4242) is not None
+    assert reg.unregister(4242, peer_uid=1234).name == "victim"
+    reg.register(4242, None, "lo", "again", peer_uid=0)  # root registered it for the user
+    assert reg.unregister(4242, peer_uid=1234).name == "again"  # the owner may drop it
+    reg.register(4242, None, "lo", "third", peer_uid=1234)
+    assert reg.unregister(4242, peer_uid=0).name == "third"  # and root may drop any
+
+
+def test_a_line_after_an_oversized_one_in_the_same_write_is_answered(server):
+    big = b'{"x": "' + b"a" * (MAX_LINE + 500) + b'"}\n'
+    answers = raw(server.path, big + b'{"op": "status"}\n{"op": "status"}\n')
+    assert [a["ok"] for a in answers] == [False, True, True]
+
+
+def test_a_profile_store_filled_after_the_start_is_used():
+    """An empty store is falsy; profiles measured after the daemon started must be found."""
+
+    class Store:
+        def __init__(self):
+            self.profiles = {}
+
+        def __len__(self):
+            return len(self.profiles)
+
+        def __call__(self, name):
+            return self.profiles.get(name)
+
+    store = Store()
+    reg = JobRegistry(now=lambda: 0.0, alive=lambda pid: True, profile_for=store)
+    prof = __import__("types").SimpleNamespace(version=3)
+    store.profiles["fib"] = prof
+    assert reg.register(77, 5.0, "lo", "fib").profile is prof

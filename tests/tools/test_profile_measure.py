@@ -104,9 +104,11 @@ def test_cli_measures_a_real_program_stores_and_lists_it(tx2):
     assert tree_state(tmp / "tree", spec) == original
     listed = CliRunner().invoke(cli, ["profile", "list", "--store", str(tmp / "profiles.json")])
     assert "sq" in listed.output and "v1" in listed.output
-    # measuring again gives other times: refused without --replace, a new version with it
+    # measuring again gives other times: refused without --replace (before any timed run,
+    # naming the flag), a new version with it
     again = CliRunner().invoke(cli, cli_args(tmp, "--name", "sq", "--", *prog))
-    assert again.exit_code != 0 and "frozen at version 1" in again.output
+    assert again.exit_code != 0 and "already has a profile on tx2 (version 1)" in again.output
+    assert "--replace" in again.output
     again = CliRunner().invoke(
         cli, cli_args(tmp, "--name", "sq", "--replace", "--json", "--", *prog)
     )
@@ -149,3 +151,35 @@ def test_offline_cores_are_left_out_of_the_runs(tx2):
         spec, DirSysfs(tmp / "tree"), ["p"], "p", state_dir=str(tmp / "state"), timer=timer
     )
     assert seen[0] == tuple(ref.cpus[:2]) and prof.ref_cores == 2
+
+
+@pytest.mark.parametrize("name", ["bad\nname", "x" * 129])
+def test_a_name_the_registry_would_refuse_is_refused_before_measuring(tx2, name):
+    _spec, tmp = tx2
+    ran = tmp / "ran"
+    prog = [sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
+    r = CliRunner().invoke(cli, cli_args(tmp, "--name", name, "--", *prog))
+    assert r.exit_code == 2 and "must be printable, 1 to 128 characters" in r.output
+    assert not ran.exists()
+
+
+def test_two_measurements_saved_together_both_land(tmp_path):
+    """Each measurement used to save the copy of the store it loaded at its start."""
+    import threading
+
+    from platforms.observation import JobProfile
+
+    path = tmp_path / "p.json"
+    base = dict(work_s=2.0, span_s=0.5, beta=0.1, ref_makespan_s=1.0, ref_khz=1, ref_cores=4)
+    threads = [
+        threading.Thread(
+            target=deadlines.update, args=(path, "tx2", JobProfile(name=f"j{i}", **base))
+        )
+        for i in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(n for (n, _b) in deadlines.load(path).profiles) == [f"j{i}" for i in range(8)]
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
