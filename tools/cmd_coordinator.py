@@ -41,14 +41,11 @@ def coordinator() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
 def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
     """Side-by-side makespan, mean flow and wait time per policy, with ratios to the best heuristic."""
-    from tools.coordinator_cmd import DEFAULT_POLICIES, format_table, simulate
+    from daemon.logs import setup_logging
+    from tools.coordinator_cmd import format_table, parse_policies, simulate
 
-    policies = (
-        DEFAULT_POLICIES
-        if policy.strip().lower() == "all"
-        else [p.strip() for p in policy.split(",") if p.strip()]
-    )
-    rows = simulate(trace_path, policies, nodes, seed)
+    setup_logging("warning")  # the trace's skipped jobs and dropped rows, on stderr
+    rows = simulate(trace_path, parse_policies(policy), nodes, seed)
     if as_json:
         emit_json(rows)
     else:
@@ -72,12 +69,16 @@ def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
 )
 def serve_cmd(listen, policy, nodes, token) -> None:
     """Run the scheduler extender (filter and prioritize verbs) until interrupted."""
+    from daemon.config import parse_listen
+    from daemon.logs import setup_logging
     from tools.coordinator_cmd import serve
 
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
-    serve(host, int(port), policy, nodes, token=token)
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as err:
+        raise ValueError(f"--listen: {err}") from None
+    setup_logging("info")  # startup, per-node telemetry reasons, neutral scores
+    serve(host, port, policy.strip().lower(), nodes, token=token)
 
 
 @coordinator.command("train")

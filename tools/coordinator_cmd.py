@@ -24,6 +24,21 @@ DEFAULT_POLICIES = ("higfrl", "fifo", "sjf", "heft", "tetris", "cp", "random")
 TOKEN_ENV = "HIDVFS_TELEMETRY_TOKEN"
 
 
+def parse_policies(text: str) -> list[str]:
+    """``all`` or a comma list of policies, case-insensitive, checked before any work (an
+    unknown name used to surface only after the trace was read and earlier policies ran)."""
+    names = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    known = ", ".join(DEFAULT_POLICIES)
+    if not names:
+        raise ValueError(f"--policy {text!r} names no policy; expected all or some of {known}")
+    if "all" in names:
+        return list(DEFAULT_POLICIES)
+    unknown = [p for p in names if p not in DEFAULT_POLICIES]
+    if unknown:
+        raise ValueError(f"unknown placement policy {unknown[0]!r}; known: all, {known}")
+    return list(dict.fromkeys(names))
+
+
 def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
     """Add ``*_vs_best`` ratios against the best heuristic (every policy but higfrl) and the
     makespan's ratio to its lower bound."""
@@ -59,6 +74,8 @@ def simulate(
     from platforms.cluster.simcluster import Workload
     from platforms.cluster.simcluster import simulate as run
 
+    policies = parse_policies(",".join(policies))
+    nodes = parse_nodes_spec(nodes_spec)  # both checked before the trace is read
     load = read_batch_task(trace_path)
     log = logging.getLogger("hidvfs.coordinator")
     for issue in load.issues:
@@ -66,7 +83,6 @@ def simulate(
     if not load.jobs:
         raise ValueError(f"{trace_path}: no usable job ({len(load.issues)} issues)")
     w = Workload.from_jobs(load.jobs)
-    nodes = parse_nodes_spec(nodes_spec)
     rows = []
     for name in policies:
         res = run(w, nodes, make_placer(name), seed=seed)
@@ -156,7 +172,7 @@ def serve(
     )
     h, p = srv.server_address[:2]
     logging.getLogger("hidvfs.coordinator").info(
-        "extender on http://%s:%d (policy %s)", h, p, policy
+        "extender on http://%s:%d (policy %s)", f"[{h}]" if ":" in h else h, p, policy
     )
     try:
         srv.serve_forever()
@@ -257,11 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = evaluate(a.model, a.jobs, [float(x) for x in a.loads.split(",")])
         print(json.dumps(rows, indent=1) if a.json else format_table(rows))
     elif a.cmd == "simulate":
-        rows = simulate(a.trace, [x for x in a.policy.split(",") if x], a.nodes, a.seed)
+        rows = simulate(a.trace, parse_policies(a.policy), a.nodes, a.seed)
         print(json.dumps(rows, indent=1) if a.json else format_table(rows))
     else:
-        host, _, port = a.listen.rpartition(":")
-        serve(host or "127.0.0.1", int(port), a.policy, a.nodes or None)
+        from daemon.config import parse_listen
+
+        host, port = parse_listen(a.listen)
+        serve(host, port, a.policy.strip().lower(), a.nodes or None)
     return 0
 
 

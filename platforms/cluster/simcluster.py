@@ -22,8 +22,10 @@ Metrics (one definition everywhere, stated with each result):
 from __future__ import annotations
 
 import heapq
+import math
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -125,6 +127,7 @@ def parse_nodes_spec(text: str) -> list[NodeSpec]:
     units), ``speed`` (per-core, reference 1.0).
     """
     nodes: list[NodeSpec] = []
+    seen: Counter[str] = Counter()
     for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
@@ -139,6 +142,8 @@ def parse_nodes_spec(text: str) -> list[NodeSpec]:
                     kw[k] = float(v)
                 except ValueError:
                     raise SimError(f"nodes spec {item!r}: {k}={v!r} is not a number") from None
+                if not math.isfinite(kw[k]) or kw[k] <= 0:
+                    raise SimError(f"nodes spec {item!r}: {k}={v!r} must be finite and > 0")
             else:
                 try:
                     count = int(p)
@@ -146,8 +151,10 @@ def parse_nodes_spec(text: str) -> list[NodeSpec]:
                     raise SimError(f"nodes spec {item!r}: count {p!r} is not an integer") from None
         if count < 1:
             raise SimError(f"nodes spec {item!r}: count must be >= 1")
-        for _ in range(count):
-            nodes.append(board_node(board, f"{board}-{sum(n.board == board for n in nodes)}", **kw))
+        base = board_node(board, board, **kw)  # one spec read per item, not per node
+        for _ in range(count):  # per-board numbering (a Counter: a scan per node was O(n^2))
+            nodes.append(replace(base, name=f"{board}-{seen[board]}"))
+            seen[board] += 1
     if not nodes:
         raise SimError(f"nodes spec {text!r} names no node")
     return nodes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -59,6 +61,20 @@ def test_board_presets_and_nodes_spec():
     for bad in ("tx2:x", "tx2:2:volts=3", "tx2:0", ""):
         with pytest.raises(SimError):
             parse_nodes_spec(bad)
+
+
+@pytest.mark.parametrize("bad", ["tx2:cpus=nan", "tx2:speed=inf", "tx2:mem=-1", "tx2:cpus=0"])
+def test_nodes_spec_values_must_be_finite_and_positive(bad):
+    with pytest.raises(SimError, match="finite and > 0"):
+        parse_nodes_spec(bad)
+
+
+def test_nodes_spec_numbers_per_board_in_linear_time():
+    nodes = parse_nodes_spec("tx2:2,orin-nx:1,tx2:1")
+    assert [n.name for n in nodes] == ["tx2-0", "tx2-1", "orin-nx-0", "tx2-2"]
+    t0 = time.perf_counter()
+    many = parse_nodes_spec("tx2:20000")  # a scan per node made this O(n^2): ~20 s
+    assert len({n.name for n in many}) == 20000 and time.perf_counter() - t0 < 5
 
 
 def test_chain_runs_at_node_speed_and_metrics():
