@@ -18,6 +18,8 @@ sequential execution; beyond that it is a sufficient test. It assumes deadline-o
 execution: give light jobs of one pool priorities in deadline order, or one job per core.
 
 Heavy cores are exclusive: no other job of the decision (deadline or best-effort) may use them.
+Best-effort jobs need at least one core outside them: when a point leaves none, every cluster
+(a kept one too) may take a higher OPP with fewer heavy cores, the cheapest such mix wins.
 
 Repair of an infeasible proposal, cheapest change first:
 
@@ -587,9 +589,10 @@ class _Repair:
             self._req[key] = r
         return r
 
-    def best(self, ki: int, mask: int, top: bool = False) -> _Point | None:
-        """Cheapest (f >= base, cores) for the jobs in ``mask`` on cluster ``ki``."""
-        key = (ki, mask, top)
+    def best(self, ki: int, mask: int, at: int | None = None) -> _Point | None:
+        """Cheapest (f >= base, cores) for the jobs in ``mask`` on cluster ``ki``; with ``at``,
+        the cheapest at that OPP index only (the best-effort fallback of :meth:`evaluate`)."""
+        key = (ki, mask, at)
         if key in self._best:
             return self._best[key]
         k = self.K[ki]
@@ -600,7 +603,7 @@ class _Repair:
         cost = self.g._cost
         out: _Point | None = None
         if m_k and n_f:
-            for fi in [n_f - 1] if top else range(self.base[ki], n_f):
+            for fi in [at] if at is not None else range(self.base[ki], n_f):
                 if out is not None and cost(ki, table[fi], 1) >= out.cost:
                     break  # monotone cost: no higher OPP can be cheaper
                 heavy = 0
@@ -655,28 +658,50 @@ class _Repair:
                 total += p.cost
                 heavy += p.heavy
         if self.others and heavy >= len(self.g._online):
-            # best-effort jobs need one core outside the heavy ones: fewest cores at the top OPP
-            heavy = 0
-            for ki, m in enumerate(masks):
-                if plan[ki] == "keep":
-                    heavy += self.keep[ki][1]
-                elif plan[ki] is not None:
-                    p = self.best(ki, m, top=True)
-                    if p is None:
-                        return None
-                    plan[ki] = p
-                    heavy += p.heavy
-            if heavy >= len(self.g._online):
+            r = self._with_room(masks, plan)
+            if r is None:
                 return None
-            total = sum(
-                self.keep[ki][0] if p == "keep" else p.cost
-                for ki, p in enumerate(plan)
-                if p is not None
-            )
+            total, plan = r
         moves = sum(
             1 for ji, ki in enumerate(assign) if self.home[ji] is not None and self.home[ji] != ki
         )
         return total, moves, tuple(assign), masks, plan
+
+    def _with_room(self, masks: list[int], plan: list[object]):
+        """Cheapest per-cluster points with fewer heavy cores than online CPUs, or None.
+
+        Best-effort jobs need one core outside the heavy reservations. Every cluster may take
+        any OPP from ``base`` up (or stay as proposed): heavy counts only shrink with f, so
+        this finds a point whenever the map allows one. Exact: a small knapsack over clusters
+        on the total of heavy cores.
+        """
+        online = len(self.g._online)
+        states: dict[int, tuple[float, list[object]]] = {0: (0.0, [])}
+        for ki, m in enumerate(masks):
+            if not m:
+                states = {h: (c, ch + [None]) for h, (c, ch) in states.items()}
+                continue
+            opts: list[tuple[float, int, object]] = []
+            if plan[ki] == "keep":
+                opts.append((self.keep[ki][0], self.keep[ki][1], "keep"))
+            for fi in range(self.base[ki], len(self.K[ki].freqs_khz)):
+                p = self.best(ki, m, at=fi)
+                if p is not None:
+                    opts.append((p.cost, p.heavy, p))
+            nxt: dict[int, tuple[float, list[object]]] = {}
+            for h, (c, ch) in states.items():
+                for oc, oh, o in opts:
+                    h2 = h + oh
+                    if h2 >= online:
+                        continue
+                    old = nxt.get(h2)
+                    if old is None or c + oc < old[0]:
+                        nxt[h2] = (c + oc, ch + [o])
+            if not nxt:
+                return None
+            states = nxt
+        total, chosen = min(states.values(), key=lambda v: v[0])
+        return total, chosen
 
     def search(self, choices: list[list[int]]):
         """Cheapest feasible job-to-cluster map (fewest moves on a tie), or None.

@@ -246,8 +246,13 @@ def core_options(clusters):
     return out
 
 
-def brute_force_exists(clusters, jobs, all_freqs=True):
-    """Is there ANY frequency vector and core assignment that :func:`feasible` accepts?"""
+def brute_force_exists(clusters, jobs, all_freqs=True, room=False):
+    """Is there ANY frequency vector and core assignment that :func:`feasible` accepts?
+
+    ``room``: best-effort jobs exist too, so some online core must stay outside the heavy
+    reservations (they may share every other core).
+    """
+    online = {c for k in clusters for c in k.cpus}
     options = core_options(clusters)
     freq_vectors = (
         itertools.product(*(k.freqs_khz for k in clusters))
@@ -258,12 +263,16 @@ def brute_force_exists(clusters, jobs, all_freqs=True):
         freq = {k.name: f for k, f in zip(clusters, fv)}
         for combo in itertools.product(options, repeat=len(jobs)):
             a = Assignment(clusters, jobs, freq, {j.pid: c for j, c in zip(jobs, combo)})
-            if feasible(a):
+            reasons, alloc = analyse(a)
+            if reasons:
+                continue
+            heavy = {c for al in alloc.values() if al.kind == "heavy" for c in al.cpus}
+            if not room or heavy != online:
                 return True
     return False
 
 
-def check_invariants(clusters, jobs, proposal, r):
+def check_invariants(clusters, jobs, proposal, r, others=()):
     tables = {k.name: k.freqs_khz for k in clusters}
     for name, f in r.decision.freq_khz.items():
         assert f in tables[name], (name, f)
@@ -277,9 +286,15 @@ def check_invariants(clusters, jobs, proposal, r):
             assert a_.isdisjoint(b_)
     # the flag tells the truth about the returned point
     a = Assignment(
-        clusters, jobs, r.decision.freq_khz, {p: s.cpus for p, s in r.decision.jobs.items()}
+        clusters,
+        jobs,
+        r.decision.freq_khz,
+        {p: s.cpus for p, s in r.decision.jobs.items()},
+        tuple(r.decision.jobs[p].cpus for p in others),
     )
     assert r.feasible == feasible(a)
+    for p in others:  # a best-effort job keeps at least one core
+        assert r.decision.jobs[p].cpus
     if r.feasible:
         for k in clusters:  # repairs only ever raise frequencies
             assert r.decision.freq_khz[k.name] >= min(
@@ -300,6 +315,69 @@ def test_gate_finds_a_feasible_point_whenever_one_exists(inst):
     )
     if was_feasible:
         assert r.decision is proposal and not r.events
+
+
+@st.composite
+def best_effort_instances(draw):
+    """1-2 clusters, 1-2 deadline jobs and 1-2 best-effort jobs, biased to the hard case: a
+    deadline job on a whole cluster at its lowest OPP, heavy there on every core."""
+    clusters, cpu = [], 0
+    for i in range(draw(st.sampled_from((1, 1, 2)))):
+        m = draw(st.integers(2 if i == 0 else 1, 3))
+        table = tuple(
+            sorted(draw(st.sets(st.sampled_from(TABLE_CHOICES), min_size=2 - i, max_size=3)))
+        )
+        cap = draw(st.sampled_from((0.5, 1.0, 1.5)))
+        clusters.append(cl(f"c{i}", range(cpu, cpu + m), table, cap))
+        cpu += m
+    online = list(range(cpu))
+    lowest = draw(st.booleans())
+    freq = {
+        k.name: k.freqs_khz[0] if lowest else draw(st.sampled_from(k.freqs_khz)) for k in clusters
+    }
+    jobs, settings_ = [], {}
+    for j in range(draw(st.sampled_from((1, 1, 2)))):
+        work = draw(st.floats(0.2, 6.0))
+        span = work * draw(st.floats(0.05, 1.0))
+        beta = draw(st.sampled_from((0.0, 0.2, 0.5)))
+        job = GateJob(100 + j, prof(work, span, beta), 1.0, draw(st.sampled_from((1.0, 0.5))))
+        k = draw(st.sampled_from(clusters))
+        if j == 0 or draw(st.booleans()):  # a whole cluster, deadline under C at its lowest OPP
+            settings_[job.pid] = JobSetting(k.cpus)
+            d = requirement(job, k, k.freqs_khz[0])[2] * draw(st.floats(0.5, 1.05))
+        else:
+            settings_[job.pid] = JobSetting(tuple(sorted(draw(st.sets(st.sampled_from(online))))))
+            d = draw(st.floats(0.1, 6.0))
+        jobs.append(GateJob(job.pid, job.profile, d, job.remaining_work))
+    others = tuple(range(900, 900 + draw(st.integers(1, 2))))
+    for p in others:
+        cpus = draw(st.one_of(st.just(set(online)), st.sets(st.sampled_from(online), min_size=1)))
+        settings_[p] = JobSetting(tuple(sorted(cpus)))
+    return tuple(clusters), tuple(jobs), Decision(freq, settings_), others
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(best_effort_instances())
+def test_gate_with_best_effort_jobs_finds_a_feasible_point_whenever_one_exists(inst):
+    # best-effort jobs may not touch heavy cores: the gate must still find room for them
+    # (at a higher OPP, with fewer heavy cores) whenever any point leaves one core free
+    clusters, jobs, proposal, others = inst
+    r = FederatedGate(clusters).repair(proposal, jobs)
+    check_invariants(clusters, jobs, proposal, r, others)
+    assert r.feasible == brute_force_exists(clusters, jobs, room=True), "the gate missed a point"
+
+
+def test_heavy_cores_shared_with_a_best_effort_job_get_the_cheapest_room():
+    # at 0.5 GHz the job is heavy on both cores, leaving the best-effort job none; at 1 GHz
+    # it is light on one core (cheaper than 2 GHz), and the best-effort job keeps a core
+    k = cl("c0", (0, 1), (GHZ // 2, GHZ, 2 * GHZ))
+    job = GateJob(100, prof(0.478, 0.114, 0.163), 0.766)
+    d = Decision({"c0": GHZ // 2}, {100: JobSetting((0, 1)), 999: JobSetting((0, 1))})
+    gate = FederatedGate([k])
+    r = gate.repair(d, [job])
+    assert r.feasible and r.decision.freq_khz == {"c0": GHZ}
+    assert r.alloc[100].kind == "light" and len(r.decision.jobs[100].cpus) == 1
+    assert r.decision.jobs[999].cpus and not gate.check(r.decision, [job])[0]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
