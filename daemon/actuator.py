@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from agents.governors import ClusterView
-from agents.policy import Decision, nearest_freq
+from agents.policy import Decision, JobSetting, nearest_freq
 from platforms import cpufreq, paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.observation import Observation
@@ -31,13 +31,33 @@ class ActuationReport:
     gone: list[int] = field(default_factory=list)
 
 
+#: the highest SCHED_FIFO priority a live job gets: below the kernel's threaded interrupt
+#: handlers (50), so a busy real-time job cannot keep an interrupt from being served
+MAX_JOB_RT_PRIORITY = 40
+#: a live job's placement is written again this often (s) even when the decision is the
+#: same: the job (or someone) may have changed its own affinity or scheduling class
+REAPPLY_S = 5.0
+
+
 class Actuator:
     """Applies decisions; remembers what it last wrote so it never repeats a write."""
 
-    def __init__(self, sysfs: SysfsBackend, procs: ProcessControl, *, dry_run: bool = False):
+    def __init__(
+        self,
+        sysfs: SysfsBackend,
+        procs: ProcessControl,
+        *,
+        dry_run: bool = False,
+        live_jobs: bool = False,
+    ):
         self.sysfs = sysfs
         self.procs = procs
         self.dry_run = dry_run
+        #: real processes (the board daemon): keep their originals to give back, cap and
+        #: vet real-time priority, re-apply now and then (a job may change its own settings)
+        self.live_jobs = live_jobs
+        self._job_originals: dict[int, tuple[tuple[int, ...], tuple[int, int]]] = {}
+        self._applied_at: dict[int, float] = {}
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
@@ -232,26 +252,38 @@ class Actuator:
                 report.errors.append(str(err))
                 self._mode.pop(c.policy, None)
         # -- jobs ------------------------------------------------------------------------------
+        online = {cpu for c in obs.clusters for cpu in c.online}
         for pid, setting in decision.jobs.items():
+            if self.live_jobs:
+                setting = self._safe(pid, setting, online)
             key = (setting.cpus, setting.rt_priority, setting.nice)
-            if self._last_jobs.get(pid) == key:
+            stale = self.live_jobs and obs.t - self._applied_at.get(pid, obs.t) >= REAPPLY_S
+            if self._last_jobs.get(pid) == key and not stale:
                 continue
             if self.dry_run:
                 self.planned.append((f"pid {pid} affinity", ",".join(map(str, setting.cpus))))
                 self._last_jobs[pid] = key
                 continue
             try:
+                if self.live_jobs and pid not in self._job_originals:
+                    self._job_originals[pid] = (
+                        self.procs.get_affinity(pid),
+                        self.procs.get_priority(pid),
+                    )
                 if setting.cpus:
                     self.procs.set_affinity(pid, setting.cpus)
                 self.procs.set_priority(pid, setting.rt_priority, setting.nice)
                 self._last_jobs[pid] = key
+                self._applied_at[pid] = obs.t
             except ProcessGone:
                 report.gone.append(pid)
                 self._last_jobs.pop(pid, None)
-            except (PermissionError, OSError) as err:
+            except (PermissionError, OSError, ValueError) as err:
                 # Remember the attempt: retrying the same refused setting every tick only
-                # floods the log. A new decision for this job tries again.
+                # floods the log. A new decision for this job tries again. (ValueError: a
+                # CPU set the kernel refuses, e.g. CPUs offline or a cpuset.)
                 self._last_jobs[pid] = key
+                self._applied_at[pid] = obs.t
                 report.errors.append(f"pid {pid}: placement failed ({err})")
         for err in report.errors:
             log.warning("event=actuation_error detail=%r", err)
@@ -265,4 +297,53 @@ class Actuator:
         self._mode.clear()
 
     def forget(self, pid: int) -> None:
+        """The job's process has ended: nothing to give back."""
         self._last_jobs.pop(pid, None)
+        self._applied_at.pop(pid, None)
+        self._job_originals.pop(pid, None)
+
+    def managed(self) -> set[int]:
+        """Pids the actuator has steered and not yet released or forgotten."""
+        return set(self._last_jobs) | set(self._job_originals)
+
+    def release(self, pid: int) -> None:
+        """A live job left the registry (unregistered, or the daemon stops): give it back the
+        affinity and priority it had before the first placement."""
+        self._last_jobs.pop(pid, None)
+        self._applied_at.pop(pid, None)
+        orig = self._job_originals.pop(pid, None)
+        if orig is None or self.dry_run:
+            return
+        cpus, (rt, nice) = orig
+        try:
+            if cpus:
+                self.procs.set_affinity(pid, cpus)
+            self.procs.set_priority(pid, rt, nice)
+            log.info(
+                "event=job_released pid=%d cpus=%s rt_priority=%d nice=%d", pid, cpus, rt, nice
+            )
+        except ProcessGone:
+            pass
+        except (PermissionError, OSError, ValueError) as err:
+            log.warning("event=job_release_failed pid=%d detail=%r", pid, str(err))
+
+    def release_all(self) -> None:
+        for pid in sorted(self.managed()):
+            self.release(pid)
+
+    def _safe(self, pid: int, setting: JobSetting, online: set[int]) -> JobSetting:
+        """The placement a live process may get: real-time priority scaled below the kernel's
+        threaded IRQ handlers (FIFO 50), never above what the process could take itself
+        (RLIMIT_RTPRIO of a non-root owner), and never on every online CPU (a busy real-time
+        job there starves the daemon and the kernel's own threads)."""
+        rt = setting.rt_priority
+        if rt <= 0:
+            return setting
+        rt = max(1, round(rt * MAX_JOB_RT_PRIORITY / 99))
+        try:
+            rt = min(rt, self.procs.rt_allowed(pid))
+        except ProcessGone:
+            return setting
+        if online and online <= set(setting.cpus or online):
+            rt = 0
+        return replace(setting, rt_priority=rt)

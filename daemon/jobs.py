@@ -22,6 +22,8 @@ class JobEntry:
     profile: JobProfile | None = None
     #: uid of the client that registered it (None: in-process), who may unregister it
     registrant_uid: int | None = None
+    #: when the process started (None: unknown): another start time is a reused pid
+    start_time: float | None = None
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,14 @@ class ControlLoop:
         hw = self.guard.view(self.actuator.envelope(self.sensor.read(t)))
         finished = []
         jobs = []
-        for e in self.jobs.snapshot():
-            if not procs.alive(e.pid):
+        snapshot = self.jobs.snapshot()
+        # jobs unregistered while alive: give them back what they had
+        for pid in self.actuator.managed() - {e.pid for e in snapshot}:
+            self.actuator.release(pid)
+        for e in snapshot:
+            if not procs.alive(e.pid) or (
+                e.start_time is not None and procs.start_time(e.pid) not in (None, e.start_time)
+            ):  # gone, or its pid now names another process
                 out = self.jobs.finish(e.pid, t)
                 self.actuator.forget(e.pid)
                 self._estimate.forget(e.pid)

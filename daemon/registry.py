@@ -176,6 +176,8 @@ class JobRegistry:
         pid_owner: Callable[[int], int | None] | None = None,
         profile_for: Callable[[str], JobProfile | None] | None = None,
         max_jobs: int = 1024,
+        unmanageable: Callable[[int], str | None] | None = None,
+        start_time: Callable[[int], float | None] | None = None,
     ):
         self.table = table if table is not None else JobTable()
         self.now = now
@@ -184,6 +186,8 @@ class JobRegistry:
         self.pid_owner = pid_owner
         self.profile_for = profile_for
         self.max_jobs = max_jobs
+        self.unmanageable = unmanageable
+        self.start_time = start_time
         self._lock = threading.Lock()  # makes check-then-insert atomic
 
     def register(
@@ -195,6 +199,9 @@ class JobRegistry:
         *,
         peer_uid: int | None = None,
     ) -> JobEntry:
+        why = self.unmanageable(pid) if self.unmanageable is not None else None
+        if why is not None:
+            raise RequestError(f"pid {pid} cannot be a job: {why}")
         if not self.alive(pid):
             raise RequestError(f"pid {pid} does not exist")
         if peer_uid not in (None, 0) and self.pid_owner is not None:
@@ -220,6 +227,7 @@ class JobRegistry:
                 criticality=criticality,
                 profile=profile,
                 registrant_uid=peer_uid,
+                start_time=self.start_time(pid) if self.start_time is not None else None,
             )
             try:
                 self.table.register(entry)

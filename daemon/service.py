@@ -207,7 +207,7 @@ def _run_live(
         stages=stages,
         guard=config_guard(spec, cfg),
         deadline_margin=cfg.deadline_slack,
-        actuator=Actuator(sysfs, procs, dry_run=dry_run),
+        actuator=Actuator(sysfs, procs, dry_run=dry_run, live_jobs=True),
     )
     stop = stop or threading.Event()
     notifier = Notifier()
@@ -235,6 +235,8 @@ def _run_live(
             status_provider=loop.status,
             pid_owner=procs.owner_uid,
             profile_for=profiles,
+            unmanageable=procs.unmanageable,
+            start_time=procs.start_time,
         )
         try:
             servers.append(
@@ -329,6 +331,10 @@ def _run_live(
                 srv.stop()
             except Exception as err:  # noqa: BLE001 - stopping must go on
                 log_event(log, "server_stop_failed", level=logging.WARNING, detail=str(err))
+        try:  # jobs that outlive the daemon get back their own affinity and priority
+            loop.actuator.release_all()
+        except Exception as err:  # noqa: BLE001 - the cpufreq restore must still run
+            log_event(log, "job_release_failed", level=logging.WARNING, detail=str(err))
         if snapshot is not None:
             report = restore_snapshot(sysfs, snapshot, log, state_dir=cfg.state_dir)
             log_event(log, "restored", ok=report.ok, detail=report.summary())

@@ -166,6 +166,44 @@ class LiveProcessControl(ProcessControl):
             )
         return total
 
+    def start_time(self, pid: int) -> float | None:
+        try:
+            return psutil.Process(pid).create_time()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            return None
+
+    def rt_allowed(self, pid: int) -> int:
+        """Root's processes may take any priority; another user's only what its own
+        RLIMIT_RTPRIO lets it set (the daemon must not hand out real-time priority)."""
+        try:
+            proc = psutil.Process(pid)
+            if proc.uids().effective == 0:
+                return 99
+            soft, _hard = proc.rlimit(psutil.RLIMIT_RTPRIO)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
+            return 0
+        return 99 if soft == psutil.RLIM_INFINITY else max(0, min(99, int(soft)))
+
+    def unmanageable(self, pid: int) -> str | None:
+        if pid == 1:
+            return "pid 1 is init: steering it would steer every process it starts"
+        me = os.getpid()
+        if pid == me:
+            return "that is the daemon itself"
+        try:
+            proc = psutil.Process(pid)
+            if pid == 2 or proc.ppid() == 2:
+                return f"pid {pid} is a kernel thread: its CPU affinity cannot be set"
+            if pid in {p.pid for p in psutil.Process(me).parents()}:
+                return f"pid {pid} is an ancestor of the daemon: it would steer the daemon"
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return f"pid {pid} has exited (a zombie not yet reaped)"
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return None
+        except psutil.AccessDenied:
+            return None
+        return None
+
     def owner_uid(self, pid: int) -> int | None:
         """Real uid owning ``pid`` (None when it has gone)."""
         try:

@@ -36,6 +36,23 @@ class ProcessControl(ABC):
     def cpu_time(self, pid: int) -> float:
         """CPU seconds used so far by the process tree."""
 
+    def start_time(self, pid: int) -> float | None:
+        """When ``pid`` started (None: unknown); a different value later is another process
+        that reused the pid."""
+        return None
+
+    def get_priority(self, pid: int) -> tuple[int, int]:
+        """(rt_priority, nice) of the main thread; (0, 0) where it cannot be read."""
+        return 0, 0
+
+    def rt_allowed(self, pid: int) -> int:
+        """The highest SCHED_FIFO priority the process could take itself (99: no limit)."""
+        return 99
+
+    def unmanageable(self, pid: int) -> str | None:
+        """Why ``pid`` must never be steered (init, a kernel thread, the daemon), or None."""
+        return None
+
 
 class NoProcesses(ProcessControl):
     """A replay has no live jobs: every pid is gone."""

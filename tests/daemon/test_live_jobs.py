@@ -1,0 +1,161 @@
+"""The actuator on real processes (as the board daemon runs it): what it gives a job is
+vetted, and everything is given back when the job leaves or the daemon stops."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from agents.policy import Decision, JobSetting
+from daemon.actuator import MAX_JOB_RT_PRIORITY, Actuator
+from daemon.jobs import JobEntry, JobTable
+from daemon.registry import JobRegistry, RequestError
+from platforms.liveprocs import LiveProcessControl
+from platforms.observation import ClusterObs, Observation
+from platforms.procs import NoProcesses
+from platforms.sysfs import DirSysfs
+
+CPUS = tuple(sorted(os.sched_getaffinity(0)))
+IS_ROOT = os.geteuid() == 0
+needs_root_and_two_cpus = pytest.mark.skipif(
+    not IS_ROOT or len(CPUS) < 2, reason="needs root (SCHED_FIFO) and 2 usable CPUs"
+)
+
+
+def obs(online=CPUS, t=0.0) -> Observation:
+    c = ClusterObs("c", 0, tuple(online), tuple(online), (1000,), 1.0, None, None, None, None)
+    return Observation(t, "toy", (c,), (), ())
+
+
+@pytest.fixture
+def sleeper():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def _sched(pid):
+    return os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority
+
+
+@needs_root_and_two_cpus
+def test_a_job_gets_its_own_affinity_and_priority_back_when_released(tmp_path, sleeper):
+    act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+    before = (os.sched_getaffinity(sleeper.pid), _sched(sleeper.pid))
+    act.apply(Decision({}, jobs={sleeper.pid: JobSetting((CPUS[0],), 90)}), obs())
+    assert os.sched_getaffinity(sleeper.pid) == {CPUS[0]}
+    # scaled below the kernel's interrupt threads (FIFO 50), order kept
+    assert _sched(sleeper.pid) == (os.SCHED_FIFO, round(90 * MAX_JOB_RT_PRIORITY / 99))
+    assert act.managed() == {sleeper.pid}
+    act.release_all()  # the daemon stops (or the job unregisters)
+    assert (os.sched_getaffinity(sleeper.pid), _sched(sleeper.pid)) == before
+    assert act.managed() == set()
+
+
+@needs_root_and_two_cpus
+def test_real_time_on_every_online_cpu_is_refused(tmp_path, sleeper):
+    """A busy FIFO job on every core starves the daemon and the kernel's threads."""
+    act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+    act.apply(Decision({}, jobs={sleeper.pid: JobSetting(CPUS, 90)}), obs())
+    assert _sched(sleeper.pid)[0] == os.SCHED_OTHER
+    act.release_all()
+
+
+@needs_root_and_two_cpus
+def test_another_users_process_gets_no_more_real_time_than_its_rlimit(tmp_path):
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv not installed")
+    p = subprocess.Popen(
+        [
+            "prlimit",
+            "--rtprio=0:0",
+            setpriv,
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+        ]
+    )
+    try:
+        import time
+
+        time.sleep(0.5)  # let it drop its privileges
+        procs = LiveProcessControl()
+        assert procs.rt_allowed(p.pid) == 0
+        act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+        act.apply(Decision({}, jobs={p.pid: JobSetting((CPUS[0],), 90)}), obs())
+        assert _sched(p.pid)[0] == os.SCHED_OTHER  # not the FIFO it could never take itself
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_cpu_set_the_kernel_refuses_is_an_error_not_a_crash(tmp_path, sleeper):
+    act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+    rep = act.apply(Decision({}, jobs={sleeper.pid: JobSetting((max(CPUS) + 64,))}), obs())
+    assert rep.errors and "placement failed" in rep.errors[0]
+
+
+def test_a_live_placement_is_written_again_after_a_while(tmp_path, sleeper):
+    """A job may change its own affinity: the same decision is written again every 5 s."""
+    act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+    d = Decision({}, jobs={sleeper.pid: JobSetting((CPUS[0],))})
+    act.apply(d, obs(t=0.0))
+    os.sched_setaffinity(sleeper.pid, set(CPUS))
+    act.apply(d, obs(t=1.0))
+    assert os.sched_getaffinity(sleeper.pid) == set(CPUS)  # cached: not yet
+    act.apply(d, obs(t=6.0))
+    assert os.sched_getaffinity(sleeper.pid) == {CPUS[0]}
+    act.release_all()
+
+
+@pytest.mark.parametrize(
+    "pid, why", [(1, "init"), (os.getpid(), "the daemon itself"), (2, "kernel thread")]
+)
+def test_init_the_daemon_and_kernel_threads_cannot_be_jobs(pid, why):
+    procs = LiveProcessControl()
+    if pid == 2 and not os.path.exists("/proc/2"):
+        pytest.skip("no kthreadd in this pid namespace")
+    reg = JobRegistry(now=lambda: 0.0, alive=procs.alive, unmanageable=procs.unmanageable)
+    with pytest.raises(RequestError, match=why):
+        reg.register(pid, None, "hi", "x", peer_uid=0)
+
+
+def test_a_reused_pid_ends_the_job_instead_of_steering_the_newcomer(tmp_path):
+    """The job's process ended and another one got its pid: the job is done."""
+    from agents.governors import make_governor
+    from daemon.loop import ControlLoop
+    from platforms.clock import VirtualClock
+    from platforms.faketree import write_fake_tree
+    from platforms.platform import Platform
+    from platforms.spec import load_board
+
+    class Reused(NoProcesses):
+        def alive(self, pid):
+            return True
+
+        def get_affinity(self, pid):
+            return (0,)
+
+        def start_time(self, pid):
+            return 200.0  # not the 100.0 the job was registered with
+
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    table = JobTable()
+    table.register(JobEntry(pid=4242, name="old", release_t=0.0, start_time=100.0))
+    loop = ControlLoop(
+        Platform(spec, DirSysfs(tmp_path), Reused(), VirtualClock(1.0), kind="fake"),
+        make_governor("schedutil"),
+        jobs=table,
+    )
+    res = loop.tick()
+    assert [o.pid for o in res.finished] == [4242] and len(table) == 0
