@@ -302,6 +302,9 @@ class ControlLoop:
                     "online": list(c.online),
                     "cur_khz": c.cur_khz,
                     "max_khz": c.freqs_khz[-1] if c.freqs_khz else None,
+                    # the ceiling now: policy limits with the thermal and static caps folded
+                    # in (what the coordinator scores a node's speed by)
+                    "limit_khz": c.max_khz,
                     "capacity": c.capacity,
                     "util": list(c.util),
                 }

@@ -79,3 +79,20 @@ def test_a_failing_file_is_logged_once_when_it_fails_and_when_it_recovers(caplog
         f"event=sensor_unavailable detail={err!r}",
         "event=sensor_recovered file=class/thermal/thermal_zone0/temp",
     ]
+
+
+def test_the_status_gives_each_clusters_ceiling_with_the_caps_folded_in(tmp_path):
+    """The coordinator scores a node's speed by its ceiling now, not its idle frequency."""
+    from daemon.guard import ThermalGuard
+
+    write_fake_tree(TX2, tmp_path)
+    a57 = TX2.cluster("a57")
+    cap = a57.freqs_khz[4]
+    lp = ControlLoop(
+        Platform(TX2, DirSysfs(tmp_path), NoProcesses(), VirtualClock(0.0), kind="fake"),
+        make_governor("schedutil"),
+        guard=ThermalGuard(static_khz={"a57": cap}),
+    )
+    lp.tick()
+    got = {c["name"]: c["limit_khz"] for c in lp.status()["clusters"]}
+    assert got == {"a57": cap, "denver": TX2.cluster("denver").fmax_khz}
