@@ -37,7 +37,8 @@ def model_dir(board: str, root: str | os.PathLike[str] | None = None) -> Path:
     return Path(root) if root is not None else MODELS_DIR / board
 
 
-def load_manifest(folder: Path) -> dict:
+def load_manifest(folder: Path, board: str | None = None) -> dict:
+    """The folder's manifest; refused when it names another schema or (given) another board."""
     path = folder / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -50,15 +51,55 @@ def load_manifest(folder: Path) -> dict:
     v = man.get("schema_version")
     if v != SCHEMA_VERSION:
         raise ModelMismatch(path, "schema_version", SCHEMA_VERSION, v)
+    if board is not None and man.get("board") != board:
+        raise ModelMismatch(path, "board", board, man.get("board"))
     return man
 
 
-def load_reference(folder: Path) -> dict[str, np.ndarray]:
+def load_reference(
+    folder: Path, board: str | None = None, rt: OnnxModel | None = None
+) -> dict[str, np.ndarray]:
+    """reference.npz, checked to come from this board's training run.
+
+    Files written since the board check record their ``board``; the shipped ones do not, so
+    with ``rt`` (this folder's response_time.onnx, whose metadata names its board) the file's
+    response-time reference pair must match that network, as ``agents check`` requires:
+    another run's reference.npz (and its shield calibration) fails that parity.
+    """
     path = folder / "reference.npz"
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing; run `hidvfs agents train`")
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
+    try:
+        with np.load(path) as z:
+            ref = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as err:  # zipfile.BadZipFile is an OSError
+        raise ValueError(f"{path}: unreadable ({' '.join(str(err).split())})") from None
+    got = str(ref["board"]) if "board" in ref else None
+    if board is not None and got is not None and got != board:
+        raise ModelMismatch(path, "board", board, got)
+    if rt is not None:
+        try:
+            x, y = ref["response_time_x"], ref["response_time_y"]
+        except KeyError as err:
+            raise ValueError(f"{path}: no reference outputs {err}") from None
+        diff = _max_diff(rt, x, y)
+        if not diff <= _tolerance(y):
+            raise ValueError(
+                f"{path}: its response_time reference outputs differ from {rt.path} by "
+                f"{diff:.3g}: the file is not from this folder's training run (another board's "
+                "or an older run's shield calibration); restore it or retrain"
+            )
+    return ref
+
+
+def _max_diff(m: OnnxModel, x: np.ndarray, y: np.ndarray) -> float:
+    got = m(x).reshape(y.shape)
+    return float(np.max(np.abs(got.astype(np.float64) - y.astype(np.float64))))
+
+
+def _tolerance(y: np.ndarray) -> float:
+    """1e-5 absolute, relative above |y| = 1 (Q-values of ~50 carry float32 ulps of 4e-6)."""
+    return TOLERANCE * max(1.0, float(np.max(np.abs(y))))
 
 
 def _agents(folder: Path, board: str, variant: str | None) -> tuple[OnnxModel, ...]:
@@ -83,12 +124,14 @@ def make_hidvfs(
     from agents.shield import AdaptiveConformal, Shield, SplitConformal
 
     folder = model_dir(spec.name, models)
-    man = load_manifest(folder)
+    man = load_manifest(folder, spec.name)
     prof, therm, prio = _agents(folder, spec.name, variant)
     stage = None
     if shield:
         rt = OnnxModel(folder / "response_time.onnx", spec.name, "response_time")
-        ref = load_reference(folder)
+        ref = load_reference(folder, spec.name, rt)
+        if "cal_scores" not in ref:
+            raise ValueError(f"{folder / 'reference.npz'}: no cal_scores (shield calibration)")
         alpha = float(man["shield"]["alpha"])
         cal = (
             AdaptiveConformal(alpha, gamma=adaptive_gamma)
@@ -120,7 +163,7 @@ def make_learned_policy(name: str, spec: BoardSpec, **options) -> Policy:
     if name == "hidvfs":
         return make_hidvfs(spec, **options)
     folder = model_dir(spec.name, options.get("models"))
-    man = load_manifest(folder)
+    man = load_manifest(folder, spec.name)
     period = options.get("period_s") or float(man.get("period_s", 0.05))
     if name == "geardvfs":
         from agents.geardvfs import GearDvfsPolicy
@@ -154,32 +197,23 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
     """Load every file with the daemon's checks and compare with the training-time outputs."""
     folder = model_dir(board, models)
     report: dict = {"board": board, "folder": str(folder), "files": [], "ok": True}
+    name = MANIFEST
     try:
-        man = load_manifest(folder)
-        ref = load_reference(folder)
+        load_manifest(folder, board)
+        name = "reference.npz"
+        ref = load_reference(folder, board)
     except (OSError, ValueError) as err:
         report["ok"] = False
-        report["files"].append({"file": "manifest.json", "ok": False, "error": str(err)})
+        report["files"].append({"file": name, "ok": False, "error": str(err)})
         return report
-    if man.get("board") != board:
-        report["ok"] = False
-        report["files"].append(
-            {
-                "file": "manifest.json",
-                "ok": False,
-                "error": f"manifest board is {man.get('board')!r}, expected {board!r}",
-            }
-        )
     for fname, role, key in CHECKED:
         row: dict = {"file": fname, "ok": False}
         try:
             m = OnnxModel(folder / fname, board, role)
             x, y = ref[f"{key}_x"], ref[f"{key}_y"]
-            got = m(x).reshape(y.shape)
-            diff = float(np.max(np.abs(got.astype(np.float64) - y.astype(np.float64))))
+            diff = _max_diff(m, x, y)
             row["max_abs_diff"] = diff
-            # 1e-5 absolute, relative above |y| = 1 (Q-values of ~50 carry float32 ulps of 4e-6)
-            row["tolerance"] = TOLERANCE * max(1.0, float(np.max(np.abs(y))))
+            row["tolerance"] = _tolerance(y)
             row["ok"] = diff <= row["tolerance"]
             row["seed"] = m.meta.get("seed")
             row["command"] = m.meta.get("command")

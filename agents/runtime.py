@@ -4,7 +4,8 @@ onnxruntime by default sizes its pool to the physical cores and lets idle worker
 would pollute the very utilisation, power and temperature readings the daemon acts on
 (reference/models.md 9.3). Sessions here use one intra-op and one inter-op thread, spinning
 off, and one warm-up run. A file whose metadata names another board or another observation
-schema than this daemon's is refused with :class:`ModelMismatch`, naming file, key and values.
+schema than this daemon's is refused with :class:`ModelMismatch`, naming file, key and values;
+a file onnxruntime cannot load (truncated, corrupt) with :class:`ModelUnreadable`, naming it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,32 @@ class ModelMismatch(ValueError):
         )
 
 
+class ModelUnreadable(ValueError):
+    """An ONNX file onnxruntime cannot load or run (truncated, corrupt, not a model)."""
+
+    def __init__(self, path: str | os.PathLike[str], err: BaseException):
+        self.path = str(path)
+        detail = " ".join(str(err).split()) or type(err).__name__
+        super().__init__(
+            f"{path}: not a usable ONNX model ({detail}); restore the file or retrain with "
+            "`hidvfs agents train`"
+        )
+
+
+def _session(path: str | os.PathLike[str]):
+    """An onnxruntime session of ``path``; its own exception types become one clear error."""
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(
+            str(path), session_options(), providers=["CPUExecutionProvider"]
+        )
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - onnxruntime's errors derive from Exception only
+        raise ModelUnreadable(path, err) from None
+
+
 def session_options():
     import onnxruntime as ort
 
@@ -44,10 +71,7 @@ def session_options():
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
     """The metadata_props of an ONNX file (via onnxruntime, no onnx package needed)."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
-    return dict(sess.get_modelmeta().custom_metadata_map)
+    return dict(_session(path).get_modelmeta().custom_metadata_map)
 
 
 def _direct_run(sess):
@@ -73,23 +97,22 @@ class OnnxModel:
         role: str | None = None,
         schema_version: int = SCHEMA_VERSION,
     ):
-        import onnxruntime as ort
-
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"model file {self.path} does not exist")
-        self.sess = ort.InferenceSession(
-            str(self.path), session_options(), providers=["CPUExecutionProvider"]
-        )
+        self.sess = _session(self.path)
         self.meta = dict(self.sess.get_modelmeta().custom_metadata_map)
         check_metadata(self.path, self.meta, board, role, schema_version)
-        inp = self.sess.get_inputs()[0]
-        self.input_name = inp.name
-        self.n_in = int(inp.shape[1])
-        self.output_names = [o.name for o in self.sess.get_outputs()]
-        self._out = [self.output_names[0]]
-        self._run = _direct_run(self.sess)
-        self(np.zeros((1, self.n_in), dtype=np.float32))  # warm-up
+        try:
+            inp = self.sess.get_inputs()[0]
+            self.input_name = inp.name
+            self.n_in = int(inp.shape[1])
+            self.output_names = [o.name for o in self.sess.get_outputs()]
+            self._out = [self.output_names[0]]
+            self._run = _direct_run(self.sess)
+            self(np.zeros((1, self.n_in), dtype=np.float32))  # warm-up
+        except Exception as err:  # noqa: BLE001 - a loadable file that is not our [N, in] net
+            raise ModelUnreadable(self.path, err) from None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
@@ -126,4 +149,11 @@ def check_metadata(
         raise ModelMismatch(path, "role", role, meta.get("role"))
 
 
-__all__ = ["ModelMismatch", "OnnxModel", "session_options", "read_metadata", "check_metadata"]
+__all__ = [
+    "ModelMismatch",
+    "ModelUnreadable",
+    "OnnxModel",
+    "session_options",
+    "read_metadata",
+    "check_metadata",
+]

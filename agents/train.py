@@ -904,11 +904,17 @@ def train_board(
     out.mkdir(parents=True, exist_ok=True)
     man_path = out / "manifest.json"
     man = json.loads(man_path.read_text()) if man_path.is_file() else {}
+    if man.get("board", spec.name) != spec.name:  # never mix two boards' files in one folder
+        raise ValueError(
+            f"{man_path} holds models of board {man['board']!r}, not {spec.name!r}; "
+            "train into another folder (--out)"
+        )
     ref_path = out / "reference.npz"
     ref: dict[str, np.ndarray] = {}
     if ref_path.is_file():
         with np.load(ref_path) as z:
             ref = {k: z[k] for k in z.files}
+    ref["board"] = np.array(spec.name)  # the loader checks where the shield calibration is from
     man.update(
         {
             "format": "hidvfs-models",

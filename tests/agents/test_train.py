@@ -189,7 +189,18 @@ def test_parallel_board_training_matches_serial(tmp_path):
         )
         with np.load(out / "reference.npz") as z:
             outs[w] = {k: z[k] for k in z.files}
-    assert sorted(outs[1]) == sorted(outs[2]) == ["geardvfs_x", "geardvfs_y", "ztt_x", "ztt_y"]
+    assert (
+        sorted(outs[1])
+        == sorted(outs[2])
+        == [
+            "board",
+            "geardvfs_x",
+            "geardvfs_y",
+            "ztt_x",
+            "ztt_y",
+        ]
+    )
+    assert str(outs[1]["board"]) == "rubikpi3"  # the loader checks where the file is from
     for k in outs[1]:
         np.testing.assert_array_equal(outs[1][k], outs[2][k])
 

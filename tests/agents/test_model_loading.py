@@ -1,0 +1,122 @@
+"""Loading a models folder: a corrupt file or another board's manifest or reference.npz is a
+clear one-line error naming the file, never a traceback or a silent mix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from agents.learned import (
+    MODELS_DIR,
+    check_board,
+    load_manifest,
+    load_reference,
+    make_hidvfs,
+    make_learned_policy,
+)
+from agents.runtime import ModelMismatch, ModelUnreadable, OnnxModel, read_metadata
+from platforms.spec import load_board
+from tools.cli import cli
+
+TX2 = load_board("tx2")
+
+
+@pytest.fixture
+def tx2_copy(tmp_path):
+    dst = tmp_path / "tx2"
+    shutil.copytree(MODELS_DIR / "tx2", dst)
+    return dst
+
+
+def test_truncated_onnx_is_a_clear_error_naming_the_file(tx2_copy):
+    f = tx2_copy / "profiler.onnx"
+    f.write_bytes(f.read_bytes()[:200])
+    for load in (
+        lambda: OnnxModel(f, "tx2", "profiler"),
+        lambda: read_metadata(f),
+        lambda: make_hidvfs(TX2, models=tx2_copy),
+    ):
+        with pytest.raises(ModelUnreadable, match="profiler.onnx: not a usable ONNX model") as e:
+            load()
+        assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+    row = next(r for r in check_board("tx2", tx2_copy)["files"] if r["file"] == "profiler.onnx")
+    assert not row["ok"] and "not a usable ONNX model" in row["error"]
+
+
+def test_eval_with_a_corrupt_model_prints_one_line(tx2_copy):
+    (tx2_copy / "ztt.onnx").write_bytes(b"not a model")
+    r = CliRunner().invoke(
+        cli,
+        [
+            "agents",
+            "eval",
+            "--board",
+            "tx2",
+            "--policy",
+            "ztt",
+            "--seeds",
+            "1",
+            "--models",
+            str(tx2_copy),
+        ],
+    )
+    assert r.exit_code == 2
+    assert "ztt.onnx: not a usable ONNX model" in r.output and "Traceback" not in r.output
+
+
+def test_manifest_of_another_board_is_refused(tx2_copy):
+    path = tx2_copy / "manifest.json"
+    man = json.loads(path.read_text())
+    man["board"] = "orin-nx"
+    path.write_text(json.dumps(man))
+    with pytest.raises(ModelMismatch, match="manifest.json: metadata 'board' is 'orin-nx'"):
+        load_manifest(tx2_copy, "tx2")
+    with pytest.raises(ModelMismatch, match="board"):
+        make_hidvfs(TX2, models=tx2_copy, shield=False)
+    with pytest.raises(ModelMismatch, match="board"):
+        make_learned_policy("ztt", TX2, models=tx2_copy)
+    report = check_board("tx2", tx2_copy)
+    assert not report["ok"] and report["files"][0]["file"] == "manifest.json"
+
+
+def test_reference_of_another_board_is_refused(tx2_copy):
+    # the shipped reference.npz files predate the board key: the response-time parity ties
+    # the shield calibration to this folder's response_time.onnx (board in its metadata)
+    shutil.copy(MODELS_DIR / "orin-nx" / "reference.npz", tx2_copy / "reference.npz")
+    with pytest.raises(ValueError, match="reference.npz: its response_time reference outputs"):
+        make_hidvfs(TX2, models=tx2_copy)
+    assert make_hidvfs(TX2, models=tx2_copy, shield=False).name == "hidvfs-noshield"
+    assert make_hidvfs(TX2).name == "hidvfs"  # the shipped folder passes the same check
+
+
+def test_reference_naming_another_board_is_refused(tx2_copy):
+    path = tx2_copy / "reference.npz"
+    with np.load(path) as z:
+        ref = {k: z[k] for k in z.files}
+    np.savez(path, **{**ref, "board": np.array("orin-nx")})
+    with pytest.raises(ModelMismatch, match="reference.npz: metadata 'board' is 'orin-nx'"):
+        load_reference(tx2_copy, "tx2")
+    report = check_board("tx2", tx2_copy)
+    assert not report["ok"] and report["files"][0]["file"] == "reference.npz"
+    np.savez(path, **{**ref, "board": np.array("tx2")})
+    assert check_board("tx2", tx2_copy)["ok"]
+
+
+def test_training_refuses_a_folder_of_another_board(tx2_copy):
+    from agents.train import TrainConfig, train_board
+
+    with pytest.raises(ValueError, match="holds models of board 'tx2', not 'rubikpi3'"):
+        train_board(
+            load_board("rubikpi3"),
+            None,
+            None,
+            0,
+            tx2_copy,
+            "test",
+            policies=("ztt",),
+            cfg=TrainConfig(episodes=1),
+        )
