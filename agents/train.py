@@ -81,10 +81,42 @@ TRAIN_SEEDS = 0
 CALIB_SEEDS = 500_000
 VAL_SEEDS = 700_000
 EVAL_SEEDS = 900_000
+#: the shield's held-out coverage episodes, after every `agents eval` mix
+COVERAGE_SEEDS = EVAL_SEEDS + 50_000
+#: per training seed: training mixes 10 000 apart, the other ranges 1 000 apart, so one
+#: seed's mixes never reach the next seed's
+TRAIN_STRIDE = 10_000
+SEED_STRIDE = 1_000
+#: the largest budget and seeds that keep every range inside its own block (checked by the
+#: CLI; tests/agents/test_train.py checks the disjointness over the whole allowed range)
+MAX_EPISODES = TRAIN_STRIDE
+MAX_SEED = (CALIB_SEEDS - TRAIN_SEEDS) // TRAIN_STRIDE - 1
+MAX_EVAL_MIXES = COVERAGE_SEEDS - EVAL_SEEDS
 
 RunEpisode = Callable[..., object]
 MakeMix = Callable[[int], list]
 Log = Callable[[str], None]
+
+
+def seed_ranges(
+    seed: int, episodes: int, val_episodes: int = 4, calib_episodes: int = 64
+) -> dict[str, range]:
+    """The mix seeds one training run (``--seed``) draws from, per use: what the trainers
+    call (geardvfs/ztt: ``TRAIN_SEEDS + TRAIN_STRIDE * seed + episode``, hidvfs a prefix)."""
+    t = TRAIN_SEEDS + TRAIN_STRIDE * seed
+    return {
+        "train": range(t, t + episodes),
+        "calibration": range(
+            CALIB_SEEDS + SEED_STRIDE * seed, CALIB_SEEDS + SEED_STRIDE * seed + calib_episodes
+        ),
+        "validation": range(
+            VAL_SEEDS + SEED_STRIDE * seed, VAL_SEEDS + SEED_STRIDE * seed + val_episodes
+        ),
+        "coverage": range(
+            COVERAGE_SEEDS + SEED_STRIDE * seed,
+            COVERAGE_SEEDS + SEED_STRIDE * seed + calib_episodes,
+        ),
+    }
 
 
 #: per-board training settings that differ from :class:`TrainConfig`'s defaults, chosen on
@@ -516,7 +548,7 @@ def reference_power(
     training mix."""
     from agents.governors import make_governor
 
-    s = TRAIN_SEEDS + seed * 10_000
+    s = seed_ranges(seed, 1)["train"][0]
     res = run_episode(make_governor("maxfreq"), make_mix(s), s)
     t = float(getattr(res, "t_end", 0.0))
     e = float(getattr(res, "cpu_energy_j" if rail == "cpu" else "energy_j", 0.0))
@@ -567,7 +599,8 @@ def train_hidvfs(
     tag = "hidvfs" if cfg.shaping else "noshaping"  # log prefix: both may run side by side
     p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
     log(f"[{tag} {spec.name}] reference {cfg.energy_rail} power (maxfreq episode) {p_ref:.3f} W")
-    val_seeds = [VAL_SEEDS + seed * 1000 + i for i in range(cfg.val_episodes)]
+    ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
+    val_seeds = list(ranges["validation"])
 
     def validate(after: int) -> None:
         if not val_seeds:
@@ -587,7 +620,7 @@ def train_hidvfs(
     group: list[tuple[Recorder, np.ndarray, np.ndarray]] = []
     for ep in range(cfg.episodes):
         # one mix (and plant seed) per group of ``batch`` rollouts: the grouped baseline
-        ep_seed = TRAIN_SEEDS + seed * 10_000 + ep // cfg.batch
+        ep_seed = ranges["train"][ep // cfg.batch]
         rec = Recorder()
         coll = RtCollector()
         pol = nets.policy(
@@ -739,6 +772,11 @@ __all__ = [
     "TRAIN_SEEDS",
     "CALIB_SEEDS",
     "EVAL_SEEDS",
+    "COVERAGE_SEEDS",
+    "MAX_SEED",
+    "MAX_EPISODES",
+    "MAX_EVAL_MIXES",
+    "seed_ranges",
     "CORE_FRACTIONS",
 ]
 
@@ -900,6 +938,12 @@ def train_board(
             raise ValueError(f"unknown policy {pol!r} to train; known: {', '.join(POLICIES)}")
     log = log or (lambda s: None)
     cfg = cfg or TrainConfig(episodes=episodes)
+    if not 0 <= seed <= MAX_SEED or not 1 <= cfg.episodes <= MAX_EPISODES:
+        raise ValueError(
+            f"seed {seed} / {cfg.episodes} episodes: the seed must be 0-{MAX_SEED} and the "
+            f"episodes 1-{MAX_EPISODES}, or the training mixes overlap the calibration, "
+            "validation or evaluation mixes"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     man_path = out / "manifest.json"
@@ -977,7 +1021,8 @@ def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, me
             spec, gate=True, shield=shield, period_s=cfg.period_s, extra_stages=[coll]
         )
 
-    cal_seeds = [CALIB_SEEDS + seed * 1000 + i for i in range(cfg.calib_episodes)]
+    ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
+    cal_seeds = list(ranges["calibration"])
     Xc, yc, _ = collect_rt(greedy, run_episode, make_mix, cal_seeds)
     # the predictor is fitted on the training episodes only: calibration rows stay disjoint
     model = fit_response_time(tr.rt_X, tr.rt_y, Xc, yc, cfg.alpha, seed)
@@ -1001,7 +1046,7 @@ def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, me
     def shielded(coll):
         return greedy(coll, ShieldStage(pred, Shield(pred, cal)))
 
-    ev_seeds = [EVAL_SEEDS + 50_000 + seed * 1000 + i for i in range(cfg.calib_episodes)]
+    ev_seeds = list(ranges["coverage"])
     Xe, ye, _ = collect_rt(shielded, run_episode, make_mix, ev_seeds)
     cov = coverage(model, Xe, ye)
     cov_train = coverage(model, Xc, yc)

@@ -89,7 +89,14 @@ TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
 
 @agents.command("train")
 @click.option("--board", required=True, help="board name (tx2, orin-nx, rubikpi3)")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 49),
+    default=0,
+    show_default=True,
+    help="training seed; 0-49 keeps the training, calibration, validation and evaluation "
+    "mixes disjoint (agents/TRAINING.md)",
+)
 @click.option(
     "--policy",
     "policies",
@@ -97,8 +104,21 @@ TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
     show_default=True,
     help="which to train: hidvfs, noshaping (ablation), geardvfs, ztt",
 )
-@click.option("--episodes", type=int, default=640, show_default=True)
-@click.option("--jobs", "n_jobs", type=int, default=5, show_default=True, help="jobs per episode")
+@click.option(
+    "--episodes",
+    type=click.IntRange(1, 10_000),
+    default=640,
+    show_default=True,
+    help="training episodes per policy (at most 10000: one seed's block of training mixes)",
+)
+@click.option(
+    "--jobs",
+    "n_jobs",
+    type=click.IntRange(1),
+    default=5,
+    show_default=True,
+    help="jobs per episode",
+)
 @click.option("--out", "out_dir", default=None, help="output folder (default agents/models/BOARD)")
 @click.option(
     "--workers",
