@@ -137,3 +137,34 @@ def test_a_period_longer_than_the_watchdog_still_gets_pinged_between_ticks():
     assert [round(b - a, 6) for a, b in zip(ticks, ticks[1:])] == [15.0, 15.0, 15.0]
     gaps = [b - a for a, b in zip(pings, pings[1:])]
     assert pings[0] == ticks[0] and max(gaps) <= 7.5 + 1e-9 and len(pings) >= 10
+
+
+def test_the_loop_still_wakes_when_a_simulated_clock_stops_early():
+    """The simulator stops its clock at a job's arrival or end so the loop decides there;
+    waiting in chunks for the watchdog must not sleep through that (it did: the held-out
+    results moved)."""
+    from agents.governors import make_governor
+    from daemon.loop import ControlLoop
+    from platforms.sim import make_sim_platform
+    from platforms.spec import load_board
+
+    for idle in (None, 0.2):
+        platform = make_sim_platform(load_board("tx2"), seed=0)
+        clock = platform.clock
+        real = clock._on_advance
+        stops = [0.35]
+
+        def stop_early(target, real=real, stops=stops):
+            if stops and stops[0] < target:
+                at = stops.pop(0)
+                real(at)
+                return at
+            return real(target)
+
+        clock._on_advance = stop_early
+        loop = ControlLoop(platform, make_governor("schedutil"), period_s=1.0)
+        loop.idle_every_s = idle
+        ticks: list[float] = []
+        loop.on_tick.append(lambda res, ticks=ticks: ticks.append(round(res.t, 6)))
+        loop.run(duration_s=2.0)
+        assert ticks[:2] == [0.0, 0.35], (idle, ticks)
