@@ -2,7 +2,11 @@
 
 Layout of a board's folder (written by ``hidvfs agents train``, checked by ``agents check``):
 
-* ``manifest.json``: schema, seed, command, action space, the shield's alpha, q, coverage;
+* ``manifest.json``: schema, action space, the shield's alpha, q, coverage; ``seed`` and
+  ``command`` of the last training run into the folder (which may have retrained only some
+  policies: its ``--policy``), and per policy ``policies.NAME.provenance`` (seed, command,
+  git commit) of the run that made that policy's files, which ``agents check`` compares with
+  each file's own metadata;
 * ``profiler.onnx``, ``thermal.onnx``, ``priority.onnx``: the hidvfs agents;
 * ``response_time.onnx``: the shield's predictor (log remaining response time);
 * ``noshaping/{profiler,thermal,priority}.onnx``: the same agents trained without shaping
@@ -34,7 +38,35 @@ AGENT_FILES = ("profiler", "thermal", "priority")
 
 
 def model_dir(board: str, root: str | os.PathLike[str] | None = None) -> Path:
-    return Path(root) if root is not None else MODELS_DIR / board
+    """``board``'s models: agents/models/BOARD; under a given ``root`` (``--models``) its
+    BOARD subfolder when that holds a manifest, else ``root`` itself, which then serves only
+    the board its manifest names (one folder must not stand in for every board)."""
+    if root is None:
+        return MODELS_DIR / board
+    root = Path(root)
+    if (root / board / MANIFEST).is_file():
+        return root / board
+    try:
+        other = json.loads((root / MANIFEST).read_text()).get("board")
+    except (OSError, ValueError, AttributeError):
+        return root  # no or unreadable manifest: the loader says so, naming the file
+    if other != board:
+        raise FolderOfAnotherBoard(root, board, other)
+    return root
+
+
+class FolderOfAnotherBoard(ModelMismatch):
+    """A ``--models`` folder of one board given for another (its own message: the fix is a
+    different folder, not retraining)."""
+
+    def __init__(self, root: Path, board: str, other: object):
+        self.path, self.key, self.expected, self.got = str(root / MANIFEST), "board", board, other
+        ValueError.__init__(
+            self,
+            f"{root} holds the models of board {other!r} only, not {board!r} (and has no "
+            f"{board}/{MANIFEST}); give a folder of {board}'s models or one with a subfolder "
+            "per board",
+        )
 
 
 def load_manifest(folder: Path, board: str | None = None) -> dict:
@@ -178,36 +210,41 @@ def make_learned_policy(name: str, spec: BoardSpec, **options) -> Policy:
     raise ValueError(f"unknown learned policy {name!r}; known: hidvfs, geardvfs, ztt")
 
 
-#: (file, role, reference key prefix) of everything a trained board folder holds
+#: (file, role, reference key prefix, trained policy) of everything a board folder holds
 CHECKED = (
-    ("profiler.onnx", "profiler", "profiler"),
-    ("thermal.onnx", "thermal", "thermal"),
-    ("priority.onnx", "priority", "priority"),
-    ("response_time.onnx", "response_time", "response_time"),
-    ("noshaping/profiler.onnx", "profiler", "noshaping_profiler"),
-    ("noshaping/thermal.onnx", "thermal", "noshaping_thermal"),
-    ("noshaping/priority.onnx", "priority", "noshaping_priority"),
-    ("geardvfs.onnx", "geardvfs", "geardvfs"),
-    ("ztt.onnx", "ztt", "ztt"),
+    ("profiler.onnx", "profiler", "profiler", "hidvfs"),
+    ("thermal.onnx", "thermal", "thermal", "hidvfs"),
+    ("priority.onnx", "priority", "priority", "hidvfs"),
+    ("response_time.onnx", "response_time", "response_time", "hidvfs"),
+    ("noshaping/profiler.onnx", "profiler", "noshaping_profiler", "noshaping"),
+    ("noshaping/thermal.onnx", "thermal", "noshaping_thermal", "noshaping"),
+    ("noshaping/priority.onnx", "priority", "noshaping_priority", "noshaping"),
+    ("geardvfs.onnx", "geardvfs", "geardvfs", "geardvfs"),
+    ("ztt.onnx", "ztt", "ztt", "ztt"),
 )
+#: provenance keys a manifest records per policy and every ONNX file in its metadata
+PROVENANCE = ("seed", "command", "git_commit")
 TOLERANCE = 1e-5
 
 
 def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dict:
-    """Load every file with the daemon's checks and compare with the training-time outputs."""
-    folder = model_dir(board, models)
-    report: dict = {"board": board, "folder": str(folder), "files": [], "ok": True}
+    """Load every file with the daemon's checks and compare with the training-time outputs;
+    each file's provenance (its own metadata) must match its policy's run in the manifest."""
+    report: dict = {"board": board, "folder": str(models or MODELS_DIR / board), "files": []}
+    report["ok"] = True
     name = MANIFEST
     try:
-        load_manifest(folder, board)
+        folder = model_dir(board, models)
+        report["folder"] = str(folder)
+        man = load_manifest(folder, board)
         name = "reference.npz"
         ref = load_reference(folder, board)
     except (OSError, ValueError) as err:
         report["ok"] = False
         report["files"].append({"file": name, "ok": False, "error": str(err)})
         return report
-    for fname, role, key in CHECKED:
-        row: dict = {"file": fname, "ok": False}
+    for fname, role, key, policy in CHECKED:
+        row: dict = {"file": fname, "ok": False, "policy": policy}
         try:
             m = OnnxModel(folder / fname, board, role)
             x, y = ref[f"{key}_x"], ref[f"{key}_y"]
@@ -215,13 +252,23 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
             row["max_abs_diff"] = diff
             row["tolerance"] = _tolerance(y)
             row["ok"] = diff <= row["tolerance"]
-            row["seed"] = m.meta.get("seed")
-            row["command"] = m.meta.get("command")
-            row["git_commit"] = m.meta.get("git_commit")
+            for k in PROVENANCE:
+                row[k] = m.meta.get(k)
+            row["date"] = m.meta.get("date")
             if not row["ok"]:
                 row["error"] = (
                     f"outputs differ from training time by {diff:.3g} > {row['tolerance']:.3g}"
                 )
+            else:
+                # manifests written before per-policy provenance have none to compare
+                run = (man.get("policies", {}).get(policy) or {}).get("provenance") or {}
+                wrong = [k for k in PROVENANCE if k in run and str(run[k]) != str(row[k])]
+                if wrong:
+                    row["ok"] = False
+                    row["error"] = "; ".join(
+                        f"{k} {row[k]!r} in the file, {str(run[k])!r} in the manifest's {policy} entry"
+                        for k in wrong
+                    )
         except KeyError as err:
             row["error"] = f"no reference outputs {err} in reference.npz"
         except (OSError, ValueError) as err:

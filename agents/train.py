@@ -981,7 +981,10 @@ def train_board(
 
     def save(res: dict) -> None:
         ref.update(res["ref"])
-        man["policies"][res["policy"]] = res["entry"]
+        # which run made this policy's files: the top-level seed/command are the last run's,
+        # which may have retrained only some policies (`agents check` compares the files)
+        prov = {"seed": seed, "command": command, "git_commit": commit}
+        man["policies"][res["policy"]] = {**res["entry"], "provenance": prov}
         if res["shield"] is not None:
             man["shield"] = res["shield"]
         np.savez(ref_path, **ref)

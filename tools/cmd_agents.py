@@ -12,6 +12,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -78,10 +79,25 @@ def agents() -> None:
 
 
 def _boards(text: str) -> list[str]:
+    """Board names of ``--board`` (or all), each checked first: an unknown one is named."""
+    from platforms.spec import board_names
+
     names = [b.strip() for b in text.split(",") if b.strip()]
     if names == ["all"]:
         return list(BOARDS)
-    return names
+    if not names:
+        fail(f"--board names no board; known: {', '.join(BOARDS)} or all")
+    known = board_names()
+    for b in names:
+        if b not in known:
+            fail(f"unknown board {b!r}; known boards: {', '.join(known)} (or all)")
+    return list(dict.fromkeys(names))
+
+
+MODELS_HELP = (
+    "models root (default agents/models): ROOT/BOARD when ROOT/BOARD/manifest.json exists, "
+    "else ROOT itself, which serves only the board its manifest.json names"
+)
 
 
 TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
@@ -153,7 +169,7 @@ def train_cmd(
         if p not in TRAINABLE:
             fail(f"unknown policy {p!r} to train; known: {', '.join(TRAINABLE)}")
     ep = EpisodeSpec(n_jobs=n_jobs)
-    out = model_dir(board, out_dir)
+    out = Path(out_dir) if out_dir else model_dir(board)
     command = (
         f"hidvfs agents train --board {board} --seed {seed} --policy {','.join(pols)} "
         f"--episodes {episodes} --jobs {n_jobs}"
@@ -190,7 +206,7 @@ def train_cmd(
 
 @agents.command("check")
 @click.option("--board", "boards", default="all", show_default=True)
-@click.option("--models", default=None, help="models folder (default agents/models/BOARD)")
+@click.option("--models", default=None, help=MODELS_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def check_cmd(boards, models, as_json) -> None:
     """Verify each ONNX file loads, matches its training-time outputs to 1e-5 (relative where
@@ -203,11 +219,14 @@ def check_cmd(boards, models, as_json) -> None:
     else:
         for r in reports:
             for f in r["files"]:
-                click.echo(
-                    f"{r['board']:9s} {f['file']:32s} {'ok' if f['ok'] else 'FAIL'} "
-                    f"max|diff| {f.get('max_abs_diff', float('nan')):.2e} "
-                    f"(tol {f.get('tolerance', float('nan')):.1e}) {f.get('error', '')}"
-                )
+                line = f"{r['board']:9s} {f['file']:32s} {'ok' if f['ok'] else 'FAIL'}"
+                if "max_abs_diff" in f:  # rows that failed before the comparison have none
+                    line += f" max|diff| {f['max_abs_diff']:.2e} (tol {f['tolerance']:.1e})"
+                if f.get("seed") is not None:
+                    line += f" seed {f['seed']} commit {f.get('git_commit') or '?'}"
+                if f.get("error"):
+                    line += f" {f['error']}"
+                click.echo(line)
     bad = [r["board"] for r in reports if not r["ok"]]
     if bad:
         fail(f"model check failed for {', '.join(bad)}", code=1)
@@ -336,20 +355,42 @@ def evaluate(board: str, names: list[str], seeds: int, ep: EpisodeSpec, models=N
 @agents.command("eval")
 @click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
 @click.option("--policy", "policies", default=",".join(BASE_EVAL), show_default=True)
-@click.option("--seeds", type=int, default=5, show_default=True)
+@click.option(
+    "--seeds",
+    type=click.IntRange(1, 50_000),
+    default=5,
+    show_default=True,
+    help="held-out mixes (seeds 900000 + i; at most 50000, below the shield's coverage mixes)",
+)
 @click.option("--ablations/--no-ablations", default=True, show_default=True)
-@click.option("--jobs", "n_jobs", type=int, default=5, show_default=True)
-@click.option("--slack", type=float, default=1.5, show_default=True)
-@click.option("--models", default=None)
+@click.option(
+    "--jobs", "n_jobs", type=click.IntRange(1), default=5, show_default=True, help="jobs per mix"
+)
+@click.option(
+    "--slack",
+    type=click.FloatRange(1.0),
+    default=1.5,
+    show_default=True,
+    help="deadline = SLACK x the job's reference makespan",
+)
+@click.option("--models", default=None, help=MODELS_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json) -> None:
     """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
-    names = [p.strip() for p in policies.split(",") if p.strip()]
+    from agents.learned import model_dir
+
+    names = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    if not names:
+        fail(f"--policy names no policy (e.g. {','.join(BASE_EVAL)})")
     if ablations and "hidvfs" in names:
         names += [a for a in ABLATIONS if a not in names]
     ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
+    todo = _boards(boards)
+    if models:  # every board's folder first: no board's table before another's refusal
+        for b in todo:
+            model_dir(b, models)
     out = []
-    for b in _boards(boards):
+    for b in todo:
         log = None if as_json else None
         recs, summ, rat = evaluate(b, names, seeds, ep, models, log)
         out.extend(recs + summ + rat)
@@ -393,7 +434,11 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
 
     try:
         xs = [float(x) for x in fractions.split(",") if x.strip()]
-        pols = [make_governor("maxfreq")] + [StaticFraction(x) for x in xs]
+        pols = [make_governor("maxfreq")]
+        for x in xs:  # one row per point: records are keyed by the name it prints as
+            p = StaticFraction(x)
+            if all(q.name != p.name for q in pols):
+                pols.append(p)
     except ValueError as exc:
         fail(f"bad --fractions {fractions!r}: {exc}")
     ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)

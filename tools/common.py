@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -12,7 +13,24 @@ from platforms.errors import HidvfsError
 
 
 def emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=_default))
+    """Strict JSON: NaN and infinities (an empty mean, a ratio of nothing) become null."""
+    click.echo(
+        json.dumps(_finite(obj), indent=2, sort_keys=False, default=_default, allow_nan=False)
+    )
+
+
+def _finite(o: Any) -> Any:
+    """``o`` with every non-finite float replaced by None, recursively (what ``default``
+    returns is cleaned too: a dataclass may carry a NaN)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if isinstance(o, (str, int)) or o is None:
+        return o
+    return _finite(_default(o))
 
 
 def _default(o: Any):

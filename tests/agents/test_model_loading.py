@@ -75,10 +75,15 @@ def test_manifest_of_another_board_is_refused(tx2_copy):
     path.write_text(json.dumps(man))
     with pytest.raises(ModelMismatch, match="manifest.json: metadata 'board' is 'orin-nx'"):
         load_manifest(tx2_copy, "tx2")
-    with pytest.raises(ModelMismatch, match="board"):
+    # given as --models, the folder serves only the board its manifest names
+    with pytest.raises(ValueError, match="holds the models of board 'orin-nx' only, not 'tx2'"):
         make_hidvfs(TX2, models=tx2_copy, shield=False)
-    with pytest.raises(ModelMismatch, match="board"):
+    with pytest.raises(ValueError, match="holds the models of board 'orin-nx' only"):
         make_learned_policy("ztt", TX2, models=tx2_copy)
+    # under a root with a tx2/ subfolder, that subfolder's manifest is checked on load
+    root = tx2_copy.parent
+    with pytest.raises(ModelMismatch, match="manifest.json: metadata 'board' is 'orin-nx'"):
+        make_learned_policy("ztt", TX2, models=root)
     report = check_board("tx2", tx2_copy)
     assert not report["ok"] and report["files"][0]["file"] == "manifest.json"
 
@@ -120,3 +125,36 @@ def test_training_refuses_a_folder_of_another_board(tx2_copy):
             policies=("ztt",),
             cfg=TrainConfig(episodes=1),
         )
+
+
+def test_retraining_one_policy_records_its_own_provenance(tmp_path):
+    from agents.train import TrainConfig, train_board
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+
+    folder = tmp_path / "rubikpi3"
+    shutil.copytree(MODELS_DIR / "rubikpi3", folder)
+    ep = EpisodeSpec(n_jobs=2)
+    train_board(
+        load_board("rubikpi3"),
+        make_runner("rubikpi3", ep),
+        lambda s: episode_items("rubikpi3", s, ep),
+        1,
+        folder,
+        "hidvfs agents train --board rubikpi3 --seed 1 --policy ztt",
+        policies=("ztt",),
+        cfg=TrainConfig(episodes=2),
+    )
+    man = json.loads((folder / "manifest.json").read_text())
+    # the top level is the last run (its command names what it retrained); per policy its own
+    assert man["seed"] == 1 and "--policy ztt" in man["command"]
+    assert man["policies"]["ztt"]["provenance"]["seed"] == 1
+    assert "provenance" not in man["policies"]["hidvfs"]  # shipped: from before the field
+    report = check_board("rubikpi3", folder)
+    assert report["ok"], report
+    rows = {r["file"]: r for r in report["files"]}
+    assert rows["ztt.onnx"]["seed"] == "1" and rows["profiler.onnx"]["seed"] == "0"
+    # a file that is not from the run the manifest names is reported
+    man["policies"]["ztt"]["provenance"]["seed"] = 7
+    (folder / "manifest.json").write_text(json.dumps(man))
+    row = next(r for r in check_board("rubikpi3", folder)["files"] if r["file"] == "ztt.onnx")
+    assert not row["ok"] and "seed '1' in the file, '7' in the manifest's ztt entry" in row["error"]

@@ -1,0 +1,138 @@
+"""`hidvfs agents`: options are range-checked with the option named, boards are checked
+first, --models picks each board's folder, --json is strict JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+
+import pytest
+from click.testing import CliRunner
+
+from agents.learned import MODELS_DIR
+from tools.cli import cli
+from tools.common import emit_json
+
+
+def run(*args):
+    return CliRunner().invoke(cli, ["agents", *args])
+
+
+def strict(text: str):
+    def refuse(c):
+        raise ValueError(f"not JSON: {c}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@dataclass
+class _Point:
+    x: float
+
+
+def test_emit_json_turns_non_finite_floats_into_null(capsys):
+    emit_json({"a": math.nan, "b": [1.5, -math.inf, (math.inf, 2)], "c": {"d": _Point(math.nan)}})
+    assert strict(capsys.readouterr().out) == {
+        "a": None,
+        "b": [1.5, None, [None, 2]],
+        "c": {"d": {"x": None}},
+    }
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (("--seeds", "0"), "--seeds"),
+        (("--seeds", "-2"), "--seeds"),
+        (("--seeds", "50001"), "--seeds"),
+        (("--jobs", "0"), "--jobs"),
+        (("--slack", "0.5"), "--slack"),
+    ],
+)
+def test_eval_options_are_range_checked(args, option):
+    r = run("eval", "--board", "tx2", "--policy", "maxfreq", *args)
+    assert r.exit_code == 2 and f"Invalid value for '{option}'" in r.output
+
+
+@pytest.mark.parametrize("policy", ["", " , "])
+def test_eval_without_a_policy_is_an_error(policy):
+    r = run("eval", "--board", "tx2", "--policy", policy, "--seeds", "1")
+    assert r.exit_code == 2 and "--policy names no policy" in r.output
+
+
+def test_eval_json_is_strict_json():
+    r = run(
+        "eval", "--board", "tx2", "--policy", "maxfreq", "--seeds", "1", "--jobs", "1", "--json"
+    )
+    assert r.exit_code == 0, r.output
+    rows = strict(r.output)
+    assert {row["kind"] for row in rows} == {"run", "summary"}
+
+
+@pytest.mark.parametrize("cmd", ["check", "eval", "sweep"])
+def test_unknown_board_is_named_first(cmd):
+    r = run(cmd, "--board", "nosuch")
+    assert r.exit_code == 2
+    assert "unknown board 'nosuch'" in r.output and "run `hidvfs agents train`" not in r.output
+
+
+def test_check_error_rows_have_no_diff_columns(tmp_path):
+    shutil.copytree(MODELS_DIR / "tx2", tmp_path / "tx2")
+    (tmp_path / "tx2" / "ztt.onnx").write_bytes(b"truncated")
+    r = run("check", "--board", "tx2", "--models", str(tmp_path))
+    assert r.exit_code == 1
+    (bad,) = [line for line in r.output.splitlines() if "FAIL" in line]
+    assert "ztt.onnx" in bad and "nan" not in bad and "max|diff|" not in bad
+    ok = [line for line in r.output.splitlines() if " ok " in line]
+    assert ok and all("max|diff|" in line and "seed 0" in line for line in ok)
+
+
+def test_models_root_serves_each_board_from_its_subfolder(tmp_path):
+    for b in ("tx2", "orin-nx", "rubikpi3"):
+        shutil.copytree(MODELS_DIR / b, tmp_path / b)
+    r = run("check", "--models", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    reports = strict(r.output)
+    assert [rep["folder"] for rep in reports] == [
+        str(tmp_path / b) for b in ("tx2", "orin-nx", "rubikpi3")
+    ]
+
+
+def test_one_boards_folder_is_refused_for_the_others():
+    r = run("check", "--models", str(MODELS_DIR / "tx2"), "--json")
+    assert r.exit_code == 1
+    reports = {rep["board"]: rep for rep in strict(r.output[: r.output.rindex("]") + 1])}
+    assert reports["tx2"]["ok"]
+    for b in ("orin-nx", "rubikpi3"):
+        (row,) = reports[b]["files"]
+        assert "holds the models of board 'tx2' only" in row["error"]
+    r = run("eval", "--board", "tx2,orin-nx", "--models", str(MODELS_DIR / "tx2"), "--seeds", "1")
+    assert r.exit_code == 2 and "holds the models of board 'tx2' only, not 'orin-nx'" in r.output
+    assert "== tx2 ==" not in r.output  # refused before any board ran
+
+
+def test_models_help_says_how_a_folder_is_chosen():
+    for cmd in ("check", "eval"):
+        r = run(cmd, "--help")
+        assert "ROOT/BOARD/manifest.json" in " ".join(r.output.split())
+
+
+def test_sweep_counts_a_repeated_fraction_once():
+    r = run(
+        "sweep",
+        "--board",
+        "rubikpi3",
+        "--fractions",
+        "0.5,0.5,0.50",
+        "--seeds",
+        "1",
+        "--jobs",
+        "1",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    rows = strict(r.output)
+    assert [row["policy"] for row in rows] == ["maxfreq", "static-0.5", "floor"]
+    assert rows[1]["seeds"] == 1 and rows[1]["deadline_jobs"] == rows[0]["deadline_jobs"]
