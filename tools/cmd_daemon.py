@@ -47,7 +47,8 @@ from tools.common import emit_json, fail, guard_errors
     "--period-ms",
     default=None,
     type=click.IntRange(1, 60000),
-    help="Control period (default 100 ms; 50 ms in --sim).",
+    help="Control period (default: the config's period_ms, 100 ms; with --sim and no --config "
+    "50 ms).",
 )
 @click.option(
     "--duration",

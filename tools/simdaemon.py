@@ -43,7 +43,8 @@ def run_sim_daemon(
         duration_s=duration_s,
         stages=stages,
         guard=config_guard(spec, config),
-        deadline_margin=config.deadline_slack if config else 0.0,
+        # the daemon's own default margin without a config (as on a board)
+        deadline_margin=(config or Config()).deadline_slack,
         until_idle=False,
         status_cb=cb,
     )
