@@ -11,8 +11,9 @@ the slowest node, so the goal is to minimise max_i T_i; the waste is the **bubbl
   other, and so on. A local search (moves and swaps off the last node) then accounts for
   backlogs and polishes the result.
 - :func:`lpt_split`: LPT for uniform machines (largest first, each to the node where it
-  finishes earliest); the fallback for very large batches and a guard: :func:`balance`
-  returns whichever of the two finishes first.
+  finishes earliest); the fallback for very large batches.
+- :func:`balance` returns whichever of KK, LPT and the equal-count split finishes first, so it
+  is never worse than the naive split it is measured against (KK and LPT alone can be).
 - :class:`Rebalancer`: re-splits the samples not yet started when a node's telemetry shows it
   slowing down (thermal throttling, a lower OPP) by more than a threshold.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 KK_MAX_ITEMS = 10_000  # above this, LPT alone (KK keeps k subsets per state)
+KK_MAX_WORK = 2_000_000  # samples x nodes above this, LPT alone (KK's time and memory grow so)
 
 
 @dataclass(frozen=True)
@@ -54,17 +56,20 @@ def bubble_ratio(times: Sequence[float] | np.ndarray) -> float:
 
 
 def _check(costs, speeds, offsets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Arrays of costs, speeds and offsets, or a ValueError naming the bad argument."""
     w = np.asarray(costs, dtype=float)
     s = np.asarray(speeds, dtype=float)
-    o = np.zeros(s.size) if offsets is None else np.asarray(offsets, dtype=float)
     if s.ndim != 1 or s.size == 0:
-        raise ValueError("speeds: expected at least one node speed")
+        raise ValueError("speeds: expected a 1-D list of at least one node speed")
     if (s <= 0).any() or not np.isfinite(s).all():
         raise ValueError(f"speeds: expected finite values > 0, got {s.tolist()}")
+    if w.ndim != 1:
+        raise ValueError(f"costs: expected a 1-D list of sample costs, got shape {w.shape}")
     if (w < 0).any() or not np.isfinite(w).all():
         raise ValueError("costs: expected finite values >= 0")
-    if o.shape != s.shape or (o < 0).any():
-        raise ValueError(f"offsets: expected {s.size} values >= 0, got {o.tolist()}")
+    o = np.zeros(s.size) if offsets is None else np.asarray(offsets, dtype=float)
+    if o.shape != s.shape or (o < 0).any() or not np.isfinite(o).all():
+        raise ValueError(f"offsets: expected {s.size} finite values >= 0, got {o.tolist()}")
     return w, s, o
 
 
@@ -84,11 +89,41 @@ def equal_count_split(costs, speeds, offsets=None) -> Split:
 
 
 def lpt_split(costs, speeds, offsets=None) -> Split:
-    """LPT on uniform machines: largest item first, to the node where it would finish first."""
+    """LPT on uniform machines: largest item first, to the node where it would finish first.
+
+    One heap of (load, node) per distinct speed: the earliest finish is the best of the heaps'
+    tops, so an item costs O(distinct speeds + log k) rather than a scan of all k nodes (ties
+    go to the lowest node index, as the scan's would); above 16 distinct speeds, the scan."""
     w, s, o = _check(costs, speeds, offsets)
-    load = o.copy()
     parts: list[list[int]] = [[] for _ in range(s.size)]
-    for j in np.argsort(-w, kind="stable").tolist():
+    by_speed: dict[float, list[tuple[float, int]]] = {}
+    for i in range(s.size):
+        by_speed.setdefault(float(s[i]), []).append((float(o[i]), i))
+    heaps = list(by_speed.values())
+    for h in heaps:
+        heapq.heapify(h)
+    gs = list(by_speed)
+    wl = w.tolist()
+    order = np.argsort(-w, kind="stable").tolist()
+    if len(heaps) == 1:  # identical speeds: the least-loaded node, O(log k)
+        (h,), sp = heaps, gs[0]
+        for j in order:
+            load, i = h[0]
+            parts[i].append(j)
+            heapq.heapreplace(h, (load + wl[j] / sp, i))
+        return _make(parts, w, s, o, "lpt")
+    if len(heaps) <= 16:  # few distinct speeds: the heaps' tops in plain Python
+        top = [h[0] for h in heaps]
+        for j in order:
+            wj = wl[j]
+            g = min(range(len(heaps)), key=lambda q: (top[q][0] + wj / gs[q], top[q][1]))
+            load, i = top[g]
+            parts[i].append(j)
+            heapq.heapreplace(heaps[g], (load + wj / gs[g], i))
+            top[g] = heaps[g][0]
+        return _make(parts, w, s, o, "lpt")
+    load = o.copy()  # many distinct speeds: one vectorised scan of every node per item
+    for j in order:
         i = int(np.argmin(load + w[j] / s))
         parts[i].append(j)
         load[i] += w[j] / s[i]
@@ -184,49 +219,91 @@ def kk_split(costs, speeds, offsets=None) -> Split:
 
 
 def balance(costs, speeds, offsets=None) -> Split:
-    """The better of :func:`kk_split` and :func:`lpt_split` (LPT alone for huge batches)."""
+    """The split of lowest makespan among KK, LPT and equal-count (first of equals in that
+    order). KK runs only while samples <= KK_MAX_ITEMS and samples x nodes <= KK_MAX_WORK."""
     w, s, o = _check(costs, speeds, offsets)
-    lpt = lpt_split(w, s, o)
-    if w.size > KK_MAX_ITEMS or s.size == 1:
-        return lpt
-    kk = kk_split(w, s, o)
-    return kk if kk.makespan <= lpt.makespan else lpt
+    candidates = [lpt_split(w, s, o), equal_count_split(w, s, o)]
+    if s.size > 1 and w.size <= KK_MAX_ITEMS and w.size * s.size <= KK_MAX_WORK:
+        candidates.insert(0, kk_split(w, s, o))
+    return min(candidates, key=lambda c: c.makespan)
 
 
 class Rebalancer:
     """Keeps a split of one divisible job and re-plans the unstarted samples on slowdown.
 
     ``threshold``: the relative drop of a node's speed (against the speed the current plan
-    assumed) that triggers a re-plan, e.g. 0.1 = a node is 10 % slower than planned.
+    assumed) that triggers a re-plan, e.g. 0.1 = a node is 10 % slower than planned; in (0, 1).
     """
 
     def __init__(self, costs, speeds, threshold: float = 0.1):
+        if not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
+            raise ValueError(f"threshold: expected a value in (0, 1), got {threshold!r}")
         self.costs = np.asarray(costs, dtype=float)
-        self.threshold = threshold
+        self.threshold = float(threshold)
         self.speeds_ = np.asarray(speeds, dtype=float).copy()
         self.split_ = balance(self.costs, self.speeds_)
         self.replans_ = 0
 
+    def _speeds(self, speeds) -> np.ndarray:
+        now = np.asarray(speeds, dtype=float)
+        if now.shape != self.speeds_.shape:
+            raise ValueError(
+                f"speeds: expected {self.speeds_.size} node speeds, got shape {now.shape}"
+            )
+        if not np.isfinite(now).all() or (now < 0).any():
+            raise ValueError(f"speeds: expected finite values >= 0, got {now.tolist()}")
+        return now
+
     def slowed(self, speeds) -> np.ndarray:
         """Nodes whose speed fell by more than ``threshold`` since the plan was made."""
-        now = np.asarray(speeds, dtype=float)
+        now = self._speeds(speeds)
         return np.flatnonzero(now < (1.0 - self.threshold) * self.speeds_)
+
+    def _pending(self, pending) -> np.ndarray:
+        p = np.asarray(list(pending))
+        n = self.costs.size
+        if p.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if p.ndim != 1 or not np.issubdtype(p.dtype, np.integer):
+            raise ValueError(f"pending: expected sample indices (integers), got {p.tolist()}")
+        if p.min() < 0 or p.max() >= n:
+            raise ValueError(f"pending: indices must be in 0..{n - 1}, got {p.tolist()}")
+        if np.unique(p).size != p.size:
+            raise ValueError("pending: a sample index appears more than once")
+        return p.astype(np.int64)
 
     def update(
         self, speeds, pending: Sequence[int], busy_s: Sequence[float] | None = None
     ) -> Split | None:
         """New telemetry. ``pending``: samples not started yet; ``busy_s[i]``: seconds node i
         still needs for what it has started. Returns the new split of ``pending`` (indices
-        into the original batch) when a node slowed down, else None."""
-        now = np.asarray(speeds, dtype=float)
+        into the original batch) when a node slowed down, else None.
+
+        A node at speed 0 (stalled) gets no new work; its finish is its ``busy_s`` as given.
+        Every node at 0 with samples pending is an error: nothing can run them."""
+        now = self._speeds(speeds)
+        pending = self._pending(pending)
         if self.slowed(now).size == 0:
             return None
-        pending = np.asarray(pending, dtype=np.int64)
-        sub = balance(
-            self.costs[pending], now, None if busy_s is None else np.asarray(busy_s, dtype=float)
-        )
-        parts = tuple(tuple(int(pending[i]) for i in p) for p in sub.parts)
-        self.split_ = Split(parts, sub.finish, sub.method)
+        k = now.size
+        o = np.zeros(k) if busy_s is None else np.asarray(busy_s, dtype=float)
+        if o.shape != now.shape or not np.isfinite(o).all() or (o < 0).any():
+            raise ValueError(f"busy_s: expected {k} finite values >= 0, got {o.tolist()}")
+        live = np.flatnonzero(now > 0)
+        if live.size == 0 and pending.size:
+            raise ValueError(
+                "speeds: every node is at speed 0; no node can take the pending samples"
+            )
+        parts: list[tuple[int, ...]] = [() for _ in range(k)]
+        finish = o.copy()
+        method = "none"
+        if live.size:
+            sub = balance(self.costs[pending], now[live], o[live])
+            for node, p in zip(live.tolist(), sub.parts):
+                parts[node] = tuple(int(pending[i]) for i in p)
+            finish[live] = sub.finish
+            method = sub.method
+        self.split_ = Split(tuple(parts), finish, method)
         self.speeds_ = now.copy()
         self.replans_ += 1
         return self.split_
