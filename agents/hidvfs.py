@@ -592,6 +592,11 @@ def rt_rows_many(
     return out.astype(np.float32)
 
 
+#: bounds of one job kept for the adaptive update: a job of hours at 100 ms would otherwise
+#: keep tens of thousands and stall the loop when it ends, and outweigh every other job
+MAX_MARKS_PER_JOB = 64
+
+
 class ShieldStage:
     """Post-posed conformal shield over each deadline job's cluster frequency.
 
@@ -609,6 +614,10 @@ class ShieldStage:
         #: the chosen actions, scored against the real response when the job ends
         self.pending: dict[int, list[tuple[float, float]]] = {}
         self.learns = hasattr(shield.calibrator, "update")
+
+    def forget(self, pid: int) -> None:
+        """The job left without an outcome (unregistered alive): its bounds cannot be scored."""
+        self.pending.pop(pid, None)
 
     def job_done(self, pid: int, finish_t: float) -> int:
         """The job ended at ``finish_t``: score every bound issued for it (Gibbs-Candes
@@ -677,7 +686,10 @@ class ShieldStage:
                     math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
                 )
                 if self.learns and math.isfinite(p_sub[r.index]):
-                    self.pending.setdefault(j.pid, []).append((obs.t, p_sub[r.index]))
+                    marks = self.pending.setdefault(j.pid, [])
+                    marks.append((obs.t, p_sub[r.index]))
+                    if len(marks) > MAX_MARKS_PER_JOB:  # a long job: keep every other bound,
+                        del marks[1::2]  # spread over its whole life, so it weighs as others
             start += len(cands)
             if res_f != cur:
                 out.freq_khz[cl.name] = res_f

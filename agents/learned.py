@@ -37,6 +37,10 @@ MANIFEST = "manifest.json"
 AGENT_FILES = ("profiler", "thermal", "priority")
 
 
+#: scores the adaptive shield keeps (the shipped calibration and the newest observed): the
+#: pool would grow with every job for as long as the daemon runs
+ADAPTIVE_WINDOW = 5000
+
 def model_dir(board: str, root: str | os.PathLike[str] | None = None) -> Path:
     """``board``'s models: agents/models/BOARD; under a given ``root`` (``--models``) its
     BOARD subfolder when that holds a manifest, else ``root`` itself, which then serves only
@@ -166,7 +170,7 @@ def make_hidvfs(
             raise ValueError(f"{folder / 'reference.npz'}: no cal_scores (shield calibration)")
         alpha = float(man["shield"]["alpha"])
         cal = (
-            AdaptiveConformal(alpha, gamma=adaptive_gamma)
+            AdaptiveConformal(alpha, gamma=adaptive_gamma, window=ADAPTIVE_WINDOW)
             if adaptive_gamma
             else SplitConformal(alpha)
         ).fit(ref["cal_scores"])

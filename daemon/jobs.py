@@ -7,6 +7,7 @@ control loop reads a snapshot every tick and records completions (makespan and d
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from platforms.observation import JobProfile
@@ -44,10 +45,19 @@ class JobOutcome:
         return None if self.deadline_s is None else self.makespan_s <= self.deadline_s + 1e-9
 
 
+#: finished jobs the table keeps (the newest); the counts cover all of them
+RECENT_OUTCOMES = 1000
+
+
 @dataclass
 class JobTable:
     _jobs: dict[int, JobEntry] = field(default_factory=dict)
-    outcomes: list[JobOutcome] = field(default_factory=list)
+    #: the newest finished jobs (a daemon runs for months: all of them would grow for ever
+    #: and every status would scan them under the lock)
+    outcomes: deque = field(default_factory=lambda: deque(maxlen=RECENT_OUTCOMES))
+    #: every job finished since start, and the deadline misses among them per criticality
+    done: int = 0
+    _misses: dict = field(default_factory=lambda: {"hi": 0, "lo": 0})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: set whenever a job registers or leaves, so the loop can decide right away
     changed: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -76,6 +86,9 @@ class JobTable:
         )
         with self._lock:
             self.outcomes.append(out)
+            self.done += 1
+            if out.deadline_met is False:
+                self._misses[out.criticality] = self._misses.get(out.criticality, 0) + 1
         return out
 
     def snapshot(self) -> list[JobEntry]:
@@ -91,9 +104,6 @@ class JobTable:
             return len(self._jobs)
 
     def misses(self) -> dict[str, int]:
-        out = {"hi": 0, "lo": 0}
+        """Deadline misses per criticality since start (counted, never rescanned)."""
         with self._lock:
-            for o in self.outcomes:
-                if o.deadline_met is False:
-                    out[o.criticality] += 1
-        return out
+            return dict(self._misses)

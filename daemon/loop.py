@@ -107,6 +107,12 @@ class ControlLoop:
         self.energy_gap_s = 0.0
         self.cpu_energy_gap_s = 0.0
         self._metered = (False, False)
+        self._tracked: set[int] = set()  # the jobs of the last observation
+        #: how far ahead of now the next tick may be, in periods (None: unbounded). Every tick
+        #: woken early (a job arrived or left) pushes the schedule a period; on a board a
+        #: burst of registrations must not push it so far that nothing, not even the thermal
+        #: guard, decides for seconds. The simulator keeps the schedule it was trained with.
+        self.max_lead_periods: float | None = None
         self.events_total = 0
         self.last: TickResult | None = None
         self._last_power: tuple[float, float | None, float | None] | None = None
@@ -120,9 +126,18 @@ class ControlLoop:
         finished = []
         jobs = []
         snapshot = self.jobs.snapshot()
-        # jobs unregistered while alive: give them back what they had
-        for pid in self.actuator.managed() - {e.pid for e in snapshot}:
+        present = {e.pid for e in snapshot}
+        # jobs unregistered while alive: give them back what they had, and forget what was
+        # kept about them (a pid registered again is a new job)
+        for pid in self.actuator.managed() - present:
             self.actuator.release(pid)
+        for pid in self._tracked - present:
+            self._estimate.forget(pid)
+            for stage in self.stages:
+                forget = getattr(stage, "forget", None)
+                if forget is not None:
+                    forget(pid)
+        self._tracked = present
         for e in snapshot:
             if not procs.alive(e.pid) or (
                 e.start_time is not None and procs.start_time(e.pid) not in (None, e.start_time)
@@ -266,6 +281,8 @@ class ControlLoop:
             now = clock.now()
             if next_tick <= now:
                 next_tick = now + self.period_s
+            if self.max_lead_periods is not None:
+                next_tick = min(next_tick, now + self.max_lead_periods * self.period_s)
             if duration_s is not None:
                 next_tick = min(next_tick, start + duration_s)
             self._sleep_until(next_tick, stop)
@@ -294,7 +311,7 @@ class ControlLoop:
             "energy_gap_s": round(self.energy_gap_s, 6),
             "cpu_energy_gap_s": round(self.cpu_energy_gap_s, 6),
             "jobs_running": len(self.jobs),
-            "jobs_done": len(self.jobs.outcomes),
+            "jobs_done": self.jobs.done,
             "deadline_misses": self.jobs.misses(),
             "interventions": self.events_total,
             "last_events": list(last.decision.events[-5:]) if last else [],

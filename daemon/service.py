@@ -279,6 +279,7 @@ def _run_live(
                 ).start()
             )
 
+        loop.max_lead_periods = 2.0  # a registration burst must not starve the decisions
         pinger = WatchdogPinger(notifier, clock.now)
         if pinger.interval_s:  # ping between ticks too: a long period_ms must not starve it
             loop.idle_every_s = pinger.interval_s / 2.0

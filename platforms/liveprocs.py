@@ -167,9 +167,17 @@ class LiveProcessControl(ProcessControl):
         return total
 
     def start_time(self, pid: int) -> float | None:
+        """Clock ticks since boot at which ``pid`` started (``/proc/PID/stat`` field 22): not
+        psutil's create_time, which adds the boot time in wall-clock seconds and so moves
+        when NTP steps the clock (every job would then look like a reused pid)."""
         try:
-            return psutil.Process(pid).create_time()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            with open(f"/proc/{int(pid)}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        try:  # the command name (field 2) may hold spaces and parentheses: split after it
+            return float(stat[stat.rindex(b")") + 2 :].split()[19])
+        except (ValueError, IndexError):
             return None
 
     def rt_allowed(self, pid: int) -> int:

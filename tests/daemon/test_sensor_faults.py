@@ -96,3 +96,86 @@ def test_the_status_gives_each_clusters_ceiling_with_the_caps_folded_in(tmp_path
     lp.tick()
     got = {c["name"]: c["limit_khz"] for c in lp.status()["clusters"]}
     assert got == {"a57": cap, "denver": TX2.cluster("denver").fmax_khz}
+
+
+def test_a_burst_of_early_ticks_cannot_push_the_next_decision_past_two_periods(tmp_path):
+    """Each tick woken early (a registration) pushed the schedule a period: 300 requests left
+    the guard without a decision for 20 s. On a board the lead is capped at two periods."""
+    write_fake_tree(TX2, tmp_path)
+    stops = [round(0.1 * k, 6) for k in range(1, 10)]  # nine early wakes inside one period
+
+    def stop_early(target):
+        if stops and stops[0] < target:
+            return stops.pop(0)
+        return None
+
+    clock = VirtualClock(0.0, on_advance=stop_early)
+    lp = ControlLoop(
+        Platform(TX2, DirSysfs(tmp_path), NoProcesses(), clock, kind="fake"),
+        make_governor("schedutil"),
+        period_s=1.0,
+    )
+    lp.max_lead_periods = 2.0
+    ticks: list[float] = []
+    lp.on_tick.append(lambda res: ticks.append(res.t))
+    lp.run(duration_s=6.0)
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) <= 2.0 + 1e-9, ticks
+
+
+def test_finished_jobs_are_counted_all_and_kept_only_recently():
+    from daemon.jobs import RECENT_OUTCOMES, JobEntry, JobTable
+
+    table = JobTable()
+    n = RECENT_OUTCOMES + 500
+    for pid in range(n):
+        table.register(
+            JobEntry(
+                pid=pid,
+                name="j",
+                release_t=0.0,
+                deadline_s=1.0,
+                criticality="hi" if pid % 2 else "lo",
+            )
+        )
+        table.finish(pid, 2.0 if pid % 3 == 0 else 0.5)  # every third misses
+    assert table.done == n and len(table.outcomes) == RECENT_OUTCOMES
+    misses = sum(1 for pid in range(n) if pid % 3 == 0)
+    assert sum(table.misses().values()) == misses
+
+
+def test_a_job_unregistered_alive_is_forgotten_by_the_stages_and_the_estimate(tmp_path):
+    """A pid registered again is a new job: it must not inherit the old one's progress
+    estimate or the shield's bounds (it started at 90 % done)."""
+    from daemon.jobs import JobEntry, JobTable
+
+    class Alive(NoProcesses):
+        def alive(self, pid):
+            return True
+
+        def get_affinity(self, pid):
+            return (0,)
+
+    class Stage:
+        forgotten: list = []
+
+        def __call__(self, decision, obs):
+            return decision
+
+        def forget(self, pid):
+            self.forgotten.append(pid)
+
+    write_fake_tree(TX2, tmp_path)
+    table = JobTable()
+    stage = Stage()
+    lp = ControlLoop(
+        Platform(TX2, DirSysfs(tmp_path), Alive(), VirtualClock(0.0), kind="fake"),
+        make_governor("schedutil"),
+        jobs=table,
+        stages=[stage],
+    )
+    table.register(JobEntry(pid=77, name="x", release_t=0.0))
+    lp.tick()
+    table.unregister(77)
+    lp.tick()
+    assert stage.forgotten == [77]

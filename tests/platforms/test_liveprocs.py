@@ -207,3 +207,21 @@ def test_permission_error_is_explained(monkeypatch, tree):
     with pytest.raises(PermissionError) as exc:
         LiveProcessControl().set_affinity(parent, (CPUS[0],))
     assert "needs root" in str(exc.value) and str(parent) in str(exc.value)
+
+
+def test_a_process_start_time_is_ticks_since_boot_and_tells_processes_apart():
+    """Ticks since boot, not psutil's wall-clock create time: an NTP step must not make a
+    live job look like a reused pid."""
+    procs = LiveProcessControl()
+    a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        t = procs.start_time(a.pid)
+        with open(f"/proc/{a.pid}/stat", "rb") as f:
+            stat = f.read()
+        assert t == float(stat[stat.rindex(b")") + 2 :].split()[19])
+        assert procs.start_time(a.pid) == t  # stable
+        assert procs.start_time(os.getpid()) <= t
+    finally:
+        a.kill()
+        a.wait()
+    assert procs.start_time(a.pid) is None  # gone
