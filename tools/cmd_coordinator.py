@@ -82,12 +82,13 @@ def serve_cmd(listen, policy, nodes, token) -> None:
 
 
 @coordinator.command("train")
-@click.option("--seed", default=0, show_default=True, type=int, help="Training seed.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Training seed.")
 @click.option(
     "--out",
     default=None,
     type=click.Path(dir_okay=False),
-    help="ONNX file (default: the shipped model path).",
+    help="ONNX file, checked writable before training (default: the shipped model, only for "
+    "the full budget; required with --iterations).",
 )
 @click.option(
     "--iterations",

@@ -13,8 +13,10 @@ import argparse
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -183,6 +185,37 @@ def serve(
         srv.coordinator.telemetry.close()
 
 
+def resolve_train_out(out, full_budget: bool, shipped) -> str:
+    """The file ``train`` will write, checked writable *before* training (a bad ``--out``
+    used to fail only at export, after minutes of training). Only a run with the full
+    default budget may write the shipped model: a partial one would replace it silently."""
+    if out is not None and not os.fspath(out).strip():
+        raise ValueError("--out: empty path; give the ONNX file to write")
+    if out is None:
+        if not full_budget:
+            raise ValueError(
+                "--out is required with --iterations: only a training with the full default "
+                f"budget writes the shipped model {shipped}"
+            )
+        out = shipped
+    path = os.path.abspath(os.fspath(out))
+    if not full_budget and os.path.realpath(path) == os.path.realpath(os.fspath(shipped)):
+        raise ValueError(
+            f"--out {out}: is the shipped model, which only a training with the full default "
+            "budget may replace"
+        )
+    if os.path.isdir(path):
+        raise ValueError(f"--out {out}: is a directory; give the ONNX file to write")
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".hidvfs-probe-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot write there ({err.strerror or err})") from None
+    return os.fspath(out)
+
+
 def train(
     seed: int = 0, out: str | None = None, iterations: int | None = None, quiet: bool = False
 ) -> str:
@@ -193,9 +226,13 @@ def train(
     from agents.placement.train import TrainConfig, export
     from agents.placement.train import train as run
 
-    out = os.fspath(out or DEFAULT_MODEL)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"--seed: expected an integer >= 0, got {seed!r}")
+    if iterations is not None and (not isinstance(iterations, int) or iterations < 1):
+        raise ValueError(f"--iterations: expected an integer >= 1, got {iterations!r}")
     kw = {"seed": seed} if iterations is None else {"seed": seed, "iterations": iterations}
     cfg = TrainConfig(**kw)
+    out = resolve_train_out(out, cfg.iterations == TrainConfig().iterations, DEFAULT_MODEL)
     commit = git_commit()  # the code that trains (read before training, not at export)
     t0 = time.monotonic()
 
@@ -240,18 +277,50 @@ def evaluate(
     return t.summarize(rows)
 
 
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low`` (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {low}, got {text!r}"
+            ) from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def parse_loads(text: str) -> list[float]:
+    """``--loads``: a comma list of finite loads > 0 (0, -1, nan or abc used to run, or fail
+    deep in the trace generator)."""
+    loads = []
+    for part in str(text).split(","):
+        try:
+            x = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a number") from None
+        if not math.isfinite(x) or x <= 0:
+            raise argparse.ArgumentTypeError(f"expected finite loads > 0, got {part.strip()}")
+        loads.append(x)
+    return loads
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.coordinator_cmd")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--iterations", type=int)
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--iterations", type=_int_at_least(1))
     p.add_argument("--out")
     p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("evaluate")
     p.add_argument("--model")
-    p.add_argument("--jobs", type=int, default=500)
-    p.add_argument("--loads", default="0.7,1.0,1.2")
+    p.add_argument("--jobs", type=_int_at_least(10), default=500)
+    p.add_argument("--loads", type=parse_loads, default="0.7,1.0,1.2")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("simulate")
     p.add_argument("--trace", required=True)
@@ -265,12 +334,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", default="")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(a)
+    except (ValueError, OSError) as err:  # one line, no traceback (as the click CLI)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
     if a.cmd == "train":
         t0 = time.monotonic()
         path = train(a.seed, a.out, a.iterations, a.quiet)
         print(f"wrote {path} in {time.monotonic() - t0:.1f} s")
     elif a.cmd == "evaluate":
-        rows = evaluate(a.model, a.jobs, [float(x) for x in a.loads.split(",")])
+        rows = evaluate(a.model, a.jobs, a.loads)
         print(json.dumps(rows, indent=1) if a.json else format_table(rows))
     elif a.cmd == "simulate":
         rows = simulate(a.trace, parse_policies(a.policy), a.nodes, a.seed)

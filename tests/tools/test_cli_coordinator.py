@@ -68,3 +68,120 @@ def test_serve_refuses_an_unknown_board_in_one_line():
     r = run("serve", "--listen", "192.0.2.1:0", "--nodes", "a=orin_nx@http://127.0.0.1:1/s")
     assert r.exit_code != 0 and "unknown board 'orin_nx'" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def fake_training(monkeypatch):
+    """Replaces training and export: records what would run, trains nothing."""
+    import agents.placement.train as t
+
+    calls = []
+
+    def fake_train(cfg, log):
+        calls.append(("train", cfg.iterations))
+        return object(), []
+
+    def fake_export(model, out, cfg, command, date, history, extra):
+        import os
+
+        assert os.path.isdir(os.path.dirname(os.path.abspath(out)))
+        calls.append(("export", str(out), command))
+
+    monkeypatch.setattr(t, "train", fake_train)
+    monkeypatch.setattr(t, "export", fake_export)
+    return calls
+
+
+def _shipped_digest():
+    import hashlib
+
+    from agents.placement.higfrl import DEFAULT_MODEL
+
+    return hashlib.sha256(DEFAULT_MODEL.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--iterations", "1"], "--out is required with --iterations"),
+        (["--iterations", "1", "--out", ""], "--out: empty path"),
+        (["--out", ""], "--out: empty path"),
+        (["--out", "  "], "--out: empty path"),
+        (["--seed", "-1"], "--seed"),
+    ],
+)
+def test_train_refuses_before_training(fake_training, args, needle):
+    before = _shipped_digest()
+    r = run("train", *args)
+    assert r.exit_code != 0 and needle in r.output and "Traceback" not in r.output
+    assert fake_training == []  # nothing trained, nothing exported
+    assert _shipped_digest() == before
+
+
+def test_train_refuses_the_shipped_path_for_a_partial_run(fake_training):
+    from agents.placement.higfrl import DEFAULT_MODEL
+
+    r = run("train", "--iterations", "1", "--out", str(DEFAULT_MODEL))
+    assert r.exit_code != 0 and "is the shipped model" in r.output
+    assert fake_training == []
+
+
+def test_train_checks_out_is_writable_before_training(fake_training, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run("train", "--iterations", "1", "--out", str(blocker / "m.onnx"))
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert f"--out {blocker / 'm.onnx'}: cannot write there" in r.output
+    assert fake_training == []
+    r = run("train", "--iterations", "1", "--out", str(tmp_path))
+    assert r.exit_code != 0 and "is a directory" in r.output and fake_training == []
+
+
+def test_train_creates_the_parent_of_out_then_trains(fake_training, tmp_path):
+    out = tmp_path / "new" / "dir" / "m.onnx"
+    r = run("train", "--iterations", "1", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert [c[0] for c in fake_training] == ["train", "export"]
+    assert fake_training[1][1] == str(out)
+    assert [p.name for p in out.parent.iterdir()] == []  # the probe file is gone
+
+
+def test_full_budget_without_out_writes_the_shipped_path(fake_training):
+    from agents.placement.higfrl import DEFAULT_MODEL
+
+    r = run("train", "--seed", "0")
+    assert r.exit_code == 0, r.output
+    assert fake_training[0] == ("train", 240)
+    assert fake_training[1][1] == str(DEFAULT_MODEL)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["evaluate", "--loads", "0"], "--loads"),
+        (["evaluate", "--loads", "-1"], "--loads"),
+        (["evaluate", "--loads", "nan"], "--loads"),
+        (["evaluate", "--loads", "0.7,abc"], "--loads"),
+        (["evaluate", "--jobs", "-3"], "--jobs"),
+        (["evaluate", "--jobs", "0"], "--jobs"),
+        (["train", "--seed", "-1"], "--seed"),
+        (["train", "--iterations", "0"], "--iterations"),
+    ],
+)
+def test_module_entry_checks_its_arguments(fake_training, capsys, argv, needle):
+    from tools.coordinator_cmd import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {needle}" in err and "Traceback" not in err
+    assert fake_training == []
+
+
+def test_module_entry_train_errors_are_one_line(fake_training, capsys):
+    from tools.coordinator_cmd import main
+
+    assert main(["train", "--iterations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out is required") and fake_training == []
