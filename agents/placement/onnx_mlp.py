@@ -136,13 +136,50 @@ class OnnxPolicyModel:
             raise ValueError(f"{self.path}: not a loadable ONNX model ({err})") from err
         meta = self.session.get_modelmeta().custom_metadata_map
         self.metadata: dict[str, str] = dict(meta)
+        self.n_pair, self.n_global = self._check_signature()
+        self._ctx0 = np.zeros((1, self.n_global), np.float32)
+        try:  # warm-up run: a model whose graph cannot run fails here, not mid-placement
+            self.session.run(
+                ["logits", "value"],
+                {"pairs": np.zeros((1, self.n_pair), np.float32), "context": self._ctx0},
+            )
+        except Exception as err:  # onnxruntime's own exception types
+            raise ValueError(f"{self.path}: the model does not run ({err})") from err
+
+    def _check_signature(self) -> tuple[int, int]:
+        """Inputs, outputs and feature layout the placer feeds and reads, checked at load
+        (a mismatch surfaced as an onnxruntime error at the first decision, or not at all)."""
+        from agents.placement.features import FEATURE_VERSION, N_GLOBAL, N_PAIR
+
         shapes = {i.name: i.shape for i in self.session.get_inputs()}
         if set(shapes) != {"pairs", "context"}:
             raise ValueError(f"{self.path}: inputs {sorted(shapes)}, expected ['context', 'pairs']")
-        self.n_pair = int(shapes["pairs"][1])
-        self.n_global = int(shapes["context"][1])
-        self._ctx0 = np.zeros((1, self.n_global), np.float32)
-        self.logits(np.zeros((1, self.n_pair), np.float32))  # warm-up run
+        outputs = {o.name for o in self.session.get_outputs()}
+        missing = sorted({"logits", "value"} - outputs)
+        if missing:
+            raise ValueError(
+                f"{self.path}: outputs {sorted(outputs)} lack {missing} (not a higfrl model)"
+            )
+        dims = []
+        for name, rows, want, const in (
+            ("pairs", "N", N_PAIR, "N_PAIR"),
+            ("context", "1", N_GLOBAL, "N_GLOBAL"),
+        ):
+            shape = shapes[name]
+            got = shape[1] if len(shape) == 2 else None
+            if not isinstance(got, int) or got != want:
+                raise ValueError(
+                    f"{self.path}: input {name} has shape {shape}, expected [{rows}, {want}] "
+                    f"(features.{const})"
+                )
+            dims.append(got)
+        version = self.metadata.get("feature_version")
+        if version != str(FEATURE_VERSION):
+            raise ValueError(
+                f"{self.path}: feature_version {version!r}, expected {str(FEATURE_VERSION)!r} "
+                "(trained on another feature layout; retrain with hidvfs coordinator train)"
+            )
+        return dims[0], dims[1]
 
     def logits(self, pairs: np.ndarray) -> np.ndarray:
         out = self.session.run(

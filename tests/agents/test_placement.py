@@ -10,6 +10,7 @@ import pytest
 from agents.placement.features import (
     COL_IS_WAIT,
     COL_LOG_WORK,
+    FEATURE_VERSION,
     N_GLOBAL,
     N_PAIR,
     FeatureBuilder,
@@ -164,7 +165,8 @@ def test_onnx_export_matches_numpy(tmp_path):
         gs,
     )
     path = tmp_path / "m.onnx"
-    model.export(path, {"seed": "1", "command": "test", "date": "2024-01-01T00:00:00+00:00"})
+    meta = {"seed": "1", "command": "test", "date": "2024-01-01T00:00:00+00:00"}
+    model.export(path, meta | {"feature_version": str(FEATURE_VERSION)})
     onx = OnnxPolicyModel(path)
     x = rng.normal(size=(5, N_PAIR)).astype(np.float32)
     np.testing.assert_allclose(onx.logits(x), model.logits(x), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,119 @@
+"""The higfrl ONNX loader refuses a model the placer cannot feed or read, in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from agents.placement.features import FEATURE_VERSION, N_GLOBAL, N_PAIR
+from agents.placement.higfrl import DEFAULT_MODEL
+from agents.placement.onnx_mlp import Mlp, NumpyPolicyModel, OnnxPolicyModel, build_onnx
+
+META = {"feature_version": str(FEATURE_VERSION)}
+
+
+def _save(path, pair_dim=N_PAIR, ctx_dim=N_GLOBAL, meta=META):
+    rng = np.random.default_rng(0)
+    path.write_bytes(
+        build_onnx(Mlp.init([pair_dim, 8, 1], rng), Mlp.init([ctx_dim, 4, 1], rng), meta)
+    )
+    return path
+
+
+def test_a_matching_model_and_the_shipped_model_load(tmp_path):
+    m = OnnxPolicyModel(_save(tmp_path / "ok.onnx"))
+    assert (m.n_pair, m.n_global) == (N_PAIR, N_GLOBAL)
+    shipped = OnnxPolicyModel(DEFAULT_MODEL)
+    assert shipped.logits(np.zeros((3, N_PAIR), np.float32)).shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"pair_dim": 30}, "input pairs has shape ['N', 30], expected [N, 49] (features.N_PAIR)"),
+        ({"ctx_dim": 5}, "input context has shape [1, 5], expected [1, 11] (features.N_GLOBAL)"),
+        ({"meta": {"feature_version": "1"}}, "feature_version '1', expected '2'"),
+        ({"meta": {}}, "feature_version None, expected '2'"),
+    ],
+)
+def test_mismatched_models_are_refused_naming_the_file(tmp_path, kw, needle):
+    assert (N_PAIR, N_GLOBAL, FEATURE_VERSION) == (49, 11, 2)  # the messages below
+    path = _save(tmp_path / "bad.onnx", **kw)
+    with pytest.raises(ValueError) as err:
+        OnnxPolicyModel(path)
+    assert str(err.value).startswith(f"{path}: ") and needle in str(err.value)
+
+
+def _edit_shipped(tmp_path, name, edit):
+    m = onnx.load(DEFAULT_MODEL)
+    edit(m)
+    path = tmp_path / name
+    onnx.save(m, path)
+    return path
+
+
+def test_a_model_without_logits_is_refused(tmp_path):
+    def drop_logits(m):
+        keep = [o for o in m.graph.output if o.name != "logits"]
+        del m.graph.output[:]
+        m.graph.output.extend(keep)
+
+    path = _edit_shipped(tmp_path, "nologits.onnx", drop_logits)
+    with pytest.raises(ValueError, match=r"lack \['logits'\]"):
+        OnnxPolicyModel(path)
+
+
+def test_a_symbolic_feature_dim_is_refused(tmp_path):
+    def symbolic(m):
+        dim = m.graph.input[0].type.tensor_type.shape.dim[1]
+        dim.ClearField("dim_value")
+        dim.dim_param = "F"
+
+    path = _edit_shipped(tmp_path, "symdim.onnx", symbolic)
+    with pytest.raises(ValueError, match=r"input pairs has shape \['N', 'F'\]"):
+        OnnxPolicyModel(path)
+
+
+def test_a_model_that_fails_to_run_is_a_value_error(tmp_path):
+    # the right signature, but a Reshape no batch of one row can satisfy
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [3, -1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["pairs", "shape"], ["logits"]),
+            helper.make_node("Identity", ["context"], ["value"]),
+        ],
+        "broken",
+        [
+            helper.make_tensor_value_info("pairs", TensorProto.FLOAT, ["N", N_PAIR]),
+            helper.make_tensor_value_info("context", TensorProto.FLOAT, [1, N_GLOBAL]),
+        ],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("value", TensorProto.FLOAT, None),
+        ],
+        initializer=[shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "feature_version", str(FEATURE_VERSION)
+    path = tmp_path / "broken.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ValueError, match=f"{path}: the model does not run"):
+        OnnxPolicyModel(path)
+
+
+def test_numpy_export_round_trips_through_the_checked_loader(tmp_path):
+    rng = np.random.default_rng(3)
+    model = NumpyPolicyModel(
+        Mlp.init([N_PAIR, 4, 1], rng),
+        Mlp.init([N_GLOBAL, 4, 1], rng),
+        np.zeros(N_PAIR),
+        np.ones(N_PAIR),
+        np.zeros(N_GLOBAL),
+        np.ones(N_GLOBAL),
+    )
+    model.export(tmp_path / "m.onnx", META)
+    assert OnnxPolicyModel(tmp_path / "m.onnx").n_pair == N_PAIR
