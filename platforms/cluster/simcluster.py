@@ -55,6 +55,19 @@ class PlacementError(SimError):
     """A placer returned an assignment that breaks a dependency or a capacity."""
 
 
+def _finite(x) -> bool:
+    """A real, finite number (not a bool, a string or None)."""
+    try:
+        return not isinstance(x, bool) and math.isfinite(x)
+    except TypeError:
+        return False
+
+
+def _positive(x) -> bool:
+    """A real, finite number > 0 (NaN and inf passed the old ``x > 0`` checks or hung)."""
+    return _finite(x) and x > 0
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One node. ``speed_fn(t)`` multiplies ``speed`` at time t (None: constant speed).
@@ -74,14 +87,28 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class PiecewiseSpeed:
-    """A speed factor that is ``factors[k]`` from ``times[k]`` until ``times[k+1]``."""
+    """A speed factor that is ``factors[k]`` from ``times[k]`` until ``times[k+1]``, and 1.0
+    before ``times[0]`` (a throttle from t=100 used to apply from t=0)."""
 
     times: tuple[float, ...]
     factors: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        times, factors = tuple(self.times), tuple(self.factors)
+        if len(times) != len(factors):
+            raise SimError(
+                f"PiecewiseSpeed: {len(times)} times but {len(factors)} factors; expected one each"
+            )
+        if not all(_finite(x) for x in times):
+            raise SimError(f"PiecewiseSpeed: times must be finite numbers, got {times}")
+        if any(b <= a for a, b in zip(times, times[1:])):
+            raise SimError(f"PiecewiseSpeed: times must be strictly increasing, got {times}")
+        if not all(_positive(x) for x in factors):
+            raise SimError(f"PiecewiseSpeed: factors must be finite and > 0, got {factors}")
+
     def __call__(self, t: float) -> float:
         k = int(np.searchsorted(self.times, t, side="right")) - 1
-        return self.factors[max(k, 0)] if self.factors else 1.0
+        return self.factors[k] if k >= 0 else 1.0
 
     def next_change(self, t: float) -> float:
         k = int(np.searchsorted(self.times, t, side="right"))
@@ -562,9 +589,19 @@ class ClusterSim:
         if not nodes:
             raise SimError("the cluster has no node")
         for n in nodes:
-            if n.cpus <= 0 or n.mem <= 0 or n.speed <= 0:
+            values = (n.cpus, n.mem, n.speed)
+            if not all(_positive(x) for x in values):
                 raise SimError(
-                    f"node {n.name!r}: cpus, mem and speed must be > 0 (got {n.cpus}, {n.mem}, {n.speed})"
+                    f"node {n.name!r}: cpus, mem and speed must be finite and > 0 (got {n.cpus}, {n.mem}, {n.speed})"
+                )
+            if n.speed_fn is not None and not callable(n.speed_fn):
+                raise SimError(f"node {n.name!r}: speed_fn must be callable, got {n.speed_fn!r}")
+            sampled = n.speed_fn is not None and getattr(n.speed_fn, "next_change", None) is None
+            if sampled and not _positive(n.speed_period_s):
+                # 0 or less stepped every 1e-9 s (a hang); NaN silently stopped sampling
+                raise SimError(
+                    f"node {n.name!r}: speed_period_s must be finite and > 0 for a speed_fn "
+                    f"without next_change (got {n.speed_period_s!r})"
                 )
         self.w = workload
         self.nodes = tuple(nodes)
@@ -618,10 +655,15 @@ class ClusterSim:
 
     def _set_speed(self, k: int) -> None:
         fn = self.nodes[k].speed_fn
-        new = self.nominal[k] * float(fn(self.t))
-        if not new > 0:
+        factor = fn(self.t)
+        if not _positive(factor):  # inf made the node infinitely fast (flow 0), NaN stalled it
             raise SimError(
-                f"node {self.nodes[k].name!r}: speed_fn({self.t:g}) gave {new / self.nominal[k]!r}, expected > 0"
+                f"node {self.nodes[k].name!r}: speed_fn({self.t:g}) gave {factor!r}, expected a finite factor > 0"
+            )
+        new = self.nominal[k] * float(factor)
+        if not _positive(new):
+            raise SimError(
+                f"node {self.nodes[k].name!r}: speed_fn({self.t:g}) gave {factor!r}, a speed of {new!r}"
             )
         old = self.speed[k]
         if new != old:

@@ -212,3 +212,61 @@ def test_ten_thousand_tasks_replay_reasonably_fast():
     w = Workload.from_jobs(synthetic_trace(cfg).jobs)
     res = simulate(w, parse_nodes_spec("orin-nx:4,tx2:4"), FirstFit())
     assert np.isfinite(res.finish).all() and (res.start >= res.ready_t - 1e-9).all()
+
+
+def _one_task():
+    return _workload(["M1,1,j,1,Terminated,0,4,100,0.1"])  # 4 s of work
+
+
+def test_piecewise_speed_is_one_before_its_first_time():
+    # a throttle from t=100 must not slow a task that ends at t=4 (it applied from t=0)
+    node = NodeSpec("n", "x", 1, 1, 1.0, speed_fn=PiecewiseSpeed((100.0,), (0.5,)))
+    assert simulate(_one_task(), [node], FirstFit()).finish[0] == pytest.approx(4.0)
+    later = NodeSpec("n", "x", 1, 1, 1.0, speed_fn=PiecewiseSpeed((2.0,), (0.5,)))
+    assert simulate(_one_task(), [later], FirstFit()).finish[0] == pytest.approx(2.0 + 2.0 / 0.5)
+    assert PiecewiseSpeed((), ())(5.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    "times, factors, needle",
+    [
+        ((0.0, 10.0, 2.0), (1.0, 1.0, 0.5), "strictly increasing"),
+        ((0.0, 0.0), (1.0, 0.5), "strictly increasing"),
+        ((0.0,), (1.0, 0.5), "1 times but 2 factors"),
+        ((float("nan"),), (1.0,), "times must be finite"),
+        ((0.0,), (0.0,), "factors must be finite and > 0"),
+        ((0.0,), (float("inf"),), "factors must be finite and > 0"),
+        ((0.0,), (-1.0,), "factors must be finite and > 0"),
+    ],
+)
+def test_piecewise_speed_is_validated(times, factors, needle):
+    with pytest.raises(SimError, match=needle):
+        PiecewiseSpeed(times, factors)
+
+
+@pytest.mark.parametrize("period", [0.0, -5.0, float("nan"), float("inf")])
+def test_sampled_speed_fn_needs_a_finite_positive_period(period):
+    node = NodeSpec("n", "x", 1, 1, 1.0, speed_fn=lambda t: 1.0, speed_period_s=period)
+    t0 = time.monotonic()
+    with pytest.raises(SimError, match="speed_period_s must be finite and > 0"):
+        simulate(_one_task(), [node], FirstFit())  # 0 or less hung, NaN stopped sampling
+    assert time.monotonic() - t0 < 5.0
+    # a speed_fn with next_change does not sample: its period is not used
+    exact = NodeSpec("n", "x", 1, 1, 1.0, speed_fn=PiecewiseSpeed((0.0,), (1.0,)))
+    assert simulate(_one_task(), [exact], FirstFit()).finish[0] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("field", ["cpus", "mem", "speed"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
+def test_node_values_must_be_finite_and_positive(field, value):
+    kw = {"name": "n", "board": "x", "cpus": 1.0, "mem": 1.0, "speed": 1.0, field: value}
+    with pytest.raises(SimError, match="must be finite and > 0") as err:
+        simulate(_one_task(), [NodeSpec(**kw)], FirstFit())
+    assert "policy" not in str(err.value)  # a NaN speed used to blame the placer
+
+
+@pytest.mark.parametrize("factor", [float("inf"), float("nan"), 0.0, -1.0, None])
+def test_speed_fn_values_must_be_finite_and_positive(factor):
+    node = NodeSpec("n", "x", 1, 1, 1.0, speed_fn=lambda t: factor, speed_period_s=1.0)
+    with pytest.raises(SimError, match="expected a finite factor > 0"):
+        simulate(_one_task(), [node], FirstFit())
