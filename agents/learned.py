@@ -41,6 +41,7 @@ AGENT_FILES = ("profiler", "thermal", "priority")
 #: pool would grow with every job for as long as the daemon runs
 ADAPTIVE_WINDOW = 5000
 
+
 def model_dir(board: str, root: str | os.PathLike[str] | None = None) -> Path:
     """``board``'s models: agents/models/BOARD; under a given ``root`` (``--models``) its
     BOARD subfolder when that holds a manifest, else ``root`` itself, which then serves only

@@ -283,7 +283,7 @@ class Actuator:
                 # floods the log. A new decision for this job tries again. (ValueError: a
                 # CPU set the kernel refuses, e.g. CPUs offline or a cpuset.)
                 self._last_jobs[pid] = key
-                self._applied_at[pid] = obs.t
+                self._applied_at.pop(pid, None)  # not re-applied every 5 s: logged once
                 report.errors.append(f"pid {pid}: placement failed ({err})")
         for err in report.errors:
             log.warning("event=actuation_error detail=%r", err)

@@ -58,6 +58,7 @@ class JobTable:
     #: every job finished since start, and the deadline misses among them per criticality
     done: int = 0
     _misses: dict = field(default_factory=lambda: {"hi": 0, "lo": 0})
+    _ended: list = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: set whenever a job registers or leaves, so the loop can decide right away
     changed: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -77,7 +78,10 @@ class JobTable:
         self.changed.set()
         return entry
 
-    def finish(self, pid: int, finish_t: float) -> JobOutcome | None:
+    def finish(self, pid: int, finish_t: float, *, seen: bool = False) -> JobOutcome | None:
+        """The job ended at ``finish_t``: record its outcome. One the control loop did not see
+        itself (``seen`` False: reported through the registry) waits in :meth:`take_ended`
+        so the loop still scores it (the adaptive shield)."""
         entry = self.unregister(pid)
         if entry is None:
             return None
@@ -86,9 +90,17 @@ class JobTable:
         )
         with self._lock:
             self.outcomes.append(out)
+            if not seen:
+                self._ended.append(out)
             self.done += 1
             if out.deadline_met is False:
                 self._misses[out.criticality] = self._misses.get(out.criticality, 0) + 1
+        return out
+
+    def take_ended(self) -> list[JobOutcome]:
+        """Outcomes recorded since the last call that the loop did not see itself."""
+        with self._lock:
+            out, self._ended = self._ended, []
         return out
 
     def snapshot(self) -> list[JobEntry]:

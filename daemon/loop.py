@@ -47,7 +47,10 @@ class SensorErrorLog:
 
     @staticmethod
     def _file(error: str) -> str:
-        return error.split(": ", 1)[0]
+        """The failing file; a sensor not found at all is keyed by its whole message (they
+        share a folder: every missing zone reports the thermal class folder)."""
+        head, _, rest = error.partition(": ")
+        return error if rest.startswith("no ") else head
 
     def update(self, errors) -> None:
         now = {self._file(e): e for e in errors}
@@ -118,6 +121,16 @@ class ControlLoop:
         self._last_power: tuple[float, float | None, float | None] | None = None
         self.t0 = platform.clock.now()
 
+    @staticmethod
+    def _log_done(out: JobOutcome) -> None:
+        log.info(
+            "event=job_done pid=%d name=%s makespan_s=%.3f deadline_met=%s",
+            out.pid,
+            out.name,
+            out.makespan_s,
+            out.deadline_met,
+        )
+
     # -- one tick ----------------------------------------------------------------------------
     def observe(self) -> tuple[Observation, list[JobOutcome]]:
         clock, procs = self.platform.clock, self.platform.procs
@@ -125,13 +138,21 @@ class ControlLoop:
         hw = self.guard.view(self.actuator.envelope(self.sensor.read(t)))
         finished = []
         jobs = []
+        # jobs whose end was reported to the registry (`hidvfs run` unregisters its command
+        # as soon as it exits, usually before this tick could see it end)
+        for out in self.jobs.take_ended():
+            self.actuator.forget(out.pid)
+            self._estimate.forget(out.pid)
+            finished.append(out)
+            self._log_done(out)
+        ended = {(o.pid, o.release_t) for o in finished}
         snapshot = self.jobs.snapshot()
-        present = {e.pid for e in snapshot}
+        present = {(e.pid, e.release_t) for e in snapshot}  # a registration, not just a pid
         # jobs unregistered while alive: give them back what they had, and forget what was
-        # kept about them (a pid registered again is a new job)
-        for pid in self.actuator.managed() - present:
+        # kept about them (a pid registered again, even between two ticks, is a new job)
+        for pid in self.actuator.managed() - {e.pid for e in snapshot}:
             self.actuator.release(pid)
-        for pid in self._tracked - present:
+        for pid, _release in self._tracked - present - ended:
             self._estimate.forget(pid)
             for stage in self.stages:
                 forget = getattr(stage, "forget", None)
@@ -142,18 +163,12 @@ class ControlLoop:
             if not procs.alive(e.pid) or (
                 e.start_time is not None and procs.start_time(e.pid) not in (None, e.start_time)
             ):  # gone, or its pid now names another process
-                out = self.jobs.finish(e.pid, t)
+                out = self.jobs.finish(e.pid, t, seen=True)
                 self.actuator.forget(e.pid)
                 self._estimate.forget(e.pid)
                 if out is not None:
                     finished.append(out)
-                    log.info(
-                        "event=job_done pid=%d name=%s makespan_s=%.3f deadline_met=%s",
-                        out.pid,
-                        out.name,
-                        out.makespan_s,
-                        out.deadline_met,
-                    )
+                    self._log_done(out)
                 continue
             try:
                 cpus = procs.get_affinity(e.pid)

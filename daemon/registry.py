@@ -257,7 +257,14 @@ class JobRegistry:
                         f"pid {pid} was registered by uid {entry.registrant_uid}; a client "
                         f"with uid {peer_uid} may only unregister its own jobs"
                     )
-            entry = self.table.unregister(pid)
+            ended = not self.alive(pid)
+        if ended:  # `hidvfs run` tells us as soon as its command exits: that is its end
+            out = self.table.finish(pid, self.now())
+            if out is None:
+                raise RequestError(f"pid {pid} is not registered")
+            log.info("event=job_unregistered pid=%d name=%s ended=true", pid, entry.name)
+            return entry
+        entry = self.table.unregister(pid)
         if entry is None:
             raise RequestError(f"pid {pid} is not registered")
         log.info("event=job_unregistered pid=%d name=%s", pid, entry.name)

@@ -173,6 +173,9 @@ def _run_live(
     clock = MonotonicClock()
     kind = "live" if sysfs_root == "/" else "fake"
     root = sysfs.root
+    pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
+    stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
+    # last before the run: a start refused earlier must not truncate an earlier recording
     recorder = None
     if record:
         try:
@@ -196,8 +199,6 @@ def _run_live(
             log, "profiles_unreadable", level=logging.WARNING, detail=why
         ),
     )
-    pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
-    stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
     table = JobTable()
     loop = ControlLoop(
         platform,

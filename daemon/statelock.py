@@ -52,8 +52,14 @@ class StateLock:
                     "--state-dir"
                 ) from None
             raise StateDirBusy(f"{self.path}: cannot lock ({err.strerror})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as err:
+            os.close(fd)
+            raise StateDirBusy(
+                f"{self.path}: cannot write the daemon's pid ({err.strerror})"
+            ) from None
         self._fd = fd
         return self
 

@@ -159,3 +159,20 @@ def test_a_reused_pid_ends_the_job_instead_of_steering_the_newcomer(tmp_path):
     )
     res = loop.tick()
     assert [o.pid for o in res.finished] == [4242] and len(table) == 0
+
+
+def test_a_placement_the_kernel_refuses_is_logged_once_not_every_five_seconds(tmp_path):
+    class Refusing(NoProcesses):
+        def set_affinity(self, pid, cpus):
+            raise ValueError(f"pid {pid}: CPU set {list(cpus)} has no online CPU")
+
+        def get_affinity(self, pid):
+            return (0,)
+
+        def set_priority(self, pid, rt_priority=0, nice=0):
+            pass
+
+    act = Actuator(DirSysfs(tmp_path), Refusing(), live_jobs=True)
+    d = Decision({}, jobs={5: JobSetting((7,))})
+    errors = [e for k in range(300) for e in act.apply(d, obs(t=0.1 * k)).errors]
+    assert len(errors) == 1 and "placement failed" in errors[0]

@@ -179,3 +179,74 @@ def test_a_job_unregistered_alive_is_forgotten_by_the_stages_and_the_estimate(tm
     table.unregister(77)
     lp.tick()
     assert stage.forgotten == [77]
+    # unregistered and registered again between two ticks (a client changing the deadline):
+    # still a new job
+    table.unregister(77)
+    table.register(JobEntry(pid=77, name="x", release_t=5.0, deadline_s=3.0))
+    lp.tick()
+    assert stage.forgotten == [77]  # the first registration ended already
+    table.register(JobEntry(pid=78, name="y", release_t=6.0))
+    lp.tick()
+    table.unregister(78)
+    table.register(JobEntry(pid=78, name="y", release_t=7.0))
+    lp.tick()
+    assert stage.forgotten == [77, 78]
+
+
+def test_a_job_whose_end_is_reported_to_the_registry_is_scored(tmp_path):
+    """`hidvfs run` unregisters its command as soon as it exits, before the loop could see
+    it end: the outcome is still recorded and the stages still score it."""
+    from daemon.jobs import JobTable
+    from daemon.registry import JobRegistry
+
+    alive = {77: True}
+
+    class Procs(NoProcesses):
+        def alive(self, pid):
+            return alive.get(pid, False)
+
+        def get_affinity(self, pid):
+            return (0,)
+
+    class Stage:
+        done: list = []
+
+        def __call__(self, decision, obs):
+            return decision
+
+        def job_done(self, pid, finish_t):
+            self.done.append((pid, finish_t))
+
+    write_fake_tree(TX2, tmp_path)
+    table = JobTable()
+    clock = VirtualClock(0.0)
+    lp = ControlLoop(
+        Platform(TX2, DirSysfs(tmp_path), Procs(), clock, kind="fake"),
+        make_governor("schedutil"),
+        jobs=table,
+        stages=[Stage()],
+    )
+    reg = JobRegistry(table, now=clock.now, alive=lambda pid: alive.get(pid, False))
+    reg.register(77, 5.0, "hi", "run")
+    lp.tick()
+    clock.set(1.25)
+    alive[77] = False  # it exited; `hidvfs run` reports it at once
+    reg.unregister(77)
+    assert table.done == 1 and table.misses() == {"hi": 0, "lo": 0}
+    clock.set(1.3)
+    res = lp.tick()
+    assert [o.pid for o in res.finished] == [77] and Stage.done == [(77, 1.25)]
+    assert table.done == 1  # counted once
+
+
+def test_two_missing_zones_are_two_log_lines(caplog):
+    slog = SensorErrorLog(logging.getLogger("sensor-log-test"))
+    a = "class/thermal: no thermal zone of type 'BCPU-therm'"
+    b = "class/thermal: no thermal zone of type 'MCPU-therm'"
+    with caplog.at_level(logging.INFO, logger="sensor-log-test"):
+        slog.update([a])
+        slog.update([a, b])
+        slog.update([b])
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len([m for m in msgs if "sensor_unavailable" in m]) == 2
+    assert any("sensor_recovered" in m and "BCPU" in m for m in msgs)

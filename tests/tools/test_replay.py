@@ -268,3 +268,29 @@ def test_matching_writes_counts_recorded_writes_repeated_not_replayed_ones(tmp_p
     res = replay_trace(str(dst), "maxfreq")
     assert res["recorded_writes"] == 4 and res["matching_writes"] == 4
     assert res["extra_writes"] == len(res["mismatches"]) > 0
+
+
+def test_a_refused_start_leaves_an_earlier_recording_alone(tmp_path):
+    write_fake_tree(load_board("tx2"), tmp_path / "tree")
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text("an earlier recording\n")
+    r = CliRunner().invoke(
+        cli,
+        [
+            "daemon",
+            "--sysfs-root",
+            str(tmp_path / "tree"),
+            "--policy",
+            "nosuch",
+            "--duration",
+            "1",
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--socket",
+            str(tmp_path / "st" / "s.sock"),
+            "--record",
+            str(rec),
+        ],
+    )
+    assert r.exit_code != 0 and "nosuch" in r.output
+    assert rec.read_text() == "an earlier recording\n"
