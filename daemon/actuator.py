@@ -49,6 +49,7 @@ class Actuator:
         *,
         dry_run: bool = False,
         live_jobs: bool = False,
+        originals=None,
     ):
         self.sysfs = sysfs
         self.procs = procs
@@ -57,6 +58,9 @@ class Actuator:
         #: vet real-time priority, re-apply now and then (a job may change its own settings)
         self.live_jobs = live_jobs
         self._job_originals: dict[int, tuple[tuple[int, ...], tuple[int, int]]] = {}
+        #: where the originals also go on disk (daemon.jobrestore.JobOriginals), so the next
+        #: start gives them back after a crash
+        self._originals_store = originals
         self._applied_at: dict[int, float] = {}
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
@@ -266,10 +270,10 @@ class Actuator:
                 continue
             try:
                 if self.live_jobs and pid not in self._job_originals:
-                    self._job_originals[pid] = (
-                        self.procs.get_affinity(pid),
-                        self.procs.get_priority(pid),
-                    )
+                    orig = (self.procs.get_affinity(pid), self.procs.get_priority(pid))
+                    self._job_originals[pid] = orig
+                    if self._originals_store is not None:
+                        self._originals_store.record(pid, self.procs.start_time(pid), *orig)
                 if setting.cpus:
                     self.procs.set_affinity(pid, setting.cpus)
                 self.procs.set_priority(pid, setting.rt_priority, setting.nice)
@@ -300,7 +304,8 @@ class Actuator:
         """The job's process has ended: nothing to give back."""
         self._last_jobs.pop(pid, None)
         self._applied_at.pop(pid, None)
-        self._job_originals.pop(pid, None)
+        if self._job_originals.pop(pid, None) is not None and self._originals_store is not None:
+            self._originals_store.drop(pid)
 
     def managed(self) -> set[int]:
         """Pids the actuator has steered and not yet released or forgotten."""
@@ -314,6 +319,8 @@ class Actuator:
         orig = self._job_originals.pop(pid, None)
         if orig is None or self.dry_run:
             return
+        if self._originals_store is not None:
+            self._originals_store.drop(pid)
         cpus, (rt, nice) = orig
         try:
             if cpus:

@@ -19,6 +19,7 @@ from agents.mixed import ClusterReservation
 from daemon.actuator import Actuator
 from daemon.config import Config, load_config, policy_options, read_token
 from daemon.guard import config_guard
+from daemon.jobrestore import JobOriginals, restore_stale_jobs
 from daemon.jobs import JobTable
 from daemon.logs import log_event, setup_logging
 from daemon.loop import ControlLoop, SensorErrorLog, TickResult
@@ -120,6 +121,7 @@ def run_live(
     with StateLock(state):
         setup_logging()  # the config's logging comes once it has loaded
         recover_stale(DirSysfs(sysfs_root), state, log)
+        restore_stale_jobs(state, LiveProcessControl(), log)
         return _run_live(
             config_path=config_path,
             sysfs_root=sysfs_root,
@@ -208,7 +210,13 @@ def _run_live(
         stages=stages,
         guard=config_guard(spec, cfg),
         deadline_margin=cfg.deadline_slack,
-        actuator=Actuator(sysfs, procs, dry_run=dry_run, live_jobs=True),
+        actuator=Actuator(
+            sysfs,
+            procs,
+            dry_run=dry_run,
+            live_jobs=True,
+            originals=None if dry_run else JobOriginals(cfg.state_dir),
+        ),
     )
     stop = stop or threading.Event()
     notifier = Notifier()

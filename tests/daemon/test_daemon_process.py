@@ -415,3 +415,33 @@ def test_not_root_on_the_live_tree_is_refused(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(DaemonError, match="must run as root"):
         run_live(sysfs_root="/", policy="maxfreq", duration_s=0.1)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+def test_after_a_crash_the_next_start_gives_jobs_their_own_settings_back(board):
+    """A job the crashed daemon pinned would keep that pin for good: its originals are in
+    the state dir while it runs, and the next start puts them back."""
+    spec, tree, state = board
+    proc, log = start_daemon(tree, state, policy="powersave")
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = os.sched_getaffinity(job.pid)
+        client = wait_serving(state / "hidvfs.sock")
+        client.register(job.pid, deadline_s=30.0, criticality="hi", name="pinned")
+        wait_for(lambda: os.sched_getaffinity(job.pid) != before, what="the job to be placed")
+        wait_for(lambda: (state / "jobs.json").exists(), what="the job originals on disk")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert os.sched_getaffinity(job.pid) != before  # the crash left it pinned
+        proc2, log2 = start_daemon(tree, state, "--duration", "0.5")
+        proc2.communicate(timeout=60)
+        assert proc2.returncode == 0, log2.read_text()
+        assert os.sched_getaffinity(job.pid) == before
+        line = next(ln for ln in log2.read_text().splitlines() if "event=jobs_restored" in ln)
+        assert "count=1" in line
+        assert not (state / "jobs.json").exists()
+    finally:
+        job.kill()
+        job.wait()
+        if proc.poll() is None:
+            proc.kill()

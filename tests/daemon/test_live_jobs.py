@@ -176,3 +176,38 @@ def test_a_placement_the_kernel_refuses_is_logged_once_not_every_five_seconds(tm
     d = Decision({}, jobs={5: JobSetting((7,))})
     errors = [e for k in range(300) for e in act.apply(d, obs(t=0.1 * k)).errors]
     assert len(errors) == 1 and "placement failed" in errors[0]
+
+
+def test_stale_job_originals_touch_only_the_same_process(tmp_path):
+    """A pid now naming another process is left alone; a corrupt file is dropped."""
+    import logging
+
+    from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
+
+    calls = []
+
+    class Procs(NoProcesses):
+        def start_time(self, pid):
+            return {1: 10.0, 2: 99.0}.get(pid)
+
+        def set_affinity(self, pid, cpus):
+            calls.append(("aff", pid, cpus))
+
+        def set_priority(self, pid, rt_priority=0, nice=0):
+            calls.append(("prio", pid, rt_priority, nice))
+
+    store = JobOriginals(tmp_path)
+    store.record(1, 10.0, (0, 1), (0, 0))
+    store.record(2, 20.0, (0,), (0, 5))  # pid 2 was reused since (start time 99)
+    log = logging.getLogger("job-restore-test")
+    assert restore_stale_jobs(tmp_path, Procs(), log) == 1
+    assert calls == [("aff", 1, (0, 1)), ("prio", 1, 0, 0)]
+    assert not os.path.exists(jobs_path(tmp_path))
+    with open(jobs_path(tmp_path), "w") as f:
+        f.write("{not json")
+    assert restore_stale_jobs(tmp_path, Procs(), log) == 0
+    assert not os.path.exists(jobs_path(tmp_path))
+    store = JobOriginals(tmp_path)
+    store.record(3, None, (0,), (0, 0))
+    store.drop(3)
+    assert not os.path.exists(jobs_path(tmp_path))  # nothing steered: no file

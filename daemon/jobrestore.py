@@ -1,0 +1,110 @@
+"""The affinity and priority each steered job had before the daemon touched it, on disk.
+
+Why: ``restore.json`` gives the board its cpufreq settings back after a crash, but a job the
+daemon pinned to one core at SCHED_FIFO would keep that for good if the daemon died (SIGKILL,
+a watchdog abort): only a clean stop gives jobs their settings back. ``jobs.json`` in the
+state dir holds each steered job's originals while the daemon runs; the next start puts them
+back on every job that is still the same process (same pid and start time) and deletes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from daemon.statusfile import write_json_atomic
+from platforms.procs import ProcessControl, ProcessGone
+
+FILE_NAME = "jobs.json"
+FORMAT = "hidvfs-job-originals"
+VERSION = 1
+
+
+def jobs_path(state_dir: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(state_dir), FILE_NAME)
+
+
+class JobOriginals:
+    """Record and drop one job's originals; every change is written atomically."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]):
+        self.path = jobs_path(state_dir)
+        self.jobs: dict[int, dict[str, Any]] = {}
+
+    def record(
+        self, pid: int, start_time: float | None, cpus: tuple[int, ...], prio: tuple[int, int]
+    ) -> None:
+        self.jobs[pid] = {
+            "pid": pid,
+            "start_time": start_time,
+            "cpus": list(cpus),
+            "rt_priority": prio[0],
+            "nice": prio[1],
+        }
+        self._save()
+
+    def drop(self, pid: int) -> None:
+        if self.jobs.pop(pid, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        if not self.jobs:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            return
+        write_json_atomic(
+            self.path,
+            {"format": FORMAT, "version": VERSION, "jobs": sorted(self.jobs.values(), key=str)},
+            dir_mode=0o700,
+        )
+
+
+def restore_stale_jobs(
+    state_dir: str | os.PathLike[str], procs: ProcessControl, log: logging.Logger
+) -> int:
+    """At start: give the jobs a crashed run steered their own settings back, where they are
+    still the same process. Returns how many were restored; the file is removed."""
+    path = jobs_path(state_dir)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        rows = data["jobs"] if data.get("format") == FORMAT else []
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        log.error("event=job_originals_corrupt path=%s detail=%r", path, str(err))
+        rows = []
+    restored = 0
+    for row in rows:
+        try:
+            pid, start = int(row["pid"]), row.get("start_time")
+            cpus = tuple(int(c) for c in row["cpus"])
+            rt, nice = int(row["rt_priority"]), int(row["nice"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if start is not None and procs.start_time(pid) != start:
+            continue  # gone, or another process now has the pid: not ours to touch
+        try:
+            if cpus:
+                procs.set_affinity(pid, cpus)
+            procs.set_priority(pid, rt, nice)
+            restored += 1
+        except ProcessGone:
+            continue
+        except (PermissionError, OSError, ValueError) as err:
+            log.warning("event=job_restore_failed pid=%d detail=%r", pid, str(err))
+    if rows:
+        log.warning(
+            "event=jobs_restored count=%d detail=%r",
+            restored,
+            "the previous run did not stop cleanly; its jobs got their own settings back",
+        )
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return restored
