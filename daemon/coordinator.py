@@ -26,6 +26,7 @@ import ipaddress
 import json
 import logging
 import math
+import re
 import threading
 import time
 import urllib.parse
@@ -241,6 +242,11 @@ def _connection(url: str, deadline: float) -> tuple[http.client.HTTPConnection, 
     return conn, path + ("?" + parts.query if parts.query else "")
 
 
+def _reason_kind(reason: str) -> str:
+    """A failure's kind without the numbers that change every time (a timing, an address)."""
+    return re.sub(r"[0-9.]+", "#", reason)
+
+
 class TelemetryClient:
     """Fetches node status JSON over HTTP; caches each answer for ``cache_s``.
 
@@ -266,6 +272,7 @@ class TelemetryClient:
         self.default_url = default_url
         self.clock = clock or MonotonicClock()
         self._cache: dict[str, tuple[float, NodeTelemetry]] = {}
+        self._down: dict[str, str] = {}  # node -> the kind of failure last logged
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="telemetry")
 
@@ -287,11 +294,24 @@ class TelemetryClient:
             tel = NodeTelemetry(node, False, f"{self.url(node)}: {type(err).__name__}: {err}")
         if time.monotonic() > deadline + 0.05:
             tel = self._late(node)
-        if not tel.ok:
-            log.warning("node %s: telemetry unavailable (%s); neutral score", node, tel.reason)
+        self._note(node, tel)
         with self._lock:
             self._cache[node] = (now, tel)
         return tel
+
+    def _note(self, node: str, tel: NodeTelemetry) -> None:
+        """Log a node's telemetry when it becomes unavailable (or fails anew) and when it
+        comes back, not on every cache miss of a node that stays down."""
+        with self._lock:
+            before = self._down.get(node)
+            if tel.ok:
+                self._down.pop(node, None)
+            else:
+                self._down[node] = _reason_kind(tel.reason)
+        if not tel.ok and before != _reason_kind(tel.reason):
+            log.warning("node %s: telemetry unavailable (%s); neutral score", node, tel.reason)
+        elif tel.ok and before is not None:
+            log.info("node %s: telemetry back", node)
 
     def _late(self, node: str) -> NodeTelemetry:
         return NodeTelemetry(
@@ -350,7 +370,7 @@ class TelemetryClient:
                 out[n] = f.result()
             else:  # its worker never started in time; the deadline ends it if it does
                 out[n] = self._late(n)
-                log.warning("node %s: telemetry unavailable (%s); neutral score", n, out[n].reason)
+                self._note(n, out[n])
         return out
 
     def close(self) -> None:

@@ -574,3 +574,26 @@ def test_serves_on_ipv6_loopback():
             assert json.loads(r.read())["ok"] is True
     finally:
         _stop(srv)
+
+
+def test_a_node_that_stays_down_is_logged_once_and_again_when_back(caplog):
+    """Every cache miss of a down node logged a warning (about once a second per node)."""
+    import logging
+    import socket as socket_mod
+
+    from daemon.coordinator import NodeTelemetry, TelemetryClient
+
+    with socket_mod.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = TelemetryClient({"n": f"http://127.0.0.1:{port}/status"}, cache_s=0.0)
+    try:
+        with caplog.at_level(logging.INFO, logger="hidvfs.coordinator"):
+            for _ in range(4):
+                assert not client.fetch_many(["n"])["n"].ok
+            client._note("n", NodeTelemetry("n", True, ""))
+    finally:
+        client.close()
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("telemetry unavailable" in m for m in msgs) == 1, msgs
+    assert any("telemetry back" in m for m in msgs)
