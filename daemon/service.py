@@ -193,31 +193,36 @@ def _run_live(
         except OSError as err:
             raise DaemonError(f"cannot record to {record}: {err.strerror or err}") from None
         sysfs = recorder.sysfs  # everything the daemon reads and writes goes through it
-    platform = Platform(spec, sysfs, procs, clock, kind=kind)
-    profiles = ProfileLookup(
-        cfg.profiles,
-        spec.name,
-        on_error=lambda why: log_event(
-            log, "profiles_unreadable", level=logging.WARNING, detail=why
-        ),
-    )
-    table = JobTable()
-    loop = ControlLoop(
-        platform,
-        pol,
-        period_s=cfg.period_ms / 1000.0,
-        jobs=table,
-        stages=stages,
-        guard=config_guard(spec, cfg),
-        deadline_margin=cfg.deadline_slack,
-        actuator=Actuator(
-            sysfs,
-            procs,
-            dry_run=dry_run,
-            live_jobs=True,
-            originals=None if dry_run else JobOriginals(cfg.state_dir),
-        ),
-    )
+    try:
+        platform = Platform(spec, sysfs, procs, clock, kind=kind)
+        profiles = ProfileLookup(
+            cfg.profiles,
+            spec.name,
+            on_error=lambda why: log_event(
+                log, "profiles_unreadable", level=logging.WARNING, detail=why
+            ),
+        )
+        table = JobTable()
+        loop = ControlLoop(
+            platform,
+            pol,
+            period_s=cfg.period_ms / 1000.0,
+            jobs=table,
+            stages=stages,
+            guard=config_guard(spec, cfg),
+            deadline_margin=cfg.deadline_slack,
+            actuator=Actuator(
+                sysfs,
+                procs,
+                dry_run=dry_run,
+                live_jobs=True,
+                originals=None if dry_run else JobOriginals(cfg.state_dir),
+            ),
+        )
+    except BaseException:
+        if recorder is not None:  # a setup that fails leaves no open recording behind
+            recorder.close()
+        raise
     stop = stop or threading.Event()
     notifier = Notifier()
     servers = []
