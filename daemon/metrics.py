@@ -175,6 +175,15 @@ class _Server(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(HTTP_MAX_CONNECTIONS)
         super().__init__(*args, **kwargs)
 
+    def server_bind(self) -> None:
+        """Bind even before the address exists (IP_FREEBIND): at boot a board's network may
+        come up after the daemon, and a refused bind would fail the start."""
+        try:  # IP_FREEBIND (SOL_IP) covers IPv6 sockets too on Linux
+            self.socket.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_FREEBIND", 15), 1)
+        except OSError:
+            pass  # not Linux: bind as usual
+        super().server_bind()
+
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
             log.warning("event=http_refused reason=%r", "too many connections")

@@ -18,15 +18,22 @@ def service() -> None:
     "--prefix",
     default="/",
     show_default=True,
-    help="Install into a staging tree (files only, no systemctl).",
+    help="Install into a staging tree (files only, no systemctl; root not needed).",
 )
-def install_cmd(dry_run: bool, prefix: str) -> None:
-    """Install the unit and the default config (kept if present), create group hidvfs, enable --now."""
+@click.option(
+    "--exe",
+    default=None,
+    help="Absolute path of the hidvfs script the unit runs (default: the one on PATH here; "
+    "give it when staging for another machine).",
+)
+def install_cmd(dry_run: bool, prefix: str, exe: str | None) -> None:
+    """Install the unit and the default config (kept if present), create group hidvfs, enable
+    it and (re)start it (a running daemon picks up the new unit and code)."""
     from tools.service_plan import ServiceError, install_plan, run_plan
 
     try:
-        run_plan(install_plan(prefix=prefix), dry_run=dry_run, out=click.echo)
-    except (PermissionError, ServiceError) as err:
+        run_plan(install_plan(prefix=prefix, exe=exe), dry_run=dry_run, out=click.echo)
+    except (PermissionError, ServiceError, ValueError) as err:
         fail(str(err))
 
 

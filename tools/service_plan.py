@@ -42,7 +42,7 @@ class Step:
     may_fail: bool = False
 
     def describe(self) -> str:
-        if self.action == "run":
+        if self.action in ("run", "stop"):
             return f"{self.description}: {shlex.join(self.argv)}"
         if self.target:
             return f"{self.description}: {self.target}"
@@ -75,6 +75,7 @@ def default_exe() -> str | None:
 
 
 def _systemd_quote(arg: str) -> str:
+    arg = arg.replace("%", "%%")  # a specifier to systemd otherwise
     if arg and all(c.isalnum() or c in "/._-+:@%" for c in arg):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -111,7 +112,10 @@ _HOMES = ("/home/", "/root/", "/run/user/")
 
 def _in_home(exe: str) -> bool:
     """Whether the script, or the Python it runs under, lives where ProtectHome=yes hides."""
-    paths = {exe, os.path.realpath(exe)}
+    import tools
+
+    # the package too: an editable install under a home folder runs code from there
+    paths = {exe, os.path.realpath(exe), os.path.realpath(os.path.dirname(tools.__file__)) + "/"}
     try:
         with open(exe, "rb") as f:
             first = f.readline(512)
@@ -124,6 +128,11 @@ def _in_home(exe: str) -> bool:
     return any(p.startswith(_HOMES) for p in paths)
 
 
+def is_live(prefix: str) -> bool:
+    """The prefix is the running system's root (``//`` and ``/./`` are ``/`` too)."""
+    return os.path.realpath(prefix) == "/"
+
+
 def _under(prefix: str, path: str) -> str:
     return os.path.join(os.path.abspath(prefix), path.lstrip("/"))
 
@@ -134,7 +143,7 @@ def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = N
     src = src or source_dir()
     exe = exe if exe is not None else default_exe()
     unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe)
-    live = os.path.abspath(prefix) == "/"
+    live = is_live(prefix)
     steps = [
         Step(
             "write",
@@ -169,10 +178,12 @@ def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = N
                 argv=("groupadd", "--system", GROUP),
             ),
             Step("run", "reload systemd", argv=("systemctl", "daemon-reload")),
+            Step("run", "enable the daemon at boot", argv=("systemctl", "enable", UNIT_NAME)),
+            # restart, not start: a daemon already running must pick up the new unit and code
             Step(
                 "run",
-                "enable and start the daemon",
-                argv=("systemctl", "enable", "--now", UNIT_NAME),
+                "(re)start the daemon",
+                argv=("systemctl", "restart", UNIT_NAME),
             ),
             Step(
                 "note",
@@ -196,15 +207,14 @@ def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = N
 def uninstall_plan(prefix: str = "/") -> list[Step]:
     """Steps of ``hidvfs service uninstall``. Stopping the daemon restores the original cpufreq
     settings; the config, the state folder and the group are kept."""
-    live = os.path.abspath(prefix) == "/"
+    live = is_live(prefix)
     steps: list[Step] = []
     if live:
         steps.append(
             Step(
-                "run",
+                "stop",
                 "stop (restoring the original cpufreq settings) and disable the daemon",
                 argv=("systemctl", "disable", "--now", UNIT_NAME),
-                may_fail=True,
             )
         )
     steps.append(
@@ -245,7 +255,8 @@ def run_plan(
         for i, s in enumerate(steps, 1):
             out(f"  {i}. {s.describe()}")
         return
-    if os.geteuid() != 0:
+    # a staging tree only gets files: whoever can write it may install there
+    if os.geteuid() != 0 and any(s.action in ("run", "group", "stop") for s in steps):
         raise PermissionError(
             "installing or removing the hidvfs service needs root: run it with sudo (or add --dry-run to see the plan)"
         )
@@ -267,6 +278,7 @@ def _execute(
         _write_atomic(s.target, s.content or "", s.mode)
     elif s.action == "mkdir":
         os.makedirs(s.target, mode=s.mode, exist_ok=True)
+        os.chmod(s.target, s.mode)  # the umask must not narrow it
     elif s.action == "copy_if_absent":
         if os.path.exists(s.target):
             out(f"  kept the existing {s.target}")
@@ -278,6 +290,18 @@ def _execute(
             os.unlink(s.target)
         except FileNotFoundError:
             out(f"  {s.target} was not installed")
+    elif s.action == "stop":
+        proc = runner(list(s.argv), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            active = runner(
+                ["systemctl", "is-active", UNIT_NAME], capture_output=True, text=True, check=False
+            )
+            if (active.stdout or "").strip() in ("active", "activating", "deactivating"):
+                detail = (proc.stderr or proc.stdout or "").strip()
+                raise subprocess.SubprocessError(
+                    f"the daemon is still running and the unit stays ({detail})"
+                )
+            out(f"  not running ({(proc.stderr or proc.stdout or '').strip()})")
     elif s.action in ("run", "group"):
         if s.action == "group" and _group_exists(GROUP):
             out(f"  group {GROUP} already exists")

@@ -231,3 +231,9 @@ def test_a_client_hanging_up_early_leaves_no_traceback(capfd):
             s.close()  # reset: the answer hits a closed socket
         time.sleep(0.3)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_address_not_up_yet_is_bound_anyway():
+    """At boot the network may come up after the daemon: a refused bind failed the start."""
+    with MetricsServer("10.255.255.1:0", lambda: STATUS) as srv:
+        assert srv.address[0] == "10.255.255.1"

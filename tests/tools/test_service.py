@@ -84,7 +84,9 @@ def test_install_plan_content():
         ("copy_if_absent", "/etc/hidvfs/config.yaml"),
         ("group", "groupadd --system hidvfs"),
         ("run", "systemctl daemon-reload"),
-        ("run", "systemctl enable --now hidvfs.service"),
+        ("run", "systemctl enable hidvfs.service"),
+        # restart, not enable --now: a running daemon must pick up the new unit and code
+        ("run", "systemctl restart hidvfs.service"),
     ]
     assert f"ExecStart={EXE} daemon" in steps[0].content
     assert Path(steps[2].source).read_text() == (ROOT / "systemd" / "config.yaml").read_text()
@@ -94,11 +96,61 @@ def test_uninstall_plan_content():
     steps = sp.uninstall_plan()
     actions = [(s.action, s.target or " ".join(s.argv)) for s in steps if s.action != "note"]
     assert actions == [
-        ("run", "systemctl disable --now hidvfs.service"),
+        ("stop", "systemctl disable --now hidvfs.service"),
         ("remove", "/etc/systemd/system/hidvfs.service"),
         ("run", "systemctl daemon-reload"),
     ]
-    assert steps[0].may_fail  # uninstalling twice must not fail on disable
+
+
+def _runner(returns):
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        rc, out = returns.get(argv[1], (0, ""))
+        return subprocess.CompletedProcess(argv, rc, stdout=out, stderr="")
+
+    return run, calls
+
+
+def test_uninstall_twice_is_fine_but_a_daemon_that_would_not_stop_keeps_its_unit(tmp_path):
+    """A failed stop used to be ignored: the unit went while the daemon kept running."""
+    unit = tmp_path / "hidvfs.service"
+    unit.write_text("x")
+    steps = [s for s in sp.uninstall_plan() if s.action == "stop"] + [
+        sp.Step("remove", "remove the systemd unit", str(unit))
+    ]
+    run, _ = _runner(
+        {"disable": (5, "Unit hidvfs.service not loaded."), "is-active": (3, "inactive")}
+    )
+    sp.run_plan(steps, runner=run, out=lambda s: None)  # not installed / not running: fine
+    assert not unit.exists()
+    unit.write_text("x")
+    run, _ = _runner({"disable": (1, "timeout"), "is-active": (0, "active\n")})
+    with pytest.raises(sp.ServiceError, match="still running"):
+        sp.run_plan(steps, runner=run, out=lambda s: None)
+    assert unit.exists()
+
+
+def test_a_staging_install_needs_no_root_and_takes_the_exe_given(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    steps = sp.install_plan(str(tmp_path), "/usr/local/bin/hidvfs")
+    sp.run_plan(steps, runner=_never_run, out=lambda s: None)
+    text = (tmp_path / "etc/systemd/system/hidvfs.service").read_text()
+    assert "ExecStart=/usr/local/bin/hidvfs daemon" in text
+    assert oct((tmp_path / "etc/hidvfs").stat().st_mode & 0o777) == "0o755"
+
+
+def test_a_double_slash_prefix_is_the_live_system():
+    assert sp.is_live("//") and sp.is_live("/./") and not sp.is_live("/tmp/x")
+    assert any(s.action == "group" for s in sp.install_plan("//", EXE))
+
+
+def test_a_percent_in_the_script_path_is_escaped_for_systemd():
+    text = sp.render_unit(UNIT.read_text(), "/opt/pct%n/hidvfs")
+    assert unit_directives(text)["Service.ExecStart"] == [
+        "/opt/pct%%n/hidvfs daemon --config /etc/hidvfs/config.yaml"
+    ]
 
 
 def _never_run(*args, **kwargs):
@@ -111,7 +163,7 @@ def test_dry_run_prints_and_changes_nothing(capsys):
     assert out.startswith("dry run: nothing is changed")
     assert "/etc/systemd/system/hidvfs.service" in out
     assert "groupadd --system hidvfs" in out
-    assert "systemctl enable --now hidvfs.service" in out
+    assert "systemctl enable hidvfs.service" in out and "systemctl restart hidvfs.service" in out
     assert "systemctl daemon-reload" in out
 
 
@@ -202,3 +254,13 @@ def test_a_script_under_a_home_folder_gets_protecthome_read_only(tmp_path, monke
         "read-only"
     ]
     assert unit_directives(sp.render_unit(UNIT.read_text(), EXE))["Service.ProtectHome"] == ["yes"]
+
+
+def test_an_editable_install_under_a_home_folder_gets_protecthome_read_only(monkeypatch):
+    """The script may live in /usr/local/bin while the package is imported from ~/hidvfs."""
+    import tools
+
+    pkg = os.path.realpath(os.path.dirname(tools.__file__))
+    monkeypatch.setattr(sp, "_HOMES", (os.path.dirname(pkg) + "/",))
+    text = sp.render_unit(UNIT.read_text(), EXE)
+    assert unit_directives(text)["Service.ProtectHome"] == ["read-only"]
