@@ -75,11 +75,10 @@ def check_profile(p: JobProfile, where: str = "profile") -> JobProfile:
     def bad(key: str, expected: str, got: object) -> ValueError:
         return ValueError(f"{where} {p.name!r}: '{key}' must be {expected}, got {got!r}")
 
-    if not (
-        isinstance(p.name, str) and p.name and len(p.name) <= MAX_NAME and p.name.isprintable()
-    ):
-        # the job registry's rule: a name it would refuse could never be looked up
-        raise bad("name", f"a printable name of 1 to {MAX_NAME} characters", p.name)
+    try:  # the job registry's rule: a name it would refuse could never be looked up
+        check_name(p.name)
+    except ValueError:
+        raise bad("name", f"a printable name of 1 to {MAX_NAME} characters", p.name) from None
     for key in ("work_s", "span_s", "ref_makespan_s"):
         v = getattr(p, key)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

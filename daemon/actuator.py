@@ -62,6 +62,7 @@ class Actuator:
         #: start gives them back after a crash
         self._originals_store = originals
         self._applied_at: dict[int, float] = {}
+        self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
@@ -304,6 +305,7 @@ class Actuator:
         """The job's process has ended: nothing to give back."""
         self._last_jobs.pop(pid, None)
         self._applied_at.pop(pid, None)
+        self._rt_allowed.pop(pid, None)
         if self._job_originals.pop(pid, None) is not None and self._originals_store is not None:
             self._originals_store.drop(pid)
 
@@ -316,6 +318,7 @@ class Actuator:
         affinity and priority it had before the first placement."""
         self._last_jobs.pop(pid, None)
         self._applied_at.pop(pid, None)
+        self._rt_allowed.pop(pid, None)
         orig = self._job_originals.pop(pid, None)
         if orig is None or self.dry_run:
             return
@@ -347,10 +350,13 @@ class Actuator:
         if rt <= 0:
             return setting
         rt = max(1, round(rt * MAX_JOB_RT_PRIORITY / 99))
-        try:
-            rt = min(rt, self.procs.rt_allowed(pid))
-        except ProcessGone:
-            return setting
+        allowed = self._rt_allowed.get(pid)
+        if allowed is None:  # a process's owner and limit do not change tick to tick
+            try:
+                allowed = self._rt_allowed[pid] = self.procs.rt_allowed(pid)
+            except ProcessGone:
+                return setting
+        rt = min(rt, allowed)
         if online and online <= set(setting.cpus or online):
             rt = 0
         return replace(setting, rt_priority=rt)

@@ -352,6 +352,25 @@ def evaluate(board: str, names: list[str], seeds: int, ep: EpisodeSpec, models=N
     return records, summary, ratios
 
 
+def episode_options(f):
+    """The mix options eval and sweep share: jobs per mix and the deadline slack."""
+    f = click.option(
+        "--slack",
+        type=click.FloatRange(1.0),
+        default=1.5,
+        show_default=True,
+        help="deadline = SLACK x the job's reference makespan",
+    )(f)
+    return click.option(
+        "--jobs",
+        "n_jobs",
+        type=click.IntRange(1),
+        default=5,
+        show_default=True,
+        help="jobs per mix",
+    )(f)
+
+
 @agents.command("eval")
 @click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
 @click.option("--policy", "policies", default=",".join(BASE_EVAL), show_default=True)
@@ -363,16 +382,7 @@ def evaluate(board: str, names: list[str], seeds: int, ep: EpisodeSpec, models=N
     help="held-out mixes (seeds 900000 + i; at most 50000, below the shield's coverage mixes)",
 )
 @click.option("--ablations/--no-ablations", default=True, show_default=True)
-@click.option(
-    "--jobs", "n_jobs", type=click.IntRange(1), default=5, show_default=True, help="jobs per mix"
-)
-@click.option(
-    "--slack",
-    type=click.FloatRange(1.0),
-    default=1.5,
-    show_default=True,
-    help="deadline = SLACK x the job's reference makespan",
-)
+@episode_options
 @click.option("--models", default=None, help=MODELS_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json) -> None:
@@ -391,8 +401,7 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
             model_dir(b, models)
     out = []
     for b in todo:
-        log = None if as_json else None
-        recs, summ, rat = evaluate(b, names, seeds, ep, models, log)
+        recs, summ, rat = evaluate(b, names, seeds, ep, models)
         out.extend(recs + summ + rat)
         if not as_json:
             _print_table(b, summ, rat)
@@ -411,16 +420,7 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
 @click.option(
     "--seeds", type=click.IntRange(1), default=5, show_default=True, help="held-out mixes"
 )
-@click.option(
-    "--jobs", "n_jobs", type=click.IntRange(1), default=5, show_default=True, help="jobs per mix"
-)
-@click.option(
-    "--slack",
-    type=click.FloatRange(1.0),
-    default=1.5,
-    show_default=True,
-    help="deadline = SLACK x the job's reference makespan",
-)
+@episode_options
 @click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
 def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
     """What a frequency policy can save: fixed operating points against maxfreq, same mixes,

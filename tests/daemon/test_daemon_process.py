@@ -172,14 +172,19 @@ def test_interrupt_or_hangup_stops_and_restores(board, sig):
     assert f"signal={sig.name}" in log.read_text()
 
 
-def test_kill9_then_restart_restores_old_snapshot_first(board):
-    spec, tree, state = board
-    original = tree_state(tree, spec)
-    proc, log = start_daemon(tree, state)
+def crash_after_first_write(tree: Path, state: Path) -> None:
+    """Start the daemon, wait for its first write, SIGKILL it (nothing restored)."""
+    proc, _log = start_daemon(tree, state)
     gov = tree / paths.policy_file(0, "scaling_governor")
     wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
+
+
+def test_kill9_then_restart_restores_old_snapshot_first(board):
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    crash_after_first_write(tree, state)
     assert tree_state(tree, spec) != original  # the crash left our settings behind
     assert (state / "restore.json").exists()
     proc2, log2 = start_daemon(tree, state, "--duration", "0.5")
@@ -197,11 +202,7 @@ def test_a_restart_that_is_refused_still_restores_the_crashed_runs_snapshot(boar
     board would keep the dead run's settings for good."""
     spec, tree, state = board
     original = tree_state(tree, spec)
-    proc, log = start_daemon(tree, state)
-    gov = tree / paths.policy_file(0, "scaling_governor")
-    wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    crash_after_first_write(tree, state)
     assert tree_state(tree, spec) != original
     extra: tuple[str, ...] = ("--duration", "0.5")
     gone = tree / paths.policy_file(1, "scaling_max_freq")
