@@ -421,10 +421,13 @@ def rt_features(
         return None
     freq = khz_of or decision.freq_khz
     f = freq.get(cl.name) or cl.cur_khz or cl.freqs_khz[-1]
-    return rt_row(j, s, cl.capacity, f, obs, decision, freq)
+    return rt_row(j, s, cl.capacity, f, obs, decision)
 
 
-def rt_row(j, s, capacity, f, obs, decision, freq) -> np.ndarray:
+def rt_row(
+    j: JobObs, s: JobSetting, capacity: float, f: float, obs: Observation, decision: Decision
+) -> np.ndarray:
+    """RT_FIELDS of job ``j`` on its cores ``s`` at ``f`` kHz: the predictor's training rows."""
     p = j.profile
     rem = job_remaining(j)
     phi = _phi(j, f, capacity)
@@ -459,48 +462,12 @@ def rt_row(j, s, capacity, f, obs, decision, freq) -> np.ndarray:
     )
 
 
-def rt_rows(j, s, capacity: float, freqs, obs: Observation, decision: Decision) -> np.ndarray:
-    """:func:`rt_row` for many candidate frequencies at once ([K, N_RT], float32)."""
-    p = j.profile
-    f = np.asarray(freqs, dtype=np.float64)
-    rem = job_remaining(j)
-    phi = (1.0 - p.beta) * p.ref_khz / (capacity * f) + p.beta
-    n = max(len(s.cpus), 1)
-    c = rem * p.work_s * phi
-    span = min(p.span_s, rem * p.work_s) * phi
-    g = span + (c - span) / n
-    mine = set(s.cpus)
-    interf = np.zeros_like(f)
-    co = 0
-    for o in obs.jobs:
-        if o.pid == j.pid or o.profile is None:
-            continue
-        so = decision.jobs.get(o.pid)
-        if so is None or so.rt_priority < s.rt_priority or mine.isdisjoint(so.cpus):
-            continue
-        co += 1
-        share = len(mine.intersection(so.cpus)) / max(len(so.cpus), 1)
-        q = o.profile
-        phi_o = (1.0 - q.beta) * q.ref_khz / (capacity * f) + q.beta
-        interf += job_remaining(o) * q.work_s * phi_o * share / n
-    out = np.empty((len(f), N_RT), dtype=np.float64)
-    out[:, 0] = np.log(np.maximum(g, _TINY))
-    out[:, 1] = np.log(np.maximum(g + interf, _TINY))
-    out[:, 2] = np.log(phi)
-    out[:, 3] = p.beta
-    out[:, 4] = rem
-    out[:, 5] = math.log(n)
-    out[:, 6] = co / 4.0
-    out[:, 7] = math.log(max(rem * p.work_s, _TINY))
-    return out.astype(np.float32)
-
-
 #: below this many (job, candidate) rows, plain floats beat numpy's per-call overhead
 _ROWS_NUMPY = 24
 
 
 def _row_terms(items, obs: Observation, decision: Decision):
-    """Per job of ``items``: its constants as in :func:`rt_rows` and its co-runner terms."""
+    """Per job of ``items``: its constants as in :func:`rt_row` and its co-runner terms."""
     per_job = []  # (a, beta, w, span_w, n, capacity, rem): phi = a / (capacity f) + beta
     slots: list[list[tuple[float, float, float, float]]] = []  # (a_o, beta_o, w_o, share)
     for j, s, capacity, _ in items:
@@ -573,12 +540,12 @@ def rt_rows_many(
     obs: Observation,
     decision: Decision,
 ) -> np.ndarray:
-    """:func:`rt_rows` of several ``(job, setting, capacity, freqs)`` stacked ([sum K, N_RT]).
+    """:func:`rt_row` of several ``(job, setting, capacity, freqs)``, one row per frequency.
 
     The shield needs every (job, candidate) row of a tick in one predictor call; building them
     in one pass (plain floats for a few rows, whole-batch numpy for many) instead of one numpy
-    pass per job is what makes the stage cheap. The arithmetic is :func:`rt_rows`'s, operation
-    for operation, and the logarithms are one contiguous ``np.log`` call: bit-identical rows.
+    pass per job is what makes the stage cheap. The arithmetic is :func:`rt_row`'s (the rows
+    the predictor was trained on), operation for operation: bit-identical rows.
     """
     per_job, slots = _row_terms(items, obs, decision)
     n_rows = sum(len(fs) for _, _, _, fs in items)
@@ -903,7 +870,6 @@ __all__ = [
     "to_decision",
     "rt_features",
     "rt_row",
-    "rt_rows",
     "rt_rows_many",
     "ShieldStage",
     "GateStage",

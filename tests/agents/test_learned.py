@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from agents.factory import make_policy
 from agents.gate import FederatedGate, jobs_from_obs
-from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage, choose, rt_rows, rt_rows_many
+from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage, choose, rt_row, rt_rows_many
 from agents.learned import MODELS_DIR, check_board, make_hidvfs
 from agents.policy import Decision, JobSetting
 from agents.runtime import ModelMismatch, OnnxModel
@@ -178,8 +178,8 @@ def test_greedy_policy_is_deterministic():
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_batched_response_time_rows_equal_the_per_job_rows(data):
-    """rt_rows_many (plain floats or whole-batch numpy) is rt_rows stacked, bit for bit."""
+def test_the_shield_builds_the_rows_the_predictor_was_trained_on(data):
+    """rt_rows_many (plain floats or whole-batch numpy) is training's rt_row, bit for bit."""
     board = data.draw(st.sampled_from(BOARDS))
     obs_all = observations(board)
     obs = obs_all[data.draw(st.integers(0, len(obs_all) - 1))]
@@ -201,7 +201,7 @@ def test_batched_response_time_rows_equal_the_per_job_rows(data):
         items.append((j, jobs[j.pid], cl.capacity, fs))
     assume(items)
     got = rt_rows_many(items, obs, d)
-    want = np.concatenate([rt_rows(j, s, cap, fs, obs, d) for j, s, cap, fs in items])
+    want = np.stack([rt_row(j, s, cap, f, obs, d) for j, s, cap, fs in items for f in fs])
     assert got.dtype == np.float32 and got.shape == want.shape
     assert np.array_equal(got, want)
 
