@@ -37,6 +37,8 @@ MAX_JOB_RT_PRIORITY = 40
 #: a live job's placement is written again this often (s) even when the decision is the
 #: same: the job (or someone) may have changed its own affinity or scheduling class
 REAPPLY_S = 5.0
+#: processes below one job whose settings are given back even after they leave its tree
+MAX_MEMBERS = 256
 
 
 class Actuator:
@@ -62,6 +64,10 @@ class Actuator:
         #: start gives them back after a crash
         self._originals_store = originals
         self._applied_at: dict[int, float] = {}
+        #: pid -> {descendant pid: its start time} seen under the job when it was placed: a
+        #: child the job leaves behind (reparented to init) keeps the job's settings, and is
+        #: given the originals back too, if it is still the same process
+        self._members: dict[int, dict[int, float]] = {}
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
@@ -280,6 +286,8 @@ class Actuator:
                 self.procs.set_priority(pid, setting.rt_priority, setting.nice)
                 self._last_jobs[pid] = key
                 self._applied_at[pid] = obs.t
+                if self.live_jobs:
+                    self._note_members(pid)
             except ProcessGone:
                 report.gone.append(pid)
                 self._last_jobs.pop(pid, None)
@@ -302,11 +310,15 @@ class Actuator:
         self._mode.clear()
 
     def forget(self, pid: int) -> None:
-        """The job's process has ended: nothing to give back."""
+        """The job's process has ended: only the children it left behind get theirs back."""
         self._last_jobs.pop(pid, None)
         self._applied_at.pop(pid, None)
         self._rt_allowed.pop(pid, None)
-        if self._job_originals.pop(pid, None) is not None and self._originals_store is not None:
+        orig = self._job_originals.pop(pid, None)
+        members = self._members.pop(pid, {})
+        if orig is not None and not self.dry_run:
+            self._give_back(pid, orig, members, root=False)
+        if orig is not None and self._originals_store is not None:
             self._originals_store.drop(pid)
 
     def managed(self) -> set[int]:
@@ -320,26 +332,66 @@ class Actuator:
         self._applied_at.pop(pid, None)
         self._rt_allowed.pop(pid, None)
         orig = self._job_originals.pop(pid, None)
+        members = self._members.pop(pid, {})
         if orig is None or self.dry_run:
             return
         if self._originals_store is not None:
             self._originals_store.drop(pid)
-        cpus, (rt, nice) = orig
-        try:
-            if cpus:
-                self.procs.set_affinity(pid, cpus)
-            self.procs.set_priority(pid, rt, nice)
-            log.info(
-                "event=job_released pid=%d cpus=%s rt_priority=%d nice=%d", pid, cpus, rt, nice
-            )
-        except ProcessGone:
-            pass
-        except (PermissionError, OSError, ValueError) as err:
-            log.warning("event=job_release_failed pid=%d detail=%r", pid, str(err))
+        self._give_back(pid, orig, members, root=True)
 
     def release_all(self) -> None:
         for pid in sorted(self.managed()):
             self.release(pid)
+
+    def _note_members(self, pid: int) -> None:
+        """Remember the processes now below ``pid`` (they have just taken its placement)."""
+        try:
+            found = self.procs.descendants(pid)
+        except ProcessGone:
+            return
+        known = self._members.setdefault(pid, {})
+        grown = False
+        for child, start in found:
+            if start is None or len(known) >= MAX_MEMBERS:
+                continue  # without a start time a later process with its pid looks the same
+            if known.get(child) != start:
+                known[child] = start
+                grown = True
+        if grown and self._originals_store is not None:
+            self._originals_store.members(pid, known)
+
+    def _give_back(self, pid: int, orig, members: dict[int, float], *, root: bool) -> None:
+        """The originals to ``pid``'s tree (``root``) and to each remembered member that is
+        still the same process and no longer below it."""
+        cpus, (rt, nice) = orig
+        targets = []
+        below: set[int] = set()
+        if root:
+            targets.append(pid)
+            try:
+                below = {child for child, _ in self.procs.descendants(pid)}
+            except ProcessGone:
+                pass
+        for child, start in sorted(members.items()):
+            if child not in below and self.procs.start_time(child) == start:
+                targets.append(child)
+        for target in targets:
+            try:
+                if cpus:
+                    self.procs.set_affinity(target, cpus)
+                self.procs.set_priority(target, rt, nice)
+                log.info(
+                    "event=job_released pid=%d%s cpus=%s rt_priority=%d nice=%d",
+                    target,
+                    "" if target == pid else f" job={pid}",
+                    cpus,
+                    rt,
+                    nice,
+                )
+            except ProcessGone:
+                pass
+            except (PermissionError, OSError, ValueError) as err:
+                log.warning("event=job_release_failed pid=%d detail=%r", target, str(err))
 
     def _safe(self, pid: int, setting: JobSetting, online: set[int]) -> JobSetting:
         """The placement a live process may get: real-time priority scaled below the kernel's

@@ -45,6 +45,13 @@ class JobOriginals:
         }
         self._save()
 
+    def members(self, pid: int, members: dict[int, float]) -> None:
+        """The processes below job ``pid`` that took its settings (pid -> start time)."""
+        row = self.jobs.get(pid)
+        if row is not None:
+            row["members"] = [[child, start] for child, start in sorted(members.items())]
+            self._save()
+
     def drop(self, pid: int) -> None:
         if self.jobs.pop(pid, None) is not None:
             self._save()
@@ -86,17 +93,26 @@ def restore_stale_jobs(
             rt, nice = int(row["rt_priority"]), int(row["nice"])
         except (KeyError, TypeError, ValueError):
             continue
-        if start is not None and procs.start_time(pid) != start:
-            continue  # gone, or another process now has the pid: not ours to touch
-        try:
-            if cpus:
-                procs.set_affinity(pid, cpus)
-            procs.set_priority(pid, rt, nice)
-            restored += 1
-        except ProcessGone:
-            continue
-        except (PermissionError, OSError, ValueError) as err:
-            log.warning("event=job_restore_failed pid=%d detail=%r", pid, str(err))
+        targets = [] if start is not None and procs.start_time(pid) != start else [pid]
+        # children it left behind (reparented) kept its settings: the same processes only
+        members = row.get("members")
+        for member in members if isinstance(members, list) else ():
+            try:
+                child, child_start = int(member[0]), float(member[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if procs.start_time(child) == child_start:
+                targets.append(child)
+        for target in targets:
+            try:
+                if cpus:
+                    procs.set_affinity(target, cpus)
+                procs.set_priority(target, rt, nice)
+                restored += 1
+            except ProcessGone:
+                continue
+            except (PermissionError, OSError, ValueError) as err:
+                log.warning("event=job_restore_failed pid=%d detail=%r", target, str(err))
     if rows:
         log.warning(
             "event=jobs_restored count=%d detail=%r",

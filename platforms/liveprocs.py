@@ -146,6 +146,9 @@ class LiveProcessControl(ProcessControl):
         except ProcessLookupError:
             raise ProcessGone(pid) from None
 
+    def descendants(self, pid: int) -> list[tuple[int, float | None]]:
+        return [(proc.pid, self.start_time(proc.pid)) for proc in self._tree(pid)[1:]]
+
     def cpu_time(self, pid: int) -> float:
         """User + system seconds of the live tree, plus what its reaped children used."""
         total = 0.0

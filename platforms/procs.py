@@ -45,6 +45,11 @@ class ProcessControl(ABC):
         """(rt_priority, nice) of the main thread; (0, 0) where it cannot be read."""
         return 0, 0
 
+    def descendants(self, pid: int) -> list[tuple[int, float | None]]:
+        """(pid, start time) of every process below ``pid`` now. They took the job's settings
+        with it, and keep them if ``pid`` exits first (they are reparented, out of its tree)."""
+        return []
+
     def rt_allowed(self, pid: int) -> int:
         """The highest SCHED_FIFO priority the process could take itself (99: no limit)."""
         return 99

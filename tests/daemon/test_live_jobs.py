@@ -16,7 +16,7 @@ from daemon.jobs import JobEntry, JobTable
 from daemon.registry import JobRegistry, RequestError
 from platforms.liveprocs import LiveProcessControl
 from platforms.observation import ClusterObs, Observation
-from platforms.procs import NoProcesses
+from platforms.procs import NoProcesses, ProcessGone
 from platforms.sysfs import DirSysfs
 
 CPUS = tuple(sorted(os.sched_getaffinity(0)))
@@ -211,3 +211,122 @@ def test_stale_job_originals_touch_only_the_same_process(tmp_path):
     store.record(3, None, (0,), (0, 0))
     store.drop(3)
     assert not os.path.exists(jobs_path(tmp_path))  # nothing steered: no file
+
+
+ORPHAN_PARENT = """
+import os, sys, time
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.readline()  # exit when told: the child is reparented and keeps running
+"""
+
+
+@pytest.fixture
+def parent_with_child():
+    p = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    child = int(p.stdout.readline())
+    yield p, child
+    for pid in (child, p.pid):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    p.wait()
+
+
+@needs_root_and_two_cpus
+def test_a_child_the_job_leaves_behind_gets_the_originals_back(tmp_path, parent_with_child):
+    """The job's process exits first; its child, reparented to init, is out of its tree but
+    still pinned at SCHED_FIFO: the daemon gives it the job's originals when the job ends."""
+    p, child = parent_with_child
+    before = (os.sched_getaffinity(child), _sched(child))
+    act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+    act.apply(Decision({}, jobs={p.pid: JobSetting((CPUS[0],), 90)}), obs())
+    assert os.sched_getaffinity(child) == {CPUS[0]} and _sched(child)[0] == os.SCHED_FIFO
+    p.stdin.write(b"\n")
+    p.stdin.flush()
+    p.wait()
+    assert os.sched_getaffinity(child) == {CPUS[0]}  # inherited, and kept after the exit
+    act.forget(p.pid)  # the loop saw the job's process end
+    assert (os.sched_getaffinity(child), _sched(child)) == before
+    assert act.managed() == set()
+
+
+class _Tree(NoProcesses):
+    """Job 10 with child 11 (started at 5.0); records every setting."""
+
+    def __init__(self):
+        self.calls = []
+        self.starts = {10: 1.0, 11: 5.0}
+        self.children = [(11, 5.0)]
+
+    def alive(self, pid):
+        return pid in self.starts
+
+    def start_time(self, pid):
+        return self.starts.get(pid)
+
+    def descendants(self, pid):
+        return list(self.children)
+
+    def get_affinity(self, pid):
+        return (0, 1)
+
+    def set_affinity(self, pid, cpus):
+        if pid not in self.starts:
+            raise ProcessGone(pid)
+        self.calls.append(("aff", pid, cpus))
+
+    def set_priority(self, pid, rt_priority=0, nice=0):
+        if pid not in self.starts:
+            raise ProcessGone(pid)
+        self.calls.append(("prio", pid, rt_priority, nice))
+
+
+def test_a_left_child_is_given_back_only_while_it_is_the_same_process(tmp_path):
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+    act.apply(Decision({}, jobs={10: JobSetting((0,))}), obs(online=(0, 1)))
+    del procs.starts[10]
+    procs.children = []  # job 10 exited, 11 was reparented
+    procs.starts[11] = 7.0  # ... and has exited too; another process has pid 11 now
+    procs.calls.clear()
+    act.forget(10)
+    assert procs.calls == []
+
+
+def test_a_released_job_gives_back_a_child_that_left_its_tree(tmp_path):
+    """Unregistered while alive: the tree below it now, and a child that left it earlier."""
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+    act.apply(Decision({}, jobs={10: JobSetting((0,))}), obs(online=(0, 1)))
+    procs.children = []  # 11 daemonised itself (reparented) but runs on with the placement
+    procs.calls.clear()
+    act.release(10)
+    assert procs.calls == [
+        ("aff", 10, (0, 1)),
+        ("prio", 10, 0, 0),
+        ("aff", 11, (0, 1)),
+        ("prio", 11, 0, 0),
+    ]
+
+
+def test_a_crashed_runs_left_children_are_restored_at_the_next_start(tmp_path):
+    import logging
+
+    from daemon.jobrestore import JobOriginals, restore_stale_jobs
+
+    procs = _Tree()
+    store = JobOriginals(tmp_path)
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=store)
+    act.apply(Decision({}, jobs={10: JobSetting((0,))}), obs(online=(0, 1)))
+    # the daemon is killed; job 10 exits, its child 11 runs on
+    del procs.starts[10]
+    procs.calls.clear()
+    assert restore_stale_jobs(tmp_path, procs, logging.getLogger("t")) == 1
+    assert procs.calls == [("aff", 11, (0, 1)), ("prio", 11, 0, 0)]
