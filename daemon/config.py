@@ -62,6 +62,10 @@ class LoggingConfig:
 class MetricsConfig:
     enabled: bool = False
     listen: str = "127.0.0.1:9466"
+    #: bearer token; required when ``listen`` is not a loopback address (as for telemetry)
+    token: str | None = None
+    #: read the token from this file instead (keeps it out of a world-readable config)
+    token_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,36 @@ def _mapping(c: _Checker, data: Any, where: str, cls: type) -> dict[str, Any]:
     return data
 
 
+def _check_token(
+    c: _Checker, section: str, cfg: MetricsConfig | TelemetryConfig, listen: str | None
+) -> None:
+    """The token rule of an HTTP endpoint (``metrics``, ``telemetry``): visible ASCII, token or
+    token_file (absolute) but not both, and one of them when ``listen`` (None = not served) is
+    not a loopback address."""
+    if cfg.token is not None and not (
+        cfg.token.isascii() and cfg.token.isprintable() and " " not in cfg.token
+    ):
+        # HTTP headers arrive as latin-1: a non-ASCII token could never match
+        raise c.fail(f"{section}.token", "visible ASCII characters only", "<hidden>")
+    if cfg.token and cfg.token_file:
+        raise c.fail(
+            f"{section}.token_file",
+            f"either {section}.token or {section}.token_file, not both",
+            cfg.token_file,
+        )
+    if cfg.token_file is not None and not os.path.isabs(cfg.token_file):
+        raise c.fail(f"{section}.token_file", "an absolute path", cfg.token_file)
+    if listen is not None and not (cfg.token or cfg.token_file):
+        host, _ = parse_listen(listen)
+        if not is_loopback(host):
+            raise ConfigError(
+                c.file,
+                f"{section}.token",
+                f"a bearer token (or {section}.token_file) because {section}.listen {listen!r} "
+                "is not a loopback address",
+            )
+
+
 def parse_config(data: Any, file: str = "<config>") -> Config:
     """Build a :class:`Config` from parsed YAML, validating every key."""
     c = _Checker(file)
@@ -343,7 +377,11 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
     metrics = MetricsConfig(
         enabled=c.bool_("metrics.enabled", me.get("enabled", d.metrics.enabled)),
         listen=c.listen("metrics.listen", me.get("listen", d.metrics.listen)),
+        token=c.str_("metrics.token", me.get("token"), optional=True),
+        token_file=c.str_("metrics.token_file", me.get("token_file"), optional=True),
     )
+    # a disabled endpoint binds nothing: its listen address needs no token
+    _check_token(c, "metrics", metrics, metrics.listen if metrics.enabled else None)
 
     te = _mapping(c, get("telemetry"), "telemetry", TelemetryConfig)
     telemetry = TelemetryConfig(
@@ -351,28 +389,7 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
         token=c.str_("telemetry.token", te.get("token"), optional=True),
         token_file=c.str_("telemetry.token_file", te.get("token_file"), optional=True),
     )
-    if telemetry.token is not None and not (
-        telemetry.token.isascii() and telemetry.token.isprintable() and " " not in telemetry.token
-    ):
-        # HTTP headers arrive as latin-1: a non-ASCII token could never match
-        raise c.fail("telemetry.token", "visible ASCII characters only", "<hidden>")
-    if telemetry.token and telemetry.token_file:
-        raise c.fail(
-            "telemetry.token_file",
-            "either telemetry.token or telemetry.token_file, not both",
-            telemetry.token_file,
-        )
-    if telemetry.token_file is not None and not os.path.isabs(telemetry.token_file):
-        raise c.fail("telemetry.token_file", "an absolute path", telemetry.token_file)
-    if telemetry.listen is not None and not (telemetry.token or telemetry.token_file):
-        host, _ = parse_listen(telemetry.listen)
-        if not is_loopback(host):
-            raise ConfigError(
-                file,
-                "telemetry.token",
-                f"a bearer token (or telemetry.token_file) because telemetry.listen {telemetry.listen!r} "
-                "is not a loopback address",
-            )
+    _check_token(c, "telemetry", telemetry, telemetry.listen)
 
     mc = _mapping(c, get("mixed_criticality"), "mixed_criticality", MixedCriticalityConfig)
     mixed = MixedCriticalityConfig(
@@ -444,8 +461,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     return parse_config(data, file)
 
 
-def read_token(cfg: TelemetryConfig) -> str | None:
-    """The telemetry bearer token, from the config or its token file (stripped)."""
+def read_token(cfg: MetricsConfig | TelemetryConfig, section: str = "telemetry") -> str | None:
+    """The bearer token of an HTTP endpoint (config section ``section``: ``telemetry`` or
+    ``metrics``), from the config or its token file (stripped)."""
+    key = f"{section}.token_file"
     if cfg.token:
         return cfg.token
     if cfg.token_file:
@@ -455,19 +474,17 @@ def read_token(cfg: TelemetryConfig) -> str | None:
                 token = f.read().strip()
         except OSError as err:
             raise ConfigError(
-                cfg.token_file, "telemetry.token_file", f"a readable token file ({err.strerror})"
+                cfg.token_file, key, f"a readable token file ({err.strerror})"
             ) from None
         if mode & 0o077:  # a secret others can read is no secret (as ssh refuses such keys)
             raise ConfigError(
                 cfg.token_file,
-                "telemetry.token_file",
+                key,
                 f"a file only its owner can read (chmod 600 {cfg.token_file})",
                 f"mode {mode:04o}",
             )
         if not token:
-            raise ConfigError(
-                cfg.token_file, "telemetry.token_file", "a file holding a non-empty token"
-            )
+            raise ConfigError(cfg.token_file, key, "a file holding a non-empty token")
         return token
     return None
 

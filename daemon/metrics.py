@@ -4,11 +4,14 @@ The daemon supplies a callback returning :class:`Metric` families (or its status
 into the standard families by :func:`metrics_from_status`); each scrape calls it, so the numbers
 are as fresh as the last tick. Units are Prometheus base units (hertz, celsius, watts, joules);
 an unavailable reading is left out of the scrape rather than reported as 0. Stdlib only:
-``http.server`` on a background thread, shared with the telemetry endpoint.
+``http.server`` on a background thread, shared with the telemetry endpoint, and the same access
+rule as it: a non-loopback address is refused without a bearer token, and once a token is set
+every request must carry ``Authorization: Bearer <token>`` (compared in constant time).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import re
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from daemon.config import parse_listen
+from daemon.config import is_loopback, parse_listen
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -207,20 +210,51 @@ class _Server(ThreadingHTTPServer):
 
 
 class LocalHttpServer:
-    """Serves ``handler(path, headers) -> (status, content_type, body)`` on a thread."""
+    """Serves ``handler(path, headers) -> (status, content_type, body)`` on a thread.
+
+    ``token`` guards every request (``Authorization: Bearer <token>``, compared in constant
+    time; anything else is answered by :meth:`unauthorized`, a 401). Without a token only a
+    loopback address is served: a remote one is refused here, naming the config keys
+    ``<name>.token`` / ``<name>.token_file``."""
 
     def __init__(
         self,
         listen: str,
         handler: Callable[[str, Mapping[str, str]], tuple[int, str, bytes]],
         name: str,
+        token: str | None = None,
     ):
         self.listen = listen
         self.host, self.port = parse_listen(listen)
+        if not token and not is_loopback(self.host):
+            raise ValueError(
+                f"{name}: refusing to serve {listen} without a token: {self.host} is not a "
+                f"loopback address (set {name}.token or {name}.token_file)"
+            )
         self.handler = handler
         self.name = name
+        self.token = token or None
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
+
+    def authorized(self, headers: Mapping[str, str]) -> bool:
+        if self.token is None:
+            return True
+        got = headers.get("Authorization") or ""
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(value.strip().encode(), self.token.encode())
+
+    def unauthorized(self) -> tuple[int, str, bytes]:
+        """The answer to a request without the right token (endpoints override the body)."""
+        return 401, "text/plain; charset=utf-8", b"missing or wrong bearer token\n"
+
+    def respond(self, path: str, headers: Mapping[str, str]) -> tuple[int, str, bytes]:
+        """The token check, then the handler."""
+        if not self.authorized(headers):
+            return self.unauthorized()
+        return self.handler(path, headers)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -240,7 +274,7 @@ class LocalHttpServer:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
                 try:
-                    status, ctype, body = outer.handler(self.path, self.headers)
+                    status, ctype, body = outer.respond(self.path, self.headers)
                 except Exception:  # noqa: BLE001 - a scrape must never kill the daemon
                     log.exception(
                         "event=http_handler_failed endpoint=%s path=%s", outer.name, self.path
@@ -296,11 +330,13 @@ MetricsProvider = Callable[[], "Iterable[Metric] | Mapping[str, Any]"]
 
 
 class MetricsServer(LocalHttpServer):
-    """``GET /metrics`` -> the exposition of ``provider()`` (Metric families or a status dict)."""
+    """``GET /metrics`` -> the exposition of ``provider()`` (Metric families or a status dict);
+    ``token`` as for :class:`LocalHttpServer` (config ``metrics.token`` / ``metrics.token_file``;
+    Prometheus sends it with ``authorization`` or ``bearer_token_file`` in its scrape config)."""
 
-    def __init__(self, listen: str, provider: MetricsProvider):
+    def __init__(self, listen: str, provider: MetricsProvider, token: str | None = None):
         self.provider = provider
-        super().__init__(listen, self._handle, "metrics")
+        super().__init__(listen, self._handle, "metrics", token)
 
     def _handle(self, path: str, headers: Mapping[str, str]) -> tuple[int, str, bytes]:
         route = path.split("?", 1)[0]

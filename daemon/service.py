@@ -267,21 +267,13 @@ def _run_live(
                 detail=str(err),
             )
         if cfg.metrics.enabled:
-            from daemon.config import is_loopback, parse_listen
             from daemon.metrics import MetricsServer, metrics_from_status
-
-            if not is_loopback(parse_listen(cfg.metrics.listen)[0]):
-                log_event(
-                    log,
-                    "metrics_remote",
-                    level=logging.WARNING,
-                    listen=cfg.metrics.listen,
-                    detail="served without authentication to anyone who can reach it",
-                )
 
             servers.append(
                 MetricsServer(
-                    cfg.metrics.listen, lambda: metrics_from_status(loop.status())
+                    cfg.metrics.listen,
+                    lambda: metrics_from_status(loop.status()),
+                    read_token(cfg.metrics, "metrics"),
                 ).start()
             )
         if cfg.telemetry.listen:

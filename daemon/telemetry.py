@@ -3,17 +3,16 @@
 ``GET /status`` returns the same status dict the daemon writes to ``--status-file``;
 ``GET /healthz`` answers ``{"ok": true}``. It listens on localhost by default. Binding a
 non-loopback address is refused without a bearer token, and once a token is set every request
-must carry ``Authorization: Bearer <token>`` (compared in constant time).
+must carry ``Authorization: Bearer <token>`` (compared in constant time); the rule lives in
+:class:`daemon.metrics.LocalHttpServer`, shared with the metrics endpoint.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from daemon.config import is_loopback, parse_listen
 from daemon.metrics import LocalHttpServer
 
 JSON = "application/json"
@@ -23,28 +22,13 @@ class TelemetryServer(LocalHttpServer):
     def __init__(
         self, listen: str, provider: Callable[[], Mapping[str, Any]], token: str | None = None
     ):
-        host, _ = parse_listen(listen)
-        if not token and not is_loopback(host):
-            raise ValueError(
-                f"telemetry: refusing to serve {listen} without a token: {host} is not a loopback "
-                "address (set telemetry.token or telemetry.token_file)"
-            )
         self.provider = provider
-        self.token = token or None
-        super().__init__(listen, self._handle, "telemetry")
+        super().__init__(listen, self._handle, "telemetry", token)
 
-    def _authorized(self, headers: Mapping[str, str]) -> bool:
-        if self.token is None:
-            return True
-        got = headers.get("Authorization") or ""
-        scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(value.strip().encode(), self.token.encode())
+    def unauthorized(self) -> tuple[int, str, bytes]:
+        return 401, JSON, _dump({"ok": False, "error": "missing or wrong bearer token"})
 
     def _handle(self, path: str, headers: Mapping[str, str]) -> tuple[int, str, bytes]:
-        if not self._authorized(headers):
-            return 401, JSON, _dump({"ok": False, "error": "missing or wrong bearer token"})
         route = path.split("?", 1)[0]
         if route == "/healthz":
             return 200, JSON, _dump({"ok": True})

@@ -165,6 +165,15 @@ BAD = [
         "absolute path",
     ),
     ({"telemetry": {"token": "a", "token_file": "/x"}}, "telemetry.token_file", "not both"),
+    ({"metrics": {"enabled": True, "listen": "0.0.0.0:9466"}}, "metrics.token", "loopback"),
+    (
+        {"metrics": {"enabled": True, "listen": "[::]:9466", "token": ""}},
+        "metrics.token",
+        "non-empty string",
+    ),
+    ({"metrics": {"token_file": "tok"}}, "metrics.token_file", "absolute path"),
+    ({"metrics": {"token": "a", "token_file": "/x"}}, "metrics.token_file", "not both"),
+    ({"metrics": {"token": "with space"}}, "metrics.token", "visible ASCII"),
     ({"mixed_criticality": {"reserve": 1}}, "mixed_criticality.reserve", "true or false"),
     ({"recheck_each_tick": "true"}, "recheck_each_tick", "true or false"),
 ]
@@ -212,6 +221,29 @@ def test_unknown_key_without_a_close_match_lists_known_keys():
 def test_telemetry_token_allows_remote_listen():
     cfg = parse_config({"telemetry": {"listen": "0.0.0.0:9467", "token": "t"}})
     assert cfg.telemetry.listen == "0.0.0.0:9467"
+
+
+def test_metrics_follow_the_telemetry_token_rule():
+    """A remote metrics address needs a token, as telemetry's does; loopback needs none, and a
+    disabled endpoint binds nothing, so its address needs none either."""
+    cfg = parse_config({"metrics": {"enabled": True, "listen": "0.0.0.0:9466", "token": "t"}})
+    assert cfg.metrics.token == "t" and cfg.metrics.listen == "0.0.0.0:9466"
+    assert parse_config({"metrics": {"enabled": True}}).metrics.token is None
+    assert parse_config({"metrics": {"listen": "0.0.0.0:9466"}}).metrics.enabled is False
+
+
+def test_read_token_from_file_names_the_section(tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("m3tr1cs\n")
+    tok.chmod(0o600)
+    cfg = parse_config(
+        {"metrics": {"enabled": True, "listen": "10.1.1.1:1", "token_file": str(tok)}}
+    )
+    assert cfgmod.read_token(cfg.metrics, "metrics") == "m3tr1cs"
+    tok.chmod(0o640)
+    with pytest.raises(ConfigError) as exc:
+        cfgmod.read_token(cfg.metrics, "metrics")
+    assert exc.value.key == "metrics.token_file"
 
 
 def test_read_token_from_file(tmp_path):

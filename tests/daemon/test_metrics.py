@@ -235,5 +235,53 @@ def test_a_client_hanging_up_early_leaves_no_traceback(capfd):
 
 def test_an_address_not_up_yet_is_bound_anyway():
     """At boot the network may come up after the daemon: a refused bind failed the start."""
-    with MetricsServer("10.255.255.1:0", lambda: STATUS) as srv:
+    with MetricsServer("10.255.255.1:0", lambda: STATUS, token="t") as srv:
         assert srv.address[0] == "10.255.255.1"
+
+
+def scrape_with(srv, token=None, host=None):
+    h, port = srv.address
+    req = urllib.request.Request(f"http://{host or h}:{port}/metrics")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+def test_a_token_once_set_is_required_on_every_scrape():
+    with MetricsServer("127.0.0.1:0", lambda: STATUS, token="s3cret") as srv:
+        for bad in (None, "wrong", "", "s3cre", "s3cret2"):
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                scrape_with(srv, bad)
+            assert exc.value.code == 401
+            assert exc.value.headers.get("WWW-Authenticate", "").startswith("Bearer")
+        host, port = srv.address
+        basic = urllib.request.Request(
+            f"http://{host}:{port}/metrics", headers={"Authorization": "Basic s3cret"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(basic, timeout=5)
+        assert exc.value.code == 401
+        status, text = scrape_with(srv, "s3cret")
+        assert status == 200 and "hidvfs_decisions_total 42" in text
+        # the scheme is case-insensitive, as RFC 7235 says (Prometheus sends "Bearer")
+        lower = urllib.request.Request(
+            f"http://{host}:{port}/metrics", headers={"Authorization": "bearer s3cret"}
+        )
+        with urllib.request.urlopen(lower, timeout=5) as r:
+            assert r.status == 200
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "10.0.0.5:9466", "board.local:9466", "[::]:0"])
+def test_a_non_loopback_address_without_a_token_is_refused(listen):
+    with pytest.raises(ValueError, match="metrics: refusing .* without a token.*metrics.token"):
+        MetricsServer(listen, lambda: STATUS)
+
+
+def test_a_non_loopback_address_with_a_token_serves_it():
+    with MetricsServer("0.0.0.0:0", lambda: STATUS, token="t") as srv:
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            scrape_with(srv, host="127.0.0.1")
+        assert exc.value.code == 401
+        status, text = scrape_with(srv, "t", host="127.0.0.1")
+        assert status == 200 and parse_exposition(text)["hidvfs_jobs_running"]["samples"]
