@@ -69,6 +69,7 @@ class Actuator:
         #: given the originals back too, if it is still the same process
         self._members: dict[int, dict[int, float]] = {}
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
+        self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
@@ -288,6 +289,8 @@ class Actuator:
                 self._applied_at[pid] = obs.t
                 if self.live_jobs:
                     self._note_members(pid)
+                    if setting.cpus:
+                        self._check_affinity(pid, setting.cpus, report)
             except ProcessGone:
                 report.gone.append(pid)
                 self._last_jobs.pop(pid, None)
@@ -314,6 +317,7 @@ class Actuator:
         self._last_jobs.pop(pid, None)
         self._applied_at.pop(pid, None)
         self._rt_allowed.pop(pid, None)
+        self._narrowed.pop(pid, None)
         orig = self._job_originals.pop(pid, None)
         members = self._members.pop(pid, {})
         if orig is not None and not self.dry_run:
@@ -331,6 +335,7 @@ class Actuator:
         self._last_jobs.pop(pid, None)
         self._applied_at.pop(pid, None)
         self._rt_allowed.pop(pid, None)
+        self._narrowed.pop(pid, None)
         orig = self._job_originals.pop(pid, None)
         members = self._members.pop(pid, {})
         if orig is None or self.dry_run:
@@ -342,6 +347,23 @@ class Actuator:
     def release_all(self) -> None:
         for pid in sorted(self.managed()):
             self.release(pid)
+
+    def _check_affinity(self, pid: int, cpus: tuple[int, ...], report: ActuationReport) -> None:
+        """The kernel drops CPUs outside the job's cpuset (a container, a cgroup) or offline
+        without a word: say so once per placement, since the job then has fewer cores than
+        the decision counted on."""
+        try:
+            got = self.procs.get_affinity(pid)
+        except (ProcessGone, PermissionError, OSError):
+            return
+        if set(got) == set(cpus):
+            self._narrowed.pop(pid, None)
+        elif self._narrowed.get(pid) != (cpus, got):  # not again on every re-apply
+            self._narrowed[pid] = (cpus, got)
+            report.errors.append(
+                f"pid {pid}: the kernel narrowed CPU set {sorted(cpus)} to {sorted(got)} "
+                "(its cpuset or CPUs gone offline): it has fewer cores than decided"
+            )
 
     def _note_members(self, pid: int) -> None:
         """Remember the processes now below ``pid`` (they have just taken its placement)."""

@@ -330,3 +330,31 @@ def test_a_crashed_runs_left_children_are_restored_at_the_next_start(tmp_path):
     procs.calls.clear()
     assert restore_stale_jobs(tmp_path, procs, logging.getLogger("t")) == 1
     assert procs.calls == [("aff", 11, (0, 1)), ("prio", 11, 0, 0)]
+
+
+def test_a_cpu_set_the_kernel_narrows_is_reported_once(tmp_path):
+    """A job in a cpuset gets only the allowed CPUs of its mask, without an error."""
+
+    class Narrowing(_Tree):
+        def set_affinity(self, pid, cpus):
+            self.mask = tuple(c for c in cpus if c != 1)
+
+        def get_affinity(self, pid):
+            return getattr(self, "mask", (0, 1, 2))
+
+    act = Actuator(DirSysfs(tmp_path), Narrowing(), live_jobs=True)
+    d = Decision({}, jobs={10: JobSetting((0, 1))})
+    errors = [e for k in range(100) for e in act.apply(d, obs(online=(0, 1, 2), t=0.1 * k)).errors]
+    assert len(errors) == 1 and "narrowed CPU set [0, 1] to [0]" in errors[0]
+    ok = Decision({}, jobs={10: JobSetting((0, 2))})
+    assert act.apply(ok, obs(online=(0, 1, 2), t=20.0)).errors == []
+
+
+@needs_root_and_two_cpus
+def test_a_mask_with_a_cpu_this_machine_lacks_is_reported_on_a_real_process(tmp_path, sleeper):
+    missing = os.cpu_count() + 7
+    act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+    report = act.apply(Decision({}, jobs={sleeper.pid: JobSetting((CPUS[0], missing))}), obs())
+    assert os.sched_getaffinity(sleeper.pid) == {CPUS[0]}
+    assert [e for e in report.errors if "narrowed" in e]
+    act.release_all()
