@@ -4,7 +4,9 @@ One campaign opens the board once (live ``/`` or a ``--sysfs-root`` tree), saves
 cpufreq settings before its first write and restores them at the end (a crash leaves the
 snapshot for the next start). Each run: cool down to a start temperature, launch the binary in
 its own session, register it with the loop, sample the power rails in a separate thread at
->= 100 Hz, wait (killing it past its timeout), then parse and verify its output.
+>= 100 Hz, wait (killing it past its timeout), then parse and verify its output. A kernel
+whose ``-c`` also runs the sequential version is timed without it and verified by one untimed
+``-c`` run per campaign (binary, input and thread count) before its first timed run.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class NativeBoard:
     snapshot: object | None = None
     notes: list[str] = field(default_factory=list)
     sample_hz: float = 200.0
+    #: (bench, class, variant, label, threads) -> the failure of its untimed ``-c`` run, or
+    #: None when it verified: run once per campaign (see :func:`verify_once`)
+    verified: dict[tuple, str | None] = field(default_factory=dict)
 
     def close(self) -> None:
         if self.snapshot is not None:
@@ -120,6 +125,75 @@ def cool_down(
         clock.sleep(0.5)
 
 
+def needs_separate_check(cfg: RunConfig) -> bool:
+    """Whether the timed runs go without ``-c`` although the kernel can verify itself: for
+    the kernels whose check also runs the sequential version in the same process, ``-c``
+    would put that time into the measured makespan (an explicit ``check`` decides alone)."""
+    return cfg.check is None and not registry.default_check(cfg.bench)
+
+
+def verify_once(cfg: RunConfig, nb: NativeBoard, threads: int) -> str | None:
+    """The failure of one untimed ``-c`` run of ``cfg``'s binary and input, or None if it
+    verified; done once per campaign for each binary, input and thread count, so a kernel
+    that computes wrong results is never timed as a success."""
+    key = (cfg.bench, cfg.cls, cfg.variant, cfg.label, threads)
+    if key not in nb.verified:
+        nb.verified[key] = _verification_run(cfg, threads)
+    return nb.verified[key]
+
+
+def _verification_run(cfg: RunConfig, threads: int) -> str | None:
+    what = "verification run (-c, which also runs the sequential version)"
+    try:
+        cmd = registry.command_for(
+            cfg.bench,
+            cfg.cls,
+            cfg.bots_bin,
+            threads,
+            variant=cfg.variant,
+            label=cfg.label,
+            check=True,
+            base_env=dict(os.environ),
+        )
+    except (registry.RegistryError, OSError) as err:
+        return str(err)
+    with tempfile.TemporaryFile(mode="w+b") as out:
+        try:
+            proc = spawn_job(
+                list(cmd.argv),
+                dict(cmd.env),
+                out,
+                unlimited_stack=registry.input_class(cfg.bench, cfg.cls).unlimited_stack,
+            )
+        except OSError as err:
+            return f"{what}: {err}"
+        try:
+            proc.wait(timeout=cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_job(proc)
+            proc.wait()
+            return (
+                f"{what}: killed after {cfg.timeout_s:g} s; raise timeout_s, or set check: "
+                "false in the spec to time it unverified"
+            )
+        except BaseException:
+            kill_job(proc)
+            proc.wait()
+            raise
+        out.seek(0)
+        text = out.read().decode("utf-8", errors="replace")
+    try:
+        result = parse_output(text)
+    except BotsParseError as err:
+        return f"{what}: exit status {proc.returncode}; {err}"
+    problem = run_error(result, cfg.bench, True)
+    if problem:
+        return f"{what}: {problem}"
+    if proc.returncode != 0:
+        return f"{what}: exit status {proc.returncode}"
+    return None
+
+
 def run_native(
     cfg: RunConfig, nb: NativeBoard, build_policy: Callable, profile: JobProfile | None = None
 ) -> dict:
@@ -170,6 +244,12 @@ def run_native(
     except (registry.RegistryError, OSError) as err:
         rec["error"] = str(err)
         return rec
+    if needs_separate_check(cfg):
+        problem = verify_once(cfg, nb, threads)
+        rec["verified_separately"] = problem is None
+        if problem:
+            rec["error"] = problem
+            return rec
     if cfg.cooldown is not None:
         temp, waited = cool_down(nb, cfg.cooldown.start_temp_c, cfg.cooldown.max_wait_s)
         rec["start_temp_c"], rec["cooldown_s"] = temp, round(waited, 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -261,3 +262,42 @@ def test_bots_profile_measures_each_kernel_and_refuses_a_failed_verification(
     r = CliRunner().invoke(cli, [*args, "--bench", "fib", "--replace"])
     assert r.exit_code == 1 and "UNSUCCESSFUL" in r.stdout
     assert deadlines.load(store).find("fib.smoke", "tx2").version == 1  # nothing recorded
+
+
+def test_a_kernel_timed_without_its_check_is_verified_once_by_a_separate_run(
+    bots_tree, fake_tx2, tmp_path, monkeypatch
+):
+    """concom's -c also runs the sequential version, so its timed runs go without -c; one
+    untimed -c run per campaign verifies it, and a wrong result fails every run of it."""
+    from bots_bench import native
+
+    spec, root, _ = fake_tx2
+    calls = []
+    real = native._verification_run
+    monkeypatch.setattr(
+        native,
+        "_verification_run",
+        lambda cfg, threads: calls.append(cfg.bench) or real(cfg, threads),
+    )
+    cfgs = _configs(bots_tree.bin, kernels=("concom", "fib"), policies=("performance", "powersave"))
+    nb = open_board(str(root), "tx2", str(tmp_path / "state"), say=lambda m: None)
+    try:
+        good = [run_native(c, nb, build_policy_stack) for c in cfgs]
+        assert all(r["ok"] for r in good), [r["error"] for r in good]
+        assert calls == ["concom"]  # once for both policies; fib checks itself in its run
+        assert [r.get("verified_separately") for r in good if r["bench"] == "concom"] == [True] * 2
+        assert all("-c" not in r["argv"] for r in good if r["bench"] == "concom")
+    finally:
+        nb.close()
+    monkeypatch.setenv("BOTS_TEST_FAULT", "bad")
+    nb = open_board(str(root), "tx2", str(tmp_path / "state"), say=lambda m: None)
+    try:
+        bad = [run_native(c, nb, build_policy_stack) for c in cfgs if c.bench == "concom"]
+        concom = next(c for c in cfgs if c.bench == "concom")
+        unchecked = run_native(replace(concom, check=False), nb, build_policy_stack)
+    finally:
+        nb.close()
+    assert calls == ["concom", "concom"]
+    assert all(not r["ok"] and "verification run (-c" in r["error"] for r in bad)
+    assert all("UNSUCCESSFUL" in r["error"] and r["makespan_s"] is None for r in bad)
+    assert unchecked["ok"]  # check: false in a spec times it unverified, as asked
