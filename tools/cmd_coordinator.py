@@ -88,7 +88,8 @@ def serve_cmd(listen, policy, nodes, token) -> None:
     default=None,
     type=click.Path(dir_okay=False),
     help="ONNX file, checked writable before training (default: the shipped model, only for "
-    "the full budget; required with --iterations).",
+    "--seed 0 at the full budget, which reproduces it; required with another --seed or "
+    "--iterations).",
 )
 @click.option(
     "--iterations",

@@ -185,24 +185,32 @@ def serve(
         srv.coordinator.telemetry.close()
 
 
-def resolve_train_out(out, full_budget: bool, shipped) -> str:
+def resolve_train_out(out, shipped, why_not_shipped: str | None = None) -> str:
     """The file ``train`` will write, checked writable *before* training (a bad ``--out``
-    used to fail only at export, after minutes of training). Only a run with the full
-    default budget may write the shipped model: a partial one would replace it silently."""
+    used to fail only at export, after minutes of training).
+
+    ``why_not_shipped``: ``None`` for the run that reproduces the shipped model (the default
+    configuration: ``--seed 0``, the full budget), else the option that makes it another
+    model (``"--iterations"``, ``"--seed 3"``). Such a run needs ``--out`` and may not name
+    the shipped file: it would replace it silently (a full-budget run with another seed
+    used to)."""
     if out is not None and not os.fspath(out).strip():
         raise ValueError("--out: empty path; give the ONNX file to write")
+    rule = (
+        "only `hidvfs coordinator train --seed 0` with the full default budget reproduces "
+        f"the shipped model {shipped}"
+    )
     if out is None:
-        if not full_budget:
-            raise ValueError(
-                "--out is required with --iterations: only a training with the full default "
-                f"budget writes the shipped model {shipped}"
-            )
+        if why_not_shipped is not None:
+            raise ValueError(f"--out is required with {why_not_shipped}: {rule}")
         out = shipped
     path = os.path.abspath(os.fspath(out))
-    if not full_budget and os.path.realpath(path) == os.path.realpath(os.fspath(shipped)):
+    if why_not_shipped is not None and os.path.realpath(path) == os.path.realpath(
+        os.fspath(shipped)
+    ):
         raise ValueError(
-            f"--out {out}: is the shipped model, which only a training with the full default "
-            "budget may replace"
+            f"--out {out}: is the shipped model, which a run with {why_not_shipped} may not "
+            f"replace ({rule})"
         )
     if os.path.isdir(path):
         raise ValueError(f"--out {out}: is a directory; give the ONNX file to write")
@@ -232,7 +240,14 @@ def train(
         raise ValueError(f"--iterations: expected an integer >= 1, got {iterations!r}")
     kw = {"seed": seed} if iterations is None else {"seed": seed, "iterations": iterations}
     cfg = TrainConfig(**kw)
-    out = resolve_train_out(out, cfg.iterations == TrainConfig().iterations, DEFAULT_MODEL)
+    shipped_cfg = TrainConfig()  # the configuration the shipped model was trained with
+    if cfg.iterations != shipped_cfg.iterations:
+        why_not_shipped = "--iterations"
+    elif cfg.seed != shipped_cfg.seed:
+        why_not_shipped = f"--seed {seed}"
+    else:
+        why_not_shipped = None
+    out = resolve_train_out(out, DEFAULT_MODEL, why_not_shipped)
     commit = git_commit()  # the code that trains (read before training, not at export)
     t0 = time.monotonic()
 

@@ -155,6 +155,38 @@ def test_full_budget_without_out_writes_the_shipped_path(fake_training):
     assert fake_training[1][1] == str(DEFAULT_MODEL)
 
 
+@pytest.mark.parametrize("seed", ["1", "7"])
+def test_train_with_another_seed_needs_out_before_training(fake_training, seed):
+    """Only --seed 0 at the full budget reproduces the shipped model; another seed used to
+    overwrite it."""
+    before = _shipped_digest()
+    r = run("train", "--seed", seed)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert f"--out is required with --seed {seed}" in r.output
+    assert fake_training == []  # refused before training
+    assert _shipped_digest() == before
+
+
+def test_train_with_another_seed_may_not_name_the_shipped_file(fake_training, tmp_path):
+    from agents.placement.higfrl import DEFAULT_MODEL
+
+    r = run("train", "--seed", "3", "--out", str(DEFAULT_MODEL))
+    assert r.exit_code != 0 and "is the shipped model" in r.output and "--seed 0" in r.output
+    assert fake_training == []
+    out = tmp_path / "seed3.onnx"
+    r = run("train", "--seed", "3", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert fake_training[0] == ("train", 240) and fake_training[1][1] == str(out)
+
+
+def test_module_entry_train_with_another_seed_needs_out(fake_training, capsys):
+    from tools.coordinator_cmd import main
+
+    assert main(["train", "--seed", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out is required with --seed 2") and fake_training == []
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
