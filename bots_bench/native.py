@@ -142,19 +142,23 @@ def verify_once(cfg: RunConfig, nb: NativeBoard, threads: int) -> str | None:
     return nb.verified[key]
 
 
+def _command(cfg: RunConfig, threads: int, check: bool | None) -> registry.Command:
+    return registry.command_for(
+        cfg.bench,
+        cfg.cls,
+        cfg.bots_bin,
+        threads,
+        variant=cfg.variant,
+        label=cfg.label,
+        check=check,
+        base_env=dict(os.environ),
+    )
+
+
 def _verification_run(cfg: RunConfig, threads: int) -> str | None:
     what = "verification run (-c, which also runs the sequential version)"
     try:
-        cmd = registry.command_for(
-            cfg.bench,
-            cfg.cls,
-            cfg.bots_bin,
-            threads,
-            variant=cfg.variant,
-            label=cfg.label,
-            check=True,
-            base_env=dict(os.environ),
-        )
+        cmd = _command(cfg, threads, check=True)
     except (registry.RegistryError, OSError) as err:
         return str(err)
     with tempfile.TemporaryFile(mode="w+b") as out:
@@ -231,16 +235,7 @@ def run_native(
     )
     threads = cfg.threads or min(len(online), os.cpu_count() or 1)
     try:
-        cmd = registry.command_for(
-            cfg.bench,
-            cfg.cls,
-            cfg.bots_bin,
-            threads,
-            variant=cfg.variant,
-            label=cfg.label,
-            check=cfg.check,
-            base_env=dict(os.environ),
-        )
+        cmd = _command(cfg, threads, check=cfg.check)
     except (registry.RegistryError, OSError) as err:
         rec["error"] = str(err)
         return rec
