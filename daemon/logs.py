@@ -200,3 +200,48 @@ def setup_logging(
     logger.addHandler(handler)
     logger.propagate = False
     return logger
+
+
+class SensorErrorLog:
+    """Log a sensor file when its reads start failing and when they recover, once each: the
+    status keeps only the latest errors, and a file failing every tick must not flood.
+
+    What fails on the very first observation is normal on some boards (Jetson Orin's ``cv*``
+    zones read EAGAIN while the DLA/PVA are power-gated; a power monitor may probe after the
+    daemon starts): it is one INFO line listing them all, not a WARNING each. Those sensors are
+    still read (a zone or rail not found is looked for again every second) and their recovery
+    is logged; a sensor that fails after the start, or again after it recovered, is a WARNING.
+    """
+
+    def __init__(self, logger: logging.Logger):
+        self.log = logger
+        self.failing: dict[str, str] = {}  # file -> the error that started it
+        self.started = False
+
+    @staticmethod
+    def _file(error: str) -> str:
+        """The failing file; a sensor not found at all is keyed by its whole message (they
+        share a folder: every missing zone reports the thermal class folder)."""
+        head, _, rest = error.partition(": ")
+        return error if rest.startswith("no ") else head
+
+    def update(self, errors) -> None:
+        now = {self._file(e): e for e in errors}
+        if not self.started:
+            self.started = True
+            if now:
+                log_event(
+                    self.log,
+                    "sensors_unavailable_at_start",
+                    count=len(now),
+                    sensors=sorted(now),
+                    detail="; ".join(now[f] for f in sorted(now)),
+                    note="retried; each is logged when it comes back",
+                )
+        else:
+            for f, e in now.items():
+                if f not in self.failing:
+                    self.log.warning("event=sensor_unavailable detail=%r", e)
+        for f in self.failing.keys() - now.keys():
+            self.log.info("event=sensor_recovered file=%s", f)
+        self.failing = now

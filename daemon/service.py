@@ -21,8 +21,8 @@ from daemon.config import Config, load_config, policy_options, read_token
 from daemon.guard import config_guard
 from daemon.jobrestore import JobOriginals, restore_stale_jobs
 from daemon.jobs import JobTable
-from daemon.logs import log_event, setup_logging
-from daemon.loop import ControlLoop, SensorErrorLog, TickResult
+from daemon.logs import SensorErrorLog, log_event, setup_logging
+from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
 from daemon.profiles import ProfileLookup
 from daemon.restore import begin_session, detect_drift, recover_stale, restore_snapshot

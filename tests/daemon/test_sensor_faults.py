@@ -1,17 +1,21 @@
 """The loop on a fake tree whose sensors fail mid-run: the energy integral keeps what it
-had and says what it missed; a failing file is logged when it fails and when it recovers."""
+had and says what it missed; a failing file is logged when it fails and when it recovers, and
+what is unavailable from the start (a power-gated zone) is one INFO line, not a warning each."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 
 import pytest
 
 from agents.governors import make_governor
-from daemon.loop import ControlLoop, SensorErrorLog
-from platforms import power
+from daemon.logs import SensorErrorLog
+from daemon.loop import ControlLoop
+from platforms import paths, power
 from platforms.clock import VirtualClock
-from platforms.faketree import write_fake_tree
+from platforms.faketree import FakeWriter, inject_read_error, write_fake_tree
 from platforms.platform import Platform
 from platforms.procs import NoProcesses
 from platforms.spec import load_board
@@ -70,6 +74,7 @@ def test_a_failing_file_is_logged_once_when_it_fails_and_when_it_recovers(caplog
     slog = SensorErrorLog(logging.getLogger("sensor-log-test"))
     err = "class/thermal/thermal_zone0/temp: unavailable (empty file)"
     with caplog.at_level(logging.INFO, logger="sensor-log-test"):
+        slog.update([])  # it worked at the start
         for _ in range(5):
             slog.update([err])
         slog.update([])
@@ -244,9 +249,125 @@ def test_two_missing_zones_are_two_log_lines(caplog):
     a = "class/thermal: no thermal zone of type 'BCPU-therm'"
     b = "class/thermal: no thermal zone of type 'MCPU-therm'"
     with caplog.at_level(logging.INFO, logger="sensor-log-test"):
+        slog.update([])
         slog.update([a])
         slog.update([a, b])
         slog.update([b])
     msgs = [r.getMessage() for r in caplog.records]
     assert len([m for m in msgs if "sensor_unavailable" in m]) == 2
     assert any("sensor_recovered" in m and "BCPU" in m for m in msgs)
+
+
+ORIN = load_board("orin-nx")
+#: the zones the Orin NX spec marks as power-gated (boards.md 3.6: EAGAIN while DLA/PVA are off)
+GATED = [z.type for z in ORIN.zones if z.quirk == "eagain"]
+
+
+def test_the_orin_spec_marks_the_cv_zones_gated():
+    assert GATED == ["cv0-thermal", "cv1-thermal", "cv2-thermal"]
+
+
+def _temp_file(writer):
+    return lambda zone: paths.zone_file(writer.zone_index(zone), "temp")
+
+
+@pytest.fixture
+def orin(tmp_path, monkeypatch, caplog):
+    """The daemon's sensor log on an Orin NX fake tree whose cv zones are gated, as on a board
+    with the DLA/PVA off: cv0 reads EAGAIN, cv1 ENODATA (the real errnos, injected at the
+    DirSysfs boundary), cv2's temp cannot be read at all (the fake tree's gating)."""
+    write_fake_tree(ORIN, tmp_path)
+    sysfs = DirSysfs(tmp_path)
+    writer = FakeWriter(ORIN, tmp_path)
+    inject_read_error(monkeypatch, sysfs, _temp_file(writer)("cv0-thermal"), errno.EAGAIN)
+    inject_read_error(monkeypatch, sysfs, _temp_file(writer)("cv1-thermal"), errno.ENODATA)
+    clock = VirtualClock(0.0)
+    lp = ControlLoop(
+        Platform(ORIN, sysfs, NoProcesses(), clock, kind="fake"),
+        make_governor("schedutil"),
+        period_s=0.1,
+    )
+    logger = logging.getLogger("sensor-log-test.orin")
+    slog = SensorErrorLog(logger)
+    lp.on_tick.append(lambda res: slog.update(res.obs.errors))
+    caplog.set_level(logging.INFO, logger=logger.name)
+
+    def records():
+        out = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == logger.name]
+        caplog.clear()
+        return out
+
+    return lp, clock, writer, tmp_path, records
+
+
+def test_sensors_unavailable_from_the_start_are_one_info_line(orin):
+    lp, clock, writer, root, records = orin
+    temp = _temp_file(writer)
+    _ticks(lp, clock, 25)  # 2.5 s: the missing-sensor retry ran twice
+    got = records()
+    assert [lvl for lvl, _ in got] == [logging.INFO], got
+    line = got[0][1]
+    assert line.startswith("event=sensors_unavailable_at_start count=3 ")
+    for zone in GATED:
+        assert temp(zone) in line
+    assert "EAGAIN" in line and "ENODATA" in line
+    st = lp.status()
+    assert not set(GATED) & set(st["temp_c"])  # unavailable, never 0 °C
+    assert len(st["unavailable"]) == 3
+
+
+def test_a_sensor_that_worked_and_then_fails_still_warns_and_recovery_is_logged(orin):
+    lp, clock, writer, root, records = orin
+    temp = _temp_file(writer)
+    _ticks(lp, clock, 3)
+    records()  # the start summary
+    writer.set_temp("cpu-thermal", None)  # a working zone goes blank
+    _ticks(lp, clock, 3)
+    got = records()
+    assert [lvl for lvl, _ in got] == [logging.WARNING]
+    assert "sensor_unavailable" in got[0][1] and temp("cpu-thermal") in got[0][1]
+    writer.set_temp("cpu-thermal", 45.0)
+    _ticks(lp, clock, 2)
+    assert records() == [(logging.INFO, f"event=sensor_recovered file={temp('cpu-thermal')}")]
+    # a gated zone that comes up (the DLA starts) is logged as recovered, and gated again
+    # after it worked it is a warning like any other failure
+    os.rmdir(root / temp("cv2-thermal"))
+    writer.set_temp("cv2-thermal", 41.0)
+    _ticks(lp, clock, 2)
+    assert records() == [(logging.INFO, f"event=sensor_recovered file={temp('cv2-thermal')}")]
+    assert lp.status()["temp_c"]["cv2-thermal"] == 41.0
+    writer.gate_zone("cv2-thermal")
+    _ticks(lp, clock, 2)
+    got = records()
+    assert [lvl for lvl, _ in got] == [logging.WARNING] and temp("cv2-thermal") in got[0][1]
+
+
+def test_a_rail_missing_at_start_is_in_the_summary_and_found_by_the_retry(tmp_path, caplog):
+    """A power monitor probing after the daemon started: listed once at INFO, looked for again
+    every second, logged when found; no warning."""
+    import shutil
+
+    write_fake_tree(TX2, tmp_path)
+    sysfs = DirSysfs(tmp_path)
+    rail_dir = power.find_rail(sysfs, TX2.total_rail).files[0].rsplit("/", 1)[0]
+    saved = tmp_path.parent / (tmp_path.name + "-rail")
+    shutil.copytree(tmp_path / rail_dir, saved)
+    shutil.rmtree(tmp_path / rail_dir)
+    clock = VirtualClock(0.0)
+    lp = ControlLoop(
+        Platform(TX2, sysfs, NoProcesses(), clock, kind="fake"),
+        make_governor("schedutil"),
+        period_s=0.1,
+    )
+    slog = SensorErrorLog(logging.getLogger("sensor-log-test.rails"))
+    lp.on_tick.append(lambda res: slog.update(res.obs.errors))
+    with caplog.at_level(logging.INFO, logger="sensor-log-test.rails"):
+        _ticks(lp, clock, 3)
+        shutil.copytree(saved, tmp_path / rail_dir)
+        _ticks(lp, clock, 12)  # past the 1 s retry
+    got = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "sensor-log-test.rails"]
+    assert all(lvl == logging.INFO for lvl, _ in got), got
+    assert got[0][1].startswith("event=sensors_unavailable_at_start")
+    assert "channel labelled" in got[0][1]
+    assert any("sensor_recovered" in m and "channel labelled" in m for _, m in got[1:])
+    assert lp.status()["power_w"]["total"] is not None
