@@ -314,12 +314,7 @@ class Actuator:
 
     def forget(self, pid: int) -> None:
         """The job's process has ended: only the children it left behind get theirs back."""
-        self._last_jobs.pop(pid, None)
-        self._applied_at.pop(pid, None)
-        self._rt_allowed.pop(pid, None)
-        self._narrowed.pop(pid, None)
-        orig = self._job_originals.pop(pid, None)
-        members = self._members.pop(pid, {})
+        orig, members = self._drop(pid)
         if orig is not None and not self.dry_run:
             self._give_back(pid, orig, members, root=False)
         if orig is not None and self._originals_store is not None:
@@ -332,17 +327,18 @@ class Actuator:
     def release(self, pid: int) -> None:
         """A live job left the registry (unregistered, or the daemon stops): give it back the
         affinity and priority it had before the first placement."""
-        self._last_jobs.pop(pid, None)
-        self._applied_at.pop(pid, None)
-        self._rt_allowed.pop(pid, None)
-        self._narrowed.pop(pid, None)
-        orig = self._job_originals.pop(pid, None)
-        members = self._members.pop(pid, {})
+        orig, members = self._drop(pid)
         if orig is None or self.dry_run:
             return
         if self._originals_store is not None:
             self._originals_store.drop(pid)
         self._give_back(pid, orig, members, root=True)
+
+    def _drop(self, pid: int) -> tuple[tuple | None, dict[int, float]]:
+        """Forget all kept about job ``pid``; its originals and members, to give back."""
+        for kept in (self._last_jobs, self._applied_at, self._rt_allowed, self._narrowed):
+            kept.pop(pid, None)
+        return self._job_originals.pop(pid, None), self._members.pop(pid, {})
 
     def release_all(self) -> None:
         for pid in sorted(self.managed()):
