@@ -31,13 +31,14 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from daemon.extender import ExtenderArgs, Verbs, ci_get, make_server
+from daemon.extender import ExtenderArgs, NodeInfo, Verbs, ci_get, make_server
 from platforms.clock import Clock, MonotonicClock
 from platforms.cluster.simcluster import ClusterView, NodeSpec, board_node, single_task_workload
 
@@ -48,6 +49,9 @@ NEUTRAL_SCORE = 5
 MAX_SCORE = 10
 DEFAULT_BOARD = "orin-nx"
 BOARD_LABELS = ("hidvfs.io/board", "node.kubernetes.io/instance-type")
+#: whole nodes remembered for NodeNames-only requests (least recently seen forgotten first);
+#: Kubernetes supports clusters of up to 5000 nodes
+MAX_REMEMBERED_NODES = 10_000
 
 
 @dataclass(frozen=True)
@@ -409,8 +413,12 @@ class Coordinator:
 
     ``boards`` maps node names to board types (else the node's ``hidvfs.io/board`` label,
     seen in this request or remembered from an earlier one that sent whole nodes, else
-    ``default_board`` with a warning once per node); the board gives the nominal cores,
-    memory and speed.
+    ``default_board`` with a warning once per node); the board gives the speed, and the
+    cores and memory unless the node's allocatable says otherwise.
+
+    A scheduler with ``nodeCacheCapable: true`` sends node names only; a node named so is
+    taken as the last whole Node seen for that name (its labels and allocatable cores and
+    memory), for the ``max_remembered`` nodes seen most recently.
     """
 
     def __init__(
@@ -432,7 +440,10 @@ class Coordinator:
         self.default_board = default_board
         self.placer = _make_placer(policy, model_path)
         self._lock = threading.Lock()  # placers keep per-call state
-        self._labels: dict[str, dict] = {}  # from requests with whole nodes (NodeNames lack them)
+        # the last whole Node seen per name (NodeNames-only requests lack labels, allocatable)
+        self._seen: OrderedDict[str, NodeInfo] = OrderedDict()
+        self._seen_lock = threading.Lock()
+        self.max_remembered = MAX_REMEMBERED_NODES
         self._warned: set[tuple[str, str]] = set()
         self._default_url_nodes: set[str] = set()
 
@@ -444,7 +455,7 @@ class Coordinator:
     def _board(self, node) -> str:
         if node.name in self.boards:
             return self.boards[node.name]
-        labels = node.labels or self._labels.get(node.name, {})
+        labels = node.labels
         for key in BOARD_LABELS:
             if labels.get(key):
                 return str(labels[key])
@@ -471,10 +482,18 @@ class Coordinator:
         mem = n.mem_gb if n.mem_gb is not None else base.mem
         return NodeSpec(n.name, base.board, max(cpus, 1e-3), max(mem, 1e-3), base.speed)
 
-    def _remember(self, args: ExtenderArgs) -> None:
-        if args.raw_nodes is not None:
-            for n in args.nodes:
-                self._labels[n.name] = dict(n.labels)
+    def _remember(self, args: ExtenderArgs) -> ExtenderArgs:
+        """Remember the whole nodes of ``args``, or fill a NodeNames-only request in from
+        them; returns the args to size the nodes by."""
+        with self._seen_lock:
+            if args.raw_nodes is not None:
+                for n in args.nodes:
+                    self._seen[n.name] = n
+                    self._seen.move_to_end(n.name)
+                while len(self._seen) > max(self.max_remembered, 0):
+                    self._seen.popitem(last=False)
+            else:
+                args = replace(args, nodes=[self._seen.get(n.name, n) for n in args.nodes])
         for n in args.nodes:
             if n.name not in self.telemetry.urls and n.name not in self._default_url_nodes:
                 self._default_url_nodes.add(n.name)
@@ -485,6 +504,7 @@ class Coordinator:
                         ", ".join(sorted(self._default_url_nodes)),
                         self.telemetry.default_url,
                     )
+        return args
 
     def _nodes(
         self, args: ExtenderArgs, tel: dict[str, NodeTelemetry]
@@ -534,13 +554,13 @@ class Coordinator:
         )
 
     def filter(self, args: ExtenderArgs) -> dict[str, str]:
-        self._remember(args)
+        args = self._remember(args)
         tel = self.telemetry.fetch_many([n.name for n in args.nodes])
         specs, free_cpu, _ = self._nodes(args, tel)
         return self._unfit(args, specs, free_cpu)
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
-        self._remember(args)
+        args = self._remember(args)
         names = [n.name for n in args.nodes]
         tel = self.telemetry.fetch_many(names)
         specs, free_cpu, speed = self._nodes(args, tel)

@@ -449,6 +449,57 @@ def test_labels_from_whole_nodes_are_remembered_for_node_names(caplog):
         _stop(srv)
 
 
+def _node(name, cpu=None, memory=None, board="tx2"):
+    alloc = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    return {
+        "metadata": {"name": name, "labels": {"hidvfs.io/board": board}},
+        "status": {"allocatable": alloc},
+    }
+
+
+def test_allocatable_from_whole_nodes_is_remembered_for_node_names():
+    """nodeCacheCapable: a NodeNames-only request is sized by the allocatable of the last
+    whole Node seen (the board's nominal 4 cores and 8 GB were used instead)."""
+    srv, base = _serve(None, "fifo", timeout_s=0.2)
+    three = _pod({"cpu": "3"})
+    big = _pod({"cpu": "1", "memory": "2Gi"})
+    try:
+        items = [_node("t", cpu="2", memory="1Gi"), _node("u")]  # u: no allocatable
+        _, out = _post(base + "/filter", {"Pod": three, "Nodes": {"items": items}})
+        assert set(out["FailedNodes"]) == {"t"}
+        for _ in range(2):  # names only from now on
+            _, out = _post(base + "/filter", {"Pod": three, "NodeNames": ["t", "u"]})
+            assert out["NodeNames"] == ["u"]
+            assert out["FailedNodes"] == {"t": "pod requests 3 cores, node allocatable 2"}
+            _, out = _post(base + "/filter", {"Pod": big, "NodeNames": ["t", "u"]})
+            assert out["NodeNames"] == ["u"] and "allocatable 1.07374 GB" in out["FailedNodes"]["t"]
+            _, out = _post(base + "/prioritize", {"Pod": three, "NodeNames": ["t", "u"]})
+            assert [(e["Host"], e["Score"] > 0) for e in out] == [("t", False), ("u", True)]
+        # the last whole node wins: t now reports 4 cores, and a NodeNames request follows it
+        _post(base + "/filter", {"Pod": three, "Nodes": {"items": [_node("t", cpu="4")]}})
+        _, out = _post(base + "/filter", {"Pod": three, "NodeNames": ["t"]})
+        assert out["NodeNames"] == ["t"] and out["FailedNodes"] == {}
+    finally:
+        _stop(srv)
+
+
+def test_remembered_nodes_are_bounded(caplog):
+    caplog.set_level(logging.WARNING, logger="hidvfs.coordinator")
+    srv, base = _serve(None, "fifo", timeout_s=0.2)
+    srv.coordinator.max_remembered = 2
+    three = _pod({"cpu": "3"})
+    try:
+        items = [_node(n, cpu="2", board="orin-nx") for n in ("a", "b", "c")]
+        _post(base + "/filter", {"Pod": three, "Nodes": {"items": items}})
+        assert len(srv.coordinator._seen) == 2
+        _, out = _post(base + "/filter", {"Pod": three, "NodeNames": ["a", "b", "c"]})
+        # a, the oldest, is forgotten: sized as the default board (8 cores), its label too
+        assert out["NodeNames"] == ["a"] and set(out["FailedNodes"]) == {"b", "c"}
+        assert "node a: board unknown" in caplog.text
+    finally:
+        _stop(srv)
+
+
 def _raw_post(base, path, head: bytes, body: bytes = b"", timeout=5.0) -> tuple[int, dict]:
     """POST with hand-written headers over a plain socket: (status, JSON reply)."""
     host, port = base.rsplit("/", 1)[-1].rsplit(":", 1)
