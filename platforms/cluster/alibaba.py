@@ -10,6 +10,10 @@ accepted ones) is reported with the file, the line and the job, and only that jo
 Each physical line is one record (no field of the schema holds a line break), so a damaged line
 (an unmatched quote, a field past 131072 characters, bytes that are not UTF-8, a NUL) spoils
 itself only; a bad row whose job cannot be told is reported and counted (``dropped_rows``).
+A row without a job name (a line cut before the job_name column, or that column empty) is
+given to no job: task names (``M1``, ``R2_1``) repeat across jobs and a job's rows need not be
+adjacent, so the rows around it do not tell its job (they may be another job's). Its warning
+says so and names the jobs of the nearest rows before and after it, for the reader to judge.
 Units: times in seconds from the trace start, ``cpu`` in cores (plan_cpu / 100), ``mem`` in the
 trace's normalised units (0-100).
 """
@@ -228,6 +232,25 @@ def _guess_job(line: str) -> str:
     return job if 0 < len(job) <= 256 and '"' not in job and "\x00" not in job else ""
 
 
+def _no_job_detail(why: str, row: list[str] | None) -> str:
+    """The first part of a no-job-name issue; the nearest named rows are added later."""
+    task = row[0].strip() if row else ""
+    ok = 0 < len(task) <= 40 and task.isascii() and task.isprintable() and '"' not in task
+    what = (
+        f"task {task!r} cannot be given to a job (task names repeat across jobs)"
+        if ok
+        else "its job cannot be told"
+    )
+    return f"no job name ({why}); {what}, so no job is skipped for it"
+
+
+def _nearest(before: tuple[int, str] | None, after: tuple[int, str] | None) -> str:
+    def one(x, none):
+        return f"line {x[0]} ({x[1]})" if x else none
+
+    return f"nearest rows with a job: {one(before, 'none before')}, {one(after, 'none after')}"
+
+
 def _find_cycle(n: int, preds: list[list[int]]) -> list[int]:
     """Indices of one cycle in the parent graph (empty when acyclic). Iterative DFS."""
     color = [0] * n  # 0 new, 1 on stack, 2 done
@@ -321,6 +344,16 @@ def parse_batch_task(
     groups: dict[str, list[TraceTask]] = {}
     bad: dict[str, TraceIssue] = {}
     issues: list[TraceIssue] = []
+    # rows without a job name, waiting for the next row with one: (line, detail, row before)
+    nameless: list[tuple[int, str, tuple[int, str] | None]] = []
+    named: tuple[int, str] | None = None  # the last row with a job name: (line, job)
+
+    def flush(after: tuple[int, str] | None) -> None:
+        for ln, detail, before in nameless:
+            text = f"{detail}; {_nearest(before, after)}"
+            issues.append(TraceIssue(source, ln, "", "bad-row", text, skipped=False))
+        nameless.clear()
+
     for lineno, line in enumerate(lines, start=1):
         try:
             row = _split_line(line)
@@ -333,20 +366,24 @@ def parse_batch_task(
             if job in groups:
                 bad.setdefault(job, TraceIssue(source, lineno, job, "bad-row", str(err)))
             elif not job:
-                issues.append(
-                    TraceIssue(source, lineno, "", "bad-row", f"{err}; job unknown", skipped=False)
-                )
+                why = f"{err}, so its job_name cannot be read"
+                nameless.append((lineno, _no_job_detail(why, None), named))
             continue
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
         rows += 1
         job = row[2].strip() if len(row) > 2 else ""
         if not job:
-            what = "job_name is empty" if len(row) > 2 else f"{len(row)} of {N_COLUMNS} columns"
-            issues.append(
-                TraceIssue(source, lineno, "", "bad-row", f"{what}; job unknown", skipped=False)
+            why = (
+                "the job_name column is empty"
+                if len(row) > 2
+                else f"{len(row)} of {N_COLUMNS} columns: the line ends before job_name"
             )
+            nameless.append((lineno, _no_job_detail(why, row), named))
             continue
+        named = (lineno, job)
+        if nameless:
+            flush(named)
         if job not in groups:
             if max_jobs is not None and len(order) >= max_jobs:
                 continue
@@ -387,6 +424,7 @@ def parse_batch_task(
                 lineno,
             )
         )
+    flush(None)
     jobs: list[TraceJob] = []
     for job in order:
         if job in bad:

@@ -227,6 +227,46 @@ def test_a_row_of_no_known_job_is_a_counted_warning():
     assert {i.job: i.line for i in load.issues if i.skipped} == {"j_2": 5, "j_3": 6}
 
 
+@pytest.mark.parametrize(
+    "cut, why",
+    [
+        ("R3_1,1", "2 of 9 columns: the line ends before job_name"),
+        ("R3_1", "1 of 9 columns: the line ends before job_name"),
+        ("R3_1,1,,1,Terminated,110,120,100,1", "the job_name column is empty"),
+        ('"R3_1,1', "malformed quoting"),
+    ],
+    ids=["two-columns", "task-name-only", "empty-job-name", "broken-quote"],
+)
+def test_a_row_without_a_job_name_is_dropped_and_says_why(cut, why):
+    """Task names repeat across jobs and a job's rows need not be adjacent, so a row that
+    lost its job_name is given to no job, not to the job of the rows around it (which may
+    be another one); the warning gives the line, the reason and those rows' jobs."""
+    rows = [
+        "M1,1,j_1,1,Terminated,100,110,100,1",
+        "M2_1,1,j_1,1,Terminated,110,120,100,1",
+        cut,
+        "",
+        "M1,1,j_2,1,Terminated,100,110,100,1",
+    ]
+    load = parse_batch_task(rows, source="trace.csv")
+    assert [j.name for j in load.jobs] == ["j_1", "j_2"] and load.skipped_jobs == []
+    (issue,) = load.issues
+    assert (issue.line, issue.job, issue.skipped, issue.warn) == (3, "", False, True)
+    assert load.dropped_rows == 1
+    text = str(issue)
+    assert text.startswith("trace.csv: line 3: job ?: bad-row: no job name (")
+    assert why in text and text.endswith("(row dropped)")
+    assert "no job is skipped" in text
+    assert "nearest rows with a job: line 2 (j_1), line 5 (j_2)" in text
+
+
+def test_a_cut_last_line_names_the_row_before_only():
+    load = parse_batch_task(["M1,1,j_1,1,Terminated,100,110,100,1", "M2_1,1,j_"[:6]])
+    (issue,) = load.issues
+    assert "task 'M2_1'" in issue.detail
+    assert issue.detail.endswith("nearest rows with a job: line 1 (j_1), none after")
+
+
 def test_a_non_utf8_byte_spoils_its_row_not_the_file(tmp_path):
     path = tmp_path / "batch_task.csv"
     path.write_bytes(
