@@ -227,13 +227,11 @@ def profile_cmd(
     """Measure the reference profile of each kernel's binary (stored as BENCH.CLASS), so that
     native campaigns with --deadline-slack and `hidvfs run --name BENCH.CLASS` can plan
     deadlines. A run whose verification fails stores nothing for that kernel."""
-    import resource
     from dataclasses import asdict
 
     from bots_bench import registry
     from bots_bench.parser import BotsParseError, parse_output, run_error
     from bots_bench.reference import reference_cluster
-    from platforms.liveprocs import raise_stack_limit
     from tools.cmd_profile import MeasureSession
     from tools.profile_measure import command_timer
 
@@ -256,16 +254,15 @@ def profile_cmd(
                     return str(err)
 
             # the kernels that need `ulimit -s unlimited` get it while they are timed too
-            old_stack = (
-                raise_stack_limit() if registry.input_class(k, cls).unlimited_stack else None
+            prof, times = session.measure(
+                list(cmd.argv),
+                name,
+                timeout_s,
+                1,
+                replace,
+                command_timer(cmd.env, verified),
+                stack="unlimited" if registry.input_class(k, cls).unlimited_stack else None,
             )
-            try:
-                prof, times = session.measure(
-                    list(cmd.argv), name, timeout_s, 1, replace, command_timer(cmd.env, verified)
-                )
-            finally:
-                if old_stack is not None:
-                    resource.setrlimit(resource.RLIMIT_STACK, old_stack)
         except Exception as err:  # noqa: BLE001 - one kernel failing is reported, the rest go on
             failed += 1
             rows.append({"name": name, "ok": False, "error": str(err)})

@@ -3,18 +3,110 @@
 A job registered by name (``hidvfs run --name``) gets its profile from the store the daemon
 reads (config ``profiles``); without one the policy still steers it, but its deadline cannot
 be planned. ``measure`` times a real program on the board's reference cluster and records it.
+
+Stack limit of the measured program (``--stack``): some BOTS kernels recurse deep enough to
+need ``ulimit -s unlimited`` and segfault without it; ``hidvfs bots profile`` gives it to the
+classes that declare it, and ``profile measure`` does the same through :func:`stack_limit`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
 from tools.common import Friendly, emit_json, fail
 
 DEFAULT_STORE = "/var/lib/hidvfs/profiles.json"
+#: the smallest ``--stack SIZE``: this process runs under the limit too while it measures
+MIN_STACK_BYTES = 1 << 20
+_SIZE = re.compile(r"^(\d+)\s*([kmg]?)$")
+_UNIT = {"": 1 << 10, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_stack(text: str) -> str | int:
+    """``auto`` | ``inherit`` | ``unlimited`` | a size in bytes (``SIZE`` is KiB when bare,
+    as ``ulimit -s`` and ``OMP_STACKSIZE`` read it, or has a K, M or G suffix)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "inherit", "unlimited"):
+        return t
+    m = _SIZE.match(t)
+    if not m:
+        raise ValueError(
+            f"{text!r} is not auto, inherit, unlimited or a size such as 65536 (KiB), 64M or 1G"
+        )
+    size = int(m.group(1)) * _UNIT[m.group(2)]
+    if size < MIN_STACK_BYTES:
+        raise ValueError(f"{text!r} is below the 1M this command needs to run itself")
+    return size
+
+
+class StackParam(click.ParamType):
+    name = "auto|inherit|unlimited|SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_stack(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+@contextmanager
+def stack_limit(stack: str | int | None) -> Iterator[int]:
+    """Run the block with the soft RLIMIT_STACK ``stack`` asks for, and put it back after;
+    yields the soft limit in force (``resource.RLIM_INFINITY`` for unlimited).
+
+    ``None`` or ``"inherit"`` keeps this process's limit; ``"unlimited"`` raises the soft limit
+    to the hard one (:func:`platforms.liveprocs.raise_stack_limit`, what ``hidvfs bots`` gives
+    the classes that declare ``unlimited_stack``; unlimited unless a lower hard limit forbids
+    it); a size in bytes sets the soft limit to it, capped at the hard one. Children started
+    inside the block inherit it (the measured program gets it from fork to exec)."""
+    import resource
+
+    from platforms.liveprocs import raise_stack_limit
+
+    old = resource.getrlimit(resource.RLIMIT_STACK)
+    if stack in (None, "inherit"):
+        yield old[0]
+        return
+    if stack == "unlimited":
+        raise_stack_limit()
+    elif isinstance(stack, int) and not isinstance(stack, bool):
+        hard = old[1]
+        soft = stack if hard == resource.RLIM_INFINITY else min(stack, hard)
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+    else:
+        raise ValueError(f"stack must be None, 'inherit', 'unlimited' or bytes, got {stack!r}")
+    try:
+        yield resource.getrlimit(resource.RLIMIT_STACK)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, old)
+
+
+def bots_stack(name: str) -> tuple[str, str | None] | None:
+    """For a job named like a BOTS run (``BENCH.CLASS``, e.g. ``concom.small``): the stack
+    ``hidvfs bots`` gives that class (``unlimited`` or ``inherit``) and its OMP_STACKSIZE;
+    None for any other name."""
+    from bots_bench import registry
+
+    bench, _, cls = name.rpartition(".")
+    try:
+        ic = registry.input_class(bench, cls)
+    except registry.RegistryError:
+        return None
+    return ("unlimited" if ic.unlimited_stack else "inherit"), ic.stacksize
+
+
+def _stack_text(soft: int) -> str:
+    import resource
+
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
 
 
 def measure_options(f):
@@ -84,6 +176,17 @@ def profile() -> None:
     show_default=True,
     help="Runs per configuration; the fastest counts (less noise from other load).",
 )
+@click.option(
+    "--stack",
+    type=StackParam(),
+    default="auto",
+    show_default=True,
+    help="Stack limit (soft RLIMIT_STACK) of CMD: 'unlimited' raises it to the hard limit "
+    "(ulimit -s unlimited), SIZE sets it (KiB, or with K/M/G; capped at the hard limit), "
+    "'inherit' keeps yours. 'auto': for a --name BENCH.CLASS of BOTS, what `hidvfs bots` "
+    "gives that class (unlimited for the deep-recursion ones, and its OMP_STACKSIZE unless "
+    "you set one), else 'inherit'.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def measure_cmd(
@@ -96,6 +199,7 @@ def measure_cmd(
     repeat,
     timeout_s,
     replace,
+    stack,
     as_json,
     command,
 ) -> None:
@@ -104,20 +208,49 @@ def measure_cmd(
 
     Example: sudo hidvfs profile measure --name fib -- ./fib.gcc.omp-tasks -n 30
     """
+    import resource
     from dataclasses import asdict
 
     name = name or os.path.basename(command[0])
+    timer = None
+    if stack == "auto":
+        known = bots_stack(name)
+        stack = known[0] if known else "inherit"
+        if known and known[1]:
+            from tools.profile_measure import command_timer
+
+            env = dict(os.environ)
+            env.setdefault("OMP_STACKSIZE", known[1])  # one the user set wins
+            timer = command_timer(env)
     session = MeasureSession(sysfs_root, board, state_dir, socket_path, store)
     try:
-        prof, times = session.measure(list(command), name, timeout_s, repeat, replace)
+        prof, times = session.measure(
+            list(command), name, timeout_s, repeat, replace, timer, stack=stack
+        )
     except Exception as err:  # noqa: BLE001 - a failed run, a bad store, a refused write
-        fail(str(err))
-    out = {"board": session.spec.name, **asdict(prof), "times_s": times, "store": store}
+        msg = str(err)
+        if "status -11" in msg and stack != "unlimited":  # SIGSEGV: often a stack overflow
+            msg += " (if it recurses deeply, try --stack unlimited)"
+        fail(msg)
+    soft, unlimited = session.stack_soft, resource.RLIM_INFINITY
+    if soft is not None and (
+        (stack == "unlimited" and soft != unlimited)
+        or (isinstance(stack, int) and soft != unlimited and soft < stack)
+    ):
+        click.echo(f"note: the hard stack limit capped --stack at {_stack_text(soft)}", err=True)
+    out = {
+        "board": session.spec.name,
+        **asdict(prof),
+        "times_s": times,
+        "store": store,
+        "stack_limit": _stack_text(session.stack_soft),
+    }
     if as_json:
         emit_json(out)
         return
     for label, t in times.items():
         click.echo(f"  {label:<16} {t:.3f} s")
+    click.echo(f"  {'stack limit':<16} {out['stack_limit']}")
     click.echo(
         f"{name} on {session.spec.name}: C {prof.work_s:.3f} s, L {prof.span_s:.3f} s, beta "
         f"{prof.beta:.2f}, reference makespan {prof.ref_makespan_s:.3f} s on {prof.ref_cores} "
@@ -156,9 +289,13 @@ class MeasureSession:
         except Exception as err:  # noqa: BLE001 - a bad store or an unknown board: one line
             fail(str(err))
         self.store, self.state_dir = store, state_dir
+        #: the soft RLIMIT_STACK of the last measurement's runs
+        self.stack_soft: int | None = None
 
-    def measure(self, argv, name, timeout_s, repeat, replace, timer=None):
-        """Measure, record (versioned) and save; the stored profile and the run times."""
+    def measure(self, argv, name, timeout_s, repeat, replace, timer=None, *, stack=None):
+        """Measure, record (versioned) and save; the stored profile and the run times. The
+        runs happen under :func:`stack_limit` ``(stack)`` (the soft limit they had is kept in
+        ``stack_soft``); this process's limit is put back after."""
         from agents import deadlines
         from tools.profile_measure import measure, time_command
 
@@ -169,16 +306,17 @@ class MeasureSession:
                 f"{self.db.profiles[(name, self.spec.name)].version}); measure it again with "
                 "--replace to record a new version"
             )
-        prof, times = measure(
-            self.spec,
-            self.sysfs,
-            argv,
-            name,
-            state_dir=self.state_dir,
-            timeout_s=timeout_s,
-            repeat=repeat,
-            timer=timer or time_command,
-        )
+        with stack_limit(stack) as self.stack_soft:
+            prof, times = measure(
+                self.spec,
+                self.sysfs,
+                argv,
+                name,
+                state_dir=self.state_dir,
+                timeout_s=timeout_s,
+                repeat=repeat,
+                timer=timer or time_command,
+            )
         prof = deadlines.update(self.store, self.spec.name, prof, replace_existing=replace)
         self.db.profiles[(prof.name, self.spec.name)] = prof
         return prof, times

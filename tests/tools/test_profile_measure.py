@@ -4,6 +4,7 @@ profile is the one those times imply, the tree gets its settings back, bad runs 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -183,3 +184,122 @@ def test_two_measurements_saved_together_both_land(tmp_path):
         t.join()
     assert sorted(n for (n, _b) in deadlines.load(path).profiles) == [f"j{i}" for i in range(8)]
     assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+# -- the stack limit of the measured program ----------------------------------------------------
+
+#: a child that appends the soft RLIMIT_STACK it started with (and its OMP_STACKSIZE) to a file
+_REPORT_STACK = (
+    "import os, resource, sys; soft = resource.getrlimit(resource.RLIMIT_STACK)[0]; "
+    "open(sys.argv[1], 'a').write(f\"{soft} {os.environ.get('OMP_STACKSIZE', '-')}\\n\")"
+)
+LOW = 8 << 20  # the usual default soft limit, 8 MiB
+
+
+@pytest.fixture
+def low_stack():
+    """This process's soft stack limit lowered to 8 MiB (a soft limit can always be lowered;
+    the test's hard limit stays), and put back after."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_STACK)
+    if old[1] != resource.RLIM_INFINITY and old[1] < 4 * LOW:
+        pytest.skip(f"hard stack limit {old[1]} too low to tell a raised limit")
+    resource.setrlimit(resource.RLIMIT_STACK, (LOW, old[1]))
+    yield old[1]
+    resource.setrlimit(resource.RLIMIT_STACK, old)
+
+
+def _measure_stack(tmp, *options, name="stk"):
+    import resource
+
+    seen = tmp / f"seen-{len(list(tmp.glob('seen-*')))}.txt"
+    r = CliRunner().invoke(
+        cli,
+        cli_args(
+            tmp, "--name", name, "--replace", "--json", *options,
+            "--", sys.executable, "-c", _REPORT_STACK, str(seen),
+        ),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = [line.split() for line in seen.read_text().splitlines()]
+    assert len(rows) == 3  # the three timed runs
+    assert resource.getrlimit(resource.RLIMIT_STACK)[0] == LOW  # this process's is put back
+    softs = {int(s) for s, _ in rows}
+    assert len(softs) == 1
+    return softs.pop(), {o for _, o in rows}.pop(), json.loads(r.output)
+
+
+def test_stack_unlimited_raises_the_measured_programs_soft_limit_to_the_hard_one(tx2, low_stack):
+    _, tmp = tx2
+    soft, _, out = _measure_stack(tmp, "--stack", "unlimited")
+    assert soft == low_stack
+    if low_stack == -1:  # RLIM_INFINITY
+        assert out["stack_limit"] == "unlimited"
+
+
+@pytest.mark.parametrize(("size", "expected"), [("64M", 64 << 20), ("16384", 16 << 20)])
+def test_stack_size_sets_the_measured_programs_soft_limit(tx2, low_stack, size, expected):
+    _, tmp = tx2
+    soft, _, out = _measure_stack(tmp, "--stack", size)
+    assert soft == expected and out["stack_limit"] == f"{expected // 1024} KiB"
+
+
+def test_an_arbitrary_command_keeps_the_callers_stack_by_default(tx2, low_stack):
+    """The default is 'auto': a name that is no BOTS class inherits (an unlimited limit
+    would shrink glibc's default thread stacks from the limit to 2 MiB)."""
+    _, tmp = tx2
+    assert _measure_stack(tmp)[0] == LOW
+    assert _measure_stack(tmp, "--stack", "inherit")[0] == LOW
+
+
+def test_a_bots_class_name_gets_the_stack_bots_profile_gives_it(tx2, low_stack, monkeypatch):
+    """`--name concom.small` by hand: unlimited and its OMP_STACKSIZE, as `hidvfs bots profile`
+    runs it (the class declares unlimited_stack); a class without it inherits."""
+    _, tmp = tx2
+    monkeypatch.delenv("OMP_STACKSIZE", raising=False)
+    soft, omp, _ = _measure_stack(tmp, name="concom.small")
+    assert soft == low_stack and omp == "512M"
+    monkeypatch.setenv("OMP_STACKSIZE", "2M")  # the user's own choice wins
+    assert _measure_stack(tmp, name="concom.small")[1] == "2M"
+    monkeypatch.delenv("OMP_STACKSIZE")
+    soft, omp, _ = _measure_stack(tmp, name="concom.test")
+    assert soft == LOW and omp == "64M"
+
+
+@pytest.mark.parametrize("bad", ["12Q", "100K", "unlimitedx", "-5M", ""])
+def test_a_bad_stack_is_refused_before_anything_runs(tx2, bad):
+    _, tmp = tx2
+    r = CliRunner().invoke(cli, cli_args(tmp, "--stack", bad, "--", "true"))
+    assert r.exit_code == 2 and "--stack" in r.output
+    assert not (tmp / "profiles.json").exists()
+
+
+def test_a_size_above_the_hard_limit_is_capped_at_it(tx2):
+    import resource
+
+    from tools.cmd_profile import stack_limit
+
+    old = resource.getrlimit(resource.RLIMIT_STACK)
+    hard = 32 << 20
+    if old[1] != resource.RLIM_INFINITY and old[1] < hard:
+        pytest.skip("hard stack limit below 32 MiB")
+    pid = os.fork()
+    if pid == 0:  # lowering the hard limit cannot be undone: in a child only
+        code = 1
+        try:
+            resource.setrlimit(resource.RLIMIT_STACK, (LOW, hard))
+            with stack_limit(1 << 30) as soft:
+                code = 0 if soft == hard else 3
+            code = code or (0 if resource.getrlimit(resource.RLIMIT_STACK) == (LOW, hard) else 4)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_segfault_suggests_the_stack_option(tx2):
+    _, tmp = tx2
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    r = CliRunner().invoke(cli, cli_args(tmp, "--", sys.executable, "-c", crash))
+    assert r.exit_code != 0 and "status -11" in r.output and "--stack unlimited" in r.output
