@@ -37,31 +37,6 @@ class TickResult:
     finished: list[JobOutcome] = field(default_factory=list)
 
 
-class SensorErrorLog:
-    """Log a sensor file when its reads start failing and when they recover, once each: the
-    status keeps only the latest errors, and a file failing every tick must not flood."""
-
-    def __init__(self, logger: logging.Logger):
-        self.log = logger
-        self.failing: dict[str, str] = {}  # file -> the error that started it
-
-    @staticmethod
-    def _file(error: str) -> str:
-        """The failing file; a sensor not found at all is keyed by its whole message (they
-        share a folder: every missing zone reports the thermal class folder)."""
-        head, _, rest = error.partition(": ")
-        return error if rest.startswith("no ") else head
-
-    def update(self, errors) -> None:
-        now = {self._file(e): e for e in errors}
-        for f, e in now.items():
-            if f not in self.failing:
-                self.log.warning("event=sensor_unavailable detail=%r", e)
-        for f in self.failing.keys() - now.keys():
-            self.log.info("event=sensor_recovered file=%s", f)
-        self.failing = now
-
-
 class ControlLoop:
     def __init__(
         self,
