@@ -82,12 +82,13 @@ def command_timer(
     env: Mapping[str, str] | None = None, check: Callable[[str], str | None] | None = None
 ) -> Callable[[Sequence[str], Sequence[int], float], float]:
     """A timer for :func:`measure`: runs ``argv`` confined to the given CPUs with ``env``
-    (default: this process's) and as many OpenMP threads; ``check(stdout)`` names what makes
-    a run that exited 0 a failure (e.g. a BOTS verification), or returns None."""
-    base = dict(os.environ if env is None else env)
+    (default: this process's at the time of each run) and as many OpenMP threads;
+    ``check(stdout)`` names what makes a run that exited 0 a failure (e.g. a BOTS
+    verification), or returns None."""
+    base = None if env is None else dict(env)
 
     def timer(argv: Sequence[str], cpus: Sequence[int], timeout_s: float) -> float:
-        run_env = dict(base, OMP_NUM_THREADS=str(len(cpus)))
+        run_env = dict(os.environ if base is None else base, OMP_NUM_THREADS=str(len(cpus)))
         t0 = _CLOCK.now()
         try:
             proc = subprocess.Popen(
