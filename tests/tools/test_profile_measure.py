@@ -303,3 +303,17 @@ def test_a_segfault_suggests_the_stack_option(tx2):
     crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
     r = CliRunner().invoke(cli, cli_args(tmp, "--", sys.executable, "-c", crash))
     assert r.exit_code != 0 and "status -11" in r.output and "--stack unlimited" in r.output
+
+
+def test_the_default_timer_runs_with_the_environment_of_the_moment(monkeypatch):
+    """A timer made earlier (time_command is made at import) must not freeze os.environ."""
+    import sys
+
+    from tools.profile_measure import command_timer
+
+    seen = []
+    timer = command_timer(check=lambda out: seen.append(out.strip()) or None)
+    monkeypatch.setenv("HIDVFS_TIMER_PROBE", "set-later")
+    code = "import os; print(os.environ.get('HIDVFS_TIMER_PROBE'))"
+    assert timer([sys.executable, "-c", code], [0], 30.0) > 0
+    assert seen == ["set-later"]
