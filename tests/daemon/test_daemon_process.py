@@ -235,8 +235,17 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_touching_anythi
     original = tree_state(tree, spec)
     proc, log = start_daemon(tree, state, policy="maxfreq")
     try:
-        gov = tree / paths.policy_file(0, "scaling_governor")
-        wait_for(lambda: gov.read_text().strip() == "userspace", what="the first daemon")
+
+        def pinned():  # the first daemon's first tick has written every cluster
+            return all(
+                (tree / paths.policy_file(c.policy, "scaling_governor")).read_text().strip()
+                == "userspace"
+                and (tree / paths.policy_file(c.policy, "scaling_setspeed")).read_text().strip()
+                == str(c.freqs_khz[-1])
+                for c in spec.clusters
+            )
+
+        wait_for(pinned, what="the first daemon")
         held = tree_state(tree, spec)
         snap = (state / "restore.json").read_text()
         second = subprocess.run(
