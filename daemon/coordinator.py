@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import http.client
 import io
-import ipaddress
 import json
 import logging
 import math
@@ -38,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from daemon.config import is_loopback
 from daemon.extender import ExtenderArgs, NodeInfo, Verbs, ci_get, make_server
 from platforms.clock import Clock, MonotonicClock
 from platforms.cluster.simcluster import ClusterView, NodeSpec, board_node, single_task_workload
@@ -179,13 +179,7 @@ def _parse_status(node: str, data: object) -> NodeTelemetry:
 
 
 def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urllib.parse.urlsplit(url).hostname or "")
 
 
 MAX_STATUS_BYTES = 1 << 20
