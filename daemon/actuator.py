@@ -386,6 +386,7 @@ class Actuator:
         below: set[int] = set()
         if root:
             targets.append(pid)
+        if root and members:
             try:
                 below = {child for child, _ in self.procs.descendants(pid)}
             except ProcessGone:
