@@ -164,7 +164,7 @@ def _run_live(
         )
     sysfs = DirSysfs(sysfs_root)
     spec = resolve_board(cfg, sysfs)
-    if not any(cpufreq.list_policies(sysfs)):
+    if not cpufreq.list_policies(sysfs):
         raise DaemonError(
             f"no cpufreq policy under {sysfs.root}/devices/system/cpu/cpufreq: nothing to control"
         )

@@ -455,3 +455,21 @@ def test_after_a_crash_the_next_start_gives_jobs_their_own_settings_back(board):
         job.wait()
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_board_whose_only_cpufreq_policy_is_policy0_is_controlled(tmp_path):
+    """TX2 in its default power mode (Denver off) has policy0 alone: the policy number 0
+    must not read as "no policy"."""
+    spec = load_board("tx2")
+    tree = tmp_path / "tree"
+    write_fake_tree(spec, tree, mode="default")
+    assert sorted(p.name for p in (tree / "devices/system/cpu/cpufreq").iterdir()) == ["policy0"]
+    state = tmp_path / "state"
+    state.mkdir()
+    gov = tree / paths.policy_file(0, "scaling_governor")
+    before = gov.read_text().strip()
+    proc, log = start_daemon(tree, state, "--duration", "1.5")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    assert "event=restored" in log.read_text()
+    assert gov.read_text().strip() == before
