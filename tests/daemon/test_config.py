@@ -320,3 +320,36 @@ def test_a_telemetry_token_must_be_visible_ascii(token):
     """Headers arrive as latin-1: a non-ASCII token could never authenticate."""
     with pytest.raises(ConfigError, match="telemetry.token.*visible ASCII"):
         parse_config({"telemetry": {"listen": "127.0.0.1:9130", "token": token}})
+
+
+@pytest.mark.parametrize(
+    "text, where, problem",
+    [
+        (
+            "period_ms: 100\npolicy: [a, b\n",
+            "line 3, column 1",
+            "expected ',' or ']', but got '<stream end>' "
+            "(while parsing a flow sequence started at line 2, column 9)",
+        ),
+        ("policy: a: b\n", "line 1, column 10", "mapping values are not allowed here"),
+        (
+            "thermal:\n\tmargin_c: 3\n",
+            "line 2, column 1",
+            "found character '\\t' that cannot start any token (while scanning for the next token)",
+        ),
+        ("policy: *p\n", "line 1, column 9", "found undefined alias 'p'"),
+        (
+            "policy: a\x07\n",
+            "character 10",
+            "unacceptable character #x0007: special characters are not allowed",
+        ),
+    ],
+)
+def test_invalid_yaml_is_one_line_with_line_column_and_problem(tmp_path, text, where, problem):
+    """Not PyYAML's five lines with the file name twice and snippets of the source."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert str(exc.value) == f"{p}: {where}: not valid YAML: {problem}"
+    assert exc.value.file == str(p) and exc.value.key == "<file>"
