@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from tools.common import Friendly, emit_json, fail
+from tools.common import Friendly, emit_json, fail, require_extra
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")
 #: kernels whose `test`-class reference makespan (50-500 ms) leaves a 50 ms control loop room
@@ -103,6 +103,15 @@ MODELS_HELP = (
 TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
 
 
+def train_modules(policies) -> tuple[str, ...]:
+    """The optional modules training ``policies`` imports: every policy is exported with
+    onnx; hidvfs also fits its shield's response-time trees (scikit-learn) and exports them
+    with skl2onnx."""
+    if "hidvfs" in policies:
+        return ("onnx", "skl2onnx", "sklearn")
+    return ("onnx",)
+
+
 @agents.command("train")
 @click.option("--board", required=True, help="board name (tx2, orin-nx, rubikpi3)")
 @click.option(
@@ -168,6 +177,8 @@ def train_cmd(
     for p in pols:
         if p not in TRAINABLE:
             fail(f"unknown policy {p!r} to train; known: {', '.join(TRAINABLE)}")
+    # checked before any training: the export at the end imports them (minutes in)
+    require_extra("hidvfs agents train", "train", train_modules(pols))
     ep = EpisodeSpec(n_jobs=n_jobs)
     out = Path(out_dir) if out_dir else model_dir(board)
     command = (
@@ -205,9 +216,15 @@ def train_cmd(
 
 
 @agents.command("check")
-@click.option("--board", "boards", default="all", show_default=True)
+@click.option(
+    "--board",
+    "boards",
+    default="all",
+    show_default=True,
+    help="board name(s) to check, comma-separated, or all",
+)
 @click.option("--models", default=None, help=MODELS_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print one report per board as JSON")
 def check_cmd(boards, models, as_json) -> None:
     """Verify each ONNX file loads, matches its training-time outputs to 1e-5 (relative where
     an output exceeds 1 in magnitude) and the daemon's observation schema."""
@@ -373,7 +390,13 @@ def episode_options(f):
 
 @agents.command("eval")
 @click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
-@click.option("--policy", "policies", default=",".join(BASE_EVAL), show_default=True)
+@click.option(
+    "--policy",
+    "policies",
+    default=",".join(BASE_EVAL),
+    show_default=True,
+    help="policies compared side by side on the same mixes, comma-separated",
+)
 @click.option(
     "--seeds",
     type=click.IntRange(1, 50_000),
@@ -381,10 +404,17 @@ def episode_options(f):
     show_default=True,
     help="held-out mixes (seeds 900000 + i; at most 50000, below the shield's coverage mixes)",
 )
-@click.option("--ablations/--no-ablations", default=True, show_default=True)
+@click.option(
+    "--ablations/--no-ablations",
+    default=True,
+    show_default=True,
+    help=f"with hidvfs in --policy, also run {', '.join(ABLATIONS)}",
+)
 @episode_options
 @click.option("--models", default=None, help=MODELS_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
+)
 def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json) -> None:
     """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
     from agents.learned import model_dir

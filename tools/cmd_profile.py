@@ -324,7 +324,7 @@ class MeasureSession:
 
 @profile.command("list")
 @click.option("--store", default=DEFAULT_STORE, show_default=True, help="Profile store.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the stored profiles as JSON.")
 def list_cmd(store, as_json) -> None:
     """The profiles in the store, per board."""
     from dataclasses import asdict

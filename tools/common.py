@@ -57,6 +57,53 @@ def _quiet_broken_pipe() -> None:
     sys.exit(0)
 
 
+#: import name -> the distribution ``pip`` installs it from
+DISTRIBUTIONS = {"sklearn": "scikit-learn", "skl2onnx": "skl2onnx", "onnx": "onnx"}
+#: the modules each optional extra of pyproject.toml brings, as import names
+EXTRAS = {
+    "train": ("onnx", "skl2onnx", "sklearn"),
+    "cluster": ("onnx", "skl2onnx", "sklearn"),
+    "report": ("matplotlib",),
+}
+
+
+def missing_modules(modules) -> list[str]:
+    """The top-level modules of ``modules`` that cannot be imported, found without importing
+    them (``importlib.util.find_spec``), so a command can refuse before minutes of work."""
+    import importlib.util
+
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken install, or a module without a spec
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def missing_extra_message(command: str, extra: str, needed) -> str | None:
+    """One line saying that ``command`` needs the ``extra`` (and which of ``needed`` are
+    missing), or None when every module of ``needed`` is installed."""
+    missing = missing_modules(needed)
+    if not missing:
+        return None
+    names = ", ".join(DISTRIBUTIONS.get(m, m) for m in EXTRAS[extra])
+    lacking = ", ".join(DISTRIBUTIONS.get(m, m) for m in missing)
+    return (
+        f"{command} needs the {extra} extra ({names}; missing: {lacking}): "
+        f'pip install "hidvfs[{extra}]"'
+    )
+
+
+def require_extra(command: str, extra: str, needed) -> None:
+    """Exit 2 with one line when a module of ``needed`` (import names) is not installed."""
+    message = missing_extra_message(command, extra, needed)
+    if message:
+        fail(message)
+
+
 def fail(message: str, code: int = 2) -> None:
     click.echo(f"hidvfs: error: {message}", err=True)
     sys.exit(code)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 
 from platforms.cluster.simcluster import parse_nodes_spec
+from tools.common import missing_extra_message
 
 DEFAULT_POLICIES = ("higfrl", "fifo", "sjf", "heft", "tetris", "cp", "random")
 TOKEN_ENV = "HIDVFS_TELEMETRY_TOKEN"
@@ -238,6 +239,10 @@ def train(
         raise ValueError(f"--seed: expected an integer >= 0, got {seed!r}")
     if iterations is not None and (not isinstance(iterations, int) or iterations < 1):
         raise ValueError(f"--iterations: expected an integer >= 1, got {iterations!r}")
+    # the export at the end imports onnx: say so before training, not after it
+    missing = missing_extra_message("hidvfs coordinator train", "cluster", ("onnx",))
+    if missing:
+        raise ValueError(missing)
     kw = {"seed": seed} if iterations is None else {"seed": seed, "iterations": iterations}
     cfg = TrainConfig(**kw)
     shipped_cfg = TrainConfig()  # the configuration the shipped model was trained with

@@ -136,3 +136,79 @@ def test_sweep_counts_a_repeated_fraction_once():
     rows = strict(r.output)
     assert [row["policy"] for row in rows] == ["maxfreq", "static-0.5", "floor"]
     assert rows[1]["seeds"] == 1 and rows[1]["deadline_jobs"] == rows[0]["deadline_jobs"]
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """``without("onnx")``: the module looks not installed to ``importlib.util.find_spec``
+    (what the extra check asks) and to ``import`` (what the export would do)."""
+    import importlib.util
+    import sys
+
+    real = importlib.util.find_spec
+    gone: set[str] = set()
+
+    def find_spec(name, *args, **kw):
+        return None if name.split(".")[0] in gone else real(name, *args, **kw)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    def hide(*names):
+        gone.update(names)
+        for n in names:
+            monkeypatch.setitem(sys.modules, n, None)
+
+    return hide
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Replaces agents.train.train_board: records the policies it was asked to train."""
+    import agents.train as t
+
+    calls = []
+
+    def fake(spec, run_episode, make_mix, seed, out, command, **kw):
+        calls.append(kw["policies"])
+        return {}
+
+    monkeypatch.setattr(t, "train_board", fake)
+    return calls
+
+
+def test_train_without_the_train_extra_refuses_before_training(without, no_training, tmp_path):
+    """It used to train, then fail at the export: 'training job 0 failed:
+    ModuleNotFoundError: No module named onnx' and a 40-line traceback."""
+    without("onnx")
+    out = tmp_path / "m"
+    r = run("train", "--board", "tx2", "--episodes", "1", "--policy", "geardvfs", "--out", str(out))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.output.strip().splitlines() == [
+        "hidvfs: error: hidvfs agents train needs the train extra (onnx, skl2onnx, "
+        'scikit-learn; missing: onnx): pip install "hidvfs[train]"'
+    ]
+    assert no_training == [] and not out.exists()
+
+
+def test_train_asks_for_scikit_learn_only_for_the_hidvfs_shield(without, no_training, tmp_path):
+    without("sklearn")
+    args = ["train", "--board", "tx2", "--episodes", "1", "--out", str(tmp_path / "m")]
+    r = run(*args, "--policy", "hidvfs,ztt")
+    assert r.exit_code == 2 and "missing: scikit-learn)" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and no_training == []
+    # geardvfs, ztt and noshaping are exported with onnx alone
+    r = run(*args, "--policy", "geardvfs,ztt,noshaping")
+    assert r.exit_code == 0, r.output
+    assert no_training == [("geardvfs", "ztt", "noshaping")]
+
+
+@pytest.mark.parametrize("group", ["agents", "bots", "coordinator", "profile"])
+def test_every_option_has_help(group):
+    """`agents check --board/--json`, `agents eval --policy/--ablations/--json` and
+    `profile list --json` had none."""
+    import click
+
+    for name, cmd in cli.commands[group].commands.items():
+        for p in cmd.params:
+            if isinstance(p, click.Option):
+                assert p.help, f"{group} {name} {p.opts[0]} has no help text"

@@ -217,3 +217,56 @@ def test_module_entry_train_errors_are_one_line(fake_training, capsys):
     assert main(["train", "--iterations", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out is required") and fake_training == []
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """``without("onnx")``: the module looks not installed to ``importlib.util.find_spec``
+    (what the extra checks ask) and to ``import`` (what the export would do)."""
+    import importlib.util
+    import sys
+
+    real = importlib.util.find_spec
+    gone: set[str] = set()
+
+    def find_spec(name, *args, **kw):
+        return None if name.split(".")[0] in gone else real(name, *args, **kw)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    def hide(*names):
+        gone.update(names)
+        for n in names:
+            monkeypatch.setitem(sys.modules, n, None)
+
+    return hide
+
+
+def test_train_without_onnx_says_which_extra_before_training(fake_training, without, tmp_path):
+    """It used to train (20 s) and then fail in the export: ModuleNotFoundError: onnx."""
+    without("onnx")
+    out = tmp_path / "t.onnx"
+    r = run("train", "--iterations", "1", "--out", str(out))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.output.strip().splitlines() == [
+        "hidvfs: error: hidvfs coordinator train needs the cluster extra (onnx, skl2onnx, "
+        'scikit-learn; missing: onnx): pip install "hidvfs[cluster]"'
+    ]
+    assert fake_training == [] and not out.exists()
+
+
+def test_module_entry_train_without_onnx_is_one_line(fake_training, without, tmp_path, capsys):
+    from tools.coordinator_cmd import main
+
+    without("onnx")
+    assert main(["train", "--iterations", "1", "--out", str(tmp_path / "t.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and 'pip install "hidvfs[cluster]"' in err
+    assert fake_training == []
+
+
+def test_train_needs_only_onnx(fake_training, without, tmp_path):
+    without("sklearn", "skl2onnx")  # the placer is exported with onnx alone
+    r = run("train", "--iterations", "1", "--out", str(tmp_path / "t.onnx"))
+    assert r.exit_code == 0, r.output
+    assert [c[0] for c in fake_training] == ["train", "export"]
