@@ -156,17 +156,28 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
             by.setdefault((r["bench"], r["policy"]), []).append(r)
     benches = sorted({r["bench"] for r in records})
     w_abs = {"makespan_s": 8, "energy_j": 7, "cpu_energy_j": 7}
-    width = sum(w_abs.values()) + len(_MEASURES)
-    head = f"{'kernel':<10}" + "".join(f" {p[: width - 1]:<{width - 1}}" for p in policies)
-    sub = f"{'':<10}" + "".join(
-        f" {label:>{w_abs[key]}}" for _ in policies for key, label, _, _ in _MEASURES
-    )
     others = policies[1:]
+    # a column group is as wide as its measures, or wider so that its label is whole
+    # (``performance/schedutil`` used to be cut to ``performance/scheduti``); the measures
+    # are right-aligned in it
+    natural = sum(w_abs.values()) + len(_MEASURES)
+    pw = {p: max(natural, len(p) + 1) for p in policies}
+    rw_nat = 7 * len(_MEASURES)
+    labels = {p: f"{p}/{base}" for p in others}
+    rw = {p: max(rw_nat, len(labels[p]) + 1) for p in others}
+    head = f"{'kernel':<10}" + "".join(f" {p:<{pw[p] - 1}}" for p in policies)
+    sub = f"{'':<10}" + "".join(
+        " " * (pw[p] - natural)
+        + "".join(f" {label:>{w_abs[key]}}" for key, label, _, _ in _MEASURES)
+        for p in policies
+    )
     if others:
-        rw = 7 * len(_MEASURES)
-        head += " |" + "".join(f" {(p + '/' + base)[: rw - 1]:<{rw - 1}}" for p in others)
-        sub += " |" + "".join(f" {short:>6}" for _ in others for _, _, short, _ in _MEASURES)
-    lines = [head, sub, "-" * len(sub)]
+        head += " |" + "".join(f" {labels[p]:<{rw[p] - 1}}" for p in others)
+        sub += " |" + "".join(
+            " " * (rw[p] - rw_nat) + "".join(f" {short:>6}" for _, _, short, _ in _MEASURES)
+            for p in others
+        )
+    lines = [head.rstrip(), sub, "-" * len(sub)]
     logs: dict[tuple[str, str], list[float]] = {}
     for b in benches:
         row = f"{b:<10}"
@@ -175,6 +186,7 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
             for p in policies
         }
         for p in policies:
+            row += " " * (pw[p] - natural)
             if stats[p]["makespan_s"] is None:
                 row += f" {'failed':>{w_abs['makespan_s']}}" + "".join(
                     f" {'-':>{w_abs[k]}}" for k, *_ in _MEASURES[1:]
@@ -186,6 +198,7 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
         if others:
             row += " |"
         for p in others:
+            row += " " * (rw[p] - rw_nat)
             for key, *_ in _MEASURES:
                 a, ref = stats[p][key], stats[base][key]
                 if a is None or not ref:
@@ -195,9 +208,9 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
                 logs.setdefault((p, key), []).append(math.log(a / ref) if a > 0 else -math.inf)
         lines.append(row)
     if others and benches:
-        row = f"{'geomean':<10}" + " " * (len(sub) - 10 - 2 - 7 * len(_MEASURES) * len(others))
-        row += " |"
+        row = f"{'geomean':<10}" + " " * sum(pw.values()) + " |"
         for p in others:
+            row += " " * (rw[p] - rw_nat)
             for key, *_ in _MEASURES:
                 xs = logs.get((p, key))
                 row += f" {math.exp(sum(xs) / len(xs)):>6.3f}" if xs else f" {'-':>6}"

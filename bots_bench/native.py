@@ -85,6 +85,11 @@ def open_board(
             f"{detected}; "
             f"leave --board out (the board is detected) or run on a {board}"
         )
+    if board and not detected:
+        say(
+            f"warning: no board detected under {sysfs.root}: using --board {board}'s spec as "
+            f"given; results are stored as {board}"
+        )
     name = detected or board
     spec = load_board(name) if name else probe(sysfs).spec
     platform = Platform(

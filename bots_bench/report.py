@@ -671,6 +671,8 @@ class ReportFiles:
     summary: Path
     plots: list[Path]
     groups: list[GroupStats]
+    #: False when matplotlib is not installed: the report was written without plots
+    plotting: bool = True
 
 
 def _definitions(baseline: str | None, n_runs: int, n_failed: int) -> list[Block]:
@@ -811,4 +813,4 @@ def write_report(
         json.dumps({"baseline": base, "groups": [asdict(g) for g in groups]}, indent=1) + "\n",
         encoding="utf-8",
     )
-    return ReportFiles(md, page, summary, plots, groups)
+    return ReportFiles(md, page, summary, plots, groups, plotting)

@@ -23,6 +23,7 @@ with each other are measured side by side under the same thermal and load histor
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -260,6 +261,50 @@ def _cooldown(source: str, v: Any) -> Cooldown | None:
     return Cooldown(start, wait)
 
 
+#: the ``hidvfs bots run`` flags whose spec key is spelt otherwise (difflib finds no match
+#: between them): a user writing a spec from the command line types these
+_FLAG_KEYS = {
+    "bench": "kernels",
+    "benches": "kernels",
+    "kernel": "kernels",
+    "class": "classes",
+    "cls": "classes",
+    "policy": "policies",
+    "seed": "seeds",
+    "repeat": "repetitions",
+    "reps": "repetitions",
+    "timeout": "timeout_s",
+    "deadline": "deadline_s",
+}
+#: command-line settings that are not spec keys, and where they go instead
+_FLAG_ONLY = {
+    "deadline_slack": "--deadline-slack",
+    "db": "--db",
+    "profiles": "--profiles",
+    "sysfs_root": "--sysfs-root",
+}
+
+
+def _unknown_key(key: str) -> str:
+    """What an unknown campaign key should have been: a "did you mean" (the way the daemon
+    config loader suggests, with difflib) when a key is close or is the name of the
+    matching ``bots run`` flag, and the list of the campaign keys."""
+    keys = ", ".join(_KEYS)
+    norm = key.strip().lower().replace("-", "_")
+    if norm.lstrip("_") in _FLAG_ONLY:
+        flag = _FLAG_ONLY[norm.lstrip("_")]
+        return f"a campaign key ({key!r} is not one: pass {flag} on the command line); campaign keys: {keys}"
+    hint = _FLAG_KEYS.get(norm) or (norm if norm in _KEYS else "")
+    if not hint:
+        close = difflib.get_close_matches(norm, _KEYS, n=1, cutoff=0.6)
+        hint = close[0] if close else ""
+    return (
+        "a campaign key"
+        + (f" (did you mean '{hint}'?)" if hint else "")
+        + f"; campaign keys: {keys}"
+    )
+
+
 def parse_spec(
     data: Any, source: str = "<spec>", *, known_policies: tuple[str, ...] = POLICY_NAMES
 ) -> CampaignSpec:
@@ -271,7 +316,7 @@ def parse_spec(
         data.setdefault("cooldown", data.pop("cool-down"))
     unknown = sorted(str(k) for k in data if k not in _KEYS)
     if unknown:
-        raise _err(source, unknown[0], f"one of the campaign keys {', '.join(_KEYS)}")
+        raise _err(source, unknown[0], _unknown_key(unknown[0]))
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise _err(source, missing[0], "a value (required key is missing)")

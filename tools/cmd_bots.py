@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from tools.cmd_profile import measure_options
@@ -31,6 +29,10 @@ def _kernels(bench: str) -> list[str]:
     return names
 
 
+#: the ``bots run`` parameters a --spec file sets instead
+SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
+
+
 @bots.command("run")
 @click.option(
     "--backend",
@@ -43,7 +45,8 @@ def _kernels(bench: str) -> list[str]:
     "--board",
     default=None,
     help="Board spec (sim; default tx2). Native runs use the detected board; a --board that "
-    "differs from it is refused.",
+    "differs from it is refused, and where no board is detected it is used as given (with a "
+    "warning).",
 )
 @click.option(
     "--bench",
@@ -109,7 +112,8 @@ def _kernels(bench: str) -> list[str]:
     "spec_file",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="Campaign spec YAML instead of flags.",
+    help="Campaign spec YAML instead of --backend, --board, --bench, --class, --policy, "
+    "--seeds and --bots-bin (its keys are not the flags' names: see below and README).",
 )
 @click.option(
     "--sysfs-root",
@@ -139,8 +143,40 @@ def run_cmd(
 
     A re-run with the same --db resumes: successful runs are kept, failed ones (a missing
     profile, a timeout ...) are run again unless --no-retry-failed. Exits 1 when any run of
-    the campaign failed."""
+    the campaign failed.
+
+    A campaign can also be a YAML file, `--spec campaign.yaml`; its keys (the flag each
+    replaces in the comments) are:
+
+    \b
+      kernels: [fib, sort]          # --bench; or: all
+      classes: [small]              # --class; every kernel must have each
+      policies: [schedutil, hidvfs] # --policy; ratios are to the first
+      seeds: 3                      # --seeds; or a list: [42, 123, 456]
+      board: tx2                    # --board
+      backend: native               # --backend: sim or native
+      bots_bin: bots/bin            # --bots-bin (native)
+      repetitions: 1                # optional
+      cooldown: {start_temp_c: 45, max_wait_s: 120}   # optional; null: no cool-down
+      timeout_s: 600                # optional; also: threads, variant, label, check,
+                                    # deadline_s, name
+
+    With --spec, --deadline-slack, --profiles, --db, --no-retry-failed, --sysfs-root and
+    --json still apply; the flags the file replaces are ignored, with a note."""
     from tools.native_campaign import run_campaign_cli
+
+    if spec_file:
+        ctx = click.get_current_context()
+        given = [
+            "--" + p.replace("_", "-").replace("cls", "class")
+            for p in SPEC_SETS
+            if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            click.echo(
+                f"note: --spec {spec_file} sets the campaign: {', '.join(given)} ignored",
+                err=True,
+            )
 
     run_campaign_cli(
         backend=backend,
@@ -169,18 +205,23 @@ def run_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_cmd(bots_bin: str | None, as_json: bool) -> None:
-    """The 12 kernels: binary names, input classes, and which binaries were found."""
+    """The 12 kernels: the binary `bots run` runs by default (KERNEL.gcc.VARIANT, other
+    builds with a spec's variant and label), the input classes, and with --bots-bin the
+    builds found there (by variant; a second compiler's build of one is VARIANT@LABEL)."""
     from bots_bench.dags import CLASSES
-    from bots_bench.registry import KERNELS, find_binaries
+    from bots_bench.registry import KERNELS, binary_name, find_binaries
 
-    if bots_bin and not os.path.isdir(bots_bin):
-        fail(f"--bots-bin {bots_bin}: no such folder (build BOTS there, see README)")
+    if bots_bin:
+        from tools.native_campaign import check_bots_bin
+
+        check_bots_bin(bots_bin)
     found = find_binaries(bots_bin) if bots_bin else {}
     rows = []
     for name, k in KERNELS.items():
         rows.append(
             {
                 "kernel": name,
+                "binary": binary_name(name),
                 "programs": list(k.programs),
                 "classes": sorted(k.classes),
                 "sim_classes": list(CLASSES.get(name, ())),
@@ -191,11 +232,17 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
+    table = [["kernel", "binary (default)", "classes"]]
+    if bots_bin:
+        table[0].append(f"found in {bots_bin}")
     for r in rows:
-        have = ", ".join(sorted(r["binaries_found"])) if bots_bin else "-"
-        click.echo(
-            f"{r['kernel']:<10} classes {','.join(r['classes']):<32} found: {have or 'none'}"
-        )
+        cells = [r["kernel"], r["binary"], ",".join(r["classes"])]
+        if bots_bin:
+            cells.append(",".join(sorted(r["binaries_found"])) or "none")
+        table.append(cells)
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     if not bots_bin:
         click.echo("(pass --bots-bin DIR to look for built binaries)")
 
@@ -204,7 +251,7 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
 @click.option(
     "--bots-bin",
     required=True,
-    type=click.Path(exists=True, file_okay=False),
+    type=click.Path(file_okay=False),
     help="Folder with the BOTS binaries you built.",
 )
 @click.option("--bench", default="all", show_default=True, help="Kernels: all, or a comma list.")
@@ -233,8 +280,10 @@ def profile_cmd(
     from bots_bench.parser import BotsParseError, parse_output, run_error
     from bots_bench.reference import reference_cluster
     from tools.cmd_profile import MeasureSession
+    from tools.native_campaign import check_bots_bin
     from tools.profile_measure import command_timer
 
+    check_bots_bin(bots_bin)  # before the session opens the board or a kernel is timed
     try:
         kernels = _kernels(bench)
     except ValueError as err:
@@ -309,6 +358,11 @@ def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
 
     files = write_report(db, out_dir, baseline=baseline)
     click.echo(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots")
+    if not files.plotting:
+        click.echo(
+            'note: no plots: they need the report extra (matplotlib): pip install "hidvfs[report]"',
+            err=True,
+        )
 
 
 @bots.command("study")
@@ -365,13 +419,17 @@ def study_cmd(
 ) -> None:
     """Run a canned study and print a short table (exit 1 if its assertion fails)."""
     from bots_bench import studies
+    from tools.native_campaign import check_bots_bin, note_sim_ignores_bots_bin
 
     kernels = _kernels(bench)
     runner = None
     nb = None
+    if backend == "sim" and bots_bin:
+        note_sim_ignores_bots_bin()
     if backend == "native":
         if name == "mixed-criticality":
             fail("mixed-criticality runs in the simulator (it needs a controlled periodic HI job)")
+        check_bots_bin(bots_bin)  # before the board is opened or a reference run is made
         from tools.native_study import native_runner
 
         runner, nb = native_runner(

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import click
 
-from tools.common import emit_json
+from tools.common import emit_json, fail
+
+SIM_IGNORES_BOTS_BIN = "the simulator runs the kernels' DAG models, not the binaries"
+
+
+def check_bots_bin(path: str | None, what: str = "--bots-bin") -> None:
+    """Refuse (exit 2, before anything runs or is stored) a BOTS folder that is missing or
+    not a folder; ``what`` names where it came from (``--bots-bin``, a spec's ``bots_bin``)."""
+    if not path:
+        fail(
+            f"{what}: the native backend needs the folder of the BOTS binaries you built (see README)"
+        )
+    if not os.path.exists(path):
+        fail(f"{what} {path}: no such folder (build BOTS there, see README)")
+    if not os.path.isdir(path):
+        fail(f"{what} {path}: is not a folder (give the BOTS bin/ folder, see README)")
+
+
+def note_sim_ignores_bots_bin(what: str = "--bots-bin") -> None:
+    click.echo(f"note: {what} is ignored with the sim backend ({SIM_IGNORES_BOTS_BIN})", err=True)
 
 
 def build_spec(
@@ -166,6 +186,8 @@ def run_campaign_cli(
     from bots_bench.spec import expand
     from bots_bench.store import Store
 
+    if backend == "native" and not spec_file and not bots_bin:
+        check_bots_bin(bots_bin)  # refused here, not as a spec error of "<command line>"
     spec = build_spec(
         backend=backend,
         board=board or "tx2",
@@ -176,6 +198,11 @@ def run_campaign_cli(
         bots_bin=bots_bin,
         spec_file=spec_file,
     )
+    what = f"{spec_file}: bots_bin" if spec_file else "--bots-bin"
+    if spec.backend == "native":  # before anything runs or a failed row per run is stored
+        check_bots_bin(spec.bots_bin, what)
+    elif spec.bots_bin:
+        note_sim_ignores_bots_bin(what)
     configs = expand(spec)
     # a flag-driven simulated campaign keeps no file unless --db names one; a spec file or a
     # native campaign (hours of board time) always lands in a results file

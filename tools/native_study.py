@@ -5,6 +5,8 @@ the shield can plan its deadline."""
 
 from __future__ import annotations
 
+import click
+
 from bots_bench.native import open_board, run_native
 from bots_bench.registry import job_name
 from bots_bench.spec import RunConfig
@@ -22,7 +24,9 @@ def native_runner(
     from agents import deadlines
     from daemon.config import DEFAULT_PROFILES
 
-    nb = open_board(sysfs_root, board, None)  # the detected board; a different ``board`` is refused
+    # the detected board (a different ``board`` is refused); its notes go to stderr, so
+    # that --json output stays JSON
+    nb = open_board(sysfs_root, board, None, say=lambda m: click.echo(m, err=True))
     refs: dict[str, float | str] = {}  # kernel -> reference makespan, or why it failed
     store = deadlines.load(profiles_path or DEFAULT_PROFILES, missing_ok=True)
 

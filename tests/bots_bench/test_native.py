@@ -301,3 +301,47 @@ def test_a_kernel_timed_without_its_check_is_verified_once_by_a_separate_run(
     assert all(not r["ok"] and "verification run (-c" in r["error"] for r in bad)
     assert all("UNSUCCESSFUL" in r["error"] and r["makespan_s"] is None for r in bad)
     assert unchecked["ok"]  # check: false in a spec times it unverified, as asked
+
+
+def _bare(tmp_path):
+    """A tree no board is detected on, without cpufreq (like a PC's /sys)."""
+    root = tmp_path / "bare"
+    (root / "devices/system/cpu").mkdir(parents=True)
+    (root / "devices/system/cpu/online").write_text("0-1\n")
+    (root / "proc").mkdir()
+    (root / "proc/stat").write_text(
+        "cpu  1 0 1 100 0 0 0 0 0 0\ncpu0 1 0 1 50 0 0 0 0 0 0\ncpu1 0 0 0 50 0 0 0 0 0 0\n"
+    )
+    return root
+
+
+def test_a_board_used_only_because_none_was_detected_is_named(bots_tree, tmp_path):
+    """On a machine that is not a known board, --board tx2 was used silently: the runs were
+    stored as tx2 with no word about it."""
+    root = _bare(tmp_path)
+    said = []
+    nb = open_board(str(root), "tx2", str(tmp_path / "state"), say=said.append)
+    try:
+        assert nb.platform.spec.name == "tx2"  # kept: the spec given is the one used
+        assert said[0] == (
+            f"warning: no board detected under {root}: using --board tx2's spec as given; "
+            "results are stored as tx2"
+        )
+        rec = run_native(_configs(bots_tree.bin)[0], nb, build_policy_stack)
+    finally:
+        nb.close()
+    assert rec["board"] == "tx2"
+    said.clear()
+    open_board(str(root), None, str(tmp_path / "state"), say=said.append).close()
+    assert not any("no board detected" in s for s in said)  # nothing asked, nothing to say
+
+
+def test_a_native_study_s_notes_go_to_stderr(tmp_path, capsys):
+    """They were print()ed to stdout, in the middle of `bots study --json`'s JSON."""
+    from tools.native_study import native_runner
+
+    _, nb = native_runner("tx2", "smoke", str(tmp_path), str(_bare(tmp_path)), slack=None)
+    nb.close()
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "no board detected" in err and "cannot set CPU frequencies" in err

@@ -95,7 +95,15 @@ def _bad(**changes):
 @pytest.mark.parametrize(
     ("data", "key", "expected"),
     [
-        (_bad(kernal=["fib"]), "kernal", "one of the campaign keys"),
+        (_bad(kernal=["fib"]), "kernal", "a campaign key (did you mean 'kernels'?)"),
+        # the bots run flag names, which difflib alone would not match
+        (_bad(bench="fib"), "bench", "a campaign key (did you mean 'kernels'?)"),
+        (_bad(policy="maxfreq"), "policy", "(did you mean 'policies'?)"),
+        (_bad(**{"class": "test"}), "class", "(did you mean 'classes'?)"),
+        (_bad(**{"bots-bin": "/x"}), "bots-bin", "(did you mean 'bots_bin'?)"),
+        (_bad(timeout=5), "timeout", "(did you mean 'timeout_s'?)"),
+        (_bad(deadline_slack=2), "deadline_slack", "pass --deadline-slack on the command line"),
+        (_bad(zzz=1), "zzz", "a campaign key; campaign keys: name, kernels, classes"),
         (_bad(board=KeyError), "board", "required key is missing"),
         (_bad(kernels=["fib", "fibonacci"]), "kernels", "names from alignment"),
         (_bad(kernels=[]), "kernels", "non-empty list"),
@@ -180,3 +188,13 @@ def test_matrix_is_the_full_product(kernels, policies, seeds, reps):
     combos = {(r.bench, r.cls, r.policy, r.seed, r.rep) for r in runs}
     assert len(runs) == len(combos) == len(kernels) * len(policies) * len(seeds) * reps
     assert {r.key for r in runs} == {r.key for r in expand(spec)}  # deterministic
+
+
+def test_the_readme_spec_example_parses():
+    """README's example campaign spec is a valid spec, key for key."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("```yaml\nkernels:", 1)[1].split("```", 1)[0]
+    spec = parse_spec(yaml.safe_load("kernels:" + block), "README.md")
+    assert spec.kernels == ("fib", "sort") and spec.backend == "native" and spec.repetitions == 10

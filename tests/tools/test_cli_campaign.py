@@ -86,3 +86,27 @@ def test_sim_campaign_then_report_numbers_match_the_database(tmp_path):
     assert checked == 6
     md = (out / "report.md").read_text()
     assert "hidvfs" in md and "geardvfs" in md and "maxfreq (baseline)" in md
+
+
+def test_report_without_matplotlib_says_so_and_writes_the_tables(tmp_path, monkeypatch):
+    """It printed "... and 0 plots" with rc 0 and no word on why."""
+    import sys
+
+    db = tmp_path / "r.sqlite"
+    runner = CliRunner()
+    args = ["bots", "run", "--bench", "fib", "--class", "test", "--policy", "maxfreq"]
+    r = runner.invoke(cli, [*args, "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "report"
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+        r = runner.invoke(cli, ["bots", "report", "--db", str(db), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip().splitlines() == [
+        'note: no plots: they need the report extra (matplotlib): pip install "hidvfs[report]"'
+    ]
+    assert r.stdout.strip().endswith("and 0 plots")
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    assert not list(out.glob("*.png"))
+    r = runner.invoke(cli, ["bots", "report", "--db", str(db), "--out", str(tmp_path / "r2")])
+    assert r.exit_code == 0 and r.stderr == ""  # with matplotlib: plots, no note

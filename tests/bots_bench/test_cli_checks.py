@@ -1,0 +1,190 @@
+"""`hidvfs bots ...`: a BOTS folder that does not exist is refused before anything runs or is
+stored, a flag that is ignored says so, a board used only because nothing was detected is
+named, and the listings and tables keep their columns whole and aligned."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bots_bench.campaign_sim import ratio_table
+from tools.cli import cli
+
+
+def bots(*args):
+    return CliRunner().invoke(cli, ["bots", *args])
+
+
+@pytest.fixture
+def no_board(monkeypatch):
+    """Records every board a command opens; nothing is opened for real."""
+    import bots_bench.native as native
+
+    opened = []
+
+    def fake(*args, **kw):
+        opened.append(args)
+        raise AssertionError("the board was opened")
+
+    monkeypatch.setattr(native, "open_board", fake)
+    return opened
+
+
+NATIVE = ["run", "--backend", "native", "--bench", "fib", "--class", "test"]
+
+
+def test_native_run_refuses_a_missing_bots_bin_before_running(no_board, tmp_path):
+    """It used to run the whole matrix, one failed run per config stored in --db, exit 1."""
+    db = tmp_path / "r.sqlite"
+    r = bots(*NATIVE, "--bots-bin", str(tmp_path / "nope"), "--db", str(db), "--json")
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [
+        f"hidvfs: error: --bots-bin {tmp_path / 'nope'}: no such folder (build BOTS there, "
+        "see README)"
+    ]
+    assert not db.exists() and no_board == []
+
+
+def test_native_run_without_bots_bin_is_refused_in_one_line(no_board, tmp_path):
+    db = tmp_path / "r.sqlite"
+    r = bots(*NATIVE, "--db", str(db))
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "--bots-bin: the native backend needs the folder of the BOTS binaries" in r.output
+    assert "<command line>" not in r.output and not db.exists() and no_board == []
+
+
+def _spec(tmp_path, backend: str, bots_bin) -> str:
+    path = tmp_path / "campaign.yaml"
+    path.write_text(
+        "kernels: [fib]\nclasses: [test]\npolicies: [maxfreq]\nseeds: 1\nboard: tx2\n"
+        f"backend: {backend}\nbots_bin: {bots_bin}\n"
+    )
+    return str(path)
+
+
+def test_a_spec_s_missing_bots_bin_is_refused_before_running(no_board, tmp_path):
+    spec = _spec(tmp_path, "native", tmp_path / "nope")
+    db = tmp_path / "r.sqlite"
+    r = bots("run", "--spec", spec, "--db", str(db))
+    assert r.exit_code == 2, r.output
+    assert f"{spec}: bots_bin {tmp_path / 'nope'}: no such folder" in r.output
+    assert not db.exists() and no_board == []
+    afile = tmp_path / "file"
+    afile.write_text("")
+    r = bots("run", "--spec", _spec(tmp_path, "native", afile), "--db", str(db))
+    assert r.exit_code == 2 and "is not a folder" in r.output and not db.exists()
+
+
+def test_the_simulator_notes_that_it_ignores_bots_bin(tmp_path):
+    r = bots(
+        "run", "--bench", "fib", "--class", "test", "--policy", "maxfreq", "--json",
+        "--bots-bin", str(tmp_path / "nope"),
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip().splitlines() == [
+        "note: --bots-bin is ignored with the sim backend (the simulator runs the kernels' "
+        "DAG models, not the binaries)"
+    ]
+    assert json.loads(r.stdout)[0]["ok"]
+
+
+def test_flags_a_spec_replaces_are_noted(tmp_path):
+    spec = _spec(tmp_path, "sim", tmp_path)
+    r = bots("run", "--spec", spec, "--bench", "sort", "--class", "small", "--json")
+    assert r.exit_code == 0, r.output
+    assert f"note: --spec {spec} sets the campaign: --bench, --class ignored" in r.stderr
+    assert [x["bench"] for x in json.loads(r.stdout)] == ["fib"]
+
+
+def test_run_help_documents_the_spec_keys():
+    r = bots("run", "--help")
+    for key in ("kernels:", "classes:", "policies:", "seeds:", "bots_bin:", "cooldown:"):
+        assert key in r.output
+
+
+def test_a_native_study_refuses_a_missing_bots_bin_before_opening_the_board(no_board, tmp_path):
+    for extra in (["--bots-bin", str(tmp_path / "nope")], []):
+        r = bots("study", "deadline-vs-maxfreq", "--backend", "native", "--bench", "fib", *extra)
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert ("no such folder" if extra else "needs the folder") in r.output
+    assert no_board == []
+
+
+def test_bots_profile_refuses_a_missing_bots_bin_like_list_and_run(monkeypatch, tmp_path):
+    import tools.cmd_profile as cp
+
+    def fake(*a, **kw):
+        raise AssertionError("a measuring session was opened")
+
+    monkeypatch.setattr(cp, "MeasureSession", fake)
+    nope = str(tmp_path / "nope")
+    outs = [bots(cmd, "--bots-bin", nope) for cmd in ("profile", "list")]
+    for r in outs:
+        assert r.exit_code == 2
+    assert outs[0].output == outs[1].output
+    assert f"--bots-bin {nope}: no such folder" in outs[0].output
+
+
+def test_bots_list_columns_are_aligned_and_name_the_binaries(tmp_path):
+    (tmp_path / "fib.gcc.omp-tasks").write_text("")
+    (tmp_path / "fib.gcc.omp-tasks").chmod(0o755)
+    for args, found in (([], False), (["--bots-bin", str(tmp_path)], True)):
+        r = bots("list", *args)
+        assert r.exit_code == 0, r.output
+        lines = r.output.splitlines()
+        head, rows = lines[0], [x for x in lines[1:] if not x.startswith("(")]
+        assert len(rows) == 12
+        columns = ["kernel", "binary (default)", "classes"]
+        columns += [f"found in {tmp_path}"] if found else []
+        starts = [head.index(c) for c in columns]
+        by_kernel = {}
+        for row in rows:  # every cell starts where its header does
+            for a in starts[1:]:
+                assert row[a - 2 : a] == "  " and row[a] != " ", row
+            cells = row.split()
+            by_kernel[cells[0]] = cells
+        assert by_kernel["fib"][1] == "fib.gcc.omp-tasks"
+        assert by_kernel["sparselu"][1] == "sparselu.gcc.single-omp-tasks"
+        assert "huge,large,medium,small,smoke,test" in by_kernel["nqueens"]
+        if found:
+            assert by_kernel["fib"][-1] == "omp-tasks" and by_kernel["sort"][-1] == "none"
+            assert not any(x.startswith("(") for x in lines)
+        else:
+            assert len(by_kernel["fib"]) == 3  # no "found: -" column without a folder
+            assert lines[-1] == "(pass --bots-bin DIR to look for built binaries)"
+    r = bots("list", "--json")
+    assert json.loads(r.stdout)[3]["binary"] == "fib.gcc.omp-tasks"
+
+
+def _rec(bench, policy, t):
+    return {
+        "bench": bench, "policy": policy, "seed": 0, "ok": True, "error": None,
+        "makespan_s": t, "energy_j": 2 * t, "cpu_energy_j": t,
+    }  # fmt: skip
+
+
+def test_ratio_table_labels_are_whole_and_columns_aligned():
+    """`performance/schedutil` used to be cut to `performance/scheduti`."""
+    pols = ["schedutil", "performance", "conservative", "maxfreq"]
+    records = [_rec(b, p, 1.0 + i) for b in ("fib", "sort") for i, p in enumerate(pols)]
+    table = ratio_table(records, pols)
+    lines = table.splitlines()
+    head = lines[0]
+    for p in pols[1:]:
+        assert f" {p}/schedutil " in head + " "
+    for p in pols:
+        assert f" {p} " in head
+    width = len(lines[1])
+    assert all(len(x) == width for x in lines[1:5])  # sub, rule, fib, sort, geomean...
+    assert len(lines[5]) == width
+    # each ratio label starts over its group's first ratio column: the groups line up
+    bar = lines[1].index("|")
+    assert all(x[bar] == "|" for x in (lines[1], lines[3], lines[4], lines[5]))
+    fib = lines[3].split()
+    assert fib[fib.index("|") + 1 :] == [
+        "2.000", "2.000", "2.000", "3.000", "3.000", "3.000", "4.000", "4.000", "4.000",
+    ]  # fmt: skip
+    geo = lines[5].split()
+    assert geo[0] == "geomean" and geo[1] == "|" and geo[2:5] == ["2.000"] * 3
