@@ -3,14 +3,13 @@
 Order of a run: config -> logging -> board -> safety checks (root, writable tree) -> restore a
 stale snapshot and save the originals (before the first write) -> job registry socket ->
 optional metrics/telemetry -> READY -> control loop (watchdog, drift check, status) -> on
-SIGTERM/SIGINT/exit: STOPPING, stop servers, restore every saved setting.
+SIGTERM/SIGINT/SIGHUP/exit: STOPPING, stop servers, restore every saved setting.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from dataclasses import replace
 
@@ -28,6 +27,7 @@ from daemon.profiles import ProfileLookup
 from daemon.restore import begin_session, detect_drift, recover_stale, restore_snapshot
 from daemon.statelock import StateLock
 from daemon.statusfile import write_status
+from daemon.stopsignals import StopOnSignals
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
@@ -223,20 +223,14 @@ def _run_live(
         if recorder is not None:  # a setup that fails leaves no open recording behind
             recorder.close()
         raise
-    stop = stop or threading.Event()
     notifier = Notifier()
     servers = []
     snapshot = None
-    previous_handlers = {}
-
-    def on_signal(signum, _frame):
-        log_event(log, "signal", signal=signal.Signals(signum).name)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        # SIGHUP too: its default would kill the daemon without restoring (a closed terminal)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            previous_handlers[sig] = signal.signal(sig, on_signal)
+    # SIGTERM, SIGINT and SIGHUP stop the loop (SIGHUP's default would kill the daemon
+    # without restoring, e.g. a closed terminal); the finally below restores
+    signals = StopOnSignals(stop, lambda name: log_event(log, "signal", signal=name))
+    stop = signals.stop
+    signals.install()
     try:
         if not dry_run:
             snapshot = begin_session(sysfs, spec, cfg.state_dir, log)
@@ -345,8 +339,7 @@ def _run_live(
         if snapshot is not None:
             report = restore_snapshot(sysfs, snapshot, log, state_dir=cfg.state_dir)
             log_event(log, "restored", ok=report.ok, detail=report.summary())
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+        signals.restore()
     status = loop.status()
     if status_file:
         write_status(status_file, status)

@@ -8,6 +8,7 @@ the plant at the end.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -101,8 +102,10 @@ def run_sim(
     ambient_c: float | None = None,
     status_cb: Callable[[dict], None] | None = None,
     status_every_s: float = 1.0,
+    stop: threading.Event | None = None,
 ) -> SimRunResult:
-    """Run ``policy`` on a fresh simulated ``board`` until the workload is done (or ``duration_s``)."""
+    """Run ``policy`` on a fresh simulated ``board`` until the workload is done (or
+    ``duration_s``, or until ``stop`` is set: the result is then the run so far)."""
     from platforms.spec import load_board
 
     spec = load_board(board)
@@ -166,7 +169,7 @@ def run_sim(
             and all(js.finish_t is not None for js in plant.jobs.values())
         )
 
-    loop.run(duration_s=duration_s if duration_s is not None else max_t, until=done)
+    loop.run(duration_s=duration_s if duration_s is not None else max_t, stop=stop, until=done)
     jobs = [
         SimJobResult(pid, js.name, js.criticality, js.release_t, js.finish_t, js.deadline_s)
         for pid, js in sorted(plant.jobs.items())

@@ -148,18 +148,30 @@ def daemon_cmd(
 
             cfg = load_config(config_path)
     if sim_board:
+        from daemon.stopsignals import StopOnSignals
         from tools.simdaemon import run_sim_daemon
 
+        # SIGTERM/SIGINT/SIGHUP stop it as they stop the board daemon: the summary of the run
+        # so far, exit 0
+        signals = StopOnSignals()
+        duration_s = duration_s or 60.0
         status = run_sim_daemon(
             sim_board,
             policy or (cfg.policy if cfg else "hidvfs"),
             period_ms=period_ms or (cfg.period_ms if cfg else 50),
-            duration_s=duration_s or 60.0,
+            duration_s=duration_s,
             status_file=status_file,
             seed=seed,
             load=load,
             config=cfg,
+            signals=signals,
         )
+        if signals.received:
+            click.echo(
+                f"hidvfs: {signals.received}: stopped at t={status['t']:.1f} of "
+                f"{duration_s:g} virtual seconds",
+                err=True,
+            )
         if as_json:
             emit_json(status)
         else:

@@ -8,6 +8,7 @@ from daemon.config import Config, policy_options
 from daemon.guard import config_guard
 from daemon.simrun import run_sim
 from daemon.statusfile import write_status
+from daemon.stopsignals import StopOnSignals
 from tools.policies import build_policy_stack
 
 
@@ -21,33 +22,42 @@ def run_sim_daemon(
     seed: int,
     load: float,
     config: Config | None = None,
+    signals: StopOnSignals | None = None,
 ) -> dict:
     """Run ``duration_s`` virtual seconds; the status file is refreshed every virtual second.
     ``config``: its thermal margin and static caps, deadline margin (``deadline_slack``) and
-    mixed-criticality reservation apply (the caller has taken its policy and period)."""
+    mixed-criticality reservation apply (the caller has taken its policy and period).
+
+    SIGTERM, SIGINT and SIGHUP stop the run early, as they stop the board daemon: the status
+    returned (and written) is then the run so far, and ``signals.received`` names the signal
+    (pass ``signals`` to read it; one is made otherwise). The handlers are installed for the
+    run and the previous ones put back after it."""
     from platforms.spec import load_board
 
     spec = load_board(board)
-    w = WorkloadSpec(duration_s=duration_s, load=load)
-    items = default_items(spec, seed, w)
-    opts = policy_options(config, policy_name) if config else {}
-    policy, stages = build_policy_stack(policy_name, spec, **opts)
-    stages.append(ClusterReservation(config.mixed_criticality.reserve if config else True))
-    cb = (lambda st: write_status(status_file, st)) if status_file else None
-    result = run_sim(
-        spec.name,
-        policy,
-        items,
-        seed=seed,
-        period_s=period_ms / 1000.0,
-        duration_s=duration_s,
-        stages=stages,
-        guard=config_guard(spec, config),
-        # the daemon's own default margin without a config (as on a board)
-        deadline_margin=(config or Config()).deadline_slack,
-        until_idle=False,
-        status_cb=cb,
-    )
+    signals = signals or StopOnSignals()
+    with signals:  # from here on: building a long workload takes a while too
+        w = WorkloadSpec(duration_s=duration_s, load=load)
+        items = default_items(spec, seed, w)
+        opts = policy_options(config, policy_name) if config else {}
+        policy, stages = build_policy_stack(policy_name, spec, **opts)
+        stages.append(ClusterReservation(config.mixed_criticality.reserve if config else True))
+        cb = (lambda st: write_status(status_file, st)) if status_file else None
+        result = run_sim(
+            spec.name,
+            policy,
+            items,
+            seed=seed,
+            period_s=period_ms / 1000.0,
+            duration_s=duration_s,
+            stages=stages,
+            guard=config_guard(spec, config),
+            # the daemon's own default margin without a config (as on a board)
+            deadline_margin=(config or Config()).deadline_slack,
+            until_idle=False,
+            status_cb=cb,
+            stop=signals.stop,
+        )
     status = dict(result.status)
     status["energy_exact_j"] = round(result.energy_j, 6)
     status["peak_temp_c"] = round(result.peak_temp_c, 3)

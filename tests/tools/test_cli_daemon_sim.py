@@ -1,11 +1,19 @@
 """`hidvfs daemon --sim BOARD`: the status it prints, the config it reads, the flags it refuses."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from platforms.spec import load_board
 from tools.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args):
@@ -48,3 +56,69 @@ def test_sim_daemon_refuses_a_bad_config_and_board_only_flags(tmp_path):
     assert r.exit_code != 0 and "thermal.cap_khz.big" in r.output and "a57, denver" in r.output
     r = run("--sim", "tx2", "--duration", "1", "--dry-run", "--state-dir", str(tmp_path))
     assert r.exit_code != 0 and "--state-dir, --dry-run" in r.output
+
+
+def _signalled_sim_daemon(tmp_path, sig, *extra):
+    """`daemon --sim tx2` for far longer than the test, sent ``sig`` once its loop runs."""
+    status_file = tmp_path / "st.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "daemon",
+            "--sim",
+            "tx2",
+            "--duration",
+            "20000",
+            "--status-file",
+            str(status_file),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        end = time.monotonic() + 60
+        while not status_file.exists():  # written from the loop: the run has begun
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err, status_file
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name
+)
+def test_a_signal_stops_the_sim_daemon_with_its_summary_and_exit_0(tmp_path, sig):
+    """As the board daemon does: Ctrl-C, a kill or a closed terminal end the run (not
+    click's 'Aborted!' rc 1, nor a death by SIGTERM), with the summary of the run so far."""
+    rc, out, err, status_file = _signalled_sim_daemon(tmp_path, sig, "--json")
+    assert rc == 0, err
+    st = json.loads(out)
+    assert st["board"] == "tx2" and st["backend"] == "sim" and 0 < st["t"] < 20000
+    assert json.loads(status_file.read_text())["ticks"] == st["ticks"]  # the final status
+    assert f"hidvfs: {sig.name}: stopped at t=" in err and "Aborted" not in err
+
+
+def test_the_sim_daemon_text_summary_after_a_signal_is_the_usual_one(tmp_path):
+    rc, out, err, _ = _signalled_sim_daemon(tmp_path, signal.SIGINT)
+    assert rc == 0, err
+    assert out.startswith("board tx2 (sim), policy hidvfs: t=") and "jobs done" in out
+
+
+def test_a_malformed_config_is_one_line_naming_line_and_column(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("period_ms: 100\npolicy: [a, b\n")
+    r = run("--sim", "tx2", "--duration", "1", "--config", str(cfg))
+    assert r.exit_code == 2
+    assert r.output == (
+        f"hidvfs: error: {cfg}: line 3, column 1: not valid YAML: expected ',' or ']', but got "
+        "'<stream end>' (while parsing a flow sequence started at line 2, column 9)\n"
+    )
