@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -357,13 +358,17 @@ def record(
     on_sample: Callable[[int, float], None] | None = None,
     spec: BoardSpec | None = None,
     started: str | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Sample ``files`` (default: :func:`relevant_files`) every ``period_s`` into ``out``.
 
     Samples are taken on a fixed grid from the first one (t=0), so the period does not drift;
     a sample that overruns skips the grid points it missed instead of bursting. Reads that fail
     are stored as null. ``duration_s=None`` records until KeyboardInterrupt (the trace is kept).
-    ``on_sample(count, t)`` is called after each sample (progress). Returns the sample count.
+    Setting ``stop`` (a signal handler does) ends the recording early, at once even in the
+    middle of a long period, with the file closed as at the end (complete, gzip trailer
+    written). ``on_sample(count, t)`` is called after each sample (progress). Returns the
+    sample count.
     """
     if not period_s > 0:
         raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
@@ -378,9 +383,14 @@ def record(
         k = 0
         try:
             while duration_s is None or k * period_s < duration_s - 1e-9:
+                if stop is not None and stop.is_set():
+                    break
                 wait = t0 + k * period_s - clock.now()
                 if wait > 0:
-                    clock.sleep(wait)
+                    if stop is None:
+                        clock.sleep(wait)
+                    elif clock.wait(wait, stop):
+                        break
                 t = clock.now() - t0
                 writer.write_sample(t, {p: sysfs.read_or(p) for p in names}, {})
                 if on_sample is not None:

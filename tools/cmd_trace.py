@@ -57,8 +57,10 @@ def record_cmd(
     """Sample every file the daemon reads (cpufreq, thermal, rails, /proc/stat) into a trace.
 
     This records the board alone; `hidvfs daemon --record FILE` records what a running daemon
-    read and wrote on each tick, so a replay can check its decisions.
+    read and wrote on each tick, so a replay can check its decisions. SIGINT, SIGTERM or SIGHUP
+    end the recording early with a complete file (exit 0).
     """
+    from daemon.stopsignals import StopOnSignals
     from platforms.clock import MonotonicClock
     from platforms.probe import detect_board
     from platforms.spec import board_names
@@ -72,15 +74,26 @@ def record_cmd(
         )
     sysfs = DirSysfs(sysfs_root)
     board = board or detect_board(sysfs) or "unknown"
-    n = record(
-        sysfs,
-        MonotonicClock(),
-        out,
-        period_s=period_ms / 1000.0,
-        duration_s=duration_s,
-        board=board,
+    clock = MonotonicClock()
+    started = clock.now()
+    # a signal stops the recording and the file is closed as at the end (a SIGTERM's default
+    # would leave a .gz without its trailer, which replay refuses)
+    with StopOnSignals() as signals:
+        n = record(
+            sysfs,
+            clock,
+            out,
+            period_s=period_ms / 1000.0,
+            duration_s=duration_s,
+            board=board,
+            stop=signals.stop,
+        )
+    early = (
+        f" (stopped by {signals.received} after {clock.now() - started:.1f} of {duration_s:g} s)"
+        if signals.received
+        else ""
     )
-    click.echo(f"recorded {n} samples of board {board} to {out}")
+    click.echo(f"recorded {n} samples of board {board} to {out}{early}")
 
 
 @trace.command("info")

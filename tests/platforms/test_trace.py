@@ -701,3 +701,49 @@ def test_roundtrip_and_replay_match_a_linear_scan(tmp_path_factory, rows, probes
     recorded = {p for _, r in rows for p in r}
     assert replay.exists("a") == any(p.startswith("a/") for p in recorded)
     assert replay.list("") == sorted({p.split("/")[0] for p in recorded})
+
+
+def test_record_stops_when_told_with_a_complete_gz_trace(tree, tmp_path):
+    """A stop (what a SIGTERM handler sets) ends a long recording at once, even in the middle
+    of a period, and the .gz is closed with its trailer: it reads back whole."""
+    import threading
+    import time
+
+    from platforms.clock import MonotonicClock
+
+    stop = threading.Event()
+
+    def stop_after_one(count, t):
+        if count == 1:
+            threading.Timer(0.2, stop.set).start()  # during the 30 s wait for the second
+
+    out = tmp_path / "t.jsonl.gz"
+    started = time.monotonic()
+    n = record(
+        DirSysfs(tree),
+        MonotonicClock(),
+        out,
+        period_s=30.0,
+        duration_s=600.0,
+        board="fake",
+        on_sample=stop_after_one,
+        stop=stop,
+    )
+    assert n == 1 and time.monotonic() - started < 10
+    with gzip.open(out, "rb") as f:
+        f.read()  # no EOFError: the gzip stream is complete
+    assert len(read_trace(out).samples) == 1
+    stop.set()  # already set before the first sample: the header alone
+    assert (
+        record(
+            DirSysfs(tree),
+            MonotonicClock(),
+            out,
+            period_s=1.0,
+            duration_s=5.0,
+            board="fake",
+            stop=stop,
+        )
+        == 0
+    )
+    assert read_trace(out).samples == []
