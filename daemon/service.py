@@ -1,9 +1,11 @@
 """The board daemon as a service: the one composition root for a live (or fake) tree.
 
-Order of a run: config -> logging -> board -> safety checks (root, writable tree) -> restore a
-stale snapshot and save the originals (before the first write) -> job registry socket ->
-optional metrics/telemetry -> READY -> control loop (watchdog, drift check, status) -> on
-SIGTERM/SIGINT/SIGHUP/exit: STOPPING, stop servers, restore every saved setting.
+Order of a run: config -> logging -> board -> safety checks (root, a cpufreq policy, writable
+tree, policy) -> lock the state dir -> restore a stale snapshot and save the originals (before
+the first write) -> job registry socket -> optional metrics/telemetry -> READY -> control loop
+(watchdog, drift check, status) -> on SIGTERM/SIGINT/SIGHUP/exit: STOPPING, stop servers,
+restore every saved setting. When a crashed run left its snapshot, the lock and its restore
+come first instead, so that a refused start still gives the board its settings back.
 """
 
 from __future__ import annotations
@@ -11,20 +13,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from agents.factory import make_policy_stack
 from agents.mixed import ClusterReservation
+from agents.policy import Policy
 from daemon.actuator import Actuator
 from daemon.config import Config, load_config, policy_options, read_token
 from daemon.guard import config_guard
-from daemon.jobrestore import JobOriginals, restore_stale_jobs
+from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
 from daemon.jobs import JobTable
 from daemon.logs import SensorErrorLog, log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
 from daemon.profiles import ProfileLookup
-from daemon.restore import begin_session, detect_drift, recover_stale, restore_snapshot
+from daemon.restore import (
+    begin_session,
+    detect_drift,
+    recover_stale,
+    restore_snapshot,
+    snapshot_path,
+)
 from daemon.statelock import StateLock
 from daemon.statusfile import write_status
 from daemon.stopsignals import StopOnSignals
@@ -93,6 +102,15 @@ def _state_dir_for(config_path: str | None, state_dir: str | None) -> str:
         return Config().state_dir
 
 
+def _left_by_a_crash(state_dir: str) -> bool:
+    """A snapshot (or job originals) that a run which did not stop cleanly left behind."""
+    return any(os.path.lexists(p) for p in (snapshot_path(state_dir), jobs_path(state_dir)))
+
+
+#: run_live's keywords that only the run itself takes (the others are checked first)
+_SERVE_KEYS = ("duration_s", "status_file", "stop", "record")
+
+
 def run_live(
     *,
     config_path: str | None = None,
@@ -103,48 +121,66 @@ def run_live(
 ) -> dict:
     """Run the daemon on a live or fake tree until stopped (see the module docstring).
 
-    Before anything else it locks the state dir (one daemon per state dir, StateDirBusy
-    otherwise) and restores a snapshot a crashed run left: a start refused afterwards (a
-    config typo, a file that vanished) must not leave the board with the dead run's settings.
+    It locks the state dir (one daemon per state dir, StateDirBusy otherwise) and restores a
+    snapshot a crashed run left before its first write. When a crash left one, lock and
+    restore come before anything else: a start refused afterwards (a config typo, a file that
+    vanished) must not leave the board with the dead run's settings. Otherwise the checks that
+    need no lock (config, root, board, a cpufreq policy, a writable tree, the policy) come
+    first, so a refused start creates no state dir and no lock file.
     A dry run, or a non-root user on the live tree, writes nothing and takes no lock.
     """
+    serve = {k: kwargs.pop(k) for k in _SERVE_KEYS if k in kwargs}
+
+    def prepare() -> _Prepared:
+        return _prepare(
+            config_path=config_path,
+            sysfs_root=sysfs_root,
+            state_dir=state_dir,
+            dry_run=dry_run,
+            **kwargs,
+        )
+
     writes = not dry_run and not (sysfs_root == "/" and os.geteuid() != 0)
     if not writes:
-        return _run_live(
-            config_path=config_path,
-            sysfs_root=sysfs_root,
-            state_dir=state_dir,
-            dry_run=dry_run,
-            **kwargs,
-        )
+        return _serve(prepare(), **serve)
     state = _state_dir_for(config_path, state_dir)
-    with StateLock(state):
+    prepared = None
+    if _left_by_a_crash(state):
         setup_logging()  # the config's logging comes once it has loaded
+    else:
+        prepared = prepare()
+    with StateLock(state):
+        # again when there was none a moment ago: a daemon on this state dir may just have died
         recover_stale(DirSysfs(sysfs_root), state, log)
         restore_stale_jobs(state, LiveProcessControl(), log)
-        return _run_live(
-            config_path=config_path,
-            sysfs_root=sysfs_root,
-            state_dir=state_dir,
-            dry_run=dry_run,
-            **kwargs,
-        )
+        return _serve(prepared or prepare(), **serve)
 
 
-def _run_live(
+@dataclass
+class _Prepared:
+    """What a start has checked and built before it touches anything."""
+
+    cfg: Config
+    sysfs: DirSysfs
+    kind: str  # "live" or "fake"
+    spec: BoardSpec
+    policy: Policy
+    stages: list
+    dry_run: bool
+
+
+def _prepare(
     *,
     config_path: str | None = None,
     sysfs_root: str = "/",
     policy: str | None = None,
     period_ms: int | None = None,
-    duration_s: float | None = None,
-    status_file: str | None = None,
-    socket_path: str | None = None,
     state_dir: str | None = None,
+    socket_path: str | None = None,
     dry_run: bool = False,
-    stop: threading.Event | None = None,
-    record: str | None = None,
-) -> dict:
+) -> _Prepared:
+    """Every check that may refuse the start and needs neither the lock nor a write: config,
+    root, board, a cpufreq policy, a writable tree, the policy stack."""
     cfg = load_config(config_path)
     if policy:
         cfg = replace(cfg, policy=policy)
@@ -170,13 +206,27 @@ def _run_live(
         )
     if not dry_run:
         check_writable(sysfs, spec)
-
-    procs = LiveProcessControl()
-    clock = MonotonicClock()
-    kind = "live" if sysfs_root == "/" else "fake"
-    root = sysfs.root
     pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
     stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
+    kind = "live" if sysfs_root == "/" else "fake"
+    return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
+
+
+def _serve(
+    prepared: _Prepared,
+    *,
+    duration_s: float | None = None,
+    status_file: str | None = None,
+    stop: threading.Event | None = None,
+    record: str | None = None,
+) -> dict:
+    """The run itself, once :func:`_prepare` has accepted the start (and the state dir is
+    locked, unless nothing is written)."""
+    cfg, sysfs, spec, kind = prepared.cfg, prepared.sysfs, prepared.spec, prepared.kind
+    pol, stages, dry_run = prepared.policy, prepared.stages, prepared.dry_run
+    procs = LiveProcessControl()
+    clock = MonotonicClock()
+    root = sysfs.root
     # last before the run: a start refused earlier must not truncate an earlier recording
     recorder = None
     if record:

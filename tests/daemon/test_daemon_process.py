@@ -473,3 +473,101 @@ def test_a_board_whose_only_cpufreq_policy_is_policy0_is_controlled(tmp_path):
     assert proc.returncode == 0, log.read_text()
     assert "event=restored" in log.read_text()
     assert gov.read_text().strip() == before
+
+
+@pytest.mark.parametrize(
+    "why, expected",
+    [
+        ("no cpufreq policy", "no cpufreq policy found under"),
+        ("config typo", "perod_ms"),
+        ("malformed config", "line 2, column 1: not valid YAML"),
+        ("unknown board", "key 'board'"),
+        ("unknown policy", "unknown policy 'nosuch'"),
+    ],
+)
+def test_a_start_refused_by_a_check_creates_no_state_dir(tmp_path, why, expected):
+    """A check that needs no lock refuses before the state dir (and its lock file) exist: on a
+    machine without cpufreq, `hidvfs daemon` must not leave /var/lib/hidvfs behind."""
+    tree = tmp_path / "tree"
+    if why == "no cpufreq policy":
+        tree.mkdir()
+    else:
+        write_fake_tree(load_board("tx2"), tree)
+    state = tmp_path / "new" / "state"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        {
+            "config typo": "perod_ms: 100\n",
+            "malformed config": "policy: [a,\n\tb]\n",
+            "unknown board": "board: nosuch\n",
+        }.get(why, "")
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "daemon",
+            "--sysfs-root",
+            str(tree),
+            "--config",
+            str(cfg),
+            "--policy",
+            "nosuch" if why == "unknown policy" else "maxfreq",
+            "--duration",
+            "1",
+            "--state-dir",
+            str(state),
+            "--socket",
+            str(tmp_path / "s.sock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert r.returncode == 2 and expected in r.stderr, r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_read_only_tree_is_refused_before_the_state_dir_is_made(board, monkeypatch):
+    import daemon.service
+    from daemon.service import DaemonError, run_live
+
+    monkeypatch.setattr(daemon.service, "setup_logging", lambda *a, **k: None)
+    spec, tree, _state = board
+    real_access = os.access
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda p, m, *a, **k: (
+            False if str(p).startswith(str(tree)) and m == os.W_OK else real_access(p, m, *a, **k)
+        ),
+    )
+    state = tree.parent / "fresh-state"
+    with pytest.raises(DaemonError, match="read-only tree"):
+        run_live(
+            sysfs_root=str(tree),
+            policy="maxfreq",
+            state_dir=str(state),
+            duration_s=0.2,
+            socket_path=str(tree.parent / "s.sock"),
+        )
+    assert not state.exists()
+
+
+def test_job_originals_left_by_a_crash_are_restored_before_a_refusal(board, monkeypatch):
+    """jobs.json alone (a crash with no cpufreq snapshot left) also means: lock and restore
+    first, then the checks that may refuse."""
+    import daemon.service
+    from daemon.service import run_live
+    from platforms.errors import HidvfsError
+
+    monkeypatch.setattr(daemon.service, "setup_logging", lambda *a, **k: None)
+    spec, tree, state = board
+    (state / "jobs.json").write_text('{"format": "hidvfs-job-originals", "version": 1, "jobs": []}')
+    bad = state / "bad.yaml"
+    bad.write_text("perod_ms: 100\n")
+    with pytest.raises(HidvfsError, match="perod_ms"):
+        run_live(config_path=str(bad), sysfs_root=str(tree), state_dir=str(state))
+    assert not (state / "jobs.json").exists()  # restored (nothing to do) and removed
