@@ -41,6 +41,12 @@ REAPPLY_S = 5.0
 MAX_MEMBERS = 256
 
 
+def _as_read(placed: tuple) -> tuple[int, int]:
+    """A placement's (rt, nice) as get_priority reads it back: nice does not apply to FIFO."""
+    _, rt, nice = placed
+    return (rt, 0) if rt > 0 else (0, nice)
+
+
 class Actuator:
     """Applies decisions; remembers what it last wrote so it never repeats a write."""
 
@@ -68,6 +74,7 @@ class Actuator:
         #: child the job leaves behind (reparented to init) keeps the job's settings, and is
         #: given the originals back too, if it is still the same process
         self._members: dict[int, dict[int, float]] = {}
+        self._members_full: set[int] = set()  # jobs whose member cap was logged
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
         self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
@@ -314,9 +321,9 @@ class Actuator:
 
     def forget(self, pid: int) -> None:
         """The job's process has ended: only the children it left behind get theirs back."""
-        orig, members = self._drop(pid)
+        orig, members, placed = self._drop(pid)
         if orig is not None and not self.dry_run:
-            self._give_back(pid, orig, members, root=False)
+            self._give_back(pid, orig, members, placed, root=False)
         if orig is not None and self._originals_store is not None:
             self._originals_store.drop(pid)
 
@@ -327,18 +334,24 @@ class Actuator:
     def release(self, pid: int) -> None:
         """A live job left the registry (unregistered, or the daemon stops): give it back the
         affinity and priority it had before the first placement."""
-        orig, members = self._drop(pid)
+        orig, members, placed = self._drop(pid)
         if orig is None or self.dry_run:
             return
         if self._originals_store is not None:
             self._originals_store.drop(pid)
-        self._give_back(pid, orig, members, root=True)
+        self._give_back(pid, orig, members, placed, root=True)
 
-    def _drop(self, pid: int) -> tuple[tuple | None, dict[int, float]]:
-        """Forget all kept about job ``pid``; its originals and members, to give back."""
-        for kept in (self._last_jobs, self._applied_at, self._rt_allowed, self._narrowed):
+    def _drop(self, pid: int) -> tuple[tuple | None, dict[int, float], tuple | None]:
+        """Forget all kept about job ``pid``: its originals and members, to give back, and
+        the placement it had (cpus, rt, nice)."""
+        placed = self._last_jobs.pop(pid, None)
+        narrowed = self._narrowed.pop(pid, None)
+        if placed is not None and narrowed is not None and narrowed[0] == placed[0]:
+            placed = (narrowed[1], *placed[1:])  # what the kernel really gave
+        for kept in (self._applied_at, self._rt_allowed):
             kept.pop(pid, None)
-        return self._job_originals.pop(pid, None), self._members.pop(pid, {})
+        self._members_full.discard(pid)
+        return self._job_originals.pop(pid, None), self._members.pop(pid, {}), placed
 
     def release_all(self) -> None:
         for pid in sorted(self.managed()):
@@ -370,47 +383,83 @@ class Actuator:
         known = self._members.setdefault(pid, {})
         grown = False
         for child, start in found:
-            if start is None or len(known) >= MAX_MEMBERS:
+            if start is None or known.get(child) == start:
                 continue  # without a start time a later process with its pid looks the same
-            if known.get(child) != start:
-                known[child] = start
-                grown = True
+            if len(known) >= MAX_MEMBERS:  # a job running command after command: drop the
+                for old, old_start in list(known.items()):  # ended ones, then still full?
+                    if self.procs.start_time(old) != old_start:
+                        del known[old]
+                if len(known) >= MAX_MEMBERS:
+                    if pid not in self._members_full:
+                        self._members_full.add(pid)
+                        log.warning(
+                            "event=job_members_full pid=%d detail=%r",
+                            pid,
+                            f"more than {MAX_MEMBERS} live processes below the job: the "
+                            "others keep its placement if they outlive it",
+                        )
+                    break
+            known[child] = start
+            grown = True
         if grown and self._originals_store is not None:
-            self._originals_store.members(pid, known)
+            try:
+                self._originals_store.members(pid, known)
+            except OSError as err:  # the placement itself went through: keep it going
+                log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
 
-    def _give_back(self, pid: int, orig, members: dict[int, float], *, root: bool) -> None:
-        """The originals to ``pid``'s tree (``root``) and to each remembered member that is
-        still the same process and no longer below it."""
+    def _give_back(
+        self, pid: int, orig, members: dict[int, float], placed: tuple | None, *, root: bool
+    ) -> None:
+        """The originals to ``pid``'s tree (``root``), and to each remembered member that is
+        still the same process and no longer below it: its own threads only (its children
+        are members of their own), and only the settings it still has from the placement
+        (a process that set its own affinity or priority since keeps them)."""
         cpus, (rt, nice) = orig
-        targets = []
+        if root:
+            self._restore(pid, pid, cpus, rt, nice, tree=True)
+        if not members:
+            return
         below: set[int] = set()
         if root:
-            targets.append(pid)
-        if root and members:
             try:
                 below = {child for child, _ in self.procs.descendants(pid)}
             except ProcessGone:
                 pass
         for child, start in sorted(members.items()):
-            if child not in below and self.procs.start_time(child) == start:
-                targets.append(child)
-        for target in targets:
+            if child in below or self.procs.start_time(child) != start:
+                continue
             try:
-                if cpus:
-                    self.procs.set_affinity(target, cpus)
-                self.procs.set_priority(target, rt, nice)
-                log.info(
-                    "event=job_released pid=%d%s cpus=%s rt_priority=%d nice=%d",
-                    target,
-                    "" if target == pid else f" job={pid}",
-                    cpus,
-                    rt,
-                    nice,
-                )
+                aff_ours = placed is None or set(self.procs.get_affinity(child)) == set(placed[0])
+                prio_ours = placed is None or self.procs.get_priority(child) == _as_read(placed)
             except ProcessGone:
-                pass
-            except (PermissionError, OSError, ValueError) as err:
-                log.warning("event=job_release_failed pid=%d detail=%r", target, str(err))
+                continue
+            except (PermissionError, OSError) as err:
+                log.warning("event=job_release_failed pid=%d detail=%r", child, str(err))
+                continue
+            self._restore(
+                child, pid, cpus if aff_ours else (), rt, nice, tree=False, priority=prio_ours
+            )
+
+    def _restore(self, target, job, cpus, rt, nice, *, tree: bool, priority: bool = True) -> None:
+        if not cpus and not priority:
+            return
+        try:
+            if cpus:
+                (self.procs.set_affinity if tree else self.procs.set_own_affinity)(target, cpus)
+            if priority:
+                (self.procs.set_priority if tree else self.procs.set_own_priority)(target, rt, nice)
+            log.info(
+                "event=job_released pid=%d%s cpus=%s rt_priority=%s nice=%s",
+                target,
+                "" if target == job else f" job={job}",
+                cpus or "(its own)",
+                rt if priority else "(its own)",
+                nice if priority else "(its own)",
+            )
+        except ProcessGone:
+            pass
+        except (PermissionError, OSError, ValueError) as err:
+            log.warning("event=job_release_failed pid=%d detail=%r", target, str(err))
 
     def _safe(self, pid: int, setting: JobSetting, online: set[int]) -> JobSetting:
         """The placement a live process may get: real-time priority scaled below the kernel's

@@ -93,8 +93,9 @@ def restore_stale_jobs(
             rt, nice = int(row["rt_priority"]), int(row["nice"])
         except (KeyError, TypeError, ValueError):
             continue
-        targets = [] if start is not None and procs.start_time(pid) != start else [pid]
-        # children it left behind (reparented) kept its settings: the same processes only
+        # (process, its whole tree?): the job's tree, then each child it left behind
+        # (reparented: it kept the job's settings), its own threads, the same processes only
+        targets = [] if start is not None and procs.start_time(pid) != start else [(pid, True)]
         members = row.get("members")
         for member in members if isinstance(members, list) else ():
             try:
@@ -102,12 +103,12 @@ def restore_stale_jobs(
             except (TypeError, ValueError, IndexError):
                 continue
             if procs.start_time(child) == child_start:
-                targets.append(child)
-        for target in targets:
+                targets.append((child, False))
+        for target, tree in targets:
             try:
                 if cpus:
-                    procs.set_affinity(target, cpus)
-                procs.set_priority(target, rt, nice)
+                    (procs.set_affinity if tree else procs.set_own_affinity)(target, cpus)
+                (procs.set_priority if tree else procs.set_own_priority)(target, rt, nice)
                 restored += 1
             except ProcessGone:
                 continue

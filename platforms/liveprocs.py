@@ -61,10 +61,19 @@ class LiveProcessControl(ProcessControl):
                 raise _denied("listing the threads", proc.pid, err) from None
         return out
 
-    def _each_thread(self, pid: int, action: str, apply) -> None:
+    @staticmethod
+    def own_tids(pid: int) -> list[int]:
+        """The thread ids of ``pid`` alone (``/proc/PID/task``: no scan of every process)."""
+        try:
+            return sorted(int(t) for t in os.listdir(f"/proc/{int(pid)}/task"))
+        except (FileNotFoundError, ProcessLookupError):
+            raise ProcessGone(pid) from None
+
+    def _each_thread(self, pid: int, action: str, apply, *, tree: bool = True) -> None:
+        listing = self.tids if tree else self.own_tids
         done: set[int] = set()
         for _ in range(_MAX_PASSES):
-            todo = [t for t in self.tids(pid) if t not in done]
+            todo = [t for t in listing(pid) if t not in done]
             if not todo:
                 return
             for tid in todo:
@@ -87,7 +96,7 @@ class LiveProcessControl(ProcessControl):
         except psutil.AccessDenied:
             return True
 
-    def set_affinity(self, pid: int, cpus: tuple[int, ...]) -> None:
+    def set_affinity(self, pid: int, cpus: tuple[int, ...], *, tree: bool = True) -> None:
         mask = {int(c) for c in cpus}
         if not mask:
             raise ValueError(f"pid {pid}: an empty CPU set would leave the job nowhere to run")
@@ -102,7 +111,7 @@ class LiveProcessControl(ProcessControl):
                     ) from None
                 raise
 
-        self._each_thread(pid, "setting the CPU affinity", apply)
+        self._each_thread(pid, "setting the CPU affinity", apply, tree=tree)
 
     def get_affinity(self, pid: int) -> tuple[int, ...]:
         try:
@@ -112,7 +121,9 @@ class LiveProcessControl(ProcessControl):
         except PermissionError as err:
             raise _denied("reading the CPU affinity", pid, err) from None
 
-    def set_priority(self, pid: int, rt_priority: int = 0, nice: int = 0) -> None:
+    def set_priority(
+        self, pid: int, rt_priority: int = 0, nice: int = 0, *, tree: bool = True
+    ) -> None:
         if not 0 <= rt_priority <= 99:
             raise ValueError(
                 f"rt_priority must be 0 (SCHED_OTHER) or 1..99 (SCHED_FIFO), got {rt_priority}"
@@ -125,7 +136,7 @@ class LiveProcessControl(ProcessControl):
             def apply(tid: int) -> None:
                 os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(rt_priority))
 
-            self._each_thread(pid, f"SCHED_FIFO priority {rt_priority}", apply)
+            self._each_thread(pid, f"SCHED_FIFO priority {rt_priority}", apply, tree=tree)
             return
 
         def apply_other(tid: int) -> None:
@@ -134,7 +145,7 @@ class LiveProcessControl(ProcessControl):
             # PRIO_PROCESS with a tid sets that one thread's nice value on Linux
             os.setpriority(os.PRIO_PROCESS, tid, nice)
 
-        self._each_thread(pid, f"SCHED_OTHER nice {nice}", apply_other)
+        self._each_thread(pid, f"SCHED_OTHER nice {nice}", apply_other, tree=tree)
 
     def get_priority(self, pid: int) -> tuple[int, int]:
         """(rt_priority, nice) of the main thread: (1..99, 0) under SCHED_FIFO, (0, nice) else."""
@@ -145,6 +156,12 @@ class LiveProcessControl(ProcessControl):
             return 0, os.getpriority(os.PRIO_PROCESS, pid)
         except ProcessLookupError:
             raise ProcessGone(pid) from None
+
+    def set_own_affinity(self, pid: int, cpus: tuple[int, ...]) -> None:
+        self.set_affinity(pid, cpus, tree=False)
+
+    def set_own_priority(self, pid: int, rt_priority: int = 0, nice: int = 0) -> None:
+        self.set_priority(pid, rt_priority, nice, tree=False)
 
     def descendants(self, pid: int) -> list[tuple[int, float | None]]:
         return [(proc.pid, self.start_time(proc.pid)) for proc in self._tree(pid)[1:]]

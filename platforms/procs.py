@@ -45,6 +45,15 @@ class ProcessControl(ABC):
         """(rt_priority, nice) of the main thread; (0, 0) where it cannot be read."""
         return 0, 0
 
+    def set_own_affinity(self, pid: int, cpus: tuple[int, ...]) -> None:
+        """:meth:`set_affinity` for the threads of ``pid`` alone, not the processes below it
+        (each of those is handled on its own)."""
+        self.set_affinity(pid, cpus)
+
+    def set_own_priority(self, pid: int, rt_priority: int = 0, nice: int = 0) -> None:
+        """:meth:`set_priority` for the threads of ``pid`` alone."""
+        self.set_priority(pid, rt_priority, nice)
+
     def descendants(self, pid: int) -> list[tuple[int, float | None]]:
         """(pid, start time) of every process below ``pid`` now. They took the job's settings
         with it, and keep them if ``pid`` exits first (they are reparented, out of its tree)."""

@@ -258,12 +258,15 @@ def test_a_child_the_job_leaves_behind_gets_the_originals_back(tmp_path, parent_
 
 
 class _Tree(NoProcesses):
-    """Job 10 with child 11 (started at 5.0); records every setting."""
+    """Job 10 with child 11 (started at 5.0), settings kept per pid as a kernel would: a
+    tree call reaches the processes below, an own call the process alone; calls recorded."""
 
     def __init__(self):
         self.calls = []
         self.starts = {10: 1.0, 11: 5.0}
         self.children = [(11, 5.0)]
+        self.aff: dict[int, tuple] = {}
+        self.prio: dict[int, tuple] = {}
 
     def alive(self, pid):
         return pid in self.starts
@@ -272,20 +275,34 @@ class _Tree(NoProcesses):
         return self.starts.get(pid)
 
     def descendants(self, pid):
-        return list(self.children)
+        return list(self.children) if pid == 10 else []
+
+    def _reach(self, pid, tree):
+        if pid not in self.starts:
+            raise ProcessGone(pid)
+        return [pid, *(c for c, _ in self.descendants(pid))] if tree else [pid]
 
     def get_affinity(self, pid):
-        return (0, 1)
+        return self.aff.get(pid, (0, 1))
 
-    def set_affinity(self, pid, cpus):
-        if pid not in self.starts:
-            raise ProcessGone(pid)
-        self.calls.append(("aff", pid, cpus))
+    def get_priority(self, pid):
+        return self.prio.get(pid, (0, 0))
 
-    def set_priority(self, pid, rt_priority=0, nice=0):
-        if pid not in self.starts:
-            raise ProcessGone(pid)
-        self.calls.append(("prio", pid, rt_priority, nice))
+    def set_affinity(self, pid, cpus, tree=True):
+        for p in self._reach(pid, tree):
+            self.aff[p] = tuple(cpus)
+        self.calls.append(("aff" if tree else "own-aff", pid, cpus))
+
+    def set_priority(self, pid, rt_priority=0, nice=0, tree=True):
+        for p in self._reach(pid, tree):
+            self.prio[p] = (rt_priority, 0) if rt_priority else (0, nice)
+        self.calls.append(("prio" if tree else "own-prio", pid, rt_priority, nice))
+
+    def set_own_affinity(self, pid, cpus):
+        self.set_affinity(pid, cpus, tree=False)
+
+    def set_own_priority(self, pid, rt_priority=0, nice=0):
+        self.set_priority(pid, rt_priority, nice, tree=False)
 
 
 def test_a_left_child_is_given_back_only_while_it_is_the_same_process(tmp_path):
@@ -311,9 +328,10 @@ def test_a_released_job_gives_back_a_child_that_left_its_tree(tmp_path):
     assert procs.calls == [
         ("aff", 10, (0, 1)),
         ("prio", 10, 0, 0),
-        ("aff", 11, (0, 1)),
-        ("prio", 11, 0, 0),
+        ("own-aff", 11, (0, 1)),  # its own threads: no scan of its tree per member
+        ("own-prio", 11, 0, 0),
     ]
+    assert procs.aff[11] == (0, 1)
 
 
 def test_a_crashed_runs_left_children_are_restored_at_the_next_start(tmp_path):
@@ -329,7 +347,7 @@ def test_a_crashed_runs_left_children_are_restored_at_the_next_start(tmp_path):
     del procs.starts[10]
     procs.calls.clear()
     assert restore_stale_jobs(tmp_path, procs, logging.getLogger("t")) == 1
-    assert procs.calls == [("aff", 11, (0, 1)), ("prio", 11, 0, 0)]
+    assert procs.calls == [("own-aff", 11, (0, 1)), ("own-prio", 11, 0, 0)]
 
 
 def test_a_cpu_set_the_kernel_narrows_is_reported_once(tmp_path):
@@ -358,3 +376,67 @@ def test_a_mask_with_a_cpu_this_machine_lacks_is_reported_on_a_real_process(tmp_
     assert os.sched_getaffinity(sleeper.pid) == {CPUS[0]}
     assert [e for e in report.errors if "narrowed" in e]
     act.release_all()
+
+
+def test_a_left_child_that_set_its_own_affinity_or_priority_keeps_it(tmp_path):
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+    act.apply(Decision({}, jobs={10: JobSetting((0,), 0, 5)}), obs(online=(0, 1)))
+    assert procs.aff[11] == (0,) and procs.prio[11] == (0, 5)
+    del procs.starts[10]
+    procs.children = []
+    procs.aff[11] = (1,)  # the helper moved itself after it left the job
+    procs.calls.clear()
+    act.forget(10)
+    assert procs.calls == [("own-prio", 11, 0, 0)]  # the nice it took from the job goes
+    assert procs.aff[11] == (1,)
+
+
+def test_ended_members_make_room_for_new_ones(tmp_path, monkeypatch, caplog):
+    """A job running command after command: the ended ones do not fill the cap."""
+    import daemon.actuator as actuator
+
+    monkeypatch.setattr(actuator, "MAX_MEMBERS", 4)
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+    for k in range(10):  # child 100 + k runs, then ends before the next placement
+        procs.starts = {10: 1.0, 100 + k: float(k)}
+        procs.children = [(100 + k, float(k))]
+        act.apply(Decision({}, jobs={10: JobSetting((0,) if k % 2 else (1,))}), obs(t=k))
+    # the ended ones are dropped each time the cap is hit, so the newest is always kept
+    assert act._members[10] == {108: 8.0, 109: 9.0}
+    del procs.starts[10]
+    procs.children = []
+    procs.calls.clear()
+    act.forget(10)
+    assert [c[:2] for c in procs.calls] == [("own-aff", 109), ("own-prio", 109)]
+    procs.starts = {20: 1.0, **{200 + k: 1.0 for k in range(6)}}  # 6 live children, cap 4
+    procs.descendants = lambda pid: [(200 + k, 1.0) for k in range(6)]
+    with caplog.at_level("WARNING", logger="hidvfs.actuator"):
+        act.apply(Decision({}, jobs={20: JobSetting((0,))}), obs(t=20.0))
+        act.apply(Decision({}, jobs={20: JobSetting((1,))}), obs(t=21.0))
+    assert len(act._members[20]) == 4
+    assert sum("event=job_members_full" in r.message for r in caplog.records) == 1
+
+
+def test_a_failed_write_of_the_members_is_not_a_failed_placement(tmp_path, caplog):
+    class FullDisk:
+        def record(self, *a):
+            pass
+
+        def drop(self, pid):
+            pass
+
+        def members(self, pid, members):
+            raise OSError(28, "No space left on device")
+
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=FullDisk())
+    d = Decision({}, jobs={10: JobSetting((0,))})
+    with caplog.at_level("WARNING", logger="hidvfs.actuator"):
+        report = act.apply(d, obs(online=(0, 1)))
+    assert report.errors == []
+    assert "event=job_originals_write_failed" in caplog.text
+    procs.calls.clear()
+    act.apply(d, obs(online=(0, 1), t=6.0))  # re-applied after 5 s as any placement
+    assert ("aff", 10, (0,)) in procs.calls
