@@ -202,21 +202,31 @@ def setup_logging(
     return logger
 
 
+def _optional_sensor(file: str) -> bool:
+    """A thermal zone or a power rail: some are normally unreadable at start (gated, probing
+    late); a cpufreq file, ``/proc/stat`` or the CPU list never are."""
+    return file.startswith("class/thermal") or any(
+        mark in file for mark in ("hwmon", "iio:device", "channel labelled")
+    )
+
+
 class SensorErrorLog:
     """Log a sensor file when its reads start failing and when they recover, once each: the
     status keeps only the latest errors, and a file failing every tick must not flood.
 
-    What fails on the very first observation is normal on some boards (Jetson Orin's ``cv*``
-    zones read EAGAIN while the DLA/PVA are power-gated; a power monitor may probe after the
-    daemon starts): it is one INFO line listing them all, not a WARNING each. Those sensors are
-    still read (a zone or rail not found is looked for again every second) and their recovery
-    is logged; a sensor that fails after the start, or again after it recovered, is a WARNING.
+    Zones and rails that fail on the very first observation are often normal (Jetson Orin's
+    ``cv*`` zones read EAGAIN while the DLA/PVA are power-gated; a power monitor may probe
+    after the daemon starts): one INFO line lists them all. They are still read (a zone or
+    rail not found is looked for again every second) and their recovery is logged. Anything
+    else failing at start, a sensor that fails after the start (or again after it came back),
+    and having no CPU temperature at all (the thermal guard cannot act) are WARNINGs.
     """
 
     def __init__(self, logger: logging.Logger):
         self.log = logger
         self.failing: dict[str, str] = {}  # file -> the error that started it
         self.started = False
+        self.cpu_temp: bool | None = None  # a CPU temperature was read at the last tick
 
     @staticmethod
     def _file(error: str) -> str:
@@ -225,19 +235,23 @@ class SensorErrorLog:
         head, _, rest = error.partition(": ")
         return error if rest.startswith("no ") else head
 
-    def update(self, errors) -> None:
+    def update(self, errors, *, cpu_temp: bool | None = None) -> None:
+        """``errors`` of one observation; ``cpu_temp``: whether it had a CPU temperature."""
         now = {self._file(e): e for e in errors}
         if not self.started:
             self.started = True
-            if now:
+            quiet = {f: e for f, e in now.items() if _optional_sensor(f)}
+            if quiet:
                 log_event(
                     self.log,
                     "sensors_unavailable_at_start",
-                    count=len(now),
-                    sensors=sorted(now),
-                    detail="; ".join(now[f] for f in sorted(now)),
+                    count=len(quiet),
+                    sensors=sorted(quiet),
+                    detail="; ".join(quiet[f] for f in sorted(quiet)),
                     note="retried; each is logged when it comes back",
                 )
+            for f in sorted(now.keys() - quiet.keys()):
+                self.log.warning("event=sensor_unavailable detail=%r", now[f])
         else:
             for f, e in now.items():
                 if f not in self.failing:
@@ -245,3 +259,12 @@ class SensorErrorLog:
         for f in self.failing.keys() - now.keys():
             self.log.info("event=sensor_recovered file=%s", f)
         self.failing = now
+        if cpu_temp is False and self.cpu_temp is not False:
+            self.log.warning(
+                "event=no_cpu_temperature detail=%r",
+                "no CPU thermal zone can be read: the thermal guard cannot act until one can",
+            )
+        elif cpu_temp and self.cpu_temp is False:
+            self.log.info("event=cpu_temperature_back")
+        if cpu_temp is not None:
+            self.cpu_temp = cpu_temp

@@ -340,7 +340,7 @@ def _serve(
 
         def after_tick(res: TickResult) -> None:
             pinger.tick()
-            sensor_log.update(res.obs.errors)
+            sensor_log.update(res.obs.errors, cpu_temp=res.obs.max_cpu_temp_c is not None)
             if cfg.recheck_each_tick and not dry_run:
                 for msg in detect_drift(sysfs, loop.actuator.expected):
                     log_event(log, "drift", level=logging.WARNING, detail=msg)

@@ -371,3 +371,37 @@ def test_a_rail_missing_at_start_is_in_the_summary_and_found_by_the_retry(tmp_pa
     assert "channel labelled" in got[0][1]
     assert any("sensor_recovered" in m and "channel labelled" in m for _, m in got[1:])
     assert lp.status()["power_w"]["total"] is not None
+
+
+def test_no_cpu_temperature_at_start_is_a_warning_not_part_of_the_quiet_summary(tmp_path, caplog):
+    """Every CPU zone unreadable from the start: the guard cannot act, so the summary of
+    normally-gated sensors must not be the only word of it; a cpufreq file failing at start
+    is no gated sensor either."""
+    writer = write_fake_tree(TX2, tmp_path)
+    for zone in TX2.zones:
+        if zone.role == "cpu":
+            writer.set_temp(zone.type, None)
+    (tmp_path / paths.policy_file(0, "scaling_governor")).write_text("")
+    clock = VirtualClock(0.0)
+    lp = ControlLoop(
+        Platform(TX2, DirSysfs(tmp_path), NoProcesses(), clock, kind="fake"),
+        make_governor("schedutil"),
+        period_s=0.1,
+    )
+    logger = logging.getLogger("sensor-log-test.cpu")
+    slog = SensorErrorLog(logger)
+    lp.on_tick.append(
+        lambda res: slog.update(res.obs.errors, cpu_temp=res.obs.max_cpu_temp_c is not None)
+    )
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        _ticks(lp, clock, 5)
+        for zone in TX2.zones:
+            if zone.role == "cpu":
+                writer.set_temp(zone.type, 40.0)
+        _ticks(lp, clock, 2)
+    got = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == logger.name]
+    warned = [m for lvl, m in got if lvl == logging.WARNING]
+    assert any(m.startswith("event=no_cpu_temperature") for m in warned)
+    assert any("scaling_governor" in m for m in warned)
+    assert (logging.INFO, "event=cpu_temperature_back") in got
+    assert sum(m.startswith("event=no_cpu_temperature") for m in warned) == 1
