@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bots_bench import registry
 from bots_bench.parser import BotsParseError, parse_output, run_error
@@ -137,14 +137,39 @@ def needs_separate_check(cfg: RunConfig) -> bool:
     return cfg.check is None and not registry.default_check(cfg.bench)
 
 
-def verify_once(cfg: RunConfig, nb: NativeBoard, threads: int) -> str | None:
+#: the untimed ``-c`` run also runs the sequential version: it gets this many timeouts
+VERIFY_TIMEOUT_FACTOR = 4.0
+
+
+def verify_once(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> str | None:
     """The failure of one untimed ``-c`` run of ``cfg``'s binary and input, or None if it
     verified; done once per campaign for each binary, input and thread count, so a kernel
-    that computes wrong results is never timed as a success."""
-    key = (cfg.bench, cfg.cls, cfg.variant, cfg.label, threads)
+    that computes wrong results is never timed as a success. It runs under ``maxfreq`` (not
+    at whatever the previous run's policy left), with a longer timeout."""
+    key = (cfg.bench, cfg.cls, cfg.variant, cfg.label, cfg.threads)
     if key not in nb.verified:
-        nb.verified[key] = _verification_run(cfg, threads)
+        nb.verified[key] = _verification_run(cfg, nb, build_policy)
     return nb.verified[key]
+
+
+def _verification_run(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -> str | None:
+    check_cfg = replace(
+        cfg,
+        policy="maxfreq",
+        check=True,
+        deadline_s=None,
+        cooldown=None,
+        timeout_s=cfg.timeout_s * VERIFY_TIMEOUT_FACTOR,
+    )
+    rec = run_native(check_cfg, nb, build_policy)
+    if rec["ok"]:
+        return None
+    hint = (
+        "; raise timeout_s, or set check: false in the spec to time it unverified"
+        if str(rec["error"]).startswith("timeout")
+        else ""
+    )
+    return f"verification run (-c, which also runs the sequential version): {rec['error']}{hint}"
 
 
 def _command(cfg: RunConfig, threads: int, check: bool | None) -> registry.Command:
@@ -158,49 +183,6 @@ def _command(cfg: RunConfig, threads: int, check: bool | None) -> registry.Comma
         check=check,
         base_env=dict(os.environ),
     )
-
-
-def _verification_run(cfg: RunConfig, threads: int) -> str | None:
-    what = "verification run (-c, which also runs the sequential version)"
-    try:
-        cmd = _command(cfg, threads, check=True)
-    except (registry.RegistryError, OSError) as err:
-        return str(err)
-    with tempfile.TemporaryFile(mode="w+b") as out:
-        try:
-            proc = spawn_job(
-                list(cmd.argv),
-                dict(cmd.env),
-                out,
-                unlimited_stack=registry.input_class(cfg.bench, cfg.cls).unlimited_stack,
-            )
-        except OSError as err:
-            return f"{what}: {err}"
-        try:
-            proc.wait(timeout=cfg.timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_job(proc)
-            proc.wait()
-            return (
-                f"{what}: killed after {cfg.timeout_s:g} s; raise timeout_s, or set check: "
-                "false in the spec to time it unverified"
-            )
-        except BaseException:
-            kill_job(proc)
-            proc.wait()
-            raise
-        out.seek(0)
-        text = out.read().decode("utf-8", errors="replace")
-    try:
-        result = parse_output(text)
-    except BotsParseError as err:
-        return f"{what}: exit status {proc.returncode}; {err}"
-    problem = run_error(result, cfg.bench, True)
-    if problem:
-        return f"{what}: {problem}"
-    if proc.returncode != 0:
-        return f"{what}: exit status {proc.returncode}"
-    return None
 
 
 def run_native(
@@ -245,7 +227,7 @@ def run_native(
         rec["error"] = str(err)
         return rec
     if needs_separate_check(cfg):
-        problem = verify_once(cfg, nb, threads)
+        problem = verify_once(cfg, nb, build_policy)
         rec["verified_separately"] = problem is None
         if problem:
             rec["error"] = problem

@@ -277,7 +277,7 @@ def test_a_kernel_timed_without_its_check_is_verified_once_by_a_separate_run(
     monkeypatch.setattr(
         native,
         "_verification_run",
-        lambda cfg, threads: calls.append(cfg.bench) or real(cfg, threads),
+        lambda cfg, nb, build: calls.append(cfg.bench) or real(cfg, nb, build),
     )
     cfgs = _configs(bots_tree.bin, kernels=("concom", "fib"), policies=("performance", "powersave"))
     nb = open_board(str(root), "tx2", str(tmp_path / "state"), say=lambda m: None)
@@ -345,3 +345,32 @@ def test_a_native_study_s_notes_go_to_stderr(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert "no board detected" in err and "cannot set CPU frequencies" in err
+
+
+def test_the_verification_run_is_at_maxfreq_not_where_the_last_run_left_the_board(
+    bots_tree, fake_tx2, tmp_path, monkeypatch
+):
+    from bots_bench import native
+
+    spec, root, _ = fake_tx2
+    seen = []
+    real = native.run_native
+
+    def spy(cfg, nb, build, profile=None):
+        rec = real(cfg, nb, build, profile)
+        if cfg.check:  # the nested verification run: what did it run at?
+            setspeed = root / "devices/system/cpu/cpufreq/policy0/scaling_setspeed"
+            seen.append((cfg.policy, cfg.timeout_s, setspeed.read_text().strip()))
+        return rec
+
+    monkeypatch.setattr(native, "run_native", spy)
+    slow = _configs(bots_tree.bin, kernels=("fib",), policies=("powersave",), timeout_s=30.0)
+    concom = _configs(bots_tree.bin, kernels=("concom",), policies=("powersave",), timeout_s=30.0)
+    nb = open_board(str(root), "tx2", str(tmp_path / "state"), say=lambda m: None)
+    try:
+        assert native.run_native(slow[0], nb, build_policy_stack)["ok"]
+        assert native.run_native(concom[0], nb, build_policy_stack)["ok"]
+    finally:
+        nb.close()
+    top = str(spec.clusters[0].freqs_khz[-1])
+    assert seen == [("maxfreq", 30.0 * native.VERIFY_TIMEOUT_FACTOR, top)]
