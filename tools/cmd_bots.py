@@ -277,6 +277,7 @@ def profile_cmd(
     from dataclasses import asdict
 
     from bots_bench import registry
+    from bots_bench.native import VERIFY_TIMEOUT_FACTOR
     from bots_bench.parser import BotsParseError, parse_output, run_error
     from bots_bench.reference import reference_cluster
     from tools.cmd_profile import MeasureSession
@@ -302,6 +303,16 @@ def profile_cmd(
                 except BotsParseError as err:
                     return str(err)
 
+            verify = None
+            if not cmd.check:  # its -c also runs the sequential version: one untimed run
+                check_cmd = registry.command_for(k, cls, bots_bin, threads, check=True)
+                check_timer = command_timer(
+                    check_cmd.env, lambda text, kernel=k: verified(text, True, kernel)
+                )
+
+                def verify(cpus, argv=tuple(check_cmd.argv), run=check_timer):
+                    run(list(argv), cpus, timeout_s * VERIFY_TIMEOUT_FACTOR)
+
             # the kernels that need `ulimit -s unlimited` get it while they are timed too
             prof, times = session.measure(
                 list(cmd.argv),
@@ -311,6 +322,7 @@ def profile_cmd(
                 replace,
                 command_timer(cmd.env, verified),
                 stack="unlimited" if registry.input_class(k, cls).unlimited_stack else None,
+                verify=verify,
             )
         except Exception as err:  # noqa: BLE001 - one kernel failing is reported, the rest go on
             failed += 1

@@ -292,9 +292,11 @@ class MeasureSession:
         #: the soft RLIMIT_STACK of the last measurement's runs
         self.stack_soft: int | None = None
 
-    def measure(self, argv, name, timeout_s, repeat, replace, timer=None, *, stack=None):
-        """Measure, record (versioned) and save; the stored profile and the run times. The
-        runs happen under :func:`stack_limit` ``(stack)`` (the soft limit they had is kept in
+    def measure(
+        self, argv, name, timeout_s, repeat, replace, timer=None, *, stack=None, verify=None
+    ):
+        """Measure, record (versioned) and save; the stored profile and the run times
+        (``verify``: see :func:`tools.profile_measure.measure`). The runs happen under :func:`stack_limit` ``(stack)`` (the soft limit they had is kept in
         ``stack_soft``); this process's limit is put back after."""
         from agents import deadlines
         from tools.profile_measure import measure, time_command
@@ -316,6 +318,7 @@ class MeasureSession:
                 timeout_s=timeout_s,
                 repeat=repeat,
                 timer=timer or time_command,
+                verify=verify,
             )
         prof = deadlines.update(self.store, self.spec.name, prof, replace_existing=replace)
         self.db.profiles[(prof.name, self.spec.name)] = prof

@@ -135,9 +135,12 @@ def measure(
     timeout_s: float = 600.0,
     repeat: int = 1,
     timer: Callable[[Sequence[str], Sequence[int], float], float] = time_command,
+    verify: Callable[[Sequence[int]], object] | None = None,
 ) -> tuple[JobProfile, dict[str, float]]:
     """Pin, time the three runs (the best of ``repeat`` each), restore; the profile and the
-    times. ``timer`` runs one configuration (the tests substitute it)."""
+    times. ``timer`` runs one configuration (the tests substitute it). ``verify(cpus)``, when
+    given, runs once before the first timed run, pinned as it is (all cores, top), and raises
+    :class:`MeasureError` when the program's results are wrong: nothing is timed then."""
     cluster, cpus = measured_cluster(spec, cpufreq.online_cpus(sysfs))
     runs = plan_runs(cluster, cpus)
     snapshot = begin_session(sysfs, spec, state_dir, log)
@@ -152,6 +155,8 @@ def measure(
                 raise MeasureError(
                     f"cannot pin {cluster.name} at {run.khz} kHz: {report.errors[0]}"
                 )
+            if verify is not None and not times:
+                verify(run.cpus)
             times[run.label] = min(timer(argv, run.cpus, timeout_s) for _ in range(repeat))
     finally:
         restore_snapshot(sysfs, snapshot, log, state_dir=state_dir)

@@ -262,6 +262,16 @@ def test_bots_profile_measures_each_kernel_and_refuses_a_failed_verification(
     r = CliRunner().invoke(cli, [*args, "--bench", "fib", "--replace"])
     assert r.exit_code == 1 and "UNSUCCESSFUL" in r.stdout
     assert deadlines.load(store).find("fib.smoke", "tx2").version == 1  # nothing recorded
+    # concom is timed without -c (its check runs the sequential version): one untimed -c run
+    # before the timed ones must still catch a wrong result
+    r = CliRunner().invoke(cli, [*args, "--bench", "concom"])
+    assert r.exit_code == 1 and "UNSUCCESSFUL" in r.stdout
+    assert deadlines.load(store).find("concom.smoke", "tx2") is None
+    assert tree_state(root, spec) == original
+    monkeypatch.delenv("BOTS_TEST_FAULT")
+    r = CliRunner().invoke(cli, [*args, "--bench", "concom"])
+    assert r.exit_code == 0, r.output
+    assert deadlines.load(store).find("concom.smoke", "tx2") is not None
 
 
 def test_a_kernel_timed_without_its_check_is_verified_once_by_a_separate_run(
