@@ -139,29 +139,6 @@ def test_sweep_counts_a_repeated_fraction_once():
 
 
 @pytest.fixture
-def without(monkeypatch):
-    """``without("onnx")``: the module looks not installed to ``importlib.util.find_spec``
-    (what the extra check asks) and to ``import`` (what the export would do)."""
-    import importlib.util
-    import sys
-
-    real = importlib.util.find_spec
-    gone: set[str] = set()
-
-    def find_spec(name, *args, **kw):
-        return None if name.split(".")[0] in gone else real(name, *args, **kw)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-
-    def hide(*names):
-        gone.update(names)
-        for n in names:
-            monkeypatch.setitem(sys.modules, n, None)
-
-    return hide
-
-
-@pytest.fixture
 def no_training(monkeypatch):
     """Replaces agents.train.train_board: records the policies it was asked to train."""
     import agents.train as t

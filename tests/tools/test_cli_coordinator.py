@@ -219,29 +219,6 @@ def test_module_entry_train_errors_are_one_line(fake_training, capsys):
     assert err.startswith("error: --out is required") and fake_training == []
 
 
-@pytest.fixture
-def without(monkeypatch):
-    """``without("onnx")``: the module looks not installed to ``importlib.util.find_spec``
-    (what the extra checks ask) and to ``import`` (what the export would do)."""
-    import importlib.util
-    import sys
-
-    real = importlib.util.find_spec
-    gone: set[str] = set()
-
-    def find_spec(name, *args, **kw):
-        return None if name.split(".")[0] in gone else real(name, *args, **kw)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-
-    def hide(*names):
-        gone.update(names)
-        for n in names:
-            monkeypatch.setitem(sys.modules, n, None)
-
-    return hide
-
-
 def test_train_without_onnx_says_which_extra_before_training(fake_training, without, tmp_path):
     """It used to train (20 s) and then fail in the export: ModuleNotFoundError: onnx."""
     without("onnx")
