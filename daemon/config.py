@@ -15,11 +15,10 @@ import os
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
-import yaml
-
 from agents.factory import POLICY_NAMES
-from platforms.errors import HidvfsError, SpecError
+from platforms.errors import SpecError
 from platforms.spec import board_names
+from platforms.yamlfile import YamlSyntaxError, read_yaml
 
 DEFAULT_PATH = "/etc/hidvfs/config.yaml"
 DEFAULT_SOCKET = "/run/hidvfs/hidvfs.sock"
@@ -36,40 +35,8 @@ class ConfigError(SpecError):
     """A config value is missing, of the wrong type, out of range, or an unknown key."""
 
 
-class ConfigSyntaxError(ConfigError):
+class ConfigSyntaxError(YamlSyntaxError, ConfigError):
     """The config file is not YAML: one line naming the file, where, and PyYAML's problem."""
-
-    def __init__(self, file: str, err: yaml.YAMLError):
-        where, problem = yaml_problem(err)
-        self.file, self.key, self.expected, self.got = file, "<file>", "valid YAML", None
-        self.problem = problem
-        HidvfsError.__init__(self, f"{file}: {where}not valid YAML: {problem}")
-
-
-def yaml_problem(err: yaml.YAMLError) -> tuple[str, str]:
-    """``("line L, column C: ", problem)`` from a PyYAML error, on one line (its own message
-    spans several, with the file name and a snippet of the source). Lines and columns count
-    from 1; the construct PyYAML was in, when it names one, follows with where it began:
-    "expected ',' or ']', but got '<stream end>' (while parsing a flow sequence started at
-    line 2, column 9)"."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None)
-    if problem is not None:
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        context = getattr(err, "context", None)
-        cmark = getattr(err, "context_mark", None)
-        if context:
-            started = (
-                f" started at line {cmark.line + 1}, column {cmark.column + 1}"
-                if cmark is not None
-                else ""
-            )
-            problem = f"{problem} ({context}{started})"
-        return where, " ".join(str(problem).split())
-    if isinstance(err, yaml.reader.ReaderError):  # a character YAML does not allow
-        first = str(err).splitlines()[0] if str(err) else "unreadable character"
-        return f"character {err.position + 1}: ", " ".join(first.split())
-    return "", " ".join(str(err).split())
 
 
 @dataclass(frozen=True)
@@ -480,20 +447,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     explicit = path is not None
     file = os.fspath(path) if explicit else DEFAULT_PATH
     try:
-        with open(file, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        data = read_yaml(file, ConfigError, ConfigSyntaxError)
     except FileNotFoundError:
         if explicit:
             raise ConfigError(file, "<file>", "an existing config file (no such file)") from None
         return Config()
-    except OSError as err:
-        raise ConfigError(file, "<file>", f"a readable config file ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise ConfigSyntaxError(file, err) from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            file, "<file>", f"a UTF-8 text file ({err.reason} at byte {err.start})"
-        ) from None
     return parse_config(data, file)
 
 

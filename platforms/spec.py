@@ -16,9 +16,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from platforms.errors import SpecError, UnknownBoard
+from platforms.yamlfile import load_yaml
 
 BOARDS_DIR = Path(__file__).with_name("boards")
 CPUFREQ = "devices/system/cpu/cpufreq"
@@ -371,13 +370,7 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
 
 def load_board_file(path: str | os.PathLike[str]) -> BoardSpec:
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as err:
-        raise SpecError(path, "<file>", f"a readable YAML file ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise SpecError(path, "<file>", f"valid YAML ({err})") from None
+    data = load_yaml(path)
     return parse_board(data, path)
 
 

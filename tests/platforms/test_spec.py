@@ -153,3 +153,22 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
 
 def test_parse_board_round_trips_a_shipped_file():
     assert parse_board(_raw("rubikpi3"), "x.yaml").clusters == load_board("rubikpi3").clusters
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_file_line_and_column(tmp_path):
+    """The same one-line form as the daemon config (PyYAML's own spans five lines)."""
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: x\nclusters: [unclosed\n")
+    with pytest.raises(SpecError) as exc:
+        load_board_file(bad)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{bad}: line 3, column 1: not valid YAML: expected ',' or ']'")
+    assert "started at line 2, column 11" in msg
+
+
+def test_a_board_file_that_is_not_utf8_is_named(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(SpecError, match=r"latin1.yaml: key '<file>': expected a UTF-8 text file"):
+        load_board_file(bad)
