@@ -11,7 +11,7 @@ A YAML file such as::
     repetitions: 10
     cooldown: {start_temp_c: 45, max_wait_s: 120}   # or null to skip cooling down
     timeout_s: 600
-    bots_bin: /opt/bots/bin       # required for native
+    bots_bin: /opt/bots/bin       # required for native; relative: to this file
     threads: 4                    # optional; default: every online core of the board
     variant: omp-tasks            # optional; BOTS build variant
     deadline_s: null              # optional per-run deadline
@@ -32,13 +32,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import yaml
-
 from bots_bench import registry
 from bots_bench.dags import CLASSES as SIM_CLASSES
 from bots_bench.store import RunKey
 from platforms.errors import SpecError
 from platforms.spec import board_names
+from platforms.yamlfile import load_yaml
 
 #: the policy names of DESIGN.md
 POLICY_NAMES = (
@@ -306,9 +305,15 @@ def _unknown_key(key: str) -> str:
 
 
 def parse_spec(
-    data: Any, source: str = "<spec>", *, known_policies: tuple[str, ...] = POLICY_NAMES
+    data: Any,
+    source: str = "<spec>",
+    *,
+    known_policies: tuple[str, ...] = POLICY_NAMES,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> CampaignSpec:
-    """Validate a parsed YAML mapping into a :class:`CampaignSpec`."""
+    """Validate a parsed YAML mapping into a :class:`CampaignSpec`. A relative ``bots_bin``
+    is taken relative to ``base_dir`` (the spec file's folder, so a campaign kept beside its
+    build runs from anywhere), or to the working directory without one."""
     if not isinstance(data, Mapping):
         raise _err(source, "<top>", "a mapping of campaign settings", type(data).__name__)
     data = dict(data)
@@ -372,6 +377,8 @@ def parse_spec(
         raise _err(source, "bots_bin", "the BOTS bin/ directory (required for backend native)")
     if bots_bin is not None:
         bots_bin = os.path.expanduser(bots_bin)
+        if base_dir is not None and not os.path.isabs(bots_bin):
+            bots_bin = os.path.normpath(os.path.join(base_dir, bots_bin))
 
     threads = data.get("threads")
     if threads is not None:
@@ -424,17 +431,8 @@ def parse_spec(
 def load_spec(path: str | os.PathLike[str], **kw) -> CampaignSpec:
     """Read and validate a campaign YAML file."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as err:
-        raise SpecError(path, "<file>", f"a readable YAML file ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise SpecError(
-            path, "<file>", f"a UTF-8 text file ({err.reason} at byte {err.start})"
-        ) from None
-    except yaml.YAMLError as err:
-        raise SpecError(path, "<file>", f"valid YAML ({err})") from None
+    data = load_yaml(path)
+    kw.setdefault("base_dir", os.path.dirname(os.path.abspath(path)))
     return parse_spec(data, path, **kw)
 
 

@@ -155,7 +155,7 @@ def run_cmd(
       seeds: 3                      # --seeds; or a list: [42, 123, 456]
       board: tx2                    # --board
       backend: native               # --backend: sim or native
-      bots_bin: bots/bin            # --bots-bin (native)
+      bots_bin: bots/bin            # --bots-bin (native); relative to the file
       repetitions: 1                # optional
       cooldown: {start_temp_c: 45, max_wait_s: 120}   # optional; null: no cool-down
       timeout_s: 600                # optional; also: threads, variant, label, check,

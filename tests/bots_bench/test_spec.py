@@ -198,3 +198,25 @@ def test_the_readme_spec_example_parses():
     block = readme.split("```yaml\nkernels:", 1)[1].split("```", 1)[0]
     spec = parse_spec(yaml.safe_load("kernels:" + block), "README.md")
     assert spec.kernels == ("fib", "sort") and spec.backend == "native" and spec.repetitions == 10
+
+
+def test_a_campaign_yaml_syntax_error_is_one_line(tmp_path):
+    f = tmp_path / "camp.yaml"
+    f.write_text("kernels: [fib\nclasses: [test]\n")
+    with pytest.raises(SpecError) as exc:
+        load_spec(f)
+    assert "\n" not in str(exc.value)
+    assert str(exc.value).startswith(f"{f}: line 2, column 8: not valid YAML: ")
+
+
+def test_a_relative_bots_bin_is_taken_relative_to_the_spec_file(tmp_path, monkeypatch):
+    """Not to wherever the campaign is started from."""
+    (tmp_path / "camp").mkdir()
+    f = tmp_path / "camp" / "c.yaml"
+    f.write_text(yaml.safe_dump({**GOOD, "backend": "native", "bots_bin": "../bots/bin"}))
+    monkeypatch.chdir("/")
+    assert load_spec(f).bots_bin == str(tmp_path / "bots" / "bin")
+    f.write_text(yaml.safe_dump({**GOOD, "backend": "native", "bots_bin": "/opt/bots/bin"}))
+    assert load_spec(f).bots_bin == "/opt/bots/bin"
+    # a mapping parsed without a file keeps the path as given (the caller's working directory)
+    assert parse_spec({**GOOD, "backend": "native", "bots_bin": "bots/bin"}).bots_bin == "bots/bin"
