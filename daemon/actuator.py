@@ -47,6 +47,15 @@ def _as_read(placed: tuple) -> tuple[int, int]:
     return (rt, 0) if rt > 0 else (0, nice)
 
 
+def still_placed(
+    placed: tuple, affinity: tuple[int, ...], priority: tuple[int, int]
+) -> tuple[bool, bool]:
+    """Whether a process still has the CPUs and the priority of ``placed`` (cpus, rt, nice):
+    only those are given back, one it set itself since is its own (release and crash restore
+    alike)."""
+    return set(affinity) == set(placed[0]), tuple(priority) == _as_read(placed)
+
+
 class Actuator:
     """Applies decisions; remembers what it last wrote so it never repeats a write."""
 
@@ -66,8 +75,8 @@ class Actuator:
         #: vet real-time priority, re-apply now and then (a job may change its own settings)
         self.live_jobs = live_jobs
         self._job_originals: dict[int, tuple[tuple[int, ...], tuple[int, int]]] = {}
-        #: where the originals also go on disk (daemon.jobrestore.JobOriginals), so the next
-        #: start gives them back after a crash
+        #: where the originals and the last placement also go on disk
+        #: (daemon.jobrestore.JobOriginals), so the next start gives them back after a crash
         self._originals_store = originals
         self._applied_at: dict[int, float] = {}
         #: pid -> {descendant pid: its start time} seen under the job when it was placed: a
@@ -298,6 +307,7 @@ class Actuator:
                     self._note_members(pid)
                     if setting.cpus:
                         self._check_affinity(pid, setting.cpus, report)
+                    self._save_placement(pid)
             except ProcessGone:
                 report.gone.append(pid)
                 self._last_jobs.pop(pid, None)
@@ -344,14 +354,31 @@ class Actuator:
     def _drop(self, pid: int) -> tuple[tuple | None, dict[int, float], tuple | None]:
         """Forget all kept about job ``pid``: its originals and members, to give back, and
         the placement it had (cpus, rt, nice)."""
-        placed = self._last_jobs.pop(pid, None)
-        narrowed = self._narrowed.pop(pid, None)
-        if placed is not None and narrowed is not None and narrowed[0] == placed[0]:
-            placed = (narrowed[1], *placed[1:])  # what the kernel really gave
-        for kept in (self._applied_at, self._rt_allowed):
+        placed = self._placement(pid)
+        for kept in (self._last_jobs, self._narrowed, self._applied_at, self._rt_allowed):
             kept.pop(pid, None)
         self._members_full.discard(pid)
         return self._job_originals.pop(pid, None), self._members.pop(pid, {}), placed
+
+    def _placement(self, pid: int) -> tuple | None:
+        """Job ``pid``'s last placement (cpus, rt, nice) as its processes read it back: the
+        CPUs the kernel really gave where it narrowed the set."""
+        placed = self._last_jobs.get(pid)
+        narrowed = self._narrowed.get(pid)
+        if placed is not None and narrowed is not None and narrowed[0] == placed[0]:
+            placed = (narrowed[1], *placed[1:])
+        return placed
+
+    def _save_placement(self, pid: int) -> None:
+        """The placement to disk too (the store writes only a change), so a restore after a
+        crash leaves a member the settings it set itself."""
+        placed = self._placement(pid)
+        if self._originals_store is None or placed is None:
+            return
+        try:
+            self._originals_store.placed(pid, *placed)
+        except OSError as err:  # the placement itself went through: keep it going
+            log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
 
     def release_all(self) -> None:
         for pid in sorted(self.managed()):
@@ -429,8 +456,13 @@ class Actuator:
             if child in below or self.procs.start_time(child) != start:
                 continue
             try:
-                aff_ours = placed is None or set(self.procs.get_affinity(child)) == set(placed[0])
-                prio_ours = placed is None or self.procs.get_priority(child) == _as_read(placed)
+                aff_ours, prio_ours = (
+                    (True, True)
+                    if placed is None
+                    else still_placed(
+                        placed, self.procs.get_affinity(child), self.procs.get_priority(child)
+                    )
+                )
             except ProcessGone:
                 continue
             except (PermissionError, OSError) as err:

@@ -3,8 +3,12 @@
 Why: ``restore.json`` gives the board its cpufreq settings back after a crash, but a job the
 daemon pinned to one core at SCHED_FIFO would keep that for good if the daemon died (SIGKILL,
 a watchdog abort): only a clean stop gives jobs their settings back. ``jobs.json`` in the
-state dir holds each steered job's originals while the daemon runs; the next start puts them
-back on every job that is still the same process (same pid and start time) and deletes it.
+state dir holds each steered job's originals while the daemon runs, with the processes below
+it that took its placement (members) and the last placement itself; the next start puts the
+originals back on every job that is still the same process (same pid and start time) and
+deletes the file. A member gets back only the settings it still has from that placement, as
+on a clean release: one it set itself since is its own. A row without a placement (version
+1 files) restores its members unconditionally, as before.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import logging
 import os
 from typing import Any
 
+from daemon.actuator import still_placed
 from daemon.statusfile import write_json_atomic
 from platforms.procs import ProcessControl, ProcessGone
 
 FILE_NAME = "jobs.json"
 FORMAT = "hidvfs-job-originals"
-VERSION = 1
+VERSION = 2  # 2: rows keep the last placement; version 1 files are read too
 
 
 def jobs_path(state_dir: str | os.PathLike[str]) -> str:
@@ -52,6 +57,24 @@ class JobOriginals:
             row["members"] = [[child, start] for child, start in sorted(members.items())]
             self._save()
 
+    def placed(self, pid: int, cpus: tuple[int, ...], rt_priority: int, nice: int) -> None:
+        """The placement job ``pid`` last got, written only when it changes (not on each
+        re-apply). Not written: kept as it was, so the next call tries again."""
+        row = self.jobs.get(pid)
+        new = {"cpus": list(cpus), "rt_priority": rt_priority, "nice": nice}
+        if row is None or row.get("placed") == new:
+            return
+        old = row.get("placed")
+        row["placed"] = new
+        try:
+            self._save()
+        except OSError:
+            if old is None:
+                del row["placed"]
+            else:
+                row["placed"] = old
+            raise
+
     def drop(self, pid: int) -> None:
         if self.jobs.pop(pid, None) is not None:
             self._save()
@@ -68,6 +91,14 @@ class JobOriginals:
             {"format": FORMAT, "version": VERSION, "jobs": sorted(self.jobs.values(), key=str)},
             dir_mode=0o700,
         )
+
+
+def _read_placed(raw: Any) -> tuple | None:
+    """A row's placement as (cpus, rt, nice); None without one (version 1) or unreadable."""
+    try:
+        return tuple(int(c) for c in raw["cpus"]), int(raw["rt_priority"]), int(raw["nice"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def restore_stale_jobs(
@@ -104,11 +135,21 @@ def restore_stale_jobs(
                 continue
             if procs.start_time(child) == child_start:
                 targets.append((child, False))
+        placed = _read_placed(row.get("placed"))
         for target, tree in targets:
             try:
-                if cpus:
+                aff, prio = True, True
+                if not tree and placed is not None:
+                    aff, prio = still_placed(
+                        placed, procs.get_affinity(target), procs.get_priority(target)
+                    )
+                aff = aff and bool(cpus)
+                if not (aff or prio):
+                    continue  # a member that set both itself since: they are its own
+                if aff:
                     (procs.set_affinity if tree else procs.set_own_affinity)(target, cpus)
-                (procs.set_priority if tree else procs.set_own_priority)(target, rt, nice)
+                if prio:
+                    (procs.set_priority if tree else procs.set_own_priority)(target, rt, nice)
                 restored += 1
             except ProcessGone:
                 continue

@@ -3,6 +3,8 @@ vetted, and everything is given back when the job leaves or the daemon stops."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import subprocess
@@ -10,8 +12,10 @@ import sys
 
 import pytest
 
+import daemon.jobrestore as jobrestore
 from agents.policy import Decision, JobSetting
 from daemon.actuator import MAX_JOB_RT_PRIORITY, Actuator
+from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
 from daemon.jobs import JobEntry, JobTable
 from daemon.registry import JobRegistry, RequestError
 from platforms.liveprocs import LiveProcessControl
@@ -430,6 +434,9 @@ def test_a_failed_write_of_the_members_is_not_a_failed_placement(tmp_path, caplo
         def members(self, pid, members):
             raise OSError(28, "No space left on device")
 
+        def placed(self, pid, cpus, rt_priority, nice):
+            raise OSError(28, "No space left on device")
+
     procs = _Tree()
     act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=FullDisk())
     d = Decision({}, jobs={10: JobSetting((0,))})
@@ -440,3 +447,139 @@ def test_a_failed_write_of_the_members_is_not_a_failed_placement(tmp_path, caplo
     procs.calls.clear()
     act.apply(d, obs(online=(0, 1), t=6.0))  # re-applied after 5 s as any placement
     assert ("aff", 10, (0,)) in procs.calls
+
+
+# -- after a crash, a member gets back only what it still has from the last placement ----------
+
+LOG = logging.getLogger("job-restore-placed-test")
+
+
+def _placed_then_crashed(tmp_path, procs, setting, online=(0, 1)):
+    """Job 10 placed with ``setting``; the daemon dies, then job 10 exits (11 runs on)."""
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=JobOriginals(tmp_path))
+    act.apply(Decision({}, jobs={10: JobSetting(*setting)}), obs(online=online))
+    del procs.starts[10]
+    procs.children = []
+    procs.calls.clear()
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    """Every write of jobs.json (path, content), counted."""
+    done = []
+    real = jobrestore.write_json_atomic
+
+    def counting(path, obj, **kw):
+        done.append((path, json.loads(json.dumps(obj))))
+        return real(path, obj, **kw)
+
+    monkeypatch.setattr(jobrestore, "write_json_atomic", counting)
+    return done
+
+
+def test_a_member_that_moved_itself_keeps_its_affinity_after_a_crash(tmp_path):
+    procs = _Tree()
+    _placed_then_crashed(tmp_path, procs, ((0,), 0, 5))
+    procs.aff[11] = (1,)  # the helper moved itself after the placement
+    assert restore_stale_jobs(tmp_path, procs, LOG) == 1
+    assert procs.calls == [("own-prio", 11, 0, 0)]  # the nice it took from the job goes
+    assert procs.aff[11] == (1,) and procs.prio[11] == (0, 0)
+
+
+def test_a_member_that_set_its_own_priority_keeps_it_after_a_crash(tmp_path):
+    procs = _Tree()
+    _placed_then_crashed(tmp_path, procs, ((0,), 0, 5))
+    procs.prio[11] = (0, -3)  # the helper reniced itself after the placement
+    assert restore_stale_jobs(tmp_path, procs, LOG) == 1
+    assert procs.calls == [("own-aff", 11, (0, 1))]  # the job's CPU set it took goes
+    assert procs.aff[11] == (0, 1) and procs.prio[11] == (0, -3)
+
+
+def test_a_member_that_set_both_itself_is_left_alone_after_a_crash(tmp_path):
+    procs = _Tree()
+    _placed_then_crashed(tmp_path, procs, ((0,), 0, 5))
+    procs.aff[11], procs.prio[11] = (1,), (0, -3)
+    assert restore_stale_jobs(tmp_path, procs, LOG) == 0
+    assert procs.calls == []
+
+
+def test_the_jobs_own_tree_is_restored_as_before(tmp_path):
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=JobOriginals(tmp_path))
+    act.apply(Decision({}, jobs={10: JobSetting((0,), 0, 5)}), obs(online=(0, 1)))
+    procs.aff[10] = (1,)  # the job itself moved: its tree still gets the originals
+    procs.calls.clear()
+    restore_stale_jobs(tmp_path, procs, LOG)
+    assert procs.calls[:2] == [("aff", 10, (0, 1)), ("prio", 10, 0, 0)]
+
+
+def test_the_cpus_the_kernel_narrowed_to_are_the_placement_kept(tmp_path):
+    """Asked (0, 2), given (0,): a member on (0,) still has the placement."""
+
+    class Narrowing(_Tree):
+        def set_affinity(self, pid, cpus, tree=True):
+            super().set_affinity(pid, tuple(c for c in cpus if c != 2), tree)
+
+    procs = Narrowing()
+    _placed_then_crashed(tmp_path, procs, ((0, 2), 0, 5), online=(0, 1, 2))
+    with open(jobs_path(tmp_path), encoding="utf-8") as f:
+        (row,) = json.load(f)["jobs"]
+    assert row["placed"] == {"cpus": [0], "rt_priority": 0, "nice": 5}
+    assert procs.aff[11] == (0,)
+    assert restore_stale_jobs(tmp_path, procs, LOG) == 1
+    assert procs.calls == [("own-aff", 11, (0, 1)), ("own-prio", 11, 0, 0)]
+
+
+def test_a_row_of_the_previous_version_restores_its_members_unconditionally(tmp_path):
+    procs = _Tree()
+    procs.starts = {11: 5.0}  # job 10 is gone, its member 11 runs on
+    procs.aff[11], procs.prio[11] = (1,), (0, -3)  # whoever set them: no placement to tell
+    row = {"pid": 10, "start_time": 1.0, "cpus": [0, 1], "rt_priority": 0, "nice": 0}
+    row["members"] = [[11, 5.0]]
+    data = {"format": jobrestore.FORMAT, "version": 1, "jobs": [row]}
+    with open(jobs_path(tmp_path), "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    assert restore_stale_jobs(tmp_path, procs, LOG) == 1
+    assert procs.calls == [("own-aff", 11, (0, 1)), ("own-prio", 11, 0, 0)]
+
+
+def test_the_placement_is_written_once_per_change(tmp_path, writes):
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=JobOriginals(tmp_path))
+    d = Decision({}, jobs={10: JobSetting((0,), 0, 5)})
+    act.apply(d, obs(online=(0, 1)))
+    placements = [w[1]["jobs"][0].get("placed") for w in writes]
+    assert placements.count({"cpus": [0], "rt_priority": 0, "nice": 5}) == 1
+    first = len(writes)
+    procs.calls.clear()
+    for k in range(1, 301):  # 30 s of ticks: re-applied every 5 s, nothing changed
+        act.apply(d, obs(online=(0, 1), t=0.1 * k))
+    assert ("aff", 10, (0,)) in procs.calls  # it was re-applied ...
+    assert len(writes) == first  # ... and nothing written for it
+    act.apply(Decision({}, jobs={10: JobSetting((1,), 0, 5)}), obs(online=(0, 1), t=31.0))
+    assert len(writes) == first + 1
+    assert writes[-1][1]["jobs"][0]["placed"] == {"cpus": [1], "rt_priority": 0, "nice": 5}
+
+
+def test_a_placement_not_written_is_tried_again_at_the_next_reapply(tmp_path, monkeypatch, caplog):
+    procs = _Tree()
+    store = JobOriginals(tmp_path)
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=store)
+    real = jobrestore.write_json_atomic
+
+    def full_disk(path, obj, **kw):
+        if any("placed" in r for r in obj["jobs"]):
+            raise OSError(28, "No space left on device")
+        return real(path, obj, **kw)
+
+    monkeypatch.setattr(jobrestore, "write_json_atomic", full_disk)
+    d = Decision({}, jobs={10: JobSetting((0,), 0, 5)})
+    with caplog.at_level("WARNING", logger="hidvfs.actuator"):
+        report = act.apply(d, obs(online=(0, 1)))
+    assert report.errors == [] and procs.aff[10] == (0,)  # placed all the same
+    assert "event=job_originals_write_failed" in caplog.text
+    monkeypatch.setattr(jobrestore, "write_json_atomic", real)
+    act.apply(d, obs(online=(0, 1), t=6.0))
+    with open(jobs_path(tmp_path), encoding="utf-8") as f:
+        (row,) = json.load(f)["jobs"]
+    assert row["placed"] == {"cpus": [0], "rt_priority": 0, "nice": 5}
