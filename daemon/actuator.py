@@ -295,9 +295,17 @@ class Actuator:
             try:
                 if self.live_jobs and pid not in self._job_originals:
                     orig = (self.procs.get_affinity(pid), self.procs.get_priority(pid))
-                    self._job_originals[pid] = orig
                     if self._originals_store is not None:
-                        self._originals_store.record(pid, self.procs.start_time(pid), *orig)
+                        # on disk first: a job is never steered while a crash would leave
+                        # it without its originals (a failed write: retried next decision)
+                        try:
+                            self._originals_store.record(pid, self.procs.start_time(pid), *orig)
+                        except OSError as err:
+                            raise OSError(
+                                f"its settings could not be saved for a crash restore, so it "
+                                f"is not steered ({err})"
+                            ) from err
+                    self._job_originals[pid] = orig
                 if setting.cpus:
                     self.procs.set_affinity(pid, setting.cpus)
                 self.procs.set_priority(pid, setting.rt_priority, setting.nice)

@@ -449,6 +449,42 @@ def test_a_failed_write_of_the_members_is_not_a_failed_placement(tmp_path, caplo
     assert ("aff", 10, (0,)) in procs.calls
 
 
+def test_a_job_whose_originals_cannot_be_saved_is_not_steered_until_they_are(tmp_path):
+    """Steering a job with no crash record would leave it pinned (or SCHED_FIFO) for good if
+    the daemon died: the placement waits until its originals are on disk, then goes on."""
+
+    class FlakyDisk:
+        def __init__(self):
+            self.full, self.recorded = True, []
+
+        def record(self, pid, start, cpus, prio):
+            if self.full:
+                raise OSError(28, "No space left on device")
+            self.recorded.append(pid)
+
+        def drop(self, pid):
+            pass
+
+        def members(self, pid, members):
+            pass
+
+        def placed(self, pid, cpus, rt_priority, nice):
+            pass
+
+    procs = _Tree()
+    disk = FlakyDisk()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=disk)
+    report = act.apply(Decision({}, jobs={10: JobSetting((0,))}), obs(online=(0, 1)))
+    assert [c for c in procs.calls if c[0] == "aff"] == []
+    assert len(report.errors) == 1 and "could not be saved for a crash restore" in report.errors[0]
+    report = act.apply(Decision({}, jobs={10: JobSetting((1,))}), obs(online=(0, 1), t=1.0))
+    assert [c for c in procs.calls if c[0] == "aff"] == []  # still not on disk: still not steered
+    disk.full = False
+    report = act.apply(Decision({}, jobs={10: JobSetting((0,))}), obs(online=(0, 1), t=2.0))
+    assert report.errors == [] and disk.recorded == [10]
+    assert ("aff", 10, (0,)) in procs.calls
+
+
 # -- after a crash, a member gets back only what it still has from the last placement ----------
 
 LOG = logging.getLogger("job-restore-placed-test")
