@@ -81,8 +81,51 @@ def _systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_unit(template: str, exe: str | None) -> str:
-    """The unit with ExecStart pointing at ``exe`` (unchanged ``/usr/bin/env hidvfs`` if None)."""
+#: the unit's system call allow-list group; systemd 237 (Ubuntu 18.04, so JetPack 4 on the
+#: TX2) does not know it, ignores it and kills the service at start with SIGSYS
+ALLOW_LIST_GROUP = "@system-service"
+_ALLOW_LIST_LINE = f"SystemCallFilter={ALLOW_LIST_GROUP}"
+
+
+def knows_syscall_group(
+    group: str = ALLOW_LIST_GROUP,
+    runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+) -> bool:
+    """Whether this system's systemd knows the system call group (``systemd-analyze
+    syscall-filter GROUP`` succeeds). False when it cannot tell either (no systemd-analyze,
+    or one too old for the verb): a missing allow-list costs hardening, an unknown one the
+    service."""
+    try:
+        proc = runner(
+            ["systemd-analyze", "syscall-filter", group],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+def without_allow_list(unit: str) -> str:
+    """The unit without its ``SystemCallFilter=@system-service`` allow-list (the deny-list of
+    older groups stays), with a comment saying why."""
+    lines = unit.splitlines(keepends=True)
+    return "".join(
+        f"# {_ALLOW_LIST_LINE} left out: this systemd does not know {ALLOW_LIST_GROUP}, and an\n"
+        "# allow-list it cannot read kills the daemon at start (SIGSYS)\n"
+        if ln.strip() == _ALLOW_LIST_LINE
+        else ln
+        for ln in lines
+    )
+
+
+def render_unit(template: str, exe: str | None, allow_list: bool = True) -> str:
+    """The unit with ExecStart pointing at ``exe`` (unchanged ``/usr/bin/env hidvfs`` if None);
+    ``allow_list=False``: without the system call allow-list (see :func:`without_allow_list`)."""
+    if not allow_list:
+        template = without_allow_list(template)
     if exe is None:
         return template
     if not os.path.isabs(exe):
@@ -137,13 +180,21 @@ def _under(prefix: str, path: str) -> str:
     return os.path.join(os.path.abspath(prefix), path.lstrip("/"))
 
 
-def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = None) -> list[Step]:
+def install_plan(
+    prefix: str = "/",
+    exe: str | None = None,
+    src: Path | None = None,
+    knows_allow_list: Callable[[], bool] = knows_syscall_group,
+) -> list[Step]:
     """Steps of ``hidvfs service install``: unit, default config (kept if present), group,
-    daemon-reload, enable --now."""
+    daemon-reload, enable --now. On the live system the unit keeps its system call
+    allow-list only where systemd knows its group (``knows_allow_list``); a staging tree's
+    unit keeps it (the target's systemd is not known here)."""
     src = src or source_dir()
     exe = exe if exe is not None else default_exe()
-    unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe)
     live = is_live(prefix)
+    allow_list = knows_allow_list() if live else True
+    unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe, allow_list)
     steps = [
         Step(
             "write",
@@ -152,6 +203,11 @@ def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = N
                 ", ProtectHome=read-only: it is under a home folder"
                 if exe and _in_home(exe)
                 else ""
+            )
+            + (
+                ""
+                if allow_list
+                else f", without {_ALLOW_LIST_LINE}: this systemd does not know the group"
             )
             + ")",
             _under(prefix, f"{UNIT_DIR}/{UNIT_NAME}"),
@@ -199,6 +255,14 @@ def install_plan(prefix: str = "/", exe: str | None = None, src: Path | None = N
             Step(
                 "note",
                 f"staging prefix {prefix}: group, daemon-reload and enable are left to the target system",
+            )
+        )
+        steps.append(
+            Step(
+                "note",
+                f"the unit keeps {_ALLOW_LIST_LINE}: a target whose systemd does not know it "
+                "(237 on Ubuntu 18.04 / JetPack 4; check with systemd-analyze syscall-filter "
+                f"{ALLOW_LIST_GROUP}) needs that line removed, or the daemon is killed at start",
             )
         )
     return steps

@@ -228,10 +228,13 @@ def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
 def test_systemd_analyze_verify(tmp_path):
     # verify checks that ExecStart's binary exists: point it at a real executable
-    text = sp.render_unit(UNIT.read_text(), sys.executable)
-    proc = _verify(text, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "Unknown key" not in proc.stderr and "Unknown section" not in proc.stderr, proc.stderr
+    for allow_list in (True, False):
+        text = sp.render_unit(UNIT.read_text(), sys.executable, allow_list)
+        proc = _verify(text, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "Unknown key" not in proc.stderr and "Unknown section" not in proc.stderr, (
+            proc.stderr
+        )
     # and the check can fail: a missing executable is reported
     bad = _verify(sp.render_unit(UNIT.read_text(), str(tmp_path / "missing-hidvfs")), tmp_path)
     assert bad.returncode != 0 and "missing-hidvfs" in bad.stderr
@@ -264,3 +267,69 @@ def test_an_editable_install_under_a_home_folder_gets_protecthome_read_only(monk
     monkeypatch.setattr(sp, "_HOMES", (os.path.dirname(pkg) + "/",))
     text = sp.render_unit(UNIT.read_text(), EXE)
     assert unit_directives(text)["Service.ProtectHome"] == ["read-only"]
+
+
+# -- the system call allow-list only where systemd knows its group ------------------------------
+
+
+def _filters(unit: str) -> list[str]:
+    return unit_directives(unit).get("Service.SystemCallFilter", [])
+
+
+def _probe(returncode=None, error=None):
+    """A runner for knows_syscall_group: exits with ``returncode`` or raises ``error``."""
+    seen = []
+
+    def run(argv, **kw):
+        seen.append(argv)
+        if error is not None:
+            raise error
+        return subprocess.CompletedProcess(argv, returncode, "", "")
+
+    run.seen = seen
+    return run
+
+
+def test_the_probe_asks_systemd_analyze_and_any_doubt_means_unknown():
+    known = _probe(0)
+    assert sp.knows_syscall_group(runner=known) is True
+    assert known.seen == [["systemd-analyze", "syscall-filter", "@system-service"]]
+    # systemd-analyze says 'Filter set "@system-service" not found.' (or lacks the verb)
+    assert sp.knows_syscall_group(runner=_probe(1)) is False
+    assert (
+        sp.knows_syscall_group(runner=_probe(error=FileNotFoundError("systemd-analyze"))) is False
+    )
+    timeout = subprocess.TimeoutExpired(["systemd-analyze"], 30)
+    assert sp.knows_syscall_group(runner=_probe(error=timeout)) is False
+
+
+def test_a_systemd_that_does_not_know_the_group_gets_the_unit_without_the_allow_list():
+    """systemd 237 (Ubuntu 18.04, JetPack 4 on the TX2) ignores an unknown group and kills the
+    service at start with SIGSYS: the installed unit must not carry it there."""
+    old = sp.install_plan("/", EXE, knows_allow_list=lambda: False)
+    unit = old[0].content
+    assert _filters(unit) == [
+        "~@mount @swap @reboot @module @clock @obsolete @cpu-emulation @raw-io"
+    ]
+    assert "without SystemCallFilter=@system-service" in old[0].description
+    assert f"ExecStart={EXE} daemon" in unit
+    new = sp.install_plan("/", EXE, knows_allow_list=lambda: True)
+    assert _filters(new[0].content)[0] == "@system-service"
+    assert "without" not in new[0].description
+    # apart from the allow-list the two units are the same
+    assert sp.without_allow_list(new[0].content) == unit
+
+
+def test_a_staging_install_keeps_the_allow_list_and_says_what_an_old_target_needs(tmp_path):
+    asked = []
+    steps = sp.install_plan(str(tmp_path), EXE, knows_allow_list=lambda: asked.append(1) or False)
+    assert asked == []  # this system's systemd says nothing about the target's
+    assert _filters(steps[0].content)[0] == "@system-service"
+    notes = " ".join(s.description for s in steps if s.action == "note")
+    assert "237" in notes and "systemd-analyze syscall-filter @system-service" in notes
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
+def test_the_real_systemd_analyze_answers_the_probe():
+    assert sp.knows_syscall_group("@system-service") is True
+    assert sp.knows_syscall_group("@no-such-group") is False
