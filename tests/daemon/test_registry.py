@@ -466,7 +466,9 @@ def test_run_warns_when_the_deadline_cannot_be_planned(server):
     from platforms.observation import JobProfile
     from tools.cli import cli
 
-    cmd = [sys.executable, "-c", "pass"]
+    # long enough to be registered while it runs: one that ended first runs unmanaged, and
+    # then there is no registration to warn at (a flake on a loaded machine)
+    cmd = [sys.executable, "-c", "import time; time.sleep(0.5)"]
     args = ["run", "--socket", server.path, "--deadline", "5", "--name", "quick", "--json", "--"]
     r = CliRunner().invoke(cli, [*args, *cmd])
     assert r.exit_code == 0, r.output
