@@ -84,6 +84,7 @@ class Actuator:
         #: given the originals back too, if it is still the same process
         self._members: dict[int, dict[int, float]] = {}
         self._members_full: set[int] = set()  # jobs whose member cap was logged
+        self._placed_unsaved: set[int] = set()  # jobs whose placement write failed, logged
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
         self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
@@ -366,6 +367,7 @@ class Actuator:
         for kept in (self._last_jobs, self._narrowed, self._applied_at, self._rt_allowed):
             kept.pop(pid, None)
         self._members_full.discard(pid)
+        self._placed_unsaved.discard(pid)
         return self._job_originals.pop(pid, None), self._members.pop(pid, {}), placed
 
     def _placement(self, pid: int) -> tuple | None:
@@ -386,7 +388,13 @@ class Actuator:
         try:
             self._originals_store.placed(pid, *placed)
         except OSError as err:  # the placement itself went through: keep it going
-            log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
+            if pid not in self._placed_unsaved:  # retried every re-apply: logged once
+                self._placed_unsaved.add(pid)
+                log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
+            return
+        if pid in self._placed_unsaved:
+            self._placed_unsaved.discard(pid)
+            log.info("event=job_placement_saved pid=%d", pid)
 
     def release_all(self) -> None:
         for pid in sorted(self.managed()):

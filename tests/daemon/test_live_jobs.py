@@ -614,8 +614,13 @@ def test_a_placement_not_written_is_tried_again_at_the_next_reapply(tmp_path, mo
         report = act.apply(d, obs(online=(0, 1)))
     assert report.errors == [] and procs.aff[10] == (0,)  # placed all the same
     assert "event=job_originals_write_failed" in caplog.text
-    monkeypatch.setattr(jobrestore, "write_json_atomic", real)
-    act.apply(d, obs(online=(0, 1), t=6.0))
+    with caplog.at_level("INFO", logger="hidvfs.actuator"):
+        for t in (6.0, 12.0, 18.0):  # still full at each re-apply: tried, not logged again
+            act.apply(d, obs(online=(0, 1), t=t))
+        assert caplog.text.count("event=job_originals_write_failed") == 1
+        monkeypatch.setattr(jobrestore, "write_json_atomic", real)
+        act.apply(d, obs(online=(0, 1), t=24.0))
+        assert "event=job_placement_saved pid=10" in caplog.text
     with open(jobs_path(tmp_path), encoding="utf-8") as f:
         (row,) = json.load(f)["jobs"]
     assert row["placed"] == {"cpus": [0], "rt_priority": 0, "nice": 5}
