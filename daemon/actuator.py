@@ -47,13 +47,24 @@ def _as_read(placed: tuple) -> tuple[int, int]:
     return (rt, 0) if rt > 0 else (0, nice)
 
 
+#: placements of one job kept besides the current one while a change has not fully gone
+#: through (a failed priority write after the affinity went, say): its processes may hold any
+MAX_UNSETTLED = 4
+
+
 def still_placed(
-    placed: tuple, affinity: tuple[int, ...], priority: tuple[int, int]
+    placements, affinity: tuple[int, ...], priority: tuple[int, int]
 ) -> tuple[bool, bool]:
-    """Whether a process still has the CPUs and the priority of ``placed`` (cpus, rt, nice):
+    """Whether a process still has the CPUs and the priority of one of ``placements`` (each
+    (cpus, rt, nice): the last one, and any a change was still moving the job away from):
     only those are given back, one it set itself since is its own (release and crash restore
     alike)."""
-    return set(affinity) == set(placed[0]), tuple(priority) == _as_read(placed)
+    cpus = set(affinity)
+    prio = tuple(priority)
+    return (
+        any(cpus == set(p[0]) for p in placements),
+        any(prio == _as_read(p) for p in placements),
+    )
 
 
 class Actuator:
@@ -90,6 +101,9 @@ class Actuator:
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
+        #: pid -> earlier placements its processes may still hold: a change in flight or one
+        #: that failed partway (cleared once a placement fully goes through)
+        self._unsettled: dict[int, list[tuple]] = {}
         #: policy -> (min, max) limits replaced to enforce a cap under a kernel governor
         self._held: dict[int, tuple[int, int]] = {}
         self._planned_limits: dict[int, tuple[int, int]] = {}  # last limits written for a cap
@@ -307,11 +321,14 @@ class Actuator:
                                 f"is not steered ({err})"
                             ) from err
                     self._job_originals[pid] = orig
+                if self.live_jobs and self._last_jobs.get(pid) != key:
+                    self._moving(pid, key)
                 if setting.cpus:
                     self.procs.set_affinity(pid, setting.cpus)
                 self.procs.set_priority(pid, setting.rt_priority, setting.nice)
                 self._last_jobs[pid] = key
                 self._applied_at[pid] = obs.t
+                self._unsettled.pop(pid, None)  # every process of the job has this one now
                 if self.live_jobs:
                     self._note_members(pid)
                     if setting.cpus:
@@ -364,11 +381,13 @@ class Actuator:
         """Forget all kept about job ``pid``: its originals and members, to give back, and
         the placement it had (cpus, rt, nice)."""
         placed = self._placement(pid)
+        unsettled = self._unsettled.pop(pid, [])
         for kept in (self._last_jobs, self._narrowed, self._applied_at, self._rt_allowed):
             kept.pop(pid, None)
         self._members_full.discard(pid)
         self._placed_unsaved.discard(pid)
-        return self._job_originals.pop(pid, None), self._members.pop(pid, {}), placed
+        placements = None if placed is None else [*unsettled, placed]
+        return self._job_originals.pop(pid, None), self._members.pop(pid, {}), placements
 
     def _placement(self, pid: int) -> tuple | None:
         """Job ``pid``'s last placement (cpus, rt, nice) as its processes read it back: the
@@ -379,14 +398,29 @@ class Actuator:
             placed = (narrowed[1], *placed[1:])
         return placed
 
-    def _save_placement(self, pid: int) -> None:
-        """The placement to disk too (the store writes only a change), so a restore after a
-        crash leaves a member the settings it set itself."""
+    def _moving(self, pid: int, new: tuple) -> None:
+        """Job ``pid`` is about to get placement ``new``: its processes hold the one it has
+        now until the writes are done (and after, if one fails), so that one is kept with the
+        new one, in memory and on disk before the first write: a crash in between leaves
+        the file naming both, and the next start gives back whichever a process has."""
         placed = self._placement(pid)
+        if placed is not None and placed != new:
+            unsettled = self._unsettled.setdefault(pid, [])
+            if placed not in unsettled:
+                unsettled.append(placed)
+                del unsettled[:-MAX_UNSETTLED]
+        self._save_placement(pid, new)
+
+    def _save_placement(self, pid: int, placed: tuple | None = None) -> None:
+        """The placement to disk too (the store writes only a change), so a restore after a
+        crash leaves a member the settings it set itself: ``placed`` about to be applied, with
+        the ones still unsettled, or by default the one the job has now."""
+        if placed is None:
+            placed = self._placement(pid)
         if self._originals_store is None or placed is None:
             return
         try:
-            self._originals_store.placed(pid, *placed)
+            self._originals_store.placed(pid, *placed, before=self._unsettled.get(pid, ()))
         except OSError as err:  # the placement itself went through: keep it going
             if pid not in self._placed_unsaved:  # retried every re-apply: logged once
                 self._placed_unsaved.add(pid)
@@ -451,7 +485,7 @@ class Actuator:
                 log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
 
     def _give_back(
-        self, pid: int, orig, members: dict[int, float], placed: tuple | None, *, root: bool
+        self, pid: int, orig, members: dict[int, float], placed: list | None, *, root: bool
     ) -> None:
         """The originals to ``pid``'s tree (``root``), and to each remembered member that is
         still the same process and no longer below it: its own threads only (its children

@@ -7,8 +7,10 @@ state dir holds each steered job's originals while the daemon runs, with the pro
 it that took its placement (members) and the last placement itself; the next start puts the
 originals back on every job that is still the same process (same pid and start time) and
 deletes the file. A member gets back only the settings it still has from that placement, as
-on a clean release: one it set itself since is its own. A row without a placement (version
-1 files) restores its members unconditionally, as before.
+on a clean release: one it set itself since is its own. A change of placement is on disk
+before its first write, with the placement it replaces (``placed_before``) until every write
+went through, so a crash halfway leaves both named. A row without a placement (version 1
+files) restores its members unconditionally, as before.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from platforms.procs import ProcessControl, ProcessGone
 
 FILE_NAME = "jobs.json"
 FORMAT = "hidvfs-job-originals"
-VERSION = 2  # 2: rows keep the last placement; version 1 files are read too
+#: 2: rows keep the last placement (and ``placed_before``, those a change was moving the job
+#: away from); version 1 files are read too, a newer version is set aside unread
+VERSION = 2
 
 
 def jobs_path(state_dir: str | os.PathLike[str]) -> str:
@@ -57,22 +61,30 @@ class JobOriginals:
             row["members"] = [[child, start] for child, start in sorted(members.items())]
             self._save()
 
-    def placed(self, pid: int, cpus: tuple[int, ...], rt_priority: int, nice: int) -> None:
-        """The placement job ``pid`` last got, written only when it changes (not on each
-        re-apply). Not written: kept as it was, so the next call tries again."""
+    def placed(
+        self, pid: int, cpus: tuple[int, ...], rt_priority: int, nice: int, before=()
+    ) -> None:
+        """The placement job ``pid`` last got (or is about to get), with the earlier ones
+        ``before`` its processes may still hold while a change is not through; written only
+        when it changes (not on each re-apply). Not written: kept as it was, so the next call
+        tries again."""
         row = self.jobs.get(pid)
-        new = {"cpus": list(cpus), "rt_priority": rt_priority, "nice": nice}
-        if row is None or row.get("placed") == new:
+        if row is None:
             return
-        old = row.get("placed")
-        row["placed"] = new
+        new = {"placed": _placement_row((cpus, rt_priority, nice))}
+        if before:
+            new["placed_before"] = [_placement_row(p) for p in before]
+        old = {key: row[key] for key in ("placed", "placed_before") if key in row}
+        if old == new:
+            return
+        row.pop("placed_before", None)
+        row.update(new)
         try:
             self._save()
         except OSError:
-            if old is None:
-                del row["placed"]
-            else:
-                row["placed"] = old
+            row.pop("placed", None)
+            row.pop("placed_before", None)
+            row.update(old)
             raise
 
     def drop(self, pid: int) -> None:
@@ -93,12 +105,29 @@ class JobOriginals:
         )
 
 
+def _placement_row(placed: tuple) -> dict[str, Any]:
+    cpus, rt_priority, nice = placed
+    return {"cpus": list(cpus), "rt_priority": rt_priority, "nice": nice}
+
+
 def _read_placed(raw: Any) -> tuple | None:
-    """A row's placement as (cpus, rt, nice); None without one (version 1) or unreadable."""
+    """A placement as (cpus, rt, nice); None without one (version 1) or unreadable."""
     try:
         return tuple(int(c) for c in raw["cpus"]), int(raw["rt_priority"]), int(raw["nice"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _read_placements(row: dict[str, Any]) -> list[tuple] | None:
+    """Every placement a row's processes may hold: the last one, and those a change was
+    moving the job away from when the daemon died. None without a readable last one (a
+    version 1 row): its members are restored unconditionally."""
+    placed = _read_placed(row.get("placed"))
+    if placed is None:
+        return None
+    before = row.get("placed_before")
+    earlier = [_read_placed(p) for p in before] if isinstance(before, list) else []
+    return [*(p for p in earlier if p is not None), placed]
 
 
 def restore_stale_jobs(
@@ -111,11 +140,29 @@ def restore_stale_jobs(
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         rows = data["jobs"] if data.get("format") == FORMAT else []
+        version = data.get("version")
     except FileNotFoundError:
         return 0
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         log.error("event=job_originals_corrupt path=%s detail=%r", path, str(err))
-        rows = []
+        rows, version = [], VERSION
+    if rows and not (isinstance(version, int) and 1 <= version <= VERSION):
+        # written by another hidvfs (a downgrade after a crash): what its fields mean is not
+        # known here, so nothing is done with them, and the file is kept for that version
+        kept = f"{path}.version-{version}"
+        try:
+            os.replace(path, kept)
+        except OSError:
+            kept = path
+        log.error(
+            "event=job_originals_unknown_version path=%s version=%r detail=%r",
+            kept,
+            version,
+            f"this hidvfs reads versions 1-{VERSION}; the {len(rows)} jobs it lists keep "
+            "what the crashed run gave them (start the version that wrote it once, or set "
+            "their affinity and priority by hand)",
+        )
+        return 0
     restored = 0
     for row in rows:
         try:
@@ -135,7 +182,7 @@ def restore_stale_jobs(
                 continue
             if procs.start_time(child) == child_start:
                 targets.append((child, False))
-        placed = _read_placed(row.get("placed"))
+        placed = _read_placements(row)
         for target, tree in targets:
             try:
                 aff, prio = True, True

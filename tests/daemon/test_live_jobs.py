@@ -434,7 +434,7 @@ def test_a_failed_write_of_the_members_is_not_a_failed_placement(tmp_path, caplo
         def members(self, pid, members):
             raise OSError(28, "No space left on device")
 
-        def placed(self, pid, cpus, rt_priority, nice):
+        def placed(self, pid, cpus, rt_priority, nice, before=()):
             raise OSError(28, "No space left on device")
 
     procs = _Tree()
@@ -468,7 +468,7 @@ def test_a_job_whose_originals_cannot_be_saved_is_not_steered_until_they_are(tmp
         def members(self, pid, members):
             pass
 
-        def placed(self, pid, cpus, rt_priority, nice):
+        def placed(self, pid, cpus, rt_priority, nice, before=()):
             pass
 
     procs = _Tree()
@@ -584,8 +584,10 @@ def test_the_placement_is_written_once_per_change(tmp_path, writes):
     act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=JobOriginals(tmp_path))
     d = Decision({}, jobs={10: JobSetting((0,), 0, 5)})
     act.apply(d, obs(online=(0, 1)))
-    placements = [w[1]["jobs"][0].get("placed") for w in writes]
-    assert placements.count({"cpus": [0], "rt_priority": 0, "nice": 5}) == 1
+    placed = [{k: v for k, v in w[1]["jobs"][0].items() if k.startswith("placed")} for w in writes]
+    # the originals, the placement (before its first write), the members it reached
+    zero = {"placed": {"cpus": [0], "rt_priority": 0, "nice": 5}}
+    assert placed == [{}, zero, zero]
     first = len(writes)
     procs.calls.clear()
     for k in range(1, 301):  # 30 s of ticks: re-applied every 5 s, nothing changed
@@ -593,8 +595,13 @@ def test_the_placement_is_written_once_per_change(tmp_path, writes):
     assert ("aff", 10, (0,)) in procs.calls  # it was re-applied ...
     assert len(writes) == first  # ... and nothing written for it
     act.apply(Decision({}, jobs={10: JobSetting((1,), 0, 5)}), obs(online=(0, 1), t=31.0))
-    assert len(writes) == first + 1
-    assert writes[-1][1]["jobs"][0]["placed"] == {"cpus": [1], "rt_priority": 0, "nice": 5}
+    # a change: the new one with the old before its writes, then the new one alone
+    assert len(writes) == first + 2
+    (moving,), (done,) = writes[-2][1]["jobs"], writes[-1][1]["jobs"]
+    assert moving["placed"] == {"cpus": [1], "rt_priority": 0, "nice": 5}
+    assert moving["placed_before"] == [{"cpus": [0], "rt_priority": 0, "nice": 5}]
+    assert done["placed"] == {"cpus": [1], "rt_priority": 0, "nice": 5}
+    assert "placed_before" not in done
 
 
 def test_a_placement_not_written_is_tried_again_at_the_next_reapply(tmp_path, monkeypatch, caplog):
@@ -624,3 +631,85 @@ def test_a_placement_not_written_is_tried_again_at_the_next_reapply(tmp_path, mo
     with open(jobs_path(tmp_path), encoding="utf-8") as f:
         (row,) = json.load(f)["jobs"]
     assert row["placed"] == {"cpus": [0], "rt_priority": 0, "nice": 5}
+
+
+class _Crash(BaseException):
+    """The daemon dies here (SIGKILL): nothing after it runs, no handler sees it."""
+
+
+def _moved_then_died(tmp_path, procs, fail_at):
+    """Job 10 placed on CPU 0 at nice 5, then moved to CPU 1 at FIFO; the move dies at
+    ``fail_at`` (its priority write): job 10 exits after, its member 11 runs on."""
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=JobOriginals(tmp_path))
+    act.apply(Decision({}, jobs={10: JobSetting((0,), 0, 5)}), obs(online=(0, 1, 2)))
+    real = procs.set_priority
+
+    def dying(pid, rt_priority=0, nice=0, tree=True):
+        raise fail_at
+
+    procs.set_priority = dying
+    moved = Decision({}, jobs={10: JobSetting((1,), 99, 0)})
+    try:
+        act.apply(moved, obs(online=(0, 1, 2), t=1.0))
+    except _Crash:
+        pass
+    procs.set_priority = real
+    return act
+
+
+def test_a_crash_halfway_through_a_change_of_placement_is_restored(tmp_path):
+    """The affinity went, the priority did not, the daemon died: the member on the new CPUs
+    at the old nice gets both back (the file named the new placement and the old one)."""
+    procs = _Tree()
+    _moved_then_died(tmp_path, procs, _Crash())
+    assert procs.aff[11] == (1,) and procs.prio[11] == (0, 5)
+    with open(jobs_path(tmp_path), encoding="utf-8") as f:
+        (row,) = json.load(f)["jobs"]
+    assert row["placed_before"] == [{"cpus": [0], "rt_priority": 0, "nice": 5}]
+    del procs.starts[10]
+    procs.children = []
+    procs.calls.clear()
+    assert restore_stale_jobs(tmp_path, procs, LOG) == 1
+    assert procs.calls == [("own-aff", 11, (0, 1)), ("own-prio", 11, 0, 0)]
+
+
+def test_a_change_that_failed_partway_is_given_back_on_release(tmp_path):
+    """A refused priority write after the affinity went: release gives the member that holds
+    the old nice its originals, not only one holding the whole new placement."""
+    procs = _Tree()
+    act = _moved_then_died(tmp_path, procs, PermissionError(1, "Operation not permitted"))
+    assert procs.aff[11] == (1,) and procs.prio[11] == (0, 5)
+    procs.children = []  # 11 left the job's tree
+    procs.calls.clear()
+    act.release(10)
+    assert ("own-aff", 11, (0, 1)) in procs.calls and ("own-prio", 11, 0, 0) in procs.calls
+    assert procs.aff[11] == (0, 1) and procs.prio[11] == (0, 0)
+
+
+def test_a_change_that_went_through_forgets_the_placement_before(tmp_path):
+    """Once every write went through, a member back on the old placement set that itself."""
+    procs = _Tree()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=JobOriginals(tmp_path))
+    act.apply(Decision({}, jobs={10: JobSetting((0,), 0, 5)}), obs(online=(0, 1, 2)))
+    act.apply(Decision({}, jobs={10: JobSetting((1,), 0, 5)}), obs(online=(0, 1, 2), t=1.0))
+    procs.aff[11] = (0,)  # the helper moved itself where the job used to be
+    procs.children = []
+    procs.calls.clear()
+    act.release(10)
+    assert ("own-aff", 11, (0, 1)) not in procs.calls and procs.aff[11] == (0,)
+
+
+def test_a_jobs_file_of_a_newer_version_is_set_aside_unread(tmp_path, caplog):
+    procs = _Tree()
+    row = {"pid": 10, "start_time": 1.0, "cpus": [0, 1], "rt_priority": 0, "nice": 0}
+    data = {"format": jobrestore.FORMAT, "version": jobrestore.VERSION + 1, "jobs": [row]}
+    with open(jobs_path(tmp_path), "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    with caplog.at_level("ERROR", logger=LOG.name):
+        assert restore_stale_jobs(tmp_path, procs, LOG) == 0
+    assert procs.calls == []
+    assert "event=job_originals_unknown_version" in caplog.text
+    kept = f"{jobs_path(tmp_path)}.version-{jobrestore.VERSION + 1}"
+    with open(kept, encoding="utf-8") as f:
+        assert json.load(f) == data  # kept whole for the version that wrote it
+    assert not os.path.exists(jobs_path(tmp_path))
