@@ -95,6 +95,10 @@ class Actuator:
         #: given the originals back too, if it is still the same process
         self._members: dict[int, dict[int, float]] = {}
         self._members_full: set[int] = set()  # jobs whose member cap was logged
+        #: pid -> (pid, start time) of the process that launched the job and adopts what it
+        #: leaves behind (``hidvfs run``, a child subreaper): its other descendants are the
+        #: job's too, a helper that double-forked out of the job's tree included
+        self._adopters: dict[int, tuple[int, float | None]] = {}
         self._placed_unsaved: set[int] = set()  # jobs whose placement write failed, logged
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
         self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
@@ -363,6 +367,28 @@ class Actuator:
         if orig is not None and self._originals_store is not None:
             self._originals_store.drop(pid)
 
+    def adopted_by(self, pid: int, adopter: tuple[int, float | None]) -> None:
+        """Job ``pid`` was launched by ``adopter`` (pid, start time), which keeps what the
+        job leaves behind below it (registered as such)."""
+        self._adopters.setdefault(pid, adopter)
+
+    def _below(self, pid: int) -> list[tuple[int, float | None]]:
+        """The processes that are the job's now: those below it, and those below its
+        adopter but for the job itself (left behind by it, however they got out)."""
+        found = self.procs.descendants(pid)
+        adopter = self._adopters.get(pid)
+        if adopter is not None and self.procs.start_time(adopter[0]) == adopter[1]:
+            try:
+                seen = {child for child, _ in found}
+                found += [
+                    (child, start)
+                    for child, start in self.procs.descendants(adopter[0])
+                    if child != pid and child not in seen
+                ]
+            except ProcessGone:
+                pass
+        return found
+
     def managed(self) -> set[int]:
         """Pids the actuator has steered and not yet released or forgotten."""
         return set(self._last_jobs) | set(self._job_originals)
@@ -382,12 +408,32 @@ class Actuator:
         the placement it had (cpus, rt, nice)."""
         placed = self._placement(pid)
         unsettled = self._unsettled.pop(pid, [])
+        members = self._members.pop(pid, {})
+        adopter = self._adopters.pop(pid, None)
+        if adopter is not None and placed is not None:
+            members.update(self._left_with(adopter, pid, members))
         for kept in (self._last_jobs, self._narrowed, self._applied_at, self._rt_allowed):
             kept.pop(pid, None)
         self._members_full.discard(pid)
         self._placed_unsaved.discard(pid)
         placements = None if placed is None else [*unsettled, placed]
-        return self._job_originals.pop(pid, None), self._members.pop(pid, {}), placements
+        return self._job_originals.pop(pid, None), members, placements
+
+    def _left_with(self, adopter, pid: int, known: dict[int, float]) -> dict[int, float]:
+        """What job ``pid`` left with its adopter since the last look (a helper forked and
+        orphaned between two placements): given back, like any member, only the settings
+        it still has from the placement."""
+        if self.procs.start_time(adopter[0]) != adopter[1]:
+            return {}
+        try:
+            found = self.procs.descendants(adopter[0])
+        except ProcessGone:
+            return {}
+        return {
+            child: start
+            for child, start in found
+            if child != pid and start is not None and known.get(child) != start
+        }
 
     def _placement(self, pid: int) -> tuple | None:
         """Job ``pid``'s last placement (cpus, rt, nice) as its processes read it back: the
@@ -454,7 +500,7 @@ class Actuator:
     def _note_members(self, pid: int) -> None:
         """Remember the processes now below ``pid`` (they have just taken its placement)."""
         try:
-            found = self.procs.descendants(pid)
+            found = self._below(pid)
         except ProcessGone:
             return
         known = self._members.setdefault(pid, {})

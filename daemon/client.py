@@ -15,7 +15,7 @@ from typing import Any
 from daemon.config import DEFAULT_SOCKET
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
-from platforms.liveprocs import spawn
+from platforms.liveprocs import adopt_orphans, adopts_orphans, spawn
 
 #: status answers list every job, so allow more than a request line
 MAX_ANSWER = 16 * 1024 * 1024
@@ -107,9 +107,16 @@ class RegistryClient:
             ) from None
 
     def register(
-        self, pid: int, deadline_s: float | None = None, criticality: str = "lo", name: str = ""
+        self,
+        pid: int,
+        deadline_s: float | None = None,
+        criticality: str = "lo",
+        name: str = "",
+        adopter: bool = False,
     ) -> dict[str, Any]:
-        """Register ``pid``; returns the job as the daemon recorded it."""
+        """Register ``pid``; returns the job as the daemon recorded it. ``adopter``: this
+        process is ``pid``'s parent and a child subreaper, so what ``pid`` leaves behind
+        stays below it and the daemon counts it as the job's."""
         req = {
             "op": "register",
             "pid": pid,
@@ -117,7 +124,16 @@ class RegistryClient:
             "criticality": criticality,
             "name": name,
         }
-        return self.request(req)["job"]
+        if adopter:
+            req["adopter"] = True
+        try:
+            return self.request(req)["job"]
+        except RegistryError as err:
+            if not adopter or "'adopter'" not in str(err):
+                raise
+            # a daemon from before the field (upgraded, not restarted yet): as it was
+            del req["adopter"]
+            return self.request(req)["job"]
 
     def unregister(self, pid: int) -> dict[str, Any]:
         return self.request({"op": "unregister", "pid": pid})["job"]
@@ -127,6 +143,31 @@ class RegistryClient:
         registered jobs with their elapsed time."""
         answer = self.request({"op": "status"})
         return {**dict(answer.get("status") or {}), "jobs": list(answer.get("jobs") or [])}
+
+
+def wait_reaping(proc) -> int:
+    """Wait for ``proc`` while reaping the orphans this subreaper adopts (they would stay
+    zombies, holding their pids, until ``hidvfs run`` exits): each exit is looked at without
+    reaping it first, so ``proc``'s own status is left for ``proc.wait()``. It reaps any
+    child of this process: meant for ``hidvfs run``, whose one child is the command."""
+    while proc.returncode is None:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # no child left at all: proc was reaped elsewhere
+            break
+        if info is None or info.si_pid == proc.pid:
+            break
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            pass
+    rc = proc.wait()
+    try:  # and those that had already ended below it (they came with its exit)
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    return rc
 
 
 def run_registered(
@@ -154,34 +195,42 @@ def run_registered(
     client.status()  # reachable? (raises DaemonUnreachable with the how-to-check hint)
     clock = MonotonicClock()
     name = name or os.path.basename(command[0])
-    t0 = clock.now()
-    proc = spawn(command)
+    was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
+    adopter = was_adopting or adopt_orphans()
     try:
-        job = client.register(proc.pid, deadline_s=deadline_s, criticality=criticality, name=name)
-    except RegistryError:
-        if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
+        t0 = clock.now()
+        proc = spawn(command)
+        try:
+            job = client.register(
+                proc.pid, deadline_s=deadline_s, criticality=criticality, name=name, adopter=adopter
+            )
+        except RegistryError:
+            if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
+                proc.terminate()
+                proc.wait()
+                raise
+            # it ended before the daemon saw it (a short command): its result still counts
+            job = {"pid": proc.pid, "unmanaged": True}
+        except BaseException:
             proc.terminate()
             proc.wait()
             raise
-        # it ended before the daemon saw it (a short command): its result still counts
-        job = {"pid": proc.pid, "unmanaged": True}
-    except BaseException:
-        proc.terminate()
-        proc.wait()
-        raise
-    if on_registered is not None and not job.get("unmanaged"):
-        on_registered(job)
-    try:
-        rc = proc.wait()
-    except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying
-        rc = proc.wait()
-    makespan = clock.now() - t0
-    try:
-        client.unregister(proc.pid)
-    except RegistryError:
-        pass  # the daemon already saw it exit and dropped it
-    except DaemonUnreachable:
-        pass  # the daemon stopped meanwhile; nothing left to tell it
+        if on_registered is not None and not job.get("unmanaged"):
+            on_registered(job)
+        try:
+            rc = wait_reaping(proc) if adopter else proc.wait()
+        except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying
+            rc = wait_reaping(proc) if adopter else proc.wait()
+        makespan = clock.now() - t0
+        try:
+            client.unregister(proc.pid)
+        except RegistryError:
+            pass  # the daemon already saw it exit and dropped it
+        except DaemonUnreachable:
+            pass  # the daemon stopped meanwhile; nothing left to tell it
+    finally:
+        if adopter and not was_adopting:
+            adopt_orphans(False)
     return {
         "name": name,
         "pid": proc.pid,

@@ -25,6 +25,9 @@ class JobEntry:
     registrant_uid: int | None = None
     #: when the process started (None: unknown): another start time is a reused pid
     start_time: float | None = None
+    #: (pid, start time) of the process that launched it and adopts what it leaves behind
+    #: (``hidvfs run``, a child subreaper): its other descendants are the job's too
+    adopter: tuple[int, float | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,9 @@ class ControlLoop:
         ended = {(o.pid, o.release_t) for o in finished}
         snapshot = self.jobs.snapshot()
         present = {(e.pid, e.release_t) for e in snapshot}  # a registration, not just a pid
+        for e in snapshot:  # what `hidvfs run` adopts below it is the job's too
+            if e.adopter is not None:
+                self.actuator.adopted_by(e.pid, e.adopter)
         # jobs unregistered while alive: give them back what they had, and forget what was
         # kept about them (a pid registered again, even between two ticks, is a new job)
         for pid in self.actuator.managed() - {e.pid for e in snapshot}:

@@ -6,6 +6,11 @@ Requests (one JSON object per line)::
     {"op": "unregister", "pid": 1234}
     {"op": "status"}
 
+``"adopter": true`` in a register says the job's parent is a child subreaper (``hidvfs run``):
+what the job leaves behind (a helper that double-forks) stays below that parent, and the daemon
+counts it as the job's when it gives the originals back. Taken only for a parent the client
+may speak for, never init or the daemon.
+
 Answers are one line each: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. Every
 malformed request (bad UTF-8 or JSON, unknown op or field, missing or mistyped field, a pid
 that does not exist, a line over 64 KiB (skipped up to its newline), a client hanging up
@@ -56,7 +61,7 @@ DRAIN_TIMEOUT_S = 2.0
 ACCEPT_PAUSE_S = 1.0
 OPS = ("register", "unregister", "status")
 FIELDS = {
-    "register": ("op", "pid", "deadline_s", "criticality", "name"),
+    "register": ("op", "pid", "deadline_s", "criticality", "name", "adopter"),
     "unregister": ("op", "pid"),
     "status": ("op",),
 }
@@ -134,7 +139,12 @@ def parse_request(line: bytes) -> dict[str, Any]:
             raise RequestError(
                 f"field 'name' must be a printable string of at most {MAX_NAME} characters, got {name!r:.60}"
             )
-        out.update(deadline_s=deadline, criticality=crit, name=name or f"pid{out['pid']}")
+        adopter = req.get("adopter", False)
+        if not isinstance(adopter, bool):
+            raise RequestError(f"field 'adopter' must be true or false, got {adopter!r:.60}")
+        out.update(
+            deadline_s=deadline, criticality=crit, name=name or f"pid{out['pid']}", adopter=adopter
+        )
     return out
 
 
@@ -178,6 +188,7 @@ class JobRegistry:
         max_jobs: int = 1024,
         unmanageable: Callable[[int], str | None] | None = None,
         start_time: Callable[[int], float | None] | None = None,
+        parent_of: Callable[[int], int | None] | None = None,
     ):
         self.table = table if table is not None else JobTable()
         self.now = now
@@ -188,6 +199,7 @@ class JobRegistry:
         self.max_jobs = max_jobs
         self.unmanageable = unmanageable
         self.start_time = start_time
+        self.parent_of = parent_of
         self._lock = threading.Lock()  # makes check-then-insert atomic
 
     def register(
@@ -198,6 +210,7 @@ class JobRegistry:
         name: str = "",
         *,
         peer_uid: int | None = None,
+        adopter: bool = False,
     ) -> JobEntry:
         why = self.unmanageable(pid) if self.unmanageable is not None else None
         if why is not None:
@@ -228,6 +241,7 @@ class JobRegistry:
                 profile=profile,
                 registrant_uid=peer_uid,
                 start_time=self.start_time(pid) if self.start_time is not None else None,
+                adopter=self._adopter(pid, peer_uid) if adopter else None,
             )
             try:
                 self.table.register(entry)
@@ -276,12 +290,32 @@ class JobRegistry:
     def status(self) -> dict[str, Any]:
         return dict(self.status_provider()) if self.status_provider else {}
 
+    def _adopter(self, pid: int, peer_uid: int | None) -> tuple[int, float | None] | None:
+        """The job's parent, when it says it adopts what the job leaves behind: only a parent
+        the client may speak for (its own process, or any for root), never init or the
+        daemon (their other descendants are not the job's)."""
+        parent = self.parent_of(pid) if self.parent_of is not None else None
+        if parent is None or parent <= 1:
+            return None
+        if self.unmanageable is not None and self.unmanageable(parent) is not None:
+            return None
+        if peer_uid not in (None, 0) and self.pid_owner is not None:
+            if self.pid_owner(parent) != peer_uid:
+                return None
+        start = self.start_time(parent) if self.start_time is not None else None
+        return parent, start
+
     def handle(self, req: dict[str, Any], peer_uid: int | None = None) -> dict[str, Any]:
         """Answer one validated request."""
         op = req["op"]
         if op == "register":
             e = self.register(
-                req["pid"], req["deadline_s"], req["criticality"], req["name"], peer_uid=peer_uid
+                req["pid"],
+                req["deadline_s"],
+                req["criticality"],
+                req["name"],
+                peer_uid=peer_uid,
+                adopter=req.get("adopter", False),
             )
             return {"ok": True, "job": job_to_json(e)}
         if op == "unregister":

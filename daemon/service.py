@@ -295,6 +295,7 @@ def _serve(
             profile_for=profiles,
             unmanageable=procs.unmanageable,
             start_time=procs.start_time,
+            parent_of=procs.parent,
         )
         try:
             servers.append(

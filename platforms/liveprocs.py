@@ -232,12 +232,54 @@ class LiveProcessControl(ProcessControl):
             return None
         return None
 
+    def parent(self, pid: int) -> int | None:
+        try:
+            return psutil.Process(pid).ppid()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            return None
+
     def owner_uid(self, pid: int) -> int | None:
         """Real uid owning ``pid`` (None when it has gone)."""
         try:
             return psutil.Process(pid).uids().real
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return None
+
+
+#: prctl(2) options: orphans below this process are reparented to it, not to init
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def _prctl():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def adopts_orphans() -> bool:
+    """Whether this process is a child subreaper now."""
+    import ctypes
+
+    prctl, flag = _prctl(), ctypes.c_int(0)
+    return (
+        prctl is not None
+        and prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+        and bool(flag.value)
+    )
+
+
+def adopt_orphans(on: bool = True) -> bool:
+    """Make this process a child subreaper (Linux 3.4+), or stop: a process the command it
+    launches leaves behind (a helper that double-forks, a daemonised worker) becomes this
+    process's child instead of init's, so the daemon still finds it below ``hidvfs run``
+    and gives it the job's originals back. False where the kernel or libc refuses."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
 
 
 def spawn(command: list[str]) -> subprocess.Popen:

@@ -54,6 +54,10 @@ class ProcessControl(ABC):
         """:meth:`set_priority` for the threads of ``pid`` alone."""
         self.set_priority(pid, rt_priority, nice)
 
+    def parent(self, pid: int) -> int | None:
+        """The pid of ``pid``'s parent (None: gone or unknown)."""
+        return None
+
     def descendants(self, pid: int) -> list[tuple[int, float | None]]:
         """(pid, start time) of every process below ``pid`` now. They took the job's settings
         with it, and keep them if ``pid`` exits first (they are reparented, out of its tree)."""

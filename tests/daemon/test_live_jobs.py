@@ -713,3 +713,141 @@ def test_a_jobs_file_of_a_newer_version_is_set_aside_unread(tmp_path, caplog):
     with open(kept, encoding="utf-8") as f:
         assert json.load(f) == data  # kept whole for the version that wrote it
     assert not os.path.exists(jobs_path(tmp_path))
+
+
+# -- what a job leaves with `hidvfs run` (a child subreaper) is the job's too ----------------
+
+ADOPTER = """
+import os, subprocess, sys
+from platforms.liveprocs import adopt_orphans
+assert adopt_orphans()
+JOB = '''
+import os, sys, time
+sys.stdin.readline()
+if os.fork() == 0:  # a helper that double-forks: its parent exits, it runs on
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        time.sleep(60)
+    os._exit(0)
+sys.stdin.readline()
+'''
+job = subprocess.Popen([sys.executable, "-c", JOB], stdin=sys.stdin)
+print(job.pid, flush=True)
+from daemon.client import wait_reaping
+wait_reaping(job)
+sys.stdin.readline()
+"""
+
+
+@needs_root_and_two_cpus
+def test_a_helper_that_double_forked_out_of_the_job_gets_the_originals_back(tmp_path):
+    """Placed, then the job double-forks a helper between two looks (it was never seen
+    below the job) and exits: the helper, adopted by the launcher, gets the originals."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    p = subprocess.Popen(
+        [sys.executable, "-c", ADOPTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    procs = LiveProcessControl()
+    helper = None
+    try:
+        job = int(p.stdout.readline())
+        before = (os.sched_getaffinity(job), _sched(job))
+        act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+        act.adopted_by(job, (p.pid, procs.start_time(p.pid)))
+        act.apply(Decision({}, jobs={job: JobSetting((CPUS[0],), 90)}), obs())
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        helper = int(p.stdout.readline())
+        assert procs.parent(helper) in (p.pid, job)  # its own parent is gone, or going
+        p.stdin.write(b"\n")  # the job exits
+        p.stdin.flush()
+        for _ in range(200):
+            if not procs.alive(job) or procs.start_time(job) is None:
+                break
+            os.sched_yield()
+            subprocess.run(["sleep", "0.01"])
+        assert procs.parent(helper) == p.pid  # adopted by the launcher, not by init
+        assert os.sched_getaffinity(helper) == {CPUS[0]} and _sched(helper)[0] == os.SCHED_FIFO
+        act.forget(job)
+        assert (os.sched_getaffinity(helper), _sched(helper)) == before
+    finally:
+        for pid in (helper, p.pid):
+            if pid is not None:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+        p.wait()
+
+
+REAPER = """
+import os, subprocess, sys, time
+from platforms.liveprocs import adopt_orphans
+from daemon.client import wait_reaping
+assert adopt_orphans()
+job = subprocess.Popen(
+    [sys.executable, "-c", "import os, sys, time\\n"
+     "if os.fork() == 0:\\n"
+     "    if os.fork() == 0:\\n"
+     "        print(os.getpid(), flush=True)\\n"
+     "        time.sleep(0.2)\\n"
+     "    os._exit(0)\\n"
+     "time.sleep(1.0)\\n"
+     "raise SystemExit(7)"],
+    stdout=subprocess.PIPE,
+)
+helper = int(job.stdout.readline())
+rc = wait_reaping(job)
+try:  # the helper ended (adopted) while the job ran: reaped then, not left a zombie
+    os.waitpid(helper, os.WNOHANG)
+    reaped = False
+except ChildProcessError:
+    reaped = True
+try:  # nor is anything else left to reap
+    os.waitpid(-1, os.WNOHANG)
+    empty = False
+except ChildProcessError:
+    empty = True
+print(rc, reaped, empty, flush=True)
+"""
+
+
+def test_the_launcher_reaps_the_orphans_it_adopts_and_keeps_the_jobs_status():
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run(
+        [sys.executable, "-c", REAPER], capture_output=True, text=True, env=env, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["7", "True", "True"]  # the job's own code; no zombie left
+
+
+def _registry(parent=50, owners=None):
+    owners = owners or {}
+    return JobRegistry(
+        JobTable(),
+        now=lambda: 0.0,
+        alive=lambda pid: True,
+        pid_owner=lambda pid: owners.get(pid, 1000),
+        start_time=lambda pid: float(pid),
+        parent_of=lambda pid: parent,
+        unmanageable=lambda pid: "the daemon itself" if pid == 2 else None,
+    )
+
+
+def test_a_registered_adopter_is_the_jobs_parent_and_only_one_the_client_owns():
+    assert _registry().register(10, adopter=True, peer_uid=1000).adopter == (50, 50.0)
+    assert _registry().register(10, peer_uid=1000).adopter is None  # not asked for
+    assert _registry(parent=1).register(10, adopter=True).adopter is None  # init
+    assert _registry(parent=2).register(10, adopter=True).adopter is None  # the daemon
+    theirs = _registry(owners={50: 0})  # the parent is root's, the client is not
+    assert theirs.register(10, adopter=True, peer_uid=1000).adopter is None
+    assert theirs.register(11, adopter=True, peer_uid=0).adopter == (50, 50.0)
+
+
+def test_an_adopter_field_that_is_not_a_boolean_is_refused():
+    from daemon.registry import parse_request
+
+    line = json.dumps({"op": "register", "pid": 10, "adopter": "yes"}).encode()
+    with pytest.raises(RequestError, match="'adopter' must be true or false"):
+        parse_request(line)
+    assert parse_request(json.dumps({"op": "register", "pid": 10}).encode())["adopter"] is False

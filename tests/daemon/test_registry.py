@@ -623,3 +623,46 @@ def test_a_profile_store_filled_after_the_start_is_used():
     prof = __import__("types").SimpleNamespace(version=3)
     store.profiles["fib"] = prof
     assert reg.register(77, 5.0, "lo", "fib").profile is prof
+
+
+def test_run_registers_itself_as_the_adopter_of_what_the_job_leaves_behind(sock_path):
+    """`hidvfs run` is a child subreaper while its command runs (and only then), and the
+    daemon records it as the job's adopter: its parent, with its start time."""
+    from platforms.liveprocs import adopts_orphans
+
+    seen = []
+    table = JobTable()
+    reg = JobRegistry(
+        table,
+        now=time.monotonic,
+        alive=PROCS.alive,
+        pid_owner=PROCS.owner_uid,
+        start_time=PROCS.start_time,
+        parent_of=PROCS.parent,
+    )
+    srv = RegistryServer(reg, sock_path, group=None).start()
+    try:
+        r = run_registered(
+            [sys.executable, "-c", "import time; time.sleep(0.3)"],
+            socket_path=sock_path,
+            on_registered=lambda job: seen.append((table.get(job["pid"]), adopts_orphans())),
+        )
+    finally:
+        srv.stop()
+    assert r["returncode"] == 0 and not r["unmanaged"]
+    ((entry, adopting),) = seen
+    assert adopting and entry.adopter == (os.getpid(), PROCS.start_time(os.getpid()))
+    assert not adopts_orphans()  # put back as it was
+
+
+def test_run_works_with_a_daemon_that_predates_the_adopter_field(server, monkeypatch):
+    """An upgraded package before the daemon was restarted: the field is refused as
+    unknown, and the job is registered without it."""
+    import daemon.registry as registry
+
+    old = tuple(f for f in registry.FIELDS["register"] if f != "adopter")
+    monkeypatch.setitem(registry.FIELDS, "register", old)
+    r = run_registered(
+        [sys.executable, "-c", "import time; time.sleep(0.3)"], socket_path=server.path
+    )
+    assert r["returncode"] == 0 and not r["unmanaged"]
