@@ -376,18 +376,19 @@ class Actuator:
         """The processes that are the job's now: those below it, and those below its
         adopter but for the job itself (left behind by it, however they got out)."""
         found = self.procs.descendants(pid)
-        adopter = self._adopters.get(pid)
-        if adopter is not None and self.procs.start_time(adopter[0]) == adopter[1]:
-            try:
-                seen = {child for child, _ in found}
-                found += [
-                    (child, start)
-                    for child, start in self.procs.descendants(adopter[0])
-                    if child != pid and child not in seen
-                ]
-            except ProcessGone:
-                pass
-        return found
+        seen = {child for child, _ in found}
+        adopted = self._adopted(self._adopters.get(pid), pid)
+        return found + [(child, start) for child, start in adopted if child not in seen]
+
+    def _adopted(self, adopter, pid: int) -> list[tuple[int, float | None]]:
+        """The processes below job ``pid``'s adopter (pid, start time) but the job itself;
+        none while the adopter is not that same process."""
+        if adopter is None or self.procs.start_time(adopter[0]) != adopter[1]:
+            return []
+        try:
+            return [(c, s) for c, s in self.procs.descendants(adopter[0]) if c != pid]
+        except ProcessGone:
+            return []
 
     def managed(self) -> set[int]:
         """Pids the actuator has steered and not yet released or forgotten."""
@@ -410,30 +411,20 @@ class Actuator:
         unsettled = self._unsettled.pop(pid, [])
         members = self._members.pop(pid, {})
         adopter = self._adopters.pop(pid, None)
-        if adopter is not None and placed is not None:
-            members.update(self._left_with(adopter, pid, members))
+        if placed is not None:  # what it left with its adopter since the last look (a
+            # helper forked and orphaned between two placements): given back like any member,
+            # only the settings it still has from the placement
+            members.update(
+                (child, start)
+                for child, start in self._adopted(adopter, pid)
+                if start is not None and members.get(child) != start
+            )
         for kept in (self._last_jobs, self._narrowed, self._applied_at, self._rt_allowed):
             kept.pop(pid, None)
         self._members_full.discard(pid)
         self._placed_unsaved.discard(pid)
         placements = None if placed is None else [*unsettled, placed]
         return self._job_originals.pop(pid, None), members, placements
-
-    def _left_with(self, adopter, pid: int, known: dict[int, float]) -> dict[int, float]:
-        """What job ``pid`` left with its adopter since the last look (a helper forked and
-        orphaned between two placements): given back, like any member, only the settings
-        it still has from the placement."""
-        if self.procs.start_time(adopter[0]) != adopter[1]:
-            return {}
-        try:
-            found = self.procs.descendants(adopter[0])
-        except ProcessGone:
-            return {}
-        return {
-            child: start
-            for child, start in found
-            if child != pid and start is not None and known.get(child) != start
-        }
 
     def _placement(self, pid: int) -> tuple | None:
         """Job ``pid``'s last placement (cpus, rt, nice) as its processes read it back: the

@@ -155,7 +155,7 @@ def wait_reaping(proc) -> int:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:  # no child left at all: proc was reaped elsewhere
             break
-        if info is None or info.si_pid == proc.pid:
+        if info.si_pid == proc.pid:
             break
         try:
             os.waitpid(info.si_pid, 0)
