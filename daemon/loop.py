@@ -92,6 +92,10 @@ class ControlLoop:
         #: guard, decides for seconds. The simulator keeps the schedule it was trained with.
         self.max_lead_periods: float | None = None
         self.events_total = 0
+        #: interventions of the last tick and for how many ticks in a row each has held: one
+        #: that repeats (a reserved cluster re-planned every tick) is logged when it starts
+        #: and when it ends, not at 10 Hz
+        self._held_events: dict[str, int] = {}
         self.last: TickResult | None = None
         self._last_power: tuple[float, float | None, float | None] | None = None
         self.t0 = platform.clock.now()
@@ -202,8 +206,7 @@ class ControlLoop:
             decision = stage(decision, obs)
         decision = self.guard.apply(decision, obs)
         report = self.actuator.apply(decision, obs)
-        for ev in decision.events:
-            log.info("event=intervention %s", ev)
+        self._log_interventions(decision.events)
         self.events_total += len(decision.events)
         self._integrate(obs)
         self.ticks += 1
@@ -212,6 +215,21 @@ class ControlLoop:
         for cb in self.on_tick:
             cb(result)
         return result
+
+    def _log_interventions(self, events: list[str]) -> None:
+        """Log each intervention when it starts; one held for several ticks also when it ends."""
+        held = {}
+        for ev in events:
+            if ev in held:
+                continue
+            n = self._held_events.get(ev)
+            if n is None:
+                log.info("event=intervention %s", ev)
+            held[ev] = (n or 0) + 1
+        for ev, n in self._held_events.items():
+            if ev not in held and n > 1:
+                log.info("event=intervention_ended %s ticks=%d", ev, n)
+        self._held_events = held
 
     def _integrate(self, obs: Observation) -> None:
         p, pc = obs.total_power_w, obs.cpu_power_w

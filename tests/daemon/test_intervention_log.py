@@ -1,0 +1,67 @@
+"""Interventions reach the log when they start and end, not at every tick they hold for."""
+
+from __future__ import annotations
+
+import logging
+
+from agents.governors import make_governor
+from daemon.loop import ControlLoop
+from platforms.clock import VirtualClock
+from platforms.faketree import write_fake_tree
+from platforms.platform import Platform
+from platforms.procs import NoProcesses
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs
+
+
+def loop_with_events(tmp_path, per_tick: list[list[str]]) -> ControlLoop:
+    """A loop on a fake TX2 whose k-th tick's decision carries ``per_tick[k]`` as events."""
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path / "tree")
+    script = iter(per_tick)
+
+    def inject(decision, obs):
+        decision.events.extend(next(script))
+        return decision
+
+    return ControlLoop(
+        Platform(spec, DirSysfs(tmp_path / "tree"), NoProcesses(), VirtualClock(0.0), kind="fake"),
+        make_governor("performance", native=True),
+        period_s=0.1,
+        stages=[inject],
+    )
+
+
+def logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "intervention" in r.getMessage()]
+
+
+def test_a_held_intervention_is_logged_at_its_start_and_end(tmp_path, caplog):
+    reserve = "reserve cluster=a57 pid=7 need_khz=2035200"
+    ticks = [[reserve]] * 30 + [[]] * 2 + [[reserve]]
+    loop = loop_with_events(tmp_path, ticks)
+    with caplog.at_level(logging.INFO, logger="hidvfs.loop"):
+        for _ in ticks:
+            loop.tick()
+    assert logged(caplog) == [
+        f"event=intervention {reserve}",
+        f"event=intervention_ended {reserve} ticks=30",
+        f"event=intervention {reserve}",  # back after a pause: a new one
+    ]
+    assert loop.events_total == 31  # the status still counts every tick's interventions
+
+
+def test_changing_and_one_tick_interventions_are_each_logged_once(tmp_path, caplog):
+    a, b = "gate: a57 345600 -> 2035200 kHz", "gate: a57 1267200 -> 2035200 kHz"
+    ticks = [[a], [b], [a, a], [a, b], []]
+    loop = loop_with_events(tmp_path, ticks)
+    with caplog.at_level(logging.INFO, logger="hidvfs.loop"):
+        for _ in ticks:
+            loop.tick()
+    assert logged(caplog) == [
+        f"event=intervention {a}",
+        f"event=intervention {b}",
+        f"event=intervention {a}",  # a duplicate within one tick is one line
+        f"event=intervention {b}",
+        f"event=intervention_ended {a} ticks=2",
+    ]
