@@ -46,6 +46,8 @@ from platforms.sim.power import ClusterPowerTable
 from platforms.spec import BoardSpec
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+#: relative difference under which two densities count as equal in :func:`yds_groups`
+_TIE = 1e-12
 
 
 @dataclass(frozen=True)
@@ -133,16 +135,20 @@ def yds_groups(jobs: Sequence[tuple[float, float, float]]) -> list[tuple[float, 
     left = [(r, max(d, r), c) for r, d, c in jobs if c > 0.0]
     out: list[tuple[float, float]] = []
     while left:
-        best = (-1.0, 0.0, 0.0)
+        best = (-1.0, 0.0, 0.0, 0)
         for a in {r for r, _, _ in left}:
             for b in {d for _, d, _ in left}:
                 if b <= a:
                     continue
-                work = sum(c for r, d, c in left if r >= a and d <= b)
-                dens = work / (b - a)
-                if dens > best[0]:
-                    best = (dens, a, b)
-        dens, a, b = best
+                inside = [c for r, d, c in left if r >= a and d <= b]
+                dens = sum(inside) / (b - a)
+                # a tie (to rounding) goes to the interval holding more jobs: cutting the
+                # smaller one first would squeeze a job it overlaps into a sliver, denser later
+                if dens > best[0] * (1 + _TIE) or (
+                    dens >= best[0] * (1 - _TIE) and len(inside) > best[3]
+                ):
+                    best = (dens, a, b, len(inside))
+        dens, a, b, _ = best
         if dens < 0.0:  # only zero-length windows left: they cannot be met, charge no time
             break
         inside = [j for j in left if j[0] >= a and j[1] <= b]

@@ -41,6 +41,13 @@ def test_yds_with_a_common_deadline_runs_suffixes_of_releases():
     assert sorted(g for g, _ in groups) == pytest.approx([1.0, 1.0])
 
 
+def test_yds_a_tie_to_rounding_cuts_the_interval_holding_both_jobs():
+    # [r2, 2] and [r1, 2] have the same density in floats (r1, r2 and c2 vanish next to 1):
+    # cutting [r1, 2] first squeezed job 2 into [r2, r1], 1e111 times denser afterwards
+    jobs = [(1.8270056094948457e-157, 2.0, 1.0), (1.3193223465273537e-278, 1.0, 1.4e-45)]
+    assert yds_groups(jobs) == [pytest.approx((2.0, 1.0))]
+
+
 jobs_st = st.lists(
     st.tuples(st.floats(0.0, 5.0), st.floats(0.1, 5.0), st.floats(0.0, 10.0)),
     min_size=1,
