@@ -32,18 +32,20 @@ def loop_with_events(tmp_path, per_tick: list[list[str]]) -> ControlLoop:
     )
 
 
-def logged(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "intervention" in r.getMessage()]
+def run_logged(tmp_path, caplog, ticks: list[list[str]]) -> tuple[ControlLoop, list[str]]:
+    """Run one tick per entry of ``ticks``; the loop and the intervention lines it logged."""
+    loop = loop_with_events(tmp_path, ticks)
+    with caplog.at_level(logging.INFO, logger="hidvfs.loop"):
+        for _ in ticks:
+            loop.tick()
+    return loop, [r.getMessage() for r in caplog.records if "intervention" in r.getMessage()]
 
 
 def test_a_held_intervention_is_logged_at_its_start_and_end(tmp_path, caplog):
     reserve = "reserve cluster=a57 pid=7 need_khz=2035200"
     ticks = [[reserve]] * 30 + [[]] * 2 + [[reserve]]
-    loop = loop_with_events(tmp_path, ticks)
-    with caplog.at_level(logging.INFO, logger="hidvfs.loop"):
-        for _ in ticks:
-            loop.tick()
-    assert logged(caplog) == [
+    loop, lines = run_logged(tmp_path, caplog, ticks)
+    assert lines == [
         f"event=intervention {reserve}",
         f"event=intervention_ended {reserve} ticks=30",
         f"event=intervention {reserve}",  # back after a pause: a new one
@@ -54,11 +56,8 @@ def test_a_held_intervention_is_logged_at_its_start_and_end(tmp_path, caplog):
 def test_changing_and_one_tick_interventions_are_each_logged_once(tmp_path, caplog):
     a, b = "gate: a57 345600 -> 2035200 kHz", "gate: a57 1267200 -> 2035200 kHz"
     ticks = [[a], [b], [a, a], [a, b], []]
-    loop = loop_with_events(tmp_path, ticks)
-    with caplog.at_level(logging.INFO, logger="hidvfs.loop"):
-        for _ in ticks:
-            loop.tick()
-    assert logged(caplog) == [
+    _, lines = run_logged(tmp_path, caplog, ticks)
+    assert lines == [
         f"event=intervention {a}",
         f"event=intervention {b}",
         f"event=intervention {a}",  # a duplicate within one tick is one line
