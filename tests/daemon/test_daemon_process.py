@@ -23,22 +23,33 @@ from platforms.spec import load_board
 POLICY_FILES = ("scaling_governor", "scaling_min_freq", "scaling_max_freq", "scaling_setspeed")
 
 
+def read_settled(p: Path) -> str:
+    """The file's value. A running daemon rewrites a plain file by truncating it first (sysfs
+    swaps the value at once), so an empty read is a write in flight: read again."""
+    for _ in range(200):
+        text = p.read_text().strip()
+        if text:
+            return text
+        time.sleep(0.005)
+    return text
+
+
 def tree_state(root: Path, spec) -> dict[str, str]:
     """Every restorable value. setspeed only counts under userspace: a plain folder cannot turn
     it back into '<unsupported>' the way the kernel does when the governor changes."""
     out = {}
     for c in spec.clusters:
-        gov = (root / paths.policy_file(c.policy, "scaling_governor")).read_text().strip()
+        gov = read_settled(root / paths.policy_file(c.policy, "scaling_governor"))
         for name in POLICY_FILES:
             p = root / paths.policy_file(c.policy, name)
             if name == "scaling_setspeed" and gov != "userspace":
                 continue
             if p.exists():
-                out[str(p.relative_to(root))] = p.read_text().strip()
+                out[str(p.relative_to(root))] = read_settled(p)
     for cpu in spec.cpus:
         p = root / paths.cpu_online(cpu)
         if p.exists():
-            out[str(p.relative_to(root))] = p.read_text().strip()
+            out[str(p.relative_to(root))] = read_settled(p)
     return out
 
 
