@@ -238,6 +238,13 @@ def measure_cmd(
         or (isinstance(stack, int) and soft != unlimited and soft < stack)
     ):
         click.echo(f"note: the hard stack limit capped --stack at {_stack_text(soft)}", err=True)
+    if os.path.realpath(sysfs_root) != "/":
+        click.echo(
+            f"note: {sysfs_root} is not this machine's sysfs, so the frequency pins did not "
+            "change how fast the command ran: beta measures run-to-run noise here, and C and "
+            "L are this machine's times; measure on the board itself for a profile to rely on",
+            err=True,
+        )
     out = {
         "board": session.spec.name,
         **asdict(prof),

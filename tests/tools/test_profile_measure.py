@@ -97,12 +97,16 @@ def test_cli_measures_a_real_program_stores_and_lists_it(tx2):
     prog = [sys.executable, "-c", "sum(i * i for i in range(200000))"]
     r = CliRunner().invoke(cli, cli_args(tmp, "--name", "sq", "--json", "--", *prog))
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["name"] == "sq" and out["board"] == "tx2" and out["version"] == 1
     assert set(out["times_s"]) == {"all cores, top", "one core, top", "all cores, low"}
     store = deadlines.load(tmp / "profiles.json")
     assert store.find("sq", "tx2").ref_makespan_s == out["ref_makespan_s"]
     assert tree_state(tmp / "tree", spec) == original
+    # a fake tree pins nothing real: the user is told the profile is not the board's
+    assert (
+        "is not this machine's sysfs" in r.stderr and "beta measures run-to-run noise" in r.stderr
+    )
     listed = CliRunner().invoke(cli, ["profile", "list", "--store", str(tmp / "profiles.json")])
     assert "sq" in listed.output and "v1" in listed.output
     # measuring again gives other times: refused without --replace (before any timed run,
@@ -113,7 +117,7 @@ def test_cli_measures_a_real_program_stores_and_lists_it(tx2):
     again = CliRunner().invoke(
         cli, cli_args(tmp, "--name", "sq", "--replace", "--json", "--", *prog)
     )
-    assert again.exit_code == 0 and json.loads(again.output)["version"] == 2
+    assert again.exit_code == 0 and json.loads(again.stdout)["version"] == 2
 
 
 def test_cli_refuses_a_failing_program_and_a_running_daemon(tx2):
@@ -227,7 +231,7 @@ def _measure_stack(tmp, *options, name="stk"):
     assert resource.getrlimit(resource.RLIMIT_STACK)[0] == LOW  # this process's is put back
     softs = {int(s) for s, _ in rows}
     assert len(softs) == 1
-    return softs.pop(), {o for _, o in rows}.pop(), json.loads(r.output)
+    return softs.pop(), {o for _, o in rows}.pop(), json.loads(r.stdout)
 
 
 def test_stack_unlimited_raises_the_measured_programs_soft_limit_to_the_hard_one(tx2, low_stack):
