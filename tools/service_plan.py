@@ -137,11 +137,12 @@ def render_unit(template: str, exe: str | None, allow_list: bool = True) -> str:
             f"the unit template must have exactly one ExecStart= line, found {len(hits)}"
         )
     lines[hits[0]] = f"ExecStart={_systemd_quote(exe)} {DAEMON_ARGS}\n"
-    if _in_home(exe):
+    home = home_path(exe)
+    if home:
         # ProtectHome=yes hides /home and /root, and the service could not even start the
         # script (203/EXEC); read-only keeps them unwritable but lets it run
         lines = [
-            "# hidvfs is installed under a home folder, which ProtectHome=yes would hide\n"
+            f"# hidvfs runs from {home}, under a home folder ProtectHome=yes would hide\n"
             "ProtectHome=read-only\n"
             if ln.strip() == "ProtectHome=yes"
             else ln
@@ -153,22 +154,23 @@ def render_unit(template: str, exe: str | None, allow_list: bool = True) -> str:
 _HOMES = ("/home/", "/root/", "/run/user/")
 
 
-def _in_home(exe: str) -> bool:
-    """Whether the script, or the Python it runs under, lives where ProtectHome=yes hides."""
+def home_path(exe: str) -> str | None:
+    """The first of the script, the Python it runs under (also where their links lead) and
+    the package's folder that lives where ProtectHome=yes hides; None when none does."""
     import tools
 
     # the package too: an editable install under a home folder runs code from there
-    paths = {exe, os.path.realpath(exe), os.path.realpath(os.path.dirname(tools.__file__)) + "/"}
+    paths = [exe, os.path.realpath(exe), os.path.realpath(os.path.dirname(tools.__file__)) + "/"]
     try:
         with open(exe, "rb") as f:
             first = f.readline(512)
         if first.startswith(b"#!"):
             interp = first[2:].decode(errors="replace").split()
             if interp:
-                paths.update({interp[0], os.path.realpath(interp[0])})
+                paths += [interp[0], os.path.realpath(interp[0])]
     except OSError:
         pass
-    return any(p.startswith(_HOMES) for p in paths)
+    return next((p for p in paths if p.startswith(_HOMES)), None)
 
 
 def is_live(prefix: str) -> bool:
@@ -195,15 +197,12 @@ def install_plan(
     live = is_live(prefix)
     allow_list = knows_allow_list() if live else True
     unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe, allow_list)
+    home = home_path(exe) if exe else None
     steps = [
         Step(
             "write",
             f"install the systemd unit (ExecStart={exe or '/usr/bin/env hidvfs'}"
-            + (
-                ", ProtectHome=read-only: it is under a home folder"
-                if exe and _in_home(exe)
-                else ""
-            )
+            + (f", ProtectHome=read-only: {home} is under a home folder" if home else "")
             + (
                 ""
                 if allow_list

@@ -257,6 +257,16 @@ def test_a_script_under_a_home_folder_gets_protecthome_read_only(tmp_path, monke
         "read-only"
     ]
     assert unit_directives(sp.render_unit(UNIT.read_text(), EXE))["Service.ProtectHome"] == ["yes"]
+    # the plan names the path that forced it (here the home Python, not the script)
+    (step,) = [
+        s
+        for s in sp.install_plan(str(tmp_path / "stage"), str(other))
+        if s.target.endswith(".service") and s.action == "write"
+    ]
+    assert f"ProtectHome=read-only: {tmp_path}/venv/bin/python is under a home folder" in (
+        step.description
+    )
+    assert sp.home_path(EXE) is None
 
 
 def test_an_editable_install_under_a_home_folder_gets_protecthome_read_only(monkeypatch):
