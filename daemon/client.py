@@ -178,13 +178,17 @@ def run_registered(
     socket_path: str = DEFAULT_SOCKET,
     client: RegistryClient | None = None,
     on_registered: Callable[[dict[str, Any]], None] | None = None,
+    run_if_unreachable: bool = False,
 ) -> dict[str, Any]:
     """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
 
     ``on_registered(job)`` is called with the daemon's record of the job right after it
     registered (e.g. to warn that it has no reference profile).
 
-    The daemon is asked first, so an unreachable daemon fails before anything is launched.
+    The daemon is asked first, so an unreachable daemon fails before anything is launched,
+    unless ``run_if_unreachable``: then the command runs unmanaged (the daemon steers nothing,
+    ``unmanaged_reason`` says why), as it also does when the daemon goes away before the
+    registration.
     Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
     makespan_s (launch to exit), deadline_s, criticality and deadline_met (None without a
     deadline).
@@ -192,7 +196,13 @@ def run_registered(
     if not command:
         raise ValueError("no command given to run")
     client = client or RegistryClient(socket_path)
-    client.status()  # reachable? (raises DaemonUnreachable with the how-to-check hint)
+    down: str | None = None
+    try:
+        client.status()  # reachable? (raises DaemonUnreachable with the how-to-check hint)
+    except DaemonUnreachable as err:
+        if not run_if_unreachable:
+            raise
+        down = err.reason
     clock = MonotonicClock()
     name = name or os.path.basename(command[0])
     was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
@@ -200,21 +210,35 @@ def run_registered(
     try:
         t0 = clock.now()
         proc = spawn(command)
-        try:
-            job = client.register(
-                proc.pid, deadline_s=deadline_s, criticality=criticality, name=name, adopter=adopter
-            )
-        except RegistryError:
-            if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
+        if down is not None:
+            job = {"pid": proc.pid, "unmanaged": f"the daemon is unreachable: {down}"}
+        else:
+            try:
+                job = client.register(
+                    proc.pid,
+                    deadline_s=deadline_s,
+                    criticality=criticality,
+                    name=name,
+                    adopter=adopter,
+                )
+            except RegistryError:
+                if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
+                    proc.terminate()
+                    proc.wait()
+                    raise
+                # it ended before the daemon saw it (a short command): its result still counts
+                job = {"pid": proc.pid, "unmanaged": "it ended before the daemon registered it"}
+            except DaemonUnreachable as err:  # the daemon went away since the status
+                if not run_if_unreachable:
+                    proc.terminate()
+                    proc.wait()
+                    raise
+                down = err.reason
+                job = {"pid": proc.pid, "unmanaged": f"the daemon is unreachable: {down}"}
+            except BaseException:
                 proc.terminate()
                 proc.wait()
                 raise
-            # it ended before the daemon saw it (a short command): its result still counts
-            job = {"pid": proc.pid, "unmanaged": True}
-        except BaseException:
-            proc.terminate()
-            proc.wait()
-            raise
         if on_registered is not None and not job.get("unmanaged"):
             on_registered(job)
         try:
@@ -222,12 +246,13 @@ def run_registered(
         except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying
             rc = wait_reaping(proc) if adopter else proc.wait()
         makespan = clock.now() - t0
-        try:
-            client.unregister(proc.pid)
-        except RegistryError:
-            pass  # the daemon already saw it exit and dropped it
-        except DaemonUnreachable:
-            pass  # the daemon stopped meanwhile; nothing left to tell it
+        if down is None:
+            try:
+                client.unregister(proc.pid)
+            except RegistryError:
+                pass  # the daemon already saw it exit and dropped it
+            except DaemonUnreachable:
+                pass  # the daemon stopped meanwhile; nothing left to tell it
     finally:
         if adopter and not was_adopting:
             adopt_orphans(False)
@@ -243,6 +268,8 @@ def run_registered(
         "deadline_met": None if deadline_s is None else makespan <= deadline_s,
         # the reference profile the daemon planned with (None: the deadline was not planned)
         "profile_version": job.get("profile_version"),
-        # the command ended before the daemon could register it: the daemon never steered it
+        # the daemon never steered it: it ended before the registration, or (with
+        # run_if_unreachable) the daemon could not be reached
         "unmanaged": bool(job.get("unmanaged")),
+        "unmanaged_reason": job.get("unmanaged") or None,
     }

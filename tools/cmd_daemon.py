@@ -299,10 +299,19 @@ def _print_jobs(status: dict) -> None:
     show_default=True,
     help="The daemon's socket.",
 )
+@click.option(
+    "--if-no-daemon",
+    "if_no_daemon",
+    default="fail",
+    show_default=True,
+    type=click.Choice(["fail", "run"]),
+    help="When the daemon cannot be reached: fail (exit 2, nothing launched) or run CMD "
+    "unmanaged, with a warning (its deadline is then neither planned nor protected).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guard_errors
-def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> None:
+def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, command) -> None:
     """Launch CMD, register it with the daemon, wait, and print its makespan.
 
     Example: hidvfs run --deadline 5 --criticality hi -- ./fib.gcc.omp-tasks -n 30
@@ -325,11 +334,11 @@ def run_cmd(deadline_s, criticality, name, socket_path, as_json, command) -> Non
         name=name,
         socket_path=socket_path,
         on_registered=unplanned,
+        run_if_unreachable=if_no_daemon == "run",
     )
     if result.get("unmanaged"):
         click.echo(
-            f"hidvfs: warning: {result['name']!r} ended before the daemon could register it; "
-            "it ran unmanaged",
+            f"hidvfs: warning: {result['name']!r} ran unmanaged: {result['unmanaged_reason']}",
             err=True,
         )
     if as_json:

@@ -458,6 +458,44 @@ def test_run_registered_fails_before_launching_without_a_daemon(tmp_path):
     assert not marker.exists()
 
 
+def test_run_can_be_told_to_run_the_command_unmanaged_without_a_daemon(tmp_path):
+    """`hidvfs run --if-no-daemon run`: a script that must run either way gets the command's
+    own exit status and a warning that says why the daemon steered nothing."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    marker = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w'); raise SystemExit(3)"]
+    r = run_registered(cmd, socket_path=str(tmp_path / "none.sock"), run_if_unreachable=True)
+    assert marker.exists() and r["returncode"] == 3
+    assert r["unmanaged"] is True and "no such socket" in r["unmanaged_reason"]
+    marker.unlink()
+    args = ["run", "--socket", str(tmp_path / "none.sock"), "--if-no-daemon", "run", "--"]
+    out = CliRunner().invoke(cli, [*args, *cmd])
+    assert out.exit_code == 3 and marker.exists()
+    assert "ran unmanaged: the daemon is unreachable: no such socket" in out.stderr
+
+
+def test_a_daemon_that_goes_away_before_the_registration(server, monkeypatch, tmp_path):
+    """Reachable at the status, gone at the registration: by default the launched child is
+    stopped and the error raised (it would run unsteered); opted in, it runs unmanaged."""
+
+    def gone(self, *a, **k):
+        raise DaemonUnreachable(server.path, "connection refused")
+
+    monkeypatch.setattr(RegistryClient, "register", gone)
+    marker = tmp_path / "done"
+    cmd = [sys.executable, "-c", f"import time; time.sleep(1); open({str(marker)!r}, 'w')"]
+    with pytest.raises(DaemonUnreachable):
+        run_registered(cmd, socket_path=server.path)
+    time.sleep(1.2)
+    assert not marker.exists()  # stopped, not left running
+    r = run_registered(cmd, socket_path=server.path, run_if_unreachable=True)
+    assert marker.exists() and r["returncode"] == 0
+    assert r["unmanaged_reason"] == "the daemon is unreachable: connection refused"
+
+
 def test_run_warns_when_the_deadline_cannot_be_planned(server):
     """`hidvfs run --deadline` on a job the daemon has no reference profile for: it runs, and
     the user is told (at registration) how to measure one; with a profile, no warning."""
