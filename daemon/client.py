@@ -179,6 +179,7 @@ def run_registered(
     client: RegistryClient | None = None,
     on_registered: Callable[[dict[str, Any]], None] | None = None,
     run_if_unreachable: bool = False,
+    on_unmanaged: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
 
@@ -188,7 +189,8 @@ def run_registered(
     The daemon is asked first, so an unreachable daemon fails before anything is launched,
     unless ``run_if_unreachable``: then the command runs unmanaged (the daemon steers nothing,
     ``unmanaged_reason`` says why), as it also does when the daemon goes away before the
-    registration.
+    registration; ``on_unmanaged(reason)`` is then called once the command runs, so a long
+    job's user is told at its start.
     Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
     makespan_s (launch to exit), deadline_s, criticality and deadline_met (None without a
     deadline).
@@ -241,6 +243,8 @@ def run_registered(
                 raise
         if on_registered is not None and not job.get("unmanaged"):
             on_registered(job)
+        if on_unmanaged is not None and down is not None:
+            on_unmanaged(job["unmanaged"])
         try:
             rc = wait_reaping(proc) if adopter else proc.wait()
         except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import click
@@ -327,6 +328,13 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
                 err=True,
             )
 
+    told = []
+
+    def unmanaged(reason: str) -> None:
+        told.append(reason)
+        job_name = name or os.path.basename(command[0])
+        click.echo(f"hidvfs: warning: {job_name!r} runs unmanaged: {reason}", err=True)
+
     result = run_registered(
         list(command),
         deadline_s=deadline_s,
@@ -335,8 +343,9 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
         socket_path=socket_path,
         on_registered=unplanned,
         run_if_unreachable=if_no_daemon == "run",
+        on_unmanaged=unmanaged,
     )
-    if result.get("unmanaged"):
+    if result.get("unmanaged") and not told:
         click.echo(
             f"hidvfs: warning: {result['name']!r} ran unmanaged: {result['unmanaged_reason']}",
             err=True,
