@@ -179,7 +179,7 @@ def run_registered(
     client: RegistryClient | None = None,
     on_registered: Callable[[dict[str, Any]], None] | None = None,
     run_if_unreachable: bool = False,
-    on_unmanaged: Callable[[str], None] | None = None,
+    on_unmanaged: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
 
@@ -189,8 +189,9 @@ def run_registered(
     The daemon is asked first, so an unreachable daemon fails before anything is launched,
     unless ``run_if_unreachable``: then the command runs unmanaged (the daemon steers nothing,
     ``unmanaged_reason`` says why), as it also does when the daemon goes away before the
-    registration; ``on_unmanaged(reason)`` is then called once the command runs, so a long
-    job's user is told at its start.
+    registration. ``on_unmanaged(job)`` (pid, name, unmanaged: the reason) is called as soon
+    as the run is known to be unmanaged: at its start when the daemon is unreachable, so a
+    long job's user is told then.
     Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
     makespan_s (launch to exit), deadline_s, criticality and deadline_met (None without a
     deadline).
@@ -198,13 +199,13 @@ def run_registered(
     if not command:
         raise ValueError("no command given to run")
     client = client or RegistryClient(socket_path)
-    down: str | None = None
+    down: str | None = None  # why the daemon cannot take the job
     try:
         client.status()  # reachable? (raises DaemonUnreachable with the how-to-check hint)
     except DaemonUnreachable as err:
         if not run_if_unreachable:
             raise
-        down = err.reason
+        down = f"the daemon is unreachable: {err.reason}"
     clock = MonotonicClock()
     name = name or os.path.basename(command[0])
     was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
@@ -212,10 +213,9 @@ def run_registered(
     try:
         t0 = clock.now()
         proc = spawn(command)
-        if down is not None:
-            job = {"pid": proc.pid, "unmanaged": f"the daemon is unreachable: {down}"}
-        else:
-            try:
+        job: dict[str, Any] = {}
+        try:
+            if down is None:
                 job = client.register(
                     proc.pid,
                     deadline_s=deadline_s,
@@ -223,28 +223,31 @@ def run_registered(
                     name=name,
                     adopter=adopter,
                 )
-            except RegistryError:
-                if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
-                    proc.terminate()
-                    proc.wait()
-                    raise
-                # it ended before the daemon saw it (a short command): its result still counts
-                job = {"pid": proc.pid, "unmanaged": "it ended before the daemon registered it"}
-            except DaemonUnreachable as err:  # the daemon went away since the status
-                if not run_if_unreachable:
-                    proc.terminate()
-                    proc.wait()
-                    raise
-                down = err.reason
-                job = {"pid": proc.pid, "unmanaged": f"the daemon is unreachable: {down}"}
-            except BaseException:
+        except RegistryError:
+            if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
                 proc.terminate()
                 proc.wait()
                 raise
-        if on_registered is not None and not job.get("unmanaged"):
+            # it ended before the daemon saw it (a short command): its result still counts
+            job = {"unmanaged": "it ended before the daemon registered it"}
+        except DaemonUnreachable as err:  # the daemon went away since the status
+            if not run_if_unreachable:
+                proc.terminate()
+                proc.wait()
+                raise
+            down = f"the daemon is unreachable: {err.reason}"
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+        if down is not None:
+            job = {"unmanaged": down}
+        if job.get("unmanaged"):
+            job = {"pid": proc.pid, "name": name, **job}
+            if on_unmanaged is not None:
+                on_unmanaged(job)
+        elif on_registered is not None:
             on_registered(job)
-        if on_unmanaged is not None and down is not None:
-            on_unmanaged(job["unmanaged"])
         try:
             rc = wait_reaping(proc) if adopter else proc.wait()
         except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 
 import click
@@ -328,12 +327,8 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
                 err=True,
             )
 
-    told = []
-
-    def unmanaged(reason: str) -> None:
-        told.append(reason)
-        job_name = name or os.path.basename(command[0])
-        click.echo(f"hidvfs: warning: {job_name!r} runs unmanaged: {reason}", err=True)
+    def unmanaged(job: dict) -> None:
+        click.echo(f"hidvfs: warning: {job['name']!r} is unmanaged: {job['unmanaged']}", err=True)
 
     result = run_registered(
         list(command),
@@ -345,11 +340,6 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
         run_if_unreachable=if_no_daemon == "run",
         on_unmanaged=unmanaged,
     )
-    if result.get("unmanaged") and not told:
-        click.echo(
-            f"hidvfs: warning: {result['name']!r} ran unmanaged: {result['unmanaged_reason']}",
-            err=True,
-        )
     if as_json:
         emit_json(result)
     else:

@@ -474,7 +474,7 @@ def test_run_can_be_told_to_run_the_command_unmanaged_without_a_daemon(tmp_path)
     args = ["run", "--socket", str(tmp_path / "none.sock"), "--if-no-daemon", "run", "--"]
     out = CliRunner().invoke(cli, [*args, *cmd])
     assert out.exit_code == 3 and marker.exists()
-    assert "runs unmanaged: the daemon is unreachable: no such socket" in out.stderr
+    assert "is unmanaged: the daemon is unreachable: no such socket" in out.stderr
     assert out.stderr.count("unmanaged") == 1  # told once, at the start
 
 
