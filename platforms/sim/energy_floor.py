@@ -8,8 +8,10 @@ relaxes only constraints, never costs (:meth:`platforms.sim.plant.Plant._flush` 
 * The episode lasts T >= ``t_min_s``: no job ends before its critical path at the fastest core
   after its release, and the task time still to come after any release must fit on all cores.
   Over T the board pays its always-on loads (CPU uncore, every rail's ``base_w``) and every
-  online core at least its cluster's idle floor (activity ``idle_activity`` plus leakage at the
-  cheapest OPP): the daemon never takes a core offline, so a core that does not work still leaks.
+  online core at least its cluster's idle floor: activity ``idle_activity`` plus leakage at the
+  cheapest OPP, or, where the cluster's cores power-gate when idle (``gate_after_s``), the
+  gated share of that leakage from the first second on (the floor forgets the wait before
+  gating). The daemon never takes a core offline, so a core that does not work still leaks.
 * A core of cluster k at OPP i runs ``capacity x f_i`` reference cycles per second at
   ``coef_w[i] + leak[i]`` plus the per-busy-core rail loads (``busy_core_w``); mixing OPPs
   and idle over time gives at best the lower convex hull of those points and the idle point,
@@ -99,7 +101,10 @@ def _cores(
     for cs in spec.clusters:
         table = ClusterPowerTable.build(cs, params.cluster(cs.name))
         leak = [table.leak_w(k, ambient_c) for k in range(len(cs.freqs_khz))]
+        cp = params.cluster(cs.name)
         idle = min(c * params.idle_activity + lk for c, lk in zip(table.coef_w, leak))
+        if math.isfinite(cp.gate_after_s):
+            idle = min(idle, cp.gated_leak * min(leak))
         speeds = [0.0] + [cs.capacity * khz * 1e3 for khz in cs.freqs_khz]
         power = [idle] + [c + lk + busy_w for c, lk in zip(table.coef_w, leak)]
         hull = lower_hull_points(speeds, power)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from typing import Any
 
 
@@ -114,6 +115,11 @@ class Executor:
         self.seg = [0.0] * ncores
         self.busy_since = [0.0] * ncores
         self.busy_time = [0.0] * ncores
+        # idle power-gating: an online core idle for gate_after[c] seconds is gated until it
+        # next runs a thread; gated_time holds its closed gated stretches
+        self.gate_after = [math.inf] * ncores
+        self.idle_since = [0.0] * ncores
+        self.gated_time = [0.0] * ncores
         self.heap: list[tuple[float, int, _Thread, int]] = []
         self._seq = itertools.count()
         self._order = itertools.count()
@@ -225,13 +231,38 @@ class Executor:
             if self.on_core[c]:
                 self._reshare(c, t)
 
+    def set_gate_after(self, c: int, seconds: float) -> None:
+        """Core ``c`` is power-gated once idle ``seconds`` (inf: never); an idle core counts
+        as idle since long before t = 0 (a board that has been on for a while)."""
+        self.gate_after[c] = seconds
+        if not self.on_core[c] and math.isfinite(seconds):
+            self.idle_since[c] = min(self.idle_since[c], -seconds)
+
+    def gated_total(self, c: int, t: float) -> float:
+        """Cumulative power-gated seconds of core ``c`` since t = 0, up to ``t``."""
+        g = self.gated_time[c]
+        if self.online[c] and not self.on_core[c]:
+            start = self.idle_since[c] + self.gate_after[c]
+            if start < t:
+                g += t - max(start, 0.0)
+        return g
+
+    def _close_gated(self, c: int, t: float) -> None:
+        """Core ``c`` stops being idle (it runs, or goes offline): book its gated stretch."""
+        start = self.idle_since[c] + self.gate_after[c]
+        if start < t:
+            self.gated_time[c] += t - max(start, 0.0)
+
     def set_online(self, c: int, online: bool, t: float) -> None:
         if self.online[c] == online:
             return
         self._flush_core(c, t)
+        if not online and not self.on_core[c]:
+            self._close_gated(c, t)
         self.online[c] = online
         if online:
             self.act[c] = self.idle_activity
+            self.idle_since[c] = t
             self.free.add(c)
         else:
             busy = bool(self.on_core[c])
@@ -310,6 +341,7 @@ class Executor:
         self._flush_core(c, t)
         self.act[c] = self.idle_activity if self.online[c] else 0.0
         self.busy_time[c] += t - self.busy_since[c]
+        self.idle_since[c] = t
         if self.online[c]:
             self.free.add(c)
 
@@ -382,6 +414,7 @@ class Executor:
         if not others:
             self.free.discard(c)
             self.busy_since[c] = t
+            self._close_gated(c, t)
         others.append(thr)
         self._reshare(c, t)
         return evicted

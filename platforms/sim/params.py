@@ -25,6 +25,10 @@ in the YAML)::
           leak_ref_c: 25.0
           leak_kt: 0.025           # 1/K: P_leak ~ exp(kt (T - ref))
           leak_kv: 3.0             # 1/V: P_leak ~ V exp(kv (V - V_top))
+          gate_after_s: 0.0018     # optional: an idle core is power-gated (cpuidle's deepest
+                                   # core state) once idle this long (the state's min residency);
+                                   # absent: idle cores stay in WFI, clock-gated but leaking
+          gated_leak: 0.05         # fraction of the core's leakage left while power-gated
       rails:                       # rest of the board: spec sub-rails (and the CPU rail's
         <rail name | other>:       # non-CPU loads); "other" is the unmetered remainder of the total
           {base_w: .., busy_core_w: .., node: ..}
@@ -77,6 +81,8 @@ class ClusterPower:
     leak_ref_c: float
     leak_kt: float
     leak_kv: float
+    gate_after_s: float = math.inf  # idle seconds before the core is power-gated (inf: never)
+    gated_leak: float = 1.0  # fraction of the leakage left while gated
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,36 @@ class _P:
         return v
 
 
+_CLUSTER_KEYS = {
+    "node",
+    "volt_v",
+    "cdyn_uw_mhz_v2",
+    "leak_w",
+    "leak_ref_c",
+    "leak_kt",
+    "leak_kv",
+    "gate_after_s",
+    "gated_leak",
+}
+
+
+def _power_gating(p: _P, c: dict, w: str) -> dict[str, float]:
+    """The optional idle power-gating of a cluster's cores: both keys or neither."""
+    unknown = sorted(set(c) - _CLUSTER_KEYS)
+    if unknown:
+        raise p.err(
+            f"{w}.{unknown[0]}", f"a known cluster key ({', '.join(sorted(_CLUSTER_KEYS))})"
+        )
+    if "gate_after_s" not in c:
+        if "gated_leak" in c:
+            raise p.err(f"{w}.gate_after_s", "a number with gated_leak (missing)")
+        return {}
+    return {
+        "gate_after_s": p.num(c, "gate_after_s", f"{w}.gate_after_s", lo=0.0),
+        "gated_leak": p.num(c, "gated_leak", f"{w}.gated_leak", lo=0.0, hi=1.0),
+    }
+
+
 def parse_sim(spec: BoardSpec) -> SimParams:
     """Parse and validate ``spec.sim``; every error names ``sim.<key>`` in the spec's file."""
     file = spec.source or f"<{spec.name}>"
@@ -309,6 +345,7 @@ def parse_sim(spec: BoardSpec) -> SimParams:
                 leak_ref_c=p.num(c, "leak_ref_c", f"{w}.leak_ref_c", 25.0),
                 leak_kt=p.num(c, "leak_kt", f"{w}.leak_kt", 0.0, lo=0.0, hi=0.2),
                 leak_kv=p.num(c, "leak_kv", f"{w}.leak_kv", 0.0, lo=0.0),
+                **_power_gating(p, c, w),
             )
         )
     extra = sorted(set(raw_cl) - {c.name for c in spec.clusters})

@@ -12,6 +12,12 @@ fixed-point iteration on the step's mean temperature (predictor: the previous st
 power), so the power the plant reports is the power it integrates. The network is stepped with
 the exact zero-order hold of the step's average node powers (``platforms.sim.thermal``).
 
+Idle cores: an online core with no thread is in WFI (clock-gated: activity ``idle_activity``,
+full leakage). Where the cluster sets ``gate_after_s`` (cpuidle's deepest core power-down
+state), a core idle that long is power-gated until it next runs: no activity and
+``gated_leak`` of its leakage. This is cpuidle seen as a timeout (a real governor predicts the
+idle length and may gate sooner); the state's exit latency is not charged to the woken task.
+
 Governors: ``performance``/``powersave`` pin the maximum/minimum of the policy limits (and
 re-apply when the limits change); ``userspace`` follows ``set_freq``/``scaling_setspeed``; every
 other governor (``ondemand``, ``conservative``, ``schedutil``, ``interactive``) keeps the current
@@ -124,6 +130,8 @@ class ClusterState:
         self.cap_state = 0  # thermal cooling state: cap = freqs[-1 - cap_state]
         self.n_online = len(cores)
         self.leak_core_w = 0.0  # leakage per online core, held over the current thermal step
+        self.gated_leak = 1.0  # fraction of a core's leakage left while it is power-gated
+        self.step_gated_s = 0.0  # core-seconds gated in the current thermal step
         self.trips: list[tuple[int, float, float]] = []  # (zone index, trip °C, hyst °C)
 
     @property
@@ -203,6 +211,10 @@ class Plant:
         self._exe = Executor(len(self.cpu_ids), p.mem_activity, p.idle_activity)
         for cl in self._cl_list:
             self._exe.set_speed(cl.cores, self._inv_speed(cl), 0.0)
+            cp = p.cluster(cl.name)
+            cl.gated_leak = cp.gated_leak
+            for c in cl.cores:
+                self._exe.set_gate_after(c, cp.gate_after_s)
         if online is None:
             off = {c for cs in spec.clusters for c in cs.offline_by_default}
         else:
@@ -230,6 +242,7 @@ class Plant:
         self._node_leak_e = [0.0] * nn
         self._t_flush = 0.0
         self._busy_snap = [0.0] * len(self.cpu_ids)
+        self._gated_snap = [0.0] * len(self.cpu_ids)
 
         # thermal zones and throttling
         self._zones = list(p.zones)
@@ -618,11 +631,19 @@ class Plant:
             b = busy_time[c] + (t - busy_since[c] if on_core[c] else 0.0)
             busy += b - snap[c]
             snap[c] = b
+        gsnap, gated_total, idle_act = self._gated_snap, exe.gated_total, exe.idle_activity
         node_e, leak_e = self._node_e, self._node_leak_e
         cpu_e = 0.0
         for cl in self._cl_list:
-            dyn = cl.table.coef_w[cl.k] * sum([accs[c] for c in cl.cores])
-            stat = cl.leak_core_w * cl.n_online * dt
+            gated = 0.0  # a gated core has no clock (no idle activity) and leaks gated_leak
+            for c in cl.cores:
+                g = gated_total(c, t)
+                gated += g - gsnap[c]
+                gsnap[c] = g
+            cl.step_gated_s += gated
+            coef = cl.table.coef_w[cl.k]
+            dyn = coef * (sum([accs[c] for c in cl.cores]) - idle_act * gated)
+            stat = cl.leak_core_w * (cl.n_online * dt - (1.0 - cl.gated_leak) * gated)
             node_e[cl.node] += dyn + stat
             leak_e[cl.node] += stat
             cpu_e += dyn + stat
@@ -673,9 +694,10 @@ class Plant:
         act = exe.act
         cpu = 0.0
         for cl in self._cl_list:
-            cpu += (
-                cl.table.coef_w[cl.k] * sum(act[c] for c in cl.cores) + cl.leak_core_w * cl.n_online
-            )
+            ng = self._n_gated(cl)
+            cpu += cl.table.coef_w[cl.k] * (
+                sum(act[c] for c in cl.cores) - exe.idle_activity * ng
+            ) + cl.leak_core_w * (cl.n_online - (1.0 - cl.gated_leak) * ng)
         cpu += self._uncore_w
         nb = exe.n_busy()
         out: dict[str, float] = {}
@@ -703,12 +725,22 @@ class Plant:
     # ------------------------------------------------------------------------------------------
     # thermal
 
+    def _n_gated(self, cl: ClusterState) -> int:
+        """How many of the cluster's cores are power-gated right now."""
+        exe, t = self._exe, self.t
+        return sum(
+            1
+            for c in cl.cores
+            if exe.online[c] and not exe.on_core[c] and exe.idle_since[c] + exe.gate_after[c] <= t
+        )
+
     def _nonleak_node_power(self) -> list[float]:
         """Node powers without leakage, for the current busy state (W)."""
         exe = self._exe
         p = [0.0] * self.net.n
         for cl in self._cl_list:
-            p[cl.node] += cl.table.coef_w[cl.k] * sum(exe.act[c] for c in cl.cores)
+            act = sum(exe.act[c] for c in cl.cores) - exe.idle_activity * self._n_gated(cl)
+            p[cl.node] += cl.table.coef_w[cl.k] * act
         p[self._uncore_node] += self.params.cpu_uncore_w
         nb = exe.n_busy()
         for _, base, per_busy, node in self._loads:
@@ -719,7 +751,8 @@ class Plant:
         p = [0.0] * self.net.n
         amb = self.ambient_c
         for cl in self._cl_list:
-            p[cl.node] += cl.n_online * cl.table.leak_w(cl.k, amb + rise[cl.node])
+            n = cl.n_online - (1.0 - cl.gated_leak) * self._n_gated(cl)
+            p[cl.node] += n * cl.table.leak_w(cl.k, amb + rise[cl.node])
         return p
 
     def _set_leakage(self, rise: list[float]) -> None:
@@ -758,8 +791,12 @@ class Plant:
         amb = self.ambient_c
         cls = self._cl_list
         leaks = [cl.leak_core_w for cl in cls]
+        # leaking core count of the step just ended (gated cores count gated_leak)
+        n_leak = [cl.n_online - (1.0 - cl.gated_leak) * cl.step_gated_s * inv_dt for cl in cls]
+        for cl in cls:
+            cl.step_gated_s = 0.0
         for _ in range(4):
-            lp = [cl.n_online * lk for cl, lk in zip(cls, leaks)]
+            lp = [n * lk for n, lk in zip(n_leak, leaks)]
             new = [
                 cl.table.leak_w(cl.k, amb + 0.5 * (rise[cl.node] + f + sum(map(mul, g, lp))))
                 for cl, f, g in zip(cls, free, self._g_cc)

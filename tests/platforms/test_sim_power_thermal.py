@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import numpy as np
 import pytest
@@ -43,31 +44,52 @@ def no_leak_temp(params):
 # -- energy is the exact integral of the reported power -----------------------------------------
 
 
-def test_energy_is_exact_sum_of_piecewise_constant_power():
-    """Sample the power at every instant it can change: the sum equals the booked energy."""
-    params = dataclasses.replace(parse_sim(TX2), exec_jitter=0.0)
+def _three_pinned_jobs(params) -> Plant:
     plant = Plant(TX2, params=params, governor="userspace", online=TX2.cpus)
     for k, (sec, cpu) in enumerate([(0.31, 0), (0.52, 3), (0.77, 1)]):
         b = DagBuilder(f"t{k}")
         b.add(sec * FMAX * 1e3 * 0.7, sec * 0.3)  # compute + memory stall
         pid = plant.submit(SimJob(b.build(), f"t{k}", release_t=0.123 * (k + 1)))
         plant.set_affinity(pid, (cpu,))
+    return plant
+
+
+def test_energy_is_exact_sum_of_piecewise_constant_power():
+    """Sample the power at every instant it can change: the sum equals the booked energy.
+
+    Those instants are the thermal ticks, the frequency switch, the plant's events and, as
+    the shipped board power-gates idle cores, each job's end plus ``gate_after_s``."""
+    params = dataclasses.replace(parse_sim(TX2), exec_jitter=0.0)
+    gate_s = params.cluster("a57").gate_after_s
+    assert gate_s < params.thermal_step_s  # gating instants fall between the ticks
+    plant = _three_pinned_jobs(params)
     e0, c0 = plant.energy_j, plant.cpu_energy_j
     total = cpu = 0.0
     t = plant.t
     p_tot, p_cpu = plant.power_w()
     switch_at = 0.5 + TX2.cluster("a57").transition_latency_ns * 1e-9
-    grid = [k * params.thermal_step_s for k in range(1, 151)] + [0.5, switch_at]  # the tick grid
-    for target in sorted(set(grid)):
-        while t < target:
-            t_new = plant.advance(target)
-            total += p_tot * (t_new - t)
-            cpu += p_cpu * (t_new - t)
-            t = t_new
-            if t == 0.5:
-                plant.set_freq("a57", 960000)
-            p_tot, p_cpu = plant.power_w()
+    grid = [k * params.thermal_step_s for k in range(1, 151)] + [0.5, switch_at]
+    heapq.heapify(grid)
+    seen = 0
+    while grid:
+        target = heapq.heappop(grid)
+        if target <= t:
+            continue
+        t_new = plant.advance(target)
+        total += p_tot * (t_new - t)
+        cpu += p_cpu * (t_new - t)
+        t = t_new
+        if t < target:  # stopped at an event: come back for the target
+            heapq.heappush(grid, target)
+        if t == 0.5:
+            plant.set_freq("a57", 960000)
+        for t_ev, kind, _ in plant.events[seen:]:
+            if kind == "finish":  # its core gates gate_s later
+                heapq.heappush(grid, t_ev + gate_s)
+        seen = len(plant.events)
+        p_tot, p_cpu = plant.power_w()
     assert plant.freq_khz("a57") == 960000
+    assert sum(kind == "finish" for _, kind, _ in plant.events) == 3
     assert plant.energy_j - e0 == pytest.approx(total, rel=1e-12)
     assert plant.cpu_energy_j - c0 == pytest.approx(cpu, rel=1e-12)
 
@@ -281,6 +303,19 @@ def test_tx2_cpu_rail_with_six_cores_busy_at_2035_mhz():
     assert 3.2 <= cpu <= 3.5
     assert 30.0 <= plant.temps_c()["BCPU-therm"] <= 50.0
     assert total > cpu + 1.0
+
+
+def test_orin_nx_idle_rails_read_the_tegrastats_sample():
+    """boards.md 3.7: an idle Orin NX reads VDD_IN 4824 mW, VDD_CPU_GPU_CV 518 mW; idle here
+    is what schedutil leaves: every cluster at its lowest OPP, its cores power-gated."""
+    spec = load_board("orin-nx")
+    plant = Plant(spec, governor="userspace")
+    for cs in spec.clusters:
+        plant.set_freq(cs.name, cs.fmin_khz)
+    plant.advance(1.0)
+    rails = plant.rail_power_w()
+    assert rails["VDD_CPU_GPU_CV"] == pytest.approx(0.518, rel=0.03)
+    assert rails["VDD_IN"] == pytest.approx(4.824, rel=0.03)
 
 
 # -- spec validation -----------------------------------------------------------------------------
