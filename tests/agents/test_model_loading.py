@@ -89,9 +89,14 @@ def test_manifest_of_another_board_is_refused(tx2_copy):
 
 
 def test_reference_of_another_board_is_refused(tx2_copy):
-    # the shipped reference.npz files predate the board key: the response-time parity ties
-    # the shield calibration to this folder's response_time.onnx (board in its metadata)
+    # a reference.npz names its board (older files did not: for those the response-time
+    # parity ties the shield calibration to this folder's response_time.onnx instead)
     shutil.copy(MODELS_DIR / "orin-nx" / "reference.npz", tx2_copy / "reference.npz")
+    with pytest.raises(ValueError, match="reference.npz: metadata 'board' is 'orin-nx'"):
+        make_hidvfs(TX2, models=tx2_copy)
+    with np.load(MODELS_DIR / "orin-nx" / "reference.npz") as z:
+        older = {k: z[k] for k in z.files if k != "board"}
+    np.savez(tx2_copy / "reference.npz", **older)
     with pytest.raises(ValueError, match="reference.npz: its response_time reference outputs"):
         make_hidvfs(TX2, models=tx2_copy)
     assert make_hidvfs(TX2, models=tx2_copy, shield=False).name == "hidvfs-noshield"
@@ -148,7 +153,7 @@ def test_retraining_one_policy_records_its_own_provenance(tmp_path):
     # the top level is the last run (its command names what it retrained); per policy its own
     assert man["seed"] == 1 and "--policy ztt" in man["command"]
     assert man["policies"]["ztt"]["provenance"]["seed"] == 1
-    assert "provenance" not in man["policies"]["hidvfs"]  # shipped: from before the field
+    assert man["policies"]["hidvfs"]["provenance"]["seed"] == 0  # kept from its own run
     report = check_board("rubikpi3", folder)
     assert report["ok"], report
     rows = {r["file"]: r for r in report["files"]}
