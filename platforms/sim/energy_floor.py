@@ -99,9 +99,9 @@ def _cores(
     costs ``busy_w`` of rail loads; and the cheapest extra power of a stalled core."""
     out, stall = [], math.inf
     for cs in spec.clusters:
-        table = ClusterPowerTable.build(cs, params.cluster(cs.name))
-        leak = [table.leak_w(k, ambient_c) for k in range(len(cs.freqs_khz))]
         cp = params.cluster(cs.name)
+        table = ClusterPowerTable.build(cs, cp)
+        leak = [table.leak_w(k, ambient_c) for k in range(len(cs.freqs_khz))]
         idle = min(c * params.idle_activity + lk for c, lk in zip(table.coef_w, leak))
         if math.isfinite(cp.gate_after_s):
             idle = min(idle, cp.gated_leak * min(leak))

@@ -238,20 +238,26 @@ class Executor:
         if not self.on_core[c] and math.isfinite(seconds):
             self.idle_since[c] = min(self.idle_since[c], -seconds)
 
+    def is_gated(self, c: int, t: float) -> bool:
+        """Core ``c`` is power-gated at ``t``: online, idle, for at least its gate_after."""
+        return (
+            self.online[c] and not self.on_core[c] and self.idle_since[c] + self.gate_after[c] <= t
+        )
+
     def gated_total(self, c: int, t: float) -> float:
         """Cumulative power-gated seconds of core ``c`` since t = 0, up to ``t``."""
-        g = self.gated_time[c]
         if self.online[c] and not self.on_core[c]:
-            start = self.idle_since[c] + self.gate_after[c]
-            if start < t:
-                g += t - max(start, 0.0)
-        return g
+            return self.gated_time[c] + self._open_gated(c, t)
+        return self.gated_time[c]
+
+    def _open_gated(self, c: int, t: float) -> float:
+        """Seconds of the idle core's current gated stretch up to ``t`` (counted from t = 0)."""
+        start = self.idle_since[c] + self.gate_after[c]
+        return t - max(start, 0.0) if start < t else 0.0
 
     def _close_gated(self, c: int, t: float) -> None:
         """Core ``c`` stops being idle (it runs, or goes offline): book its gated stretch."""
-        start = self.idle_since[c] + self.gate_after[c]
-        if start < t:
-            self.gated_time[c] += t - max(start, 0.0)
+        self.gated_time[c] += self._open_gated(c, t)
 
     def set_online(self, c: int, online: bool, t: float) -> None:
         if self.online[c] == online:

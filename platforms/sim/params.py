@@ -216,11 +216,6 @@ _CLUSTER_KEYS = {
 
 def _power_gating(p: _P, c: dict, w: str) -> dict[str, float]:
     """The optional idle power-gating of a cluster's cores: both keys or neither."""
-    unknown = sorted(set(c) - _CLUSTER_KEYS)
-    if unknown:
-        raise p.err(
-            f"{w}.{unknown[0]}", f"a known cluster key ({', '.join(sorted(_CLUSTER_KEYS))})"
-        )
     if "gate_after_s" not in c:
         if "gated_leak" in c:
             raise p.err(f"{w}.gate_after_s", "a number with gated_leak (missing)")
@@ -322,6 +317,11 @@ def parse_sim(spec: BoardSpec) -> SimParams:
         if cs.name not in raw_cl:
             raise p.err(w, "power parameters for every cluster of the spec (missing)")
         c = p.mapping(raw_cl[cs.name], w)
+        unknown = sorted(set(c) - _CLUSTER_KEYS)
+        if unknown:
+            raise p.err(
+                f"{w}.{unknown[0]}", f"a known cluster key ({', '.join(sorted(_CLUSTER_KEYS))})"
+            )
         node = p.name(c, "node", f"{w}.node", node_names)
         volt = c.get("volt_v")
         if (

@@ -727,12 +727,8 @@ class Plant:
 
     def _n_gated(self, cl: ClusterState) -> int:
         """How many of the cluster's cores are power-gated right now."""
-        exe, t = self._exe, self.t
-        return sum(
-            1
-            for c in cl.cores
-            if exe.online[c] and not exe.on_core[c] and exe.idle_since[c] + exe.gate_after[c] <= t
-        )
+        is_gated, t = self._exe.is_gated, self.t
+        return sum(1 for c in cl.cores if is_gated(c, t))
 
     def _nonleak_node_power(self) -> list[float]:
         """Node powers without leakage, for the current busy state (W)."""
