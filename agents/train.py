@@ -9,7 +9,9 @@ runs one episode of the real control loop and returns its result (``jobs`` with 
 Reward, per decision tick i (from the observations the policy recorded, Delta t to the next
 tick, time in units of :data:`TIME_SCALE_S`):
 
-* makespan: ``-Delta t`` while jobs are pending;
+* time: ``-Delta t`` while jobs are pending (``time_term = "pending"``, busy time), or over
+  every tick from the first release to the last finish (``"makespan"``: the sum is the
+  episode's makespan, the metric ``agents eval`` reports);
 * energy regulariser: ``-lambda_E * Delta E / P_ref`` (trapezoid of the CPU rail by default,
   ``energy_rail``; P_ref that rail's mean power over one ``maxfreq`` episode of the first
   training mix, idle gaps between jobs included, measured at the start of training). The time
@@ -81,6 +83,10 @@ TRAIN_SEEDS = 0
 CALIB_SEEDS = 500_000
 VAL_SEEDS = 700_000
 EVAL_SEEDS = 900_000
+#: mixes for choosing training settings (``agents eval --mixes tuning``): inside the validation
+#: range, after the ``val_episodes`` (< 100) that model selection draws for any ``--seed``;
+#: never a held-out mix
+TUNING_SEEDS = VAL_SEEDS + 100
 #: the shield's held-out coverage episodes, after every `agents eval` mix
 COVERAGE_SEEDS = EVAL_SEEDS + 50_000
 #: per training seed: training mixes 10 000 apart, the other ranges 1 000 apart, so one
@@ -138,6 +144,10 @@ class TrainConfig:
     entropy: float = 0.01
     value_coef: float = 0.5
     lambda_e: float = 1.0
+    #: what the time term charges: "pending" (every tick with a job pending: busy time) or
+    #: "makespan" (every tick from the first release to the last finish, the metric eval
+    #: reports: a job that ends before the next arrival can run slower at no cost in time)
+    time_term: str = "pending"
     #: rail of the energy regulariser: "cpu" (what DVFS controls; the rest of the board costs
     #: energy in proportion to time, which the makespan term already charges) or "total"
     energy_rail: str = "cpu"
@@ -155,6 +165,12 @@ class TrainConfig:
     val_episodes: int = 4
     val_every: int = 32
     alpha: float = 0.1
+
+    def __post_init__(self):
+        if self.energy_rail not in ("cpu", "total"):
+            raise ValueError(f"energy_rail must be 'cpu' or 'total', not {self.energy_rail!r}")
+        if self.time_term not in ("pending", "makespan"):
+            raise ValueError(f"time_term must be 'pending' or 'makespan', not {self.time_term!r}")
 
     @classmethod
     def for_board(cls, board: str, **overrides) -> TrainConfig:
@@ -227,18 +243,24 @@ def tick_rewards(
     nxt = np.append(ts[1:], max(t_end, ts[-1]))
     dt = np.maximum(nxt - ts, 0.0)
     obs = metered(obs, result)  # the exact meter in the simulator; sensors elsewhere
-    rail = "total" if cfg.energy_rail == "total" else "cpu"
-    power = np.array([_rail_w(o, rail) for o in obs])
+    power = np.array([_rail_w(o, cfg.energy_rail) for o in obs])
     if np.isnan(power).all():
         power[:] = 0.0
     else:
         power = np.where(np.isnan(power), np.nanmean(power), power)
     p_next = np.append(power[1:], power[-1])
-    pending = np.array([1.0 if o.jobs else 0.0 for o in obs])
+    if cfg.time_term == "makespan":  # each tick's overlap with [first release, last finish]
+        jobs = getattr(result, "jobs", [])
+        t0 = min((j.release_t for j in jobs), default=float(ts[0]))
+        ends = [j.finish_t for j in jobs]
+        t1 = t_end if not ends or None in ends else max(ends)
+        charged = np.maximum(np.minimum(nxt, t1) - np.maximum(ts, t0), 0.0)
+    else:
+        charged = dt * np.array([1.0 if o.jobs else 0.0 for o in obs])
     trip = min(scale.trips_c) if scale.trips_c else 85.0
     t_target = trip - cfg.temp_margin_c
     temps = np.array([o.max_cpu_temp_c if o.max_cpu_temp_c is not None else 0.0 for o in obs])
-    r_time = -dt * pending / TIME_SCALE_S
+    r_time = -charged / TIME_SCALE_S
     p_norm = p_ref if p_ref and p_ref > 0 else scale.power_w
     r_energy = -cfg.lambda_e * 0.5 * (power + p_next) * dt / (p_norm * TIME_SCALE_S)
     r_temp = -cfg.lambda_t * np.maximum(temps - t_target, 0.0) / 10.0 * dt / TIME_SCALE_S

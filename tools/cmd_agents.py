@@ -164,8 +164,15 @@ def train_modules(policies) -> tuple[str, ...]:
     default=None,
     help="rail the energy regulariser charges (default: the board's)",
 )
+@click.option(
+    "--time-term",
+    type=click.Choice(["pending", "makespan"]),
+    default=None,
+    help="what the reward's time term charges: busy time, or the makespan that eval reports "
+    "(default: the board's)",
+)
 def train_cmd(
-    board, seed, policies, episodes, n_jobs, out_dir, workers, lambda_e, energy_rail
+    board, seed, policies, episodes, n_jobs, out_dir, workers, lambda_e, energy_rail, time_term
 ) -> None:
     """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
     from agents.learned import model_dir
@@ -192,6 +199,9 @@ def train_cmd(
     if energy_rail is not None:
         overrides["energy_rail"] = energy_rail
         command += f" --energy-rail {energy_rail}"
+    if time_term is not None:
+        overrides["time_term"] = time_term
+        command += f" --time-term {time_term}"
     cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     t0 = time.monotonic()
     man = train_board(
@@ -253,6 +263,8 @@ def check_cmd(boards, models, as_json) -> None:
 # eval
 
 BASE_EVAL = ("hidvfs", "geardvfs", "ztt", "schedutil", "maxfreq")
+#: tuning mixes 700100 + i stay inside seed 0's validation block (agents.train.SEED_STRIDE)
+MAX_TUNING_MIXES = 900
 ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
 #: energy_j is the whole board (the plant's VDD_IN); cpu_energy_j the CPU rail alone (what DVFS
 #: controls; on the RUBIK Pi 3, which has no monitor, the plant's CPU energy)
@@ -319,17 +331,28 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(v)
 
 
-def evaluate(board: str, names: list[str], seeds: int, ep: EpisodeSpec, models=None, log=None):
-    """Side-by-side runs of every policy on the same held-out mixes; records and summary."""
-    from agents.train import EVAL_SEEDS
+def evaluate(
+    board: str,
+    names: list[str],
+    seeds: int,
+    ep: EpisodeSpec,
+    models=None,
+    log=None,
+    mixes: str = "held-out",
+):
+    """Side-by-side runs of every policy on the same mixes (held-out, or the tuning mixes
+    training settings are chosen on); records and summary."""
+    from agents.train import EVAL_SEEDS, TUNING_SEEDS
     from platforms.spec import load_board
+
+    first = TUNING_SEEDS if mixes == "tuning" else EVAL_SEEDS
 
     spec = load_board(board)
     run = make_runner(board, ep)
     records = []
     policies = {n: _build(n, spec, models) for n in names}
     for i in range(seeds):
-        s = EVAL_SEEDS + i
+        s = first + i
         items = episode_items(board, s, ep)
         for n, pol in policies.items():
             res = run(pol, items, s)
@@ -343,7 +366,7 @@ def evaluate(board: str, names: list[str], seeds: int, ep: EpisodeSpec, models=N
     summary = []
     by = {n: [r for r in records if r["policy"] == n] for n in names}
     for n in names:
-        row = {"kind": "summary", "board": board, "policy": n, "seeds": seeds}
+        row = {"kind": "summary", "board": board, "policy": n, "seeds": seeds, "mixes": mixes}
         for m in METRICS:
             row[m] = _mean_std([r[m] for r in by[n]])
         tot_dl = sum(r["deadline_jobs"] for r in by[n])
@@ -402,7 +425,8 @@ def episode_options(f):
     type=click.IntRange(1, 50_000),
     default=5,
     show_default=True,
-    help="held-out mixes (seeds 900000 + i; at most 50000, below the shield's coverage mixes)",
+    help="mixes compared (held-out seeds 900000 + i: at most 50000, below the shield's "
+    "coverage mixes; tuning seeds 700100 + i: at most 900)",
 )
 @click.option(
     "--ablations/--no-ablations",
@@ -410,12 +434,20 @@ def episode_options(f):
     show_default=True,
     help=f"with hidvfs in --policy, also run {', '.join(ABLATIONS)}",
 )
+@click.option(
+    "--mixes",
+    type=click.Choice(["held-out", "tuning"]),
+    default="held-out",
+    show_default=True,
+    help="held-out: the evaluation mixes (900000 + i); tuning: the mixes training settings "
+    "are chosen on (700100 + i, never held out)",
+)
 @episode_options
 @click.option("--models", default=None, help=MODELS_HELP)
 @click.option(
     "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
 )
-def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json) -> None:
+def eval_cmd(boards, policies, seeds, ablations, mixes, n_jobs, slack, models, as_json) -> None:
     """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
     from agents.learned import model_dir
 
@@ -424,6 +456,11 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
         fail(f"--policy names no policy (e.g. {','.join(BASE_EVAL)})")
     if ablations and "hidvfs" in names:
         names += [a for a in ABLATIONS if a not in names]
+    if mixes == "tuning" and seeds > MAX_TUNING_MIXES:
+        fail(
+            f"--mixes tuning has {MAX_TUNING_MIXES} mixes (700100-700999, the rest of seed 0's "
+            f"validation block); --seeds {seeds} asks for more"
+        )
     ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
     todo = _boards(boards)
     if models:  # every board's folder first: no board's table before another's refusal
@@ -431,7 +468,7 @@ def eval_cmd(boards, policies, seeds, ablations, n_jobs, slack, models, as_json)
             model_dir(b, models)
     out = []
     for b in todo:
-        recs, summ, rat = evaluate(b, names, seeds, ep, models)
+        recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes)
         out.extend(recs + summ + rat)
         if not as_json:
             _print_table(b, summ, rat)

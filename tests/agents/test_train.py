@@ -153,6 +153,36 @@ def test_energy_regulariser_reads_the_chosen_rail_and_the_meter():
     assert tot.energy == pytest.approx(-6.0) and cpu.energy == 0.0
 
 
+def test_makespan_time_term_charges_first_release_to_last_finish():
+    """Busy time skips the gap between two jobs; the makespan term charges it (so slowing the
+    first job into the gap costs nothing), and neither charges before the first release or
+    after the last finish."""
+    # ticks every 0.5 s to t_end 3.0; job 1 pending on [0.5, 1.0), job 2 on [2.0, 2.5)
+    pend = {0.5, 2.0}
+    obs = [_obs(0.5 * i, FMAX, 0.5 if 0.5 * i in pend else 1.0, 3.0, A57.cpus) for i in range(6)]
+    jobs = [
+        SimpleNamespace(pid=1, release_t=0.5, finish_t=1.0, deadline_s=None, criticality="lo"),
+        SimpleNamespace(pid=2, release_t=2.0, finish_t=2.5, deadline_s=None, criticality="lo"),
+    ]
+    res = SimpleNamespace(jobs=jobs, t_end=3.0)
+    scale = BoardScale.of(SPEC)
+    plain = dict(shaping=False, lambda_t=0.0, lambda_e=0.0)
+    _, busy = tick_rewards(obs, res, scale, TrainConfig(**plain), p_ref=1.0)
+    _, span = tick_rewards(obs, res, scale, TrainConfig(time_term="makespan", **plain), 1.0)
+    assert busy.time == pytest.approx(-1.0)
+    assert span.time == pytest.approx(-2.0)  # 2.5 - 0.5: the episode's makespan
+    # a first release inside a tick charges only its part of it
+    jobs[0].release_t = 0.75
+    _, span = tick_rewards(obs, res, scale, TrainConfig(time_term="makespan", **plain), 1.0)
+    assert span.time == pytest.approx(-1.75)
+
+
+@pytest.mark.parametrize("key", ["energy_rail", "time_term"])
+def test_config_refuses_an_unknown_rail_or_time_term(key):
+    with pytest.raises(ValueError, match=key):
+        TrainConfig(**{key: "board"})
+
+
 def test_forked_jobs_return_in_order_and_report_failures():
     from agents.train import _run_forked
 

@@ -71,6 +71,21 @@ def test_eval_json_is_strict_json():
     assert {row["kind"] for row in rows} == {"run", "summary"}
 
 
+def test_eval_tuning_mixes_are_the_tuning_seeds_and_capped():
+    from agents.train import EVAL_SEEDS, TUNING_SEEDS
+
+    common = ("eval", "--board", "tx2", "--policy", "maxfreq", "--jobs", "1", "--json")
+    rows = strict(run(*common, "--seeds", "2", "--mixes", "tuning").output)
+    assert sorted(r["seed"] for r in rows if r["kind"] == "run") == [
+        TUNING_SEEDS,
+        TUNING_SEEDS + 1,
+    ]
+    rows = strict(run(*common, "--seeds", "1").output)
+    assert [r["seed"] for r in rows if r["kind"] == "run"] == [EVAL_SEEDS]
+    r = run(*common, "--seeds", "901", "--mixes", "tuning")
+    assert r.exit_code == 2 and "--mixes tuning has 900 mixes" in r.output
+
+
 @pytest.mark.parametrize("cmd", ["check", "eval", "sweep"])
 def test_unknown_board_is_named_first(cmd):
     r = run(cmd, "--board", "nosuch")
