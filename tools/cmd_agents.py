@@ -533,6 +533,8 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
             row["cpu_energy_vs_maxfreq"] = row["cpu_energy_j"] / (
                 sum(r["cpu_energy_j"] for r in base) / seeds
             )
+            # per mix, then the mean, as agents eval's ratio rows
+            row["edp_vs_maxfreq"] = _mean_std([r["edp"] / c["edp"] for r, c in zip(rs, base)])[0]
             row["misses"] = sum(r["misses"] for r in rs)
             row["deadline_jobs"] = sum(r["deadline_jobs"] for r in rs)
             rows.append(row)
@@ -555,7 +557,7 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
             f"{r['board']:9s} {r['policy']:12s} makespan {r['makespan_s']:.3f}s "
             f"energy {r['energy_j']:.2f}J ({r['energy_vs_maxfreq'] - 1:+.1%}) "
             f"CPU {r['cpu_energy_j']:.2f}J ({r['cpu_energy_vs_maxfreq'] - 1:+.1%}) "
-            f"misses {r['misses']}/{r['deadline_jobs']}"
+            f"EDP x{r['edp_vs_maxfreq']:.3f} misses {r['misses']}/{r['deadline_jobs']}"
         )
 
 

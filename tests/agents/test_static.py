@@ -85,6 +85,11 @@ def test_sweep_command_reports_energy_against_maxfreq():
     # slower points spend less CPU energy and take at least as long
     assert rows["static-0.6"]["cpu_energy_j"] < rows["static-1"]["cpu_energy_j"]
     assert rows["static-0.6"]["makespan_s"] >= rows["static-1"]["makespan_s"]
+    # one mix: the EDP ratio is the ratio of the two products
+    assert rows["maxfreq"]["edp_vs_maxfreq"] == pytest.approx(1.0)
+    assert rows["static-0.6"]["edp_vs_maxfreq"] == pytest.approx(
+        rows["static-0.6"]["edp"] / rows["maxfreq"]["edp"]
+    )
     # the floor is below every point that met its deadlines, and says how much could be saved
     floor = rows["floor"]
     for name in ("maxfreq", "static-1", "static-0.6"):
