@@ -534,7 +534,9 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
                 sum(r["cpu_energy_j"] for r in base) / seeds
             )
             # per mix, then the mean, as agents eval's ratio rows
-            row["edp_vs_maxfreq"] = _mean_std([r["edp"] / c["edp"] for r, c in zip(rs, base)])[0]
+            row["edp_vs_maxfreq"] = _mean_std(
+                [r["edp"] / c["edp"] for r, c in zip(rs, base) if r["edp"] and c["edp"]]
+            )[0]
             row["misses"] = sum(r["misses"] for r in rs)
             row["deadline_jobs"] = sum(r["deadline_jobs"] for r in rs)
             rows.append(row)
