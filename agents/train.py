@@ -98,6 +98,8 @@ SEED_STRIDE = 1_000
 MAX_EPISODES = TRAIN_STRIDE
 MAX_SEED = (CALIB_SEEDS - TRAIN_SEEDS) // TRAIN_STRIDE - 1
 MAX_EVAL_MIXES = COVERAGE_SEEDS - EVAL_SEEDS
+#: tuning mixes stay inside seed 0's validation block
+MAX_TUNING_MIXES = VAL_SEEDS + SEED_STRIDE - TUNING_SEEDS
 
 RunEpisode = Callable[..., object]
 MakeMix = Callable[[int], list]
@@ -798,6 +800,8 @@ __all__ = [
     "MAX_SEED",
     "MAX_EPISODES",
     "MAX_EVAL_MIXES",
+    "TUNING_SEEDS",
+    "MAX_TUNING_MIXES",
     "seed_ranges",
     "CORE_FRACTIONS",
 ]

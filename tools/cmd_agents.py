@@ -263,8 +263,6 @@ def check_cmd(boards, models, as_json) -> None:
 # eval
 
 BASE_EVAL = ("hidvfs", "geardvfs", "ztt", "schedutil", "maxfreq")
-#: tuning mixes 700100 + i stay inside seed 0's validation block (agents.train.SEED_STRIDE)
-MAX_TUNING_MIXES = 900
 ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
 #: energy_j is the whole board (the plant's VDD_IN); cpu_energy_j the CPU rail alone (what DVFS
 #: controls; on the RUBIK Pi 3, which has no monitor, the plant's CPU energy)
@@ -456,10 +454,13 @@ def eval_cmd(boards, policies, seeds, ablations, mixes, n_jobs, slack, models, a
         fail(f"--policy names no policy (e.g. {','.join(BASE_EVAL)})")
     if ablations and "hidvfs" in names:
         names += [a for a in ABLATIONS if a not in names]
+    from agents.train import MAX_TUNING_MIXES, TUNING_SEEDS
+
     if mixes == "tuning" and seeds > MAX_TUNING_MIXES:
+        last = TUNING_SEEDS + MAX_TUNING_MIXES - 1
         fail(
-            f"--mixes tuning has {MAX_TUNING_MIXES} mixes (700100-700999, the rest of seed 0's "
-            f"validation block); --seeds {seeds} asks for more"
+            f"--mixes tuning has {MAX_TUNING_MIXES} mixes ({TUNING_SEEDS}-{last}, the rest of "
+            f"seed 0's validation block); --seeds {seeds} asks for more"
         )
     ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
     todo = _boards(boards)

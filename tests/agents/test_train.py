@@ -253,6 +253,8 @@ def test_seed_ranges_are_disjoint_over_every_allowed_seed():
         MAX_EPISODES,
         MAX_EVAL_MIXES,
         MAX_SEED,
+        MAX_TUNING_MIXES,
+        TUNING_SEEDS,
         seed_ranges,
     )
 
@@ -262,6 +264,7 @@ def test_seed_ranges_are_disjoint_over_every_allowed_seed():
         for k, r in seed_ranges(seed, MAX_EPISODES, cfg.val_episodes, cfg.calib_episodes).items():
             use.setdefault(k, []).append(r)
     use["eval"] = [range(EVAL_SEEDS, EVAL_SEEDS + MAX_EVAL_MIXES)]
+    use["tuning"] = [range(TUNING_SEEDS, TUNING_SEEDS + MAX_TUNING_MIXES)]
     spans = sorted((r.start, r.stop, k) for k, rs in use.items() for r in rs)
     for (_, stop, k), (start, _, k2) in zip(spans, spans[1:]):
         assert stop <= start, (k, k2)  # no two ranges (of any use or seed) overlap
