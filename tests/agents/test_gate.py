@@ -155,6 +155,22 @@ def test_infeasible_gives_the_safest_point():
     assert r.events[0] in r.decision.events
 
 
+def test_safest_point_serves_savable_jobs_before_a_lost_one():
+    """A job past its deadline sorts first by deadline, but cores it takes cannot save it:
+    the savable jobs get their n cores first and the lost job what is left."""
+    lost = GateJob(1, prof(4.0, 1.0), -0.01)
+    heavy = GateJob(2, prof(8.0, 1.0), 2.0)  # at 2 GHz: C = 4, L = 0.5: ceil(3.5 / 1.5) = 3
+    short = GateJob(3, prof(8.0, 1.0), 2.5)  # 2 cores at 2 GHz, but only 1 is left then
+    d = Decision({"big": GHZ}, {p: JobSetting(QUAD.cpus) for p in (1, 2, 3)})
+    r = FederatedGate([QUAD]).repair(d, [short, heavy, lost])
+    assert not r.feasible
+    assert r.decision.freq_khz == {"big": 2 * GHZ}
+    got = {p: set(r.decision.jobs[p].cpus) for p in (1, 2, 3)}
+    assert len(got[2]) == 3 and len(got[3]) == 1 and got[2].isdisjoint(got[3])
+    assert got[1] == set(QUAD.cpus)  # nothing free: the lost job shares, it takes nothing
+    assert any("pid 3 cannot meet its deadline" in e for e in r.events)
+
+
 def test_raising_a_kernel_governed_cluster_hands_it_to_userspace():
     job = GateJob(10, prof(4.0, 0.5), 1.5)
     d = Decision({"big": GHZ}, {10: JobSetting((0, 1))}, governor={"big": "ondemand"})
