@@ -32,10 +32,9 @@ Repair of an infeasible proposal, cheapest change first:
    cheapest wins, fewest moves on a tie), so the gate finds a feasible point whenever one
    exists: feasibility is monotone in f (C, L and n(f) never grow with f), so the raise-only
    restriction loses none.
-4. If no point is feasible: the safest point (every cluster at its maximum) and
-   ``feasible=False``. In deadline order each job that fits gets its n cores on the
-   largest/fastest cluster with room; jobs short of cores, then jobs past hope (no core
-   count meets D anywhere), get what is left, so a lost job never starves a savable one.
+4. If no point is feasible: the safest point (every cluster at its maximum, each job in
+   deadline order on the largest/fastest cluster that still fits it, a job no core count
+   can save last) and ``feasible=False``.
 
 Cost model (:func:`default_cost`): sum over clusters of active_cores * capacity * f^3 (f in
 GHz), a monotone stand-in for dynamic power; any ``cost(cluster, khz, ncores)`` callable that
@@ -878,11 +877,11 @@ class _Repair:
         return self._finish(freq, jobs, governor, events)
 
     def safest(self) -> GateResult:
-        """Every cluster at its top OPP; cores to the jobs that can still make their deadline.
+        """Every cluster at its top OPP; jobs in deadline order on the largest cluster that fits.
 
-        No point meets every deadline. Jobs that fit get their n dedicated cores in deadline
-        order (:meth:`_safest_shares`); the others take all free cores of the best cluster
-        left, or share the largest one when none is free.
+        A job no core count can save (past its deadline, or L(f) >= D on every cluster) comes
+        last, whatever its deadline: cores it took first could not help it and would starve
+        the jobs that can still make theirs.
         """
         freq = dict(self.d.freq_khz)
         governor = dict(self.d.governor)
@@ -894,30 +893,37 @@ class _Repair:
         jobs = dict(self.d.jobs)
         events = [
             f"gate: no feasible assignment ({'; '.join(self.reasons[:3])}); "
-            "safest point: every cluster at its maximum, cores to the jobs that can still make it"
+            "safest point: every cluster at its maximum, jobs on the largest/fastest clusters"
         ]
         free = {ki: list(self.K[ki].cpus) for ki in self.g._ranking}
         heavy_cpus: set[int] = set()
         reserved: set[int] = set()
-        shares, hopeless = self._safest_shares()
-        for ji, (ki, n) in shares.items():
-            pid = self.jobs[ji].pid
-            cpus = self._take(free[ki], pid, n)
-            heavy_cpus.update(cpus)
-            reserved.update(cpus)
-            self._set(jobs, events, pid, cpus, f"safest, {n} cores on {self.K[ki].name}")
-        for ji in hopeless:
+        lost = [
+            all(self.req(ji, ki)[-1][0] == IMPOSSIBLE for ki in self.g._ranking)
+            for ji in range(len(self.jobs))
+        ]
+        order = sorted(range(len(self.jobs)), key=lambda ji: lost[ji])  # stable: deadline order
+        for ji in order:
             j = self.jobs[ji]
-            with_free = [ki for ki in self.g._ranking if free[ki]]
-            if with_free:
-                ki = max(
-                    with_free,
-                    key=lambda i: len(free[i]) * self.K[i].capacity * self.K[i].fmax_khz,
-                )
-                n = len(free[ki])
-                events.append(
-                    f"gate: pid {j.pid} cannot meet its deadline; gets all {n} free cores of {self.K[ki].name}"
-                )
+            chosen = None
+            for ki in self.g._ranking:
+                kind, n, _ = self.req(ji, ki)[-1]
+                if kind != IMPOSSIBLE and n <= len(free[ki]):
+                    chosen = (ki, n)
+                    break
+            if chosen is None:
+                with_free = [ki for ki in self.g._ranking if free[ki]]
+                if with_free:
+                    ki = max(
+                        with_free,
+                        key=lambda i: len(free[i]) * self.K[i].capacity * self.K[i].fmax_khz,
+                    )
+                    chosen = (ki, len(free[ki]))
+                    events.append(
+                        f"gate: pid {j.pid} cannot meet its deadline; gets all {chosen[1]} free cores of {self.K[ki].name}"
+                    )
+            if chosen is not None:
+                ki, n = chosen
                 cpus = self._take(free[ki], j.pid, n)
                 heavy_cpus.update(cpus)
                 reserved.update(cpus)
@@ -929,35 +935,6 @@ class _Repair:
         res = self._finish(freq, jobs, governor, events)
         res.feasible = False
         return res
-
-    def _safest_shares(self) -> tuple[dict[int, tuple[int, int]], list[int]]:
-        """{job index: (cluster index, cores)} for the jobs that fit, and the rest in order.
-
-        At the top OPPs, in deadline order, each job that can still meet its deadline takes
-        its n cores on the largest/fastest cluster with that many free. The rest get what is
-        left afterwards: first the jobs that need more cores than are free (deadline order),
-        then those no core count can save (past their deadline, or L(f) >= D everywhere), so
-        a lost job never takes cores a savable one needs.
-        """
-        shares: dict[int, tuple[int, int]] = {}
-        short: list[int] = []
-        lost: list[int] = []
-        free = {ki: len(self.K[ki].cpus) for ki in self.g._ranking}
-        for ji in range(len(self.jobs)):  # self.jobs is in deadline order
-            tops = [(ki, self.req(ji, ki)[-1]) for ki in self.g._ranking]
-            if all(r[0] == IMPOSSIBLE for _, r in tops):
-                lost.append(ji)
-                continue
-            for ki, (kind, n, _) in tops:
-                if kind != IMPOSSIBLE and n <= free[ki]:
-                    shares[ji] = (ki, n)
-                    free[ki] -= n
-                    break
-            else:
-                short.append(ji)
-        return shares, short + lost
-        rest = [ji for ji in range(len(self.jobs)) if ji not in shares]
-        return shares, rest
 
     # -- building the decision
 

@@ -157,10 +157,11 @@ def test_infeasible_gives_the_safest_point():
 
 def test_safest_point_serves_savable_jobs_before_a_lost_one():
     """A job past its deadline sorts first by deadline, but cores it takes cannot save it:
-    the savable jobs get their n cores first and the lost job what is left."""
+    the others go first in deadline order (the one short of cores takes what is free) and
+    the lost job gets what is left."""
     lost = GateJob(1, prof(4.0, 1.0), -0.01)
     heavy = GateJob(2, prof(8.0, 1.0), 2.0)  # at 2 GHz: C = 4, L = 0.5: ceil(3.5 / 1.5) = 3
-    short = GateJob(3, prof(8.0, 1.0), 2.5)  # 2 cores at 2 GHz, but only 1 is left then
+    short = GateJob(3, prof(8.0, 1.0), 2.5)  # needs 2 cores at 2 GHz, 1 is left then
     d = Decision({"big": GHZ}, {p: JobSetting(QUAD.cpus) for p in (1, 2, 3)})
     r = FederatedGate([QUAD]).repair(d, [short, heavy, lost])
     assert not r.feasible
