@@ -18,7 +18,7 @@ REFERENCE_VERSION = 2  # 2: C and L at capacity 1.0, as JobProfile defines them
 
 def reference_cluster(spec: BoardSpec):
     """The cluster with the largest compute capacity (cores x capacity x f_max)."""
-    return max(spec.clusters, key=lambda c: len(c.cpus) * c.capacity * c.fmax_khz)
+    return spec.reference_cluster
 
 
 @lru_cache(maxsize=512)

@@ -145,6 +145,12 @@ class BoardSpec:
         raise KeyError(f"board {self.name} has no thermal zone {type_!r}")
 
     @property
+    def reference_cluster(self) -> ClusterSpec:
+        """The cluster with the largest compute capacity (cores x capacity x f_max): job
+        profiles are measured on it at its top OPP, and their work counts its seconds."""
+        return max(self.clusters, key=lambda c: len(c.cpus) * c.capacity * c.fmax_khz)
+
+    @property
     def total_rail(self) -> RailSpec | None:
         return next((r for r in self.rails if r.role == "total"), None)
 

@@ -74,10 +74,25 @@ class ExecJob:
         "allowed_set",
         "prio",
         "weight",
+        "work",
+        "done_work",
+        "total_work",
     )
 
     def __init__(
-        self, st: Any, pid: int, order: int, cyc, mem, ptr, idx, npred, affinity, prio, weight
+        self,
+        st: Any,
+        pid: int,
+        order: int,
+        cyc,
+        mem,
+        ptr,
+        idx,
+        npred,
+        affinity,
+        prio,
+        weight,
+        ref_hz: float,
     ):
         self.st = st
         self.pid = pid
@@ -96,13 +111,19 @@ class ExecJob:
         self.allowed_set: frozenset[int] = frozenset()
         self.prio = prio
         self.weight = weight
+        #: each task's seconds on a capacity-1 core at ``ref_hz``: the unit of JobProfile.work_s
+        self.work = [c / ref_hz + m for c, m in zip(cyc, mem)]
+        self.done_work = 0.0  # of the completed tasks
+        self.total_work = sum(self.work)
 
 
 class Executor:
     """Cores, jobs and the task-completion event heap."""
 
-    def __init__(self, ncores: int, mem_activity: float, idle_activity: float):
+    def __init__(self, ncores: int, mem_activity: float, idle_activity: float, ref_hz: float = 1e9):
         self.n = ncores
+        #: reference cycles per second of the work unit (:meth:`job_work_fraction`)
+        self.ref_hz = float(ref_hz)
         self.mem_activity = mem_activity
         self.idle_activity = idle_activity
         self.inv_speed = [0.0] * ncores  # 1 / (capacity * f_hz), set by the plant
@@ -134,7 +155,20 @@ class Executor:
     def add_job(
         self, st, pid: int, cyc, mem, ptr, idx, npred, affinity, prio: int, weight: float, t: float
     ) -> None:
-        job = ExecJob(st, pid, next(self._order), cyc, mem, ptr, idx, npred, affinity, prio, weight)
+        job = ExecJob(
+            st,
+            pid,
+            next(self._order),
+            cyc,
+            mem,
+            ptr,
+            idx,
+            npred,
+            affinity,
+            prio,
+            weight,
+            self.ref_hz,
+        )
         self._set_allowed(job)
         self.jobs[pid] = job
         if job.n == 0:
@@ -181,6 +215,7 @@ class Executor:
             st.busy_s += (t - thr.t_upd) * share
             st.done_tasks += 1
             task = thr.task
+            job.done_work += job.work[task]
             ready = job.ready
             npred = job.npred
             ptr = job.ptr
@@ -319,6 +354,27 @@ class Executor:
         if job is None:
             return None
         return job.st.busy_s + sum((t - th.t_upd) * th.share for th in job.threads.values())
+
+    def job_work_fraction(self, pid: int, t: float) -> float | None:
+        """Share of the running job's work done by ``t``: completed tasks, the done part of
+        its running tasks and of those evicted mid-way (None when it is not running).
+
+        Tasks weigh their time on a capacity-1 core at ``ref_hz``, as a job profile's work
+        does, so ``1 - fraction`` is the remaining share of the work that profile counts.
+        """
+        job = self.jobs.get(pid)
+        if job is None:
+            return None
+        if not job.total_work > 0.0:
+            return 0.0
+        done = job.done_work
+        work = job.work
+        for th in job.threads.values():
+            rem = th.rem - (t - th.t_upd) / th.dur if th.dur > 0.0 else th.rem
+            done += work[th.task] * (1.0 - min(max(rem, 0.0), 1.0))
+        for task, rem in job.partial.items():
+            done += work[task] * (1.0 - rem)
+        return min(done / job.total_work, 1.0)
 
     def job_cores(self, pid: int) -> tuple[int, ...]:
         job = self.jobs.get(pid)

@@ -86,10 +86,6 @@ class JobState:
         return None if self.finish_t is None else self.finish_t - self.release_t
 
     @property
-    def progress(self) -> float:
-        return self.done_tasks / self.n_tasks if self.n_tasks else 1.0
-
-    @property
     def deadline_met(self) -> bool | None:
         if self.deadline_s is None or self.finish_t is None:
             return None
@@ -208,7 +204,12 @@ class Plant:
                 self._core_cluster[c] = cl
         self._cl_list = list(self.clusters.values())
 
-        self._exe = Executor(len(self.cpu_ids), p.mem_activity, p.idle_activity)
+        self._exe = Executor(
+            len(self.cpu_ids),
+            p.mem_activity,
+            p.idle_activity,
+            ref_hz=spec.reference_cluster.fmax_khz * 1e3,
+        )
         for cl in self._cl_list:
             self._exe.set_speed(cl.cores, self._inv_speed(cl), 0.0)
             cp = p.cluster(cl.name)
@@ -414,6 +415,16 @@ class Plant:
         st = self._job(pid)
         live = self._exe.job_cpu_time(pid, self.t)
         return st.busy_s if live is None else live
+
+    def job_progress(self, pid: int) -> float:
+        """Share of the job's work done (0 before its release, 1 once it ended), counted as
+        a job profile counts work (reference seconds, memory stalls included); what a job
+        that reports its progress would report, and what the gate's remaining work means."""
+        st = self._job(pid)
+        if st.done:
+            return 1.0
+        live = self._exe.job_work_fraction(pid, self.t) if st.released else None
+        return 0.0 if live is None else live
 
     def job_running_cpus(self, pid: int) -> tuple[int, ...]:
         """CPUs on which the job has a task running right now."""

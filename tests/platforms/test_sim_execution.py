@@ -309,6 +309,72 @@ def test_offline_cpu_moves_its_tasks_and_affinity_change_migrates():
     assert plant.jobs[pid].done_tasks == dag.n
 
 
+# -- progress: the share of the work done, as a job profile counts work ------------------------
+
+
+def test_progress_counts_work_not_tasks():
+    """A chain of a 1 s task and three 1/3 s ones (at fmax on an A57): after 1.5 s, 1.5 of
+    its 2 s of work are done, though only one task of four is."""
+    b = DagBuilder("uneven")
+    f = 2035200e3
+    t0 = b.add(f * 1.0)
+    t1 = b.add(f / 3, 0.0, (t0,))
+    t2 = b.add(f / 3, 0.0, (t1,))
+    b.add(f / 3, 0.0, (t2,))
+    plant = Plant(TX2, params=NO_JITTER, governor="userspace")
+    pid = plant.submit(SimJob(b.build(), "uneven", release_t=0.5))
+    plant.set_affinity(pid, (0,))
+    assert plant.job_progress(pid) == 0.0  # not released yet
+    plant.advance(0.5)
+    plant.advance(2.0)
+    assert plant.jobs[pid].done_tasks == 2
+    assert plant.job_progress(pid) == pytest.approx(0.75, rel=1e-9)
+    plant.run_until_idle()
+    assert plant.job_progress(pid) == 1.0
+
+
+def test_progress_keeps_an_evicted_task_s_done_part():
+    b = DagBuilder("one")
+    b.add(2035200e3 * 1.0, 0.25)  # 1 s of compute and 0.25 s of stall at fmax
+    plant = Plant(TX2, params=NO_JITTER, governor="userspace")
+    low = plant.submit(SimJob(b.build(), "low"))
+    plant.set_affinity(low, (0,))
+    plant.advance(0.5)
+    before = plant.job_progress(low)
+    assert before == pytest.approx(0.4, rel=1e-9)
+    hog = plant.submit(SimJob(independent(np.random.default_rng(1), n=4), "hog"))
+    plant.set_affinity(hog, (0,))
+    plant.set_priority(hog, rt_priority=50)  # evicts low's task mid-way
+    assert plant.job_running_cpus(low) == ()
+    assert plant.job_progress(low) == pytest.approx(before, rel=1e-9)
+    plant.run_until_idle()
+    assert plant.job_progress(low) == 1.0
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    shape=st.sampled_from(SHAPES),
+    moves=st.lists(st.tuples(st.floats(0.001, 0.05), st.integers(1, 63)), max_size=6),
+)
+def test_progress_only_grows_and_ends_at_one(seed, shape, moves):
+    """Under frequency, affinity and sharing changes the share of work done never falls."""
+    rng = np.random.default_rng(seed)
+    plant = Plant(TX2, seed=seed, governor="userspace", online=TX2.cpus)
+    pid = plant.submit(SimJob(shape(rng, mem=1.0), "x"))
+    plant.submit(SimJob(shape(rng), "other"))
+    last = plant.job_progress(pid)
+    for dt, mask in moves:
+        plant.advance(plant.t + dt)
+        now = plant.job_progress(pid)
+        assert 0.0 <= last <= now + 1e-12 <= 1.0 + 1e-12
+        last = now
+        plant.set_affinity(pid, tuple(c for c in TX2.cpus if mask >> c & 1) or (0,))
+        plant.set_freq("a57", A57.freqs_khz[mask % len(A57.freqs_khz)])
+    plant.run_until_idle()
+    assert plant.job_progress(pid) == 1.0
+
+
 def test_taking_an_idle_cpu_offline_books_no_busy_time_nor_energy():
     """An idle core going offline closes no busy stretch: it used to book its whole idle
     time as busy, and the per-busy-core rail loads charged it."""
