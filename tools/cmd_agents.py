@@ -289,7 +289,8 @@ def _build(name: str, spec, models):
     return make_policy(name, spec)
 
 
-def _record(board, policy, seed, res, ep: EpisodeSpec) -> dict:
+def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
+    """One run's row; ``overload``: the mix's densest window (platforms.sim.feasibility)."""
     dl = [j for j in res.jobs if j.deadline_s is not None]
     miss = sum(1 for j in dl if not j.deadline_met)
     ms = res.makespan_s
@@ -313,6 +314,10 @@ def _record(board, policy, seed, res, ep: EpisodeSpec) -> dict:
         "miss_ratio": miss / len(dl) if dl else 0.0,
         "jobs": len(res.jobs),
         "interventions": res.interventions,
+        # the mix's densest window over what the cores can hold: above 1 no policy meets
+        # every deadline (a necessary condition; below 1 does not prove they can be met)
+        "window_load": None if overload is None else overload.load,
+        "deadlines_infeasible": overload is not None and overload.infeasible,
         "lower_bound_s": None,
         "graham_bound_s": None,
         "ok": ms is not None,
@@ -341,6 +346,7 @@ def evaluate(
     """Side-by-side runs of every policy on the same mixes (held-out, or the tuning mixes
     training settings are chosen on); records and summary."""
     from agents.train import EVAL_SEEDS, TUNING_SEEDS
+    from platforms.sim.feasibility import worst_window
     from platforms.spec import load_board
 
     first = TUNING_SEEDS if mixes == "tuning" else EVAL_SEEDS
@@ -352,9 +358,12 @@ def evaluate(
     for i in range(seeds):
         s = first + i
         items = episode_items(board, s, ep)
+        overload = None
         for n, pol in policies.items():
             res = run(pol, items, s)
-            records.append(_record(board, n, s, res, ep))
+            if overload is None:  # the executed DAGs are the same under every policy
+                overload = worst_window(spec, _floor_jobs(res))
+            records.append(_record(board, n, s, res, ep, overload))
             if log:
                 r = records[-1]
                 log(
@@ -370,6 +379,8 @@ def evaluate(
         tot_dl = sum(r["deadline_jobs"] for r in by[n])
         row["misses_total"] = sum(r["misses"] for r in by[n])
         row["deadline_jobs_total"] = tot_dl
+        row["infeasible_mixes"] = sum(1 for r in by[n] if r["deadlines_infeasible"])
+        row["misses_on_infeasible"] = sum(r["misses"] for r in by[n] if r["deadlines_infeasible"])
         summary.append(row)
     ratios = []
     for n in names:
@@ -617,12 +628,23 @@ def _print_table(board, summary, ratios) -> None:
     click.echo(
         f"{'policy':18s} {'makespan s':>14s} {'energy J':>14s} {'CPU energy J':>14s} "
         f"{'EDP J·s':>14s} "
-        f"{'miss ratio':>13s} {'peak C':>12s}"
+        f"{'miss ratio':>13s} {'misses':>9s} {'peak C':>12s}"
     )
     for r in summary:
+        misses = f"{r['misses_total']}/{r['deadline_jobs_total']}"
         click.echo(
             f"{r['policy']:18s} {_fmt(r['makespan_s']):>14s} {_fmt(r['energy_j'], 2):>14s} "
-            f"{_fmt(r['cpu_energy_j'], 2):>14s} {_fmt(r['edp'], 2):>14s} {_fmt(r['miss_ratio']):>13s} {_fmt(r['peak_temp_c'], 1):>12s}"
+            f"{_fmt(r['cpu_energy_j'], 2):>14s} {_fmt(r['edp'], 2):>14s} {_fmt(r['miss_ratio']):>13s} "
+            f"{misses:>9s} {_fmt(r['peak_temp_c'], 1):>12s}"
+        )
+    if summary and summary[0]["infeasible_mixes"]:
+        k, n = summary[0]["infeasible_mixes"], summary[0]["seeds"]
+        avoidable = ", ".join(
+            f"{r['policy']} {r['misses_total'] - r['misses_on_infeasible']}" for r in summary
+        )
+        click.echo(
+            f"{k} of {n} mixes overload a window: no policy meets every deadline there "
+            f"(platforms/sim/feasibility.py). Misses on the other mixes: {avoidable}"
         )
     click.echo("ratios (per seed, policy / baseline):")
     for r in ratios:

@@ -86,6 +86,24 @@ def test_eval_tuning_mixes_are_the_tuning_seeds_and_capped():
     assert r.exit_code == 2 and "--mixes tuning has 900 mixes" in r.output
 
 
+def test_eval_names_the_mixes_no_policy_can_meet():
+    """At slack 1.0 (deadline = the job alone at the top OPP, before the plant's jitter) the
+    first held-out mix overloads a window: the run rows say so, and its misses are counted
+    apart from the ones a policy could have avoided."""
+    common = ("eval", "--board", "tx2", "--policy", "maxfreq", "--seeds", "2", "--slack", "1.0")
+    rows = strict(run(*common, "--json").output)
+    runs = [r for r in rows if r["kind"] == "run"]
+    (summary,) = [r for r in rows if r["kind"] == "summary"]
+    bad = [r for r in runs if r["deadlines_infeasible"]]
+    assert bad and all(r["window_load"] > 1.0 and r["misses"] >= 1 for r in bad)
+    assert all(r["window_load"] <= 1.0 for r in runs if not r["deadlines_infeasible"])
+    assert summary["infeasible_mixes"] == len(bad)
+    assert summary["misses_on_infeasible"] == sum(r["misses"] for r in bad)
+    text = run(*common).output
+    assert f"{len(bad)} of 2 mixes overload a window" in text
+    assert f"maxfreq {summary['misses_total'] - summary['misses_on_infeasible']}" in text
+
+
 @pytest.mark.parametrize("cmd", ["check", "eval", "sweep"])
 def test_unknown_board_is_named_first(cmd):
     r = run(cmd, "--board", "nosuch")
