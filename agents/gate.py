@@ -13,11 +13,20 @@ Light-job test (the adaptation of the ``n_low > 2 sum u`` test to one-shot jobs 
 light jobs that share a core set run sequentially in deadline order on those cores, as a
 non-preemptive EDF list schedule (each job starts on the first core to free up); the group
 passes when every job of it finishes by its deadline. Light groups with different core sets
-must be disjoint. For up to three light jobs per cluster this test is exact for partitioned
-sequential execution; beyond that it is a sufficient test. It assumes deadline-ordered
-execution: give light jobs of one pool priorities in deadline order, or one job per core.
+must be disjoint. The repair looks for the fewest cores of a cluster that hold its light jobs:
+a shared pool when the list fits, else a split of them over single cores
+(:func:`light_partition`, exact up to :data:`MAX_EXACT_LIGHTS` light jobs per cluster), which
+holds whenever any grouping does. The test assumes deadline-ordered execution, which
+:func:`order_priorities` sets.
 
 Heavy cores are exclusive: no other job of the decision (deadline or best-effort) may use them.
+
+Priorities (:func:`order_priorities`, applied to every decision the gate returns): the analysis
+counts a light job's pool cores as its own, in deadline order. So a best-effort job that
+shares a core with a deadline job runs SCHED_OTHER (a SCHED_FIFO one would starve the deadline
+job: a learned priority order may rank it first), a deadline job that shares cores with one
+runs SCHED_FIFO, and the deadline jobs of one light pool get their priorities in deadline
+order.
 Best-effort jobs need at least one core outside them: when a point leaves none, every cluster
 (a kept one too) may take a higher OPP with fewer heavy cores, the cheapest such mix wins.
 
@@ -233,6 +242,59 @@ def light_pool_size(jobs: Sequence[tuple[float, float]], limit: int) -> int | No
     return 0 if not jobs else None
 
 
+#: light jobs of one cluster beyond which :func:`light_partition` takes the EDF list's split
+#: instead of searching every split (the search is exponential in the jobs)
+MAX_EXACT_LIGHTS = 6
+
+
+def light_partition(jobs: Sequence[tuple[float, float]], m: int) -> list[list[int]] | None:
+    """A split of sequential jobs ``(deadline, work)``, sorted by deadline, over ``m`` cores
+    that meets every deadline, each core running its share in deadline order: the job
+    indices per core (cores left empty dropped), or None when no split does.
+
+    Any schedule that runs each job on one core without preemption is such a split, the EDF
+    list schedule of :func:`edf_fits` among them, so this finds one whenever a group of light
+    jobs fits in any way the analysis accepts (two jobs of equal deadline may need the longer
+    one first, which the list does not try). Exact (depth first, cores of equal load tried
+    once) up to :data:`MAX_EXACT_LIGHTS` jobs; beyond, the list schedule's own split.
+    """
+    if m <= 0:
+        return [] if not jobs else None
+    n = len(jobs)
+    if n > MAX_EXACT_LIGHTS:
+        free = [(0.0, k) for k in range(m)]
+        parts: list[list[int]] = [[] for _ in range(m)]
+        for i, (d, c) in enumerate(jobs):
+            t, k = heapq.heappop(free)
+            if t + c > d:
+                return None
+            parts[k].append(i)
+            heapq.heappush(free, (t + c, k))
+        return [p for p in parts if p]
+    loads = [0.0] * m
+    parts = [[] for _ in range(m)]
+
+    def place(i: int) -> bool:
+        if i == n:
+            return True
+        d, c = jobs[i]
+        tried: set[float] = set()
+        for k in range(m):
+            t = loads[k]
+            if t in tried or t + c > d:
+                continue
+            tried.add(t)
+            loads[k] = t + c
+            parts[k].append(i)
+            if place(i + 1):
+                return True
+            parts[k].pop()
+            loads[k] = t
+        return False
+
+    return [p for p in parts if p] if place(0) else None
+
+
 @dataclass(frozen=True)
 class Assignment:
     """A point to check: per-cluster frequency and per-deadline-job core set.
@@ -403,6 +465,9 @@ class _Point:
     fi: int  # index in the cluster's table
     heavy: int  # dedicated cores
     pool: int  # shared light cores
+    #: None: the light jobs share the pool (its EDF list fits); else the light jobs (indices
+    #: into the repair's jobs) of each pool core, when only a split of them fits
+    parts: tuple[tuple[int, ...], ...] | None = None
 
 
 class FederatedGate:
@@ -443,14 +508,17 @@ class FederatedGate:
         return r.reasons, r.alloc
 
     def repair(self, decision: Decision, jobs: Sequence[GateJob]) -> GateResult:
-        """The proposal itself when feasible, else the cheapest feasible repair, else safest."""
+        """The proposal itself when feasible, else the cheapest feasible repair, else safest;
+        with the priorities the analysis assumes (:func:`order_priorities`)."""
         jobs = self._order(jobs)
         r = _analyse(self._assignment(decision, jobs), self._kwhere)
         if not r.reasons:
-            return GateResult(
-                decision, True, [], r.alloc, self._cost_of(r.alloc, decision.freq_khz)
-            )
-        return _Repair(self, decision, jobs, r).run()
+            res = GateResult(decision, True, [], r.alloc, self._cost_of(r.alloc, decision.freq_khz))
+        else:
+            res = _Repair(self, decision, jobs, r).run()
+        res.decision, moved = order_priorities(res.decision, jobs)
+        res.events.extend(moved)
+        return res
 
     # -- helpers
 
@@ -599,7 +667,7 @@ class _Repair:
         k = self.K[ki]
         table = k.freqs_khz
         m_k = len(k.cpus)
-        reqs = [(self.jobs[ji].remaining_s, self.req(ji, ki)) for ji in _bits(mask)]
+        reqs = [(self.jobs[ji].remaining_s, self.req(ji, ki), ji) for ji in _bits(mask)]
         n_f = len(table)
         cost = self.g._cost
         out: _Point | None = None
@@ -608,30 +676,43 @@ class _Repair:
                 if out is not None and cost(ki, table[fi], 1) >= out.cost:
                     break  # monotone cost: no higher OPP can be cheaper
                 heavy = 0
-                lights: list[tuple[float, float]] = []
-                for d, r in reqs:
+                lights: list[tuple[float, float, int]] = []
+                for d, r, ji in reqs:
                     kind, n, c = r[fi]
                     if kind == HEAVY:
                         heavy += n
                     elif kind == LIGHT:
-                        lights.append((d, c))
+                        lights.append((d, c, ji))
                     else:
                         break
                 else:
                     if heavy > m_k:
                         continue
+                    parts = None
                     if len(lights) > 1:
                         lights.sort()
-                        pool = light_pool_size(lights, m_k - heavy)
-                        if pool is None:
-                            continue
+                        dc = [(d, c) for d, c, _ in lights]
+                        pool = light_pool_size(dc, m_k - heavy)
+                        if pool is None or pool > 1:
+                            # fewer cores may hold a split the list misses (its ties)
+                            # (one core runs them in deadline order either way: from 2 up)
+                            for m in range(2, (pool or m_k - heavy + 1)):
+                                split = light_partition(dc, m)
+                                if split is not None:
+                                    pool = m
+                                    parts = tuple(
+                                        tuple(lights[i][2] for i in part) for part in split
+                                    )
+                                    break
+                            if pool is None:
+                                continue
                     else:
                         pool = len(lights)
                         if heavy + pool > m_k:
                             continue
                     cst = cost(ki, table[fi], heavy + pool)
                     if out is None or cst < out.cost:
-                        out = _Point(cst, fi, heavy, pool)
+                        out = _Point(cst, fi, heavy, pool, parts)
         self._best[key] = out
         return out
 
@@ -861,7 +942,19 @@ class _Repair:
                     )
                 else:
                     lights.append(ji)
-            if lights:
+            if lights and p.parts is not None:
+                for part in p.parts:  # only a split fits: one core per part
+                    core = self._take(free, [self.jobs[ji].pid for ji in part], 1)
+                    reserved.update(core)
+                    for ji in part:
+                        self._set(
+                            jobs,
+                            events,
+                            self.jobs[ji].pid,
+                            core,
+                            f"light, {len(part)} in deadline order on one core of {k.name}",
+                        )
+            elif lights:
                 pool = self._take(free, [self.jobs[ji].pid for ji in lights], p.pool)
                 reserved.update(pool)
                 for ji in lights:
@@ -1022,6 +1115,83 @@ class _Repair:
         return GateResult(d, not reasons, events, alloc, self.g._cost_of(alloc, freq))
 
 
+def order_priorities(decision: Decision, jobs: Sequence[GateJob]) -> tuple[Decision, list[str]]:
+    """``decision`` with the priorities the federated analysis assumes on shared cores, and
+    an event per change (the decision itself when nothing changes).
+
+    * A best-effort job sharing a core with a deadline job runs SCHED_OTHER (rt 0, its nice
+      kept): rt 0 stays below any SCHED_FIFO priority however the actuator scales them.
+    * Deadline jobs on the same core set (a light pool) run in deadline order: each below
+      the earlier ones.
+    * A deadline job whose cores strictly contain another's (the safest point's job that
+      shares a cluster when no core is free) runs below it: it fills what the job holding
+      the cores leaves, it does not take them.
+    * Every deadline job that shares a core runs SCHED_FIFO (rt >= 1): when the two rules
+      above push one below 1, all of them are lifted alike, which keeps their order.
+
+    A job is only ever lowered below the jobs it must yield to (its own priority otherwise
+    stands), so the order the priority agent chose survives wherever cores are not shared.
+    ``jobs`` are the deadline jobs in deadline order (as :meth:`FederatedGate.repair` sorts
+    them); a job without a setting in the decision is left alone.
+    """
+    settings = decision.jobs
+    due = [j.pid for j in jobs if j.pid in settings]
+    if not due:
+        return decision, []
+    rank = {pid: i for i, pid in enumerate(due)}
+    cpus = {pid: frozenset(st.cpus) for pid, st in settings.items()}
+    rt = {pid: st.rt_priority for pid, st in settings.items()}
+    why: dict[int, str] = {}
+    shared: set[int] = set()
+    for pid in settings:
+        if pid in rank:
+            continue
+        over = [d for d in due if not cpus[d].isdisjoint(cpus[pid])]
+        if over:
+            shared.update(over)
+            rt[pid] = 0
+            why[pid] = f"best effort on the cores of deadline pid {over[0]}"
+    # smaller core sets first, then deadline order: every job comes after those above it
+    for pid in sorted(due, key=lambda p: (len(cpus[p]), rank[p])):
+        above = [
+            b
+            for b in due
+            if cpus[b] and (cpus[b] < cpus[pid] or (cpus[b] == cpus[pid] and rank[b] < rank[pid]))
+        ]
+        if not above:
+            continue
+        shared.add(pid)
+        shared.update(above)
+        top = min(rt[b] for b in above) - 1
+        if rt[pid] > top:
+            rt[pid] = top
+            b = min(above, key=lambda x: rt[x])
+            why[pid] = (
+                f"deadline order on the cores of pid {b}"
+                if cpus[b] == cpus[pid]
+                else f"below deadline pid {b} whose cores it shares"
+            )
+    low = min((rt[d] for d in shared), default=1)
+    for d in shared:
+        if low < 1:
+            rt[d] = min(rt[d] + 1 - low, 99)
+            why.setdefault(d, "SCHED_FIFO for a deadline job on shared cores")
+    events: list[str] = []
+    new = dict(settings)
+    for pid, st in settings.items():
+        if rt[pid] != st.rt_priority:
+            new[pid] = JobSetting(st.cpus, rt[pid], st.nice)
+            # the old value is left out: the text then stays the same while the change holds
+            # tick after tick, and the loop logs it once (daemon.loop)
+            events.append(f"gate: pid {pid} rt priority {rt[pid]} ({why.get(pid, 'order')})")
+    if not events:
+        return decision, []
+    out = decision.copy()
+    out.jobs = new
+    out.events.extend(events)
+    return out, events
+
+
 def _bits(mask: int):
     i = 0
     while mask:
@@ -1051,8 +1221,10 @@ __all__ = [
     "requirements",
     "edf_fits",
     "light_pool_size",
+    "light_partition",
     "default_cost",
     "jobs_from_obs",
     "clusters_from_obs",
     "gate_decision",
+    "order_priorities",
 ]

@@ -23,6 +23,7 @@ from agents.gate import (
     feasible,
     gate_decision,
     jobs_from_obs,
+    light_partition,
     light_pool_size,
     min_cores,
     requirement,
@@ -172,6 +173,62 @@ def test_safest_point_serves_savable_jobs_before_a_lost_one():
     assert any("pid 3 cannot meet its deadline" in e for e in r.events)
 
 
+def test_light_partition_finds_the_split_the_list_misses():
+    # equal deadlines: the list runs the shorter job first and the longer one ends at 2.5;
+    # the longer one alone on the second core fits
+    jobs = [(1.0, 0.8), (2.0, 0.8), (2.0, 1.7)]
+    assert not edf_fits(jobs, 2)
+    assert light_partition(jobs, 2) == [[0, 1], [2]]
+    assert light_partition(jobs, 1) is None
+    assert light_partition([], 0) == [] and light_partition(jobs, 0) is None
+
+
+def test_gate_splits_light_jobs_over_cores_when_only_a_split_fits():
+    two = cl("two", (1, 2), (400_000,), capacity=1.5)  # 0.6 of the reference speed
+    jobs = [
+        GateJob(100, prof(1.0, 1.0), 1.0, 0.5),  # C = 0.83, sequential
+        GateJob(101, prof(1.0, 1.0), 2.0, 0.5),  # C = 0.83
+        GateJob(102, prof(1.0, 1.0), 2.0, 1.0),  # C = 1.67
+    ]
+    r = FederatedGate([two]).repair(Decision({"two": 400_000}, {}), jobs)
+    assert r.feasible
+    cpus = {p: r.decision.jobs[p].cpus for p in (100, 101, 102)}
+    assert cpus[100] == cpus[101] and len(cpus[100]) == 1 and set(cpus[102]).isdisjoint(cpus[100])
+    # the two on one core run in deadline order
+    assert r.decision.jobs[100].rt_priority > r.decision.jobs[101].rt_priority >= 1
+
+
+def test_a_best_effort_job_runs_below_the_deadline_job_whose_cores_it_shares():
+    """The priority agent may rank a best-effort job first; on a light job's core it would
+    take the core, and the light job would wait past its deadline."""
+    light = GateJob(1, prof(0.5, 0.1), 1.0)
+    d = Decision({"big": GHZ}, {1: JobSetting((0,), 85), 2: JobSetting(QUAD.cpus, 90, 5)})
+    r = FederatedGate([QUAD]).repair(d, [light])
+    assert r.feasible and r.decision.jobs[1].cpus == (0,)
+    assert r.decision.jobs[2] == JobSetting(QUAD.cpus, 0, 5)  # SCHED_OTHER, nice kept
+    assert r.decision.jobs[1].rt_priority == 85
+    assert r.events == ["gate: pid 2 rt priority 0 (best effort on the cores of deadline pid 1)"]
+    # a deadline job at SCHED_OTHER becomes SCHED_FIFO above it
+    d = Decision({"big": GHZ}, {1: JobSetting((0,), 0), 2: JobSetting(QUAD.cpus, 0)})
+    r = FederatedGate([QUAD]).repair(d, [light])
+    assert r.decision.jobs[1].rt_priority == 1 and r.decision.jobs[2].rt_priority == 0
+
+
+def test_the_safest_point_s_sharer_runs_below_the_holders():
+    holder = GateJob(1, prof(4.0, 1.0), 2.0)  # at 2 GHz: C = 2 <= D: light, one core
+    sharer = GateJob(2, prof(40.0, 0.1), 2.0)  # needs more than the board: the 3 left
+    lost = GateJob(3, prof(4.0, 1.0), -0.1)  # past its deadline: shares the whole cluster
+    # the lost job proposed above the others: it would take their cores
+    d = Decision({"big": GHZ}, {p: JobSetting(QUAD.cpus, 80 + p) for p in (1, 2, 3)})
+    r = FederatedGate([QUAD]).repair(d, [holder, sharer, lost])
+    assert not r.feasible
+    st = r.decision.jobs
+    assert st[3].cpus == QUAD.cpus and st[3].rt_priority < min(st[1].rt_priority, 82)
+    for inner, outer in itertools.permutations((1, 2, 3), 2):
+        if set(st[inner].cpus) < set(st[outer].cpus):
+            assert st[inner].rt_priority > st[outer].rt_priority >= 1
+
+
 def test_raising_a_kernel_governed_cluster_hands_it_to_userspace():
     job = GateJob(10, prof(4.0, 0.5), 1.5)
     d = Decision({"big": GHZ}, {10: JobSetting((0, 1))}, governor={"big": "ondemand"})
@@ -289,7 +346,22 @@ def brute_force_exists(clusters, jobs, all_freqs=True, room=False):
     return False
 
 
+def check_priorities(jobs, decision):
+    """The priorities the analysis assumes hold on every shared core (order_priorities)."""
+    due = {j.pid: i for i, j in enumerate(sorted(jobs, key=lambda j: (j.remaining_s, j.pid)))}
+    st = decision.jobs
+    for a, b in itertools.permutations(st, 2):
+        ca, cb = set(st[a].cpus), set(st[b].cpus)
+        if ca.isdisjoint(cb):
+            continue
+        if a in due and b not in due:  # a best-effort job never runs above a deadline one
+            assert st[b].rt_priority == 0 < st[a].rt_priority, (a, b, st)
+        elif a in due and b in due and (cb < ca or (ca == cb and due[b] < due[a])):
+            assert st[b].rt_priority > st[a].rt_priority >= 1, (a, b, st)
+
+
 def check_invariants(clusters, jobs, proposal, r, others=()):
+    check_priorities(jobs, r.decision)
     tables = {k.name: k.freqs_khz for k in clusters}
     for name, f in r.decision.freq_khz.items():
         assert f in tables[name], (name, f)
@@ -330,8 +402,13 @@ def test_gate_finds_a_feasible_point_whenever_one_exists(inst):
     was_feasible = feasible(
         Assignment(clusters, jobs, proposal.freq_khz, {p: s.cpus for p, s in proposal.jobs.items()})
     )
-    if was_feasible:
-        assert r.decision is proposal and not r.events
+    if was_feasible:  # kept as proposed; at most the priorities the analysis assumes set
+        assert r.decision.freq_khz == proposal.freq_khz
+        assert {p: s.cpus for p, s in r.decision.jobs.items()} == {
+            p: s.cpus for p, s in proposal.jobs.items()
+        }
+        assert all("rt priority" in e for e in r.events)
+        assert (r.decision is proposal) == (not r.events)
 
 
 @st.composite

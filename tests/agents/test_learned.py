@@ -77,9 +77,14 @@ def test_decisions_are_valid(board):
         for name, f in d.freq_khz.items():
             assert f in tables[name]
         assert set(d.jobs) == {j.pid for j in obs.jobs}
-        for s in d.jobs.values():
+        due = {j.pid for j in obs.jobs if j.deadline_s is not None}
+        for pid, s in d.jobs.items():
             assert s.cpus and set(s.cpus) <= online
-            assert 1 <= s.rt_priority <= 99
+            if s.rt_priority == 0:  # only a best-effort job on a deadline job's cores
+                assert pid not in due
+                assert any(not set(d.jobs[q].cpus).isdisjoint(s.cpus) for q in due)
+            else:
+                assert 1 <= s.rt_priority <= 99
 
 
 @pytest.mark.parametrize("board", BOARDS)
