@@ -178,14 +178,23 @@ def daemon_cmd(
             _print_status(status)
         return
     if replay_trace:
+        from daemon.stopsignals import StopOnSignals
         from tools.replay import replay_trace as run_replay
 
-        result = run_replay(
-            replay_trace,
-            policy or (cfg.policy if cfg else None),
-            period_ms or (cfg.period_ms if cfg else None),
-            config=cfg,
-        )
+        # as --sim: a signal ends the replay with the summary of what ran, exit 0
+        with StopOnSignals() as signals:
+            result = run_replay(
+                replay_trace,
+                policy or (cfg.policy if cfg else None),
+                period_ms or (cfg.period_ms if cfg else None),
+                config=cfg,
+                stop=signals.stop,
+            )
+        if signals.received:
+            click.echo(
+                f"hidvfs: {signals.received}: replay stopped at t={result['status']['t']:.1f} s",
+                err=True,
+            )
         if status_file:
             from daemon.statusfile import write_status
 

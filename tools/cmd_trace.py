@@ -150,10 +150,18 @@ def replay_cmd(
     applied, and compared with what the recording daemon wrote (a trace from
     `hidvfs daemon --record` is replayed at its tick times, so every write compares).
     """
+    from daemon.stopsignals import StopOnSignals
     from tools.common import fail
     from tools.replay import replay_trace
 
-    result = replay_trace(trace_file, policy, period_ms, allow_truncated=allow_truncated)
+    with StopOnSignals() as signals:
+        result = replay_trace(
+            trace_file, policy, period_ms, allow_truncated=allow_truncated, stop=signals.stop
+        )
+    if signals.received:
+        click.echo(f"hidvfs: {signals.received}: replay stopped before the trace's end", err=True)
+        if check:
+            fail(f"{trace_file}: the replay was stopped ({signals.received}); nothing checked")
     if check and not result["recorded_writes"]:
         fail(f"{trace_file}: --check needs a trace with the daemon's writes (daemon --record)")
     same = not result["mismatches"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from agents.factory import make_policy_stack
 from agents.mixed import ClusterReservation
 from daemon.config import Config, policy_options
@@ -38,8 +40,12 @@ def replay_trace(
     config: Config | None = None,
     *,
     allow_truncated: bool = False,
+    stop: threading.Event | None = None,
 ) -> dict:
     """Run the control loop on a recorded trace; its writes are kept, never applied.
+
+    ``stop`` (set by a signal handler, :class:`daemon.stopsignals.StopOnSignals`) ends the
+    replay at the next tick; the result is then the replay so far, with ``stopped`` true.
 
     Replay time is trace time (a read at t sees the latest sample at or before t). A trace the
     daemon recorded (``daemon --record``) is replayed tick by tick at its sample times with
@@ -81,10 +87,12 @@ def replay_trace(
     )
     if lockstep:
         for s in trace.samples:
+            if stop is not None and stop.is_set():
+                break
             clock.set(max(s.t, clock.now()))
             loop.tick()
     else:
-        loop.run(duration_s=max(duration, period))
+        loop.run(duration_s=max(duration, period), stop=stop)
     recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]
     ours = list(sysfs.writes)
     mismatches = compare_writes(trace, ours) if recorded else []
@@ -102,5 +110,6 @@ def replay_trace(
         # writes the replay made on a tick where the recording made none to that file
         "extra_writes": sum(1 for m in mismatches if m.recorded is None),
         "truncated": trace.truncated,
+        "stopped": stop is not None and stop.is_set(),
         "status": loop.status(),
     }

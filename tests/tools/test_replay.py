@@ -1,9 +1,11 @@
 """CI without hardware: record a fake board, replay it through the real control loop, and check
 the daemon's decisions."""
 
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -349,3 +351,58 @@ def test_a_signal_ends_trace_record_with_a_complete_replayable_trace(tmp_path, s
     r = CliRunner().invoke(cli, ["trace", "replay", str(out)])
     assert r.exit_code == 0, r.output
     assert f"replayed {n} ticks of tx2" in r.output and "cut short" not in r.output
+
+
+def test_a_set_stop_event_ends_the_replay_before_its_first_tick(tmp_path):
+    out, _, _ = _record(tmp_path)
+    stop = threading.Event()
+    stop.set()
+    r = replay_trace(str(out), "maxfreq", stop=stop)
+    assert r["stopped"] and r["ticks"] == 0
+    assert not replay_trace(str(out), "maxfreq")["stopped"]
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Has process ``pid`` installed a handler for ``sig`` (SigCgt in /proc/PID/status)?"""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_stops_daemon_replay_with_its_summary_and_exit_0(tmp_path, sig):
+    """As `daemon --sim`: a kill or a closed terminal ends a long replay with the summary of
+    what ran (it used to die by the signal's default)."""
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path / "tree")
+    out = tmp_path / "long.jsonl.gz"
+    record(
+        DirSysfs(tmp_path / "tree"),
+        VirtualClock(0.0),
+        str(out),
+        period_s=1.0,
+        duration_s=600.0,
+        board="tx2",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "daemon", "--replay", str(out)]
+        + ["--period-ms", "1", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        end = time.monotonic() + 60
+        while not _catches(proc.pid, signal.SIGTERM):  # the handlers are in: replay runs
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert f"hidvfs: {sig.name}: replay stopped at t=" in stderr
+    assert json.loads(stdout)["board"] == "tx2"
