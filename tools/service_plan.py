@@ -121,9 +121,15 @@ def without_allow_list(unit: str) -> str:
     )
 
 
-def render_unit(template: str, exe: str | None, allow_list: bool = True) -> str:
+_FIND = object()  # render_unit's ``home``: look it up from ``exe``
+
+
+def render_unit(
+    template: str, exe: str | None, allow_list: bool = True, home: str | None | object = _FIND
+) -> str:
     """The unit with ExecStart pointing at ``exe`` (unchanged ``/usr/bin/env hidvfs`` if None);
-    ``allow_list=False``: without the system call allow-list (see :func:`without_allow_list`)."""
+    ``allow_list=False``: without the system call allow-list (see :func:`without_allow_list`);
+    ``home``: what :func:`home_path` says of ``exe``, when the caller has it already."""
     if not allow_list:
         template = without_allow_list(template)
     if exe is None:
@@ -137,7 +143,8 @@ def render_unit(template: str, exe: str | None, allow_list: bool = True) -> str:
             f"the unit template must have exactly one ExecStart= line, found {len(hits)}"
         )
     lines[hits[0]] = f"ExecStart={_systemd_quote(exe)} {DAEMON_ARGS}\n"
-    home = home_path(exe)
+    if home is _FIND:
+        home = home_path(exe)
     if home:
         # ProtectHome=yes hides /home and /root, and the service could not even start the
         # script (203/EXEC); read-only keeps them unwritable but lets it run
@@ -196,8 +203,8 @@ def install_plan(
     exe = exe if exe is not None else default_exe()
     live = is_live(prefix)
     allow_list = knows_allow_list() if live else True
-    unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe, allow_list)
-    home = home_path(exe) if exe else None
+    home = home_path(exe) if exe else None  # reads the script: once, for the unit and the plan
+    unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe, allow_list, home)
     steps = [
         Step(
             "write",
