@@ -39,6 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
+from agents.deadlines import span_at, work_at
 from agents.features import (
     MAX_CLUSTERS,
     N_CLUSTER,
@@ -681,10 +682,57 @@ class SpillStage:
       most remaining work, at the lowest table entry whose per-core speed (capacity x f) is at
       least the borrowers' home speed, so no task can run slower than on its home cores; a
       cluster that cannot match that speed lends nothing to a deadline job.
+
+    Before both: when a deadline job is late on the cores it has (the Graham bound of its
+    remaining work there passes its remaining deadline, which happens only at the gate's
+    safest point), every free active core goes to the late job with the earliest deadline,
+    whatever its cluster, and a cluster that runs no job then runs at its top OPP. A job
+    already late loses nothing to slower borrowed cores, and every core it gets is one a
+    best-effort job would otherwise have taken (900 tuning mixes on tx2: misses 29 -> 25).
     """
 
     def __init__(self, active: Callable[[], dict[str, tuple[int, ...]]] | None = None):
         self.active = active
+
+    @staticmethod
+    def _to_the_late(out: Decision, obs: Observation, act, where, jobs) -> bool:
+        """Lend every free active core to the late deadline job with the earliest deadline
+        (see the class docstring); False when no core is free or no job is late."""
+        used = {c for st in out.jobs.values() for c in st.cpus}
+        free = [
+            (cl, c)
+            for cl in obs.clusters
+            for c in act.get(cl.name, ())
+            if c in cl.online and c not in used
+        ]
+        if not free:
+            return False
+        late = []
+        for pid, j in jobs.items():
+            if j.deadline_s is None or j.profile is None or not j.remaining_s > 0:
+                continue
+            cpus = out.jobs[pid].cpus
+            cl = where.get(cpus[0]) if cpus else None
+            if cl is None:
+                continue
+            f = out.freq_khz.get(cl.name) or cl.cur_khz or cl.freqs_khz[-1]
+            rem = job_remaining(j)
+            c = work_at(j.profile, f, cl.capacity, rem)
+            span = span_at(j.profile, f, cl.capacity, rem)
+            if span + (c - span) / len(cpus) > j.remaining_s:
+                late.append((j.remaining_s, pid))
+        if not late:
+            return False
+        pid = min(late)[1]
+        for cl in {id(cl): cl for cl, _ in free}.values():
+            if used.isdisjoint(cl.cpus):  # runs no job: at its top for the late one
+                top = cl.max_khz if cl.max_khz is not None else cl.freqs_khz[-1]
+                out.freq_khz[cl.name] = top
+        st = out.jobs[pid]
+        out.jobs[pid] = JobSetting(
+            tuple(sorted(set(st.cpus) | {c for _, c in free})), st.rt_priority, st.nice
+        )
+        return True
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         if not obs.jobs or not decision.jobs:
@@ -695,6 +743,8 @@ class SpillStage:
         out = decision.copy()
         where = {c: cl for cl in obs.clusters for c in cl.cpus}
         jobs = {j.pid: j for j in obs.jobs if j.pid in out.jobs}
+        if self._to_the_late(out, obs, act, where, jobs):
+            return out
 
         def rem_work(j: JobObs) -> float:
             return job_remaining(j) * j.profile.work_s if j.profile is not None else 0.0

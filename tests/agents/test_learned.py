@@ -12,7 +12,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from agents.deadlines import span_at, work_at
 from agents.factory import make_policy
+from agents.features import job_remaining
 from agents.gate import FederatedGate, jobs_from_obs
 from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage, choose, rt_row, rt_rows_many
 from agents.learned import MODELS_DIR, check_board, make_hidvfs
@@ -146,11 +148,51 @@ def test_spill_only_adds_cores_at_matching_speed(data):
     for pid, s in d.jobs.items():
         assert set(s.cpus) <= set(out.jobs[pid].cpus)
     home_speed = first.capacity * freq[first.name]
+    late = [j.pid for j in obs.jobs if _late(j, d.jobs[j.pid].cpus, first, freq[first.name])]
     for cl in obs.clusters[1:]:
         lent = any(set(cl.cpus) & set(s.cpus) for s in out.jobs.values())
-        if lent and any(j.deadline_s is None for j in obs.jobs) is False:
+        if lent and any(j.deadline_s is None for j in obs.jobs) is False and not late:
             assert cl.capacity * out.freq_khz[cl.name] >= home_speed - 1e-6
     assert space.clusters[0] == first.name
+
+
+def _late(j, cpus, cl, khz) -> bool:
+    """The Graham bound of the job's remaining work on ``cpus`` passes its deadline."""
+    if j.deadline_s is None or j.profile is None or not j.remaining_s > 0:
+        return False
+    rem = job_remaining(j)
+    c, span = work_at(j.profile, khz, cl.capacity, rem), span_at(j.profile, khz, cl.capacity, rem)
+    return span + (c - span) / len(cpus) > j.remaining_s
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_spill_lends_every_free_core_to_the_late_job_with_the_earliest_deadline(board):
+    """At the gate's safest point a job can be late on its cores: the free cores go to it,
+    not to best-effort jobs, and a cluster that runs no job runs at its top for it."""
+    seen = 0
+    for obs in observations(board):
+        o = _tight(obs)
+        due = sorted(
+            (j for j in o.jobs if j.deadline_s is not None and j.profile is not None),
+            key=lambda j: (j.remaining_s, j.pid),
+        )
+        if not due or due[0].remaining_s <= 0:
+            continue
+        first = o.clusters[0]
+        freq = {c.name: c.freqs_khz[0] for c in o.clusters}
+        d = Decision(freq, {j.pid: JobSetting(first.online[:1], 50) for j in o.jobs})
+        if not _late(due[0], first.online[:1], first, freq[first.name]):
+            continue
+        seen += 1
+        out = SpillStage()(d, o)
+        online = {c for cl in o.clusters for c in cl.online}
+        assert set(out.jobs[due[0].pid].cpus) == online  # every free core, its own kept
+        for j in o.jobs:
+            if j.pid != due[0].pid:
+                assert out.jobs[j.pid] == d.jobs[j.pid]
+        for cl in o.clusters[1:]:  # they ran no job: at the top for the late one
+            assert out.freq_khz[cl.name] == (cl.max_khz or cl.freqs_khz[-1])
+    assert seen > 0
 
 
 def test_ablation_options_build_distinct_pipelines():
