@@ -12,27 +12,11 @@ from hypothesis import strategies as st
 from agents.factory import make_policy_stack
 from agents.governors import make_governor
 from daemon.simrun import run_sim
-from platforms.dag import DagBuilder
 from platforms.sim.energy_floor import FloorJob
 from platforms.sim.feasibility import window_load, worst_window
 from platforms.sim.plant import SimJob
 from platforms.spec import load_board
-
-
-def chain(n: int, cycles: float, mem_s: float = 0.0):
-    b = DagBuilder("chain")
-    prev: tuple[int, ...] = ()
-    for _ in range(n):
-        prev = (b.add(cycles, mem_s, prev),)
-    return b.build()
-
-
-def fan(n: int, cycles: float, mem_s: float = 0.0):
-    b = DagBuilder("fan")
-    root = b.add(cycles, mem_s)
-    kids = [b.add(cycles, mem_s, (root,)) for _ in range(n)]
-    b.add(cycles, mem_s, kids)
-    return b.build()
+from tests.platforms.test_energy_floor import chain, fan
 
 
 def cl(n: int, speed: float):

@@ -304,6 +304,28 @@ def test_a_refused_start_leaves_an_earlier_recording_alone(tmp_path):
     assert rec.read_text() == "an earlier recording\n"
 
 
+def _signalled(args: list[str], sig: signal.Signals, ready) -> tuple[int, str, str]:
+    """Run ``hidvfs ARGS``, send ``sig`` once ``ready(proc)`` holds; (rc, stdout, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        end = time.monotonic() + 60
+        while not ready(proc):
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, stdout, stderr
+
+
 @pytest.mark.parametrize(
     "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
 )
@@ -313,38 +335,13 @@ def test_a_signal_ends_trace_record_with_a_complete_replayable_trace(tmp_path, s
     exits 0, and the trace replays without --allow-truncated."""
     write_fake_tree(load_board("tx2"), tmp_path / "tree")
     out = tmp_path / "t.jsonl.gz"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tools.cli",
-            "trace",
-            "record",
-            "--sysfs-root",
-            str(tmp_path / "tree"),
-            "--out",
-            str(out),
-            "--period-ms",
-            "50",
-            "--duration",
-            "600",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
+    args = ["trace", "record", "--sysfs-root", str(tmp_path / "tree"), "--out", str(out)]
+    rc, stdout, stderr = _signalled(
+        args + ["--period-ms", "50", "--duration", "600"],
+        sig,
+        lambda _: out.exists() and out.stat().st_size >= 2000,  # a few samples are in
     )
-    try:
-        end = time.monotonic() + 60
-        while not out.exists() or out.stat().st_size < 2000:  # a few samples are in
-            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
-            time.sleep(0.05)
-        proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr
+    assert rc == 0, stderr
     n = len(read_trace(out).samples)
     assert n >= 1
     assert f"recorded {n} samples of board tx2 to {out} (stopped by {sig.name} after" in stdout
@@ -385,24 +382,11 @@ def test_a_signal_stops_daemon_replay_with_its_summary_and_exit_0(tmp_path, sig)
         duration_s=600.0,
         board="tx2",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.cli", "daemon", "--replay", str(out)]
-        + ["--period-ms", "1", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
+    rc, stdout, stderr = _signalled(
+        ["daemon", "--replay", str(out), "--period-ms", "1", "--json"],
+        sig,
+        lambda proc: _catches(proc.pid, signal.SIGTERM),  # the handlers are in: replay runs
     )
-    try:
-        end = time.monotonic() + 60
-        while not _catches(proc.pid, signal.SIGTERM):  # the handlers are in: replay runs
-            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
-            time.sleep(0.05)
-        proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr
+    assert rc == 0, stderr
     assert f"hidvfs: {sig.name}: replay stopped at t=" in stderr
     assert json.loads(stdout)["board"] == "tx2"
