@@ -104,6 +104,9 @@ class Actuator:
         self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
+        #: policy -> the frequency the kernel held it at after we wrote the target again
+        #: (a thermal or firmware cap): the same reading again means writing changes nothing
+        self._clamped_at: dict[int, int] = {}
         self._last_jobs: dict[int, tuple] = {}
         #: pid -> earlier placements its processes may still hold: a change in flight or one
         #: that failed partway (cleared once a placement fully goes through)
@@ -281,8 +284,17 @@ class Actuator:
             # a min = max pin is clamped by no kernel, unlike a setspeed: stay in the limits
             target = nearest_freq(ClusterView.of(c).allowed, target, mode="floor")
             # (a dry run writes nothing, so the frequency read back never follows)
-            if self._last_freq.get(c.policy) == target and (self.dry_run or c.cur_khz == target):
-                continue
+            if self._last_freq.get(c.policy) == target:
+                if self.dry_run or c.cur_khz == target:
+                    continue
+                # the kernel holds the cluster elsewhere: write once more, then leave it while
+                # it holds at the same value (under userspace the kernel re-applies setspeed
+                # when its limits move; it used to be rewritten every tick)
+                if self._clamped_at.get(c.policy) == c.cur_khz:
+                    continue
+                self._clamped_at[c.policy] = c.cur_khz
+            else:
+                self._clamped_at.pop(c.policy, None)
             try:
                 if self._ensure_userspace(c.policy, c.governors, report) == "setspeed":
                     if c.policy in self._pinned:  # our old pins would clamp the setspeed
@@ -357,6 +369,7 @@ class Actuator:
         decision (the mode is re-established too, since the governor may have moved)."""
         self.expected.pop(path, None)
         self._last_freq.clear()
+        self._clamped_at.clear()
         self._mode.clear()
 
     def forget(self, pid: int) -> None:

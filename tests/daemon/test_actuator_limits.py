@@ -173,3 +173,35 @@ def test_a_dry_run_shows_each_write_once_and_only_those_the_real_run_makes(no_us
     run(spec, sysfs, act, sensor, "maxfreq", ticks=5)  # maxfreq in limits: pins min = max = hi
     mine = [(p, v) for p, v in act.planned if f"policy{a57.policy}/" in p]
     assert mine == [(paths.policy_file(a57.policy, "scaling_min_freq"), str(hi))]
+
+
+def test_a_cluster_the_kernel_holds_below_the_target_is_not_rewritten_every_tick(tmp_path):
+    """A thermal or firmware cap keeps scaling_cur_freq below the setspeed: one more write
+    when it is first seen, then none while it holds; a new reading or target writes again."""
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    sysfs = DirSysfs(tmp_path)
+    a57 = spec.cluster("a57")
+    cur = paths.policy_file(a57.policy, "scaling_cur_freq")
+    setspeed = paths.policy_file(a57.policy, "scaling_setspeed")
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    t = [0.0]
+
+    def tick(name: str) -> int:
+        t[0] += 1.0
+        o = act.envelope(sensor.read(t[0]))
+        return sum(
+            1 for p, _ in act.apply(make_governor(name).decide(o), o).writes if p == setspeed
+        )
+
+    capped = a57.freqs_khz[5]
+    sysfs.write(cur, str(capped))
+    assert tick("maxfreq") == 1  # the target
+    assert tick("maxfreq") == 1  # held elsewhere: once more
+    assert [tick("maxfreq") for _ in range(3)] == [0, 0, 0]  # still held there: left alone
+    sysfs.write(cur, str(a57.freqs_khz[7]))  # the cap moved
+    assert tick("maxfreq") == 1 and tick("maxfreq") == 0
+    sysfs.write(cur, str(a57.fmax_khz))  # the cap lifted: the kernel re-applied the setspeed
+    assert tick("maxfreq") == 0
+    assert tick("powersave") == 1  # a new target is always written
+    assert sysfs.read(setspeed).strip() == str(a57.freqs_khz[0])
