@@ -41,6 +41,33 @@ REAPPLY_S = 5.0
 MAX_MEMBERS = 256
 
 
+#: how far below a real-time job the daemon had to run under SCHED_OTHER a best-effort job
+#: sharing its CPUs is niced: 10 steps weigh about 1:10 in CFS, the nearest SCHED_OTHER has
+#: to the decision's "runs only when the deadline job waits"
+DEMOTED_NICE_GAP = 10
+
+
+def below_demoted(
+    decided: dict[int, JobSetting], safe: dict[int, JobSetting]
+) -> dict[int, JobSetting]:
+    """``safe`` with the decision's order kept where SCHED_FIFO could not be: a job the
+    decision ran real-time above a best-effort job on shared CPUs, but that runs SCHED_OTHER
+    live (it covers every online CPU, or its owner may not take real-time priority), would
+    share those CPUs with the best-effort job as an equal; the best-effort job is niced
+    ``DEMOTED_NICE_GAP`` below it instead (pure: nothing is written here)."""
+    demoted = [s for pid, s in safe.items() if decided[pid].rt_priority > 0 and s.rt_priority == 0]
+    if not demoted:
+        return safe
+    out = dict(safe)
+    for pid, s in safe.items():
+        if decided[pid].rt_priority > 0:
+            continue
+        shared = [d.nice for d in demoted if not d.cpus or not s.cpus or set(d.cpus) & set(s.cpus)]
+        if shared:
+            out[pid] = replace(s, nice=max(s.nice, min(19, max(shared) + DEMOTED_NICE_GAP)))
+    return out
+
+
 def _as_read(placed: tuple) -> tuple[int, int]:
     """A placement's (rt, nice) as get_priority reads it back: nice does not apply to FIFO."""
     _, rt, nice = placed
@@ -312,9 +339,12 @@ class Actuator:
                 self._mode.pop(c.policy, None)
         # -- jobs ------------------------------------------------------------------------------
         online = {cpu for c in obs.clusters for cpu in c.online}
-        for pid, setting in decision.jobs.items():
-            if self.live_jobs:
-                setting = self._safe(pid, setting, online)
+        settings = dict(decision.jobs)
+        if self.live_jobs:
+            settings = below_demoted(
+                decision.jobs, {pid: self._safe(pid, s, online) for pid, s in settings.items()}
+            )
+        for pid, setting in settings.items():
             key = (setting.cpus, setting.rt_priority, setting.nice)
             stale = self.live_jobs and obs.t - self._applied_at.get(pid, obs.t) >= REAPPLY_S
             if self._last_jobs.get(pid) == key and not stale:

@@ -14,7 +14,7 @@ import pytest
 
 import daemon.jobrestore as jobrestore
 from agents.policy import Decision, JobSetting
-from daemon.actuator import MAX_JOB_RT_PRIORITY, Actuator
+from daemon.actuator import DEMOTED_NICE_GAP, MAX_JOB_RT_PRIORITY, Actuator
 from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
 from daemon.jobs import JobEntry, JobTable
 from daemon.registry import JobRegistry, RequestError
@@ -68,6 +68,24 @@ def test_real_time_on_every_online_cpu_is_refused(tmp_path, sleeper):
     act.apply(Decision({}, jobs={sleeper.pid: JobSetting(CPUS, 90)}), obs())
     assert _sched(sleeper.pid)[0] == os.SCHED_OTHER
     act.release_all()
+
+
+@needs_root_and_two_cpus
+def test_best_effort_work_stays_below_a_job_refused_real_time(tmp_path, sleeper):
+    """The decision ran the deadline job FIFO above the best-effort one; under SCHED_OTHER the
+    best-effort job is niced below it instead, and gets its own nice back when released."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+        jobs = {sleeper.pid: JobSetting(CPUS, 90), other.pid: JobSetting((CPUS[0],))}
+        act.apply(Decision({}, jobs=jobs), obs())
+        assert _sched(sleeper.pid)[0] == os.SCHED_OTHER
+        assert os.getpriority(os.PRIO_PROCESS, other.pid) == DEMOTED_NICE_GAP
+        act.release_all()
+        assert os.getpriority(os.PRIO_PROCESS, other.pid) == 0
+    finally:
+        other.kill()
+        other.wait()
 
 
 @needs_root_and_two_cpus

@@ -1,0 +1,58 @@
+"""A real-time job the daemon must run under SCHED_OTHER (it covers every online CPU, or its
+owner may not take real-time priority) still stays ahead of the best-effort jobs that share
+its CPUs: they are niced below it (``below_demoted``)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents.policy import JobSetting
+from daemon.actuator import DEMOTED_NICE_GAP, below_demoted
+
+
+def test_a_best_effort_job_on_a_demoted_jobs_cpus_is_niced_below_it():
+    decided = {1: JobSetting((0, 1, 2, 3), 90), 2: JobSetting((2, 3)), 3: JobSetting((4, 5))}
+    safe = {1: JobSetting((0, 1, 2, 3), 0), 2: JobSetting((2, 3)), 3: JobSetting((4, 5))}
+    out = below_demoted(decided, safe)
+    assert out[1] == safe[1]
+    assert out[2] == JobSetting((2, 3), 0, DEMOTED_NICE_GAP)
+    assert out[3] == safe[3]  # other CPUs: untouched
+
+
+def test_nothing_changes_while_real_time_holds():
+    decided = {1: JobSetting((0, 1), 90), 2: JobSetting((0, 1))}
+    safe = {1: JobSetting((0, 1), 36), 2: JobSetting((0, 1))}
+    assert below_demoted(decided, safe) == safe
+
+
+def test_a_job_on_any_cpu_shares_every_cpu():
+    decided = {1: JobSetting((0,), 90), 2: JobSetting(())}
+    safe = {1: JobSetting((0,), 0), 2: JobSetting(())}
+    assert below_demoted(decided, safe)[2].nice == DEMOTED_NICE_GAP
+
+
+cpus = st.frozensets(st.integers(0, 5), max_size=6).map(lambda s: tuple(sorted(s)))
+setting = st.builds(JobSetting, cpus, st.sampled_from([0, 0, 50, 90]), st.integers(-20, 19))
+
+
+@given(st.dictionaries(st.integers(1, 8), st.tuples(setting, st.booleans()), max_size=6))
+def test_best_effort_is_never_above_a_demoted_job_it_shares_cpus_with(jobs):
+    decided = {pid: s for pid, (s, _) in jobs.items()}
+    safe = {
+        pid: JobSetting(s.cpus, 0 if demote else s.rt_priority, s.nice)
+        for pid, (s, demote) in jobs.items()
+    }
+    out = below_demoted(decided, safe)
+    assert out.keys() == safe.keys()
+    for pid, s in out.items():
+        assert -20 <= s.nice <= 19 and s.cpus == safe[pid].cpus
+        assert s.rt_priority == safe[pid].rt_priority
+        if decided[pid].rt_priority > 0:
+            assert s == safe[pid]  # only best-effort jobs move
+            continue
+        assert s.nice >= safe[pid].nice  # only ever lowered in weight
+        for other, d in safe.items():
+            shares = not d.cpus or not s.cpus or set(d.cpus) & set(s.cpus)
+            if decided[other].rt_priority > 0 and d.rt_priority == 0 and shares:
+                assert s.nice >= min(19, d.nice + DEMOTED_NICE_GAP)
