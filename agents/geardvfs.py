@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -307,6 +307,8 @@ class DqnResult:
     history: list[dict]
     config: dict
     wall_s: float
+    #: model selection: [{"after_episode", "score"}]; ``dqn.q`` holds the best-scoring one
+    validation: list[dict] = field(default_factory=list)
 
 
 def train_dqn(
@@ -316,37 +318,67 @@ def train_dqn(
     make_mix,
     seed: int,
     cfg: DqnConfig,
-    make_policy: Callable[[BranchDQN, list], Policy],
+    make_policy: Callable[[BranchDQN, list, bool], Policy],
     reward: Callable[[Observation, Observation], float],
     n_in: int,
     branches: list[int],
     log=None,
     seed_base: int = 0,
     online_updates: bool = False,
+    val_seeds: Sequence[int] = (),
+    val_every: int = 32,
 ) -> DqnResult:
-    """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks."""
+    """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks.
+
+    ``make_policy(dqn, recorder, explore)``. With ``val_seeds``, the greedy network is scored
+    (mean return of its own reward) on those mixes before training, every ``val_every``
+    episodes and at the end, and the best one is kept: the model selection hidvfs gets, on
+    the same mixes at the same cadence, so neither side exports a worse checkpoint."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed)
     history = []
+    validation: list[dict] = []
+    best: list = [None, None]
     t0 = time.monotonic()
-    for ep in range(cfg.episodes):
-        ep_seed = seed_base + seed * 10_000 + ep
-        rec: list = []
-        pol = make_policy(dqn, rec)
-        res = run_episode(pol, make_mix(ep_seed), ep_seed)
+
+    def transitions(rec, res):
         # rewards read power from metered observations (the plant's exact meter), exactly as
         # hidvfs's do; the states recorded in ``rec`` (what the policy saw) are untouched
         seen = metered([r[3] for r in rec], res)
         rec = [(s, m, a, o) for (s, m, a, _), o in zip(rec, seen)]
-        ret = 0.0
         for i in range(len(rec)):
             s, m, a, o = rec[i]
             if i + 1 < len(rec):
                 s2, m2, _, o2 = rec[i + 1]
-                done = False
+                yield s, m, a, reward(o, o2), s2, m2, False
             else:
-                s2, m2, o2, done = s, m, o, True
-            r = reward(o, o2) if not done else 0.0
+                yield s, m, a, 0.0, s, m, True
+
+    def validate(after: int) -> None:
+        if not val_seeds:
+            return
+        total = 0.0
+        for vs in val_seeds:
+            rec: list = []
+            res = run_episode(make_policy(dqn, rec, False), make_mix(vs), vs)
+            total += sum(t[3] for t in transitions(rec, res))
+        score = total / len(val_seeds)
+        validation.append({"after_episode": after, "score": score})
+        if best[0] is None or score > best[0]:
+            best[0], best[1] = score, dqn.q.copy()
+        log(
+            f"[{kind} {spec.name}] validation after {after} episodes: {score:+.4f} "
+            f"(best {best[0]:+.4f})"
+        )
+
+    validate(0)
+    for ep in range(cfg.episodes):
+        ep_seed = seed_base + seed * 10_000 + ep
+        rec: list = []
+        pol = make_policy(dqn, rec, True)
+        res = run_episode(pol, make_mix(ep_seed), ep_seed)
+        ret = 0.0
+        for s, m, a, r, s2, m2, done in transitions(rec, res):
             ret += r
             dqn.remember(s, m, a, r, s2, m2, done)
             if online_updates:
@@ -376,15 +408,34 @@ def train_dqn(
                 f"energy {np.mean([h['energy_j'] for h in recent]):.2f}J "
                 f"eps {dqn.epsilon():.2f} ETA {eta:.0f}s"
             )
-    return DqnResult(dqn, history, asdict(cfg), time.monotonic() - t0)
+        if (ep + 1) % val_every == 0 or ep + 1 == cfg.episodes:
+            validate(ep + 1)
+    if best[1] is not None:
+        dqn.q = best[1]
+    return DqnResult(dqn, history, asdict(cfg), time.monotonic() - t0, validation)
 
 
-def train_geardvfs(spec, run_episode, make_mix, seed, cfg: DqnConfig | None = None, log=None):
+def train_geardvfs(
+    spec,
+    run_episode,
+    make_mix,
+    seed,
+    cfg: DqnConfig | None = None,
+    log=None,
+    val_seeds: Sequence[int] = (),
+    val_every: int = 32,
+):
     cfg = cfg or DqnConfig()
     scale = BoardScale.of(spec)
 
-    def make(dqn, rec):
-        return GearDvfsPolicy(spec, dqn.q.forward, period_s=cfg.period_s, dqn=dqn, recorder=rec)
+    def make(dqn, rec, explore):
+        return GearDvfsPolicy(
+            spec,
+            dqn.q.forward,
+            period_s=cfg.period_s,
+            dqn=dqn if explore else None,
+            recorder=rec,
+        )
 
     return train_dqn(
         "geardvfs",
@@ -398,6 +449,8 @@ def train_geardvfs(spec, run_episode, make_mix, seed, cfg: DqnConfig | None = No
         GEAR_IN,
         branch_sizes(),
         log,
+        val_seeds=val_seeds,
+        val_every=val_every,
     )
 
 

@@ -87,6 +87,8 @@ EVAL_SEEDS = 900_000
 #: range, after the ``val_episodes`` (< 100) that model selection draws for any ``--seed``;
 #: never a held-out mix
 TUNING_SEEDS = VAL_SEEDS + 100
+#: model selection's validation mixes end where the tuning mixes begin
+MAX_VAL_EPISODES = TUNING_SEEDS - VAL_SEEDS
 #: the shield's held-out coverage episodes, after every `agents eval` mix
 COVERAGE_SEEDS = EVAL_SEEDS + 50_000
 #: per training seed: training mixes 10 000 apart, the other ranges 1 000 apart, so one
@@ -802,6 +804,7 @@ __all__ = [
     "MAX_EVAL_MIXES",
     "TUNING_SEEDS",
     "MAX_TUNING_MIXES",
+    "MAX_VAL_EPISODES",
     "seed_ranges",
     "CORE_FRACTIONS",
 ]
@@ -860,16 +863,25 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
         if pol == "hidvfs":
             shield = _fit_shield(spec, tr, run_episode, make_mix, seed, c, out, meta, ref, log)
             entry["shield"] = shield
-    elif pol == "geardvfs":
-        dc = DqnConfig(episodes=cfg.episodes, period_s=cfg.period_s)
-        tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log)
-        export(tr.dqn.q, out / "geardvfs.onnx", "geardvfs", "geardvfs", {"n_in": GEAR_IN})
-        entry = {"config": tr.config, "wall_s": round(tr.wall_s, 1)}
-    elif pol == "ztt":
-        dc = ztt_config(cfg.episodes, cfg.period_s)
-        tr = train_ztt(spec, run_episode, make_mix, seed, dc, log)
-        export(tr.dqn.q, out / "ztt.onnx", "ztt", "ztt", {"n_in": ZTT_IN})
-        entry = {"config": tr.config, "wall_s": round(tr.wall_s, 1)}
+    elif pol in ("geardvfs", "ztt"):
+        # the baselines get hidvfs's model selection: the same validation mixes and cadence
+        val = {
+            "val_seeds": list(seed_ranges(seed, cfg.episodes, cfg.val_episodes)["validation"]),
+            "val_every": cfg.val_every,
+        }
+        if pol == "geardvfs":
+            dc = DqnConfig(episodes=cfg.episodes, period_s=cfg.period_s)
+            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log, **val)
+            export(tr.dqn.q, out / "geardvfs.onnx", "geardvfs", "geardvfs", {"n_in": GEAR_IN})
+        else:
+            dc = ztt_config(cfg.episodes, cfg.period_s)
+            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log, **val)
+            export(tr.dqn.q, out / "ztt.onnx", "ztt", "ztt", {"n_in": ZTT_IN})
+        entry = {
+            "config": {**tr.config, **val},
+            "wall_s": round(tr.wall_s, 1),
+            "validation": tr.validation,
+        }
     else:
         raise ValueError(f"unknown policy {pol!r} to train; known: {', '.join(POLICIES)}")
     log(f"[{pol} {spec.name}] trained and exported in {time.monotonic() - t0:.0f}s")
@@ -969,6 +981,11 @@ def train_board(
             f"seed {seed} / {cfg.episodes} episodes: the seed must be 0-{MAX_SEED} and the "
             f"episodes 1-{MAX_EPISODES}, or the training mixes overlap the calibration, "
             "validation or evaluation mixes"
+        )
+    if not 0 <= cfg.val_episodes <= MAX_VAL_EPISODES:
+        raise ValueError(
+            f"{cfg.val_episodes} validation mixes: at most {MAX_VAL_EPISODES}, or they reach "
+            "the tuning mixes"
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -174,11 +175,22 @@ def ztt_config(episodes: int, period_s: float) -> DqnConfig:
     )
 
 
-def train_ztt(spec, run_episode, make_mix, seed, cfg: DqnConfig | None = None, log=None):
+def train_ztt(
+    spec,
+    run_episode,
+    make_mix,
+    seed,
+    cfg: DqnConfig | None = None,
+    log=None,
+    val_seeds: Sequence[int] = (),
+    val_every: int = 32,
+):
     cfg = cfg or ztt_config(160, 0.05)
 
-    def make(dqn, rec):
-        return ZttPolicy(spec, dqn.q.forward, period_s=cfg.period_s, dqn=dqn, recorder=rec)
+    def make(dqn, rec, explore):
+        return ZttPolicy(
+            spec, dqn.q.forward, period_s=cfg.period_s, dqn=dqn if explore else None, recorder=rec
+        )
 
     return train_dqn(
         "ztt",
@@ -193,6 +205,8 @@ def train_ztt(spec, run_episode, make_mix, seed, cfg: DqnConfig | None = None, l
         [len(grid(spec))],
         log,
         online_updates=True,
+        val_seeds=val_seeds,
+        val_every=val_every,
     )
 
 

@@ -171,8 +171,26 @@ def train_modules(policies) -> tuple[str, ...]:
     help="what the reward's time term charges: busy time, or the makespan that eval reports "
     "(default: the board's)",
 )
+@click.option(
+    "--val-mixes",
+    type=click.IntRange(1, 100),
+    default=None,
+    help="validation mixes (at most 100, the block before the tuning mixes) that choose the "
+    "exported checkpoint, for every learned policy "
+    "alike (default: TrainConfig's)",
+)
 def train_cmd(
-    board, seed, policies, episodes, n_jobs, out_dir, workers, lambda_e, energy_rail, time_term
+    board,
+    seed,
+    policies,
+    episodes,
+    n_jobs,
+    out_dir,
+    workers,
+    lambda_e,
+    energy_rail,
+    time_term,
+    val_mixes,
 ) -> None:
     """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
     from agents.learned import model_dir
@@ -202,6 +220,9 @@ def train_cmd(
     if time_term is not None:
         overrides["time_term"] = time_term
         command += f" --time-term {time_term}"
+    if val_mixes is not None:
+        overrides["val_episodes"] = val_mixes
+        command += f" --val-mixes {val_mixes}"
     cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     t0 = time.monotonic()
     man = train_board(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -107,3 +109,41 @@ def test_shipped_baselines_decide_valid(board, name, cls):
         d = pol.decide(o)
         assert all(f in tables[n] for n, f in d.freq_khz.items())
         assert set(d.jobs) == {j.pid for j in o.jobs}
+
+
+@pytest.mark.parametrize("kind", ["geardvfs", "ztt"])
+def test_baseline_training_keeps_its_best_validated_network(kind):
+    """The baselines get hidvfs's model selection: the exported network is the one that
+    scored best on the validation mixes (greedy, its own reward), not the last one."""
+    from agents.geardvfs import metered, train_geardvfs
+    from agents.ztt import train_ztt, ztt_config
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+
+    spec = load_board("rubikpi3")
+    ep = EpisodeSpec(n_jobs=2)
+    run, mix = make_runner("rubikpi3", ep), (lambda s: episode_items("rubikpi3", s, ep))
+    if kind == "geardvfs":
+        cfg = DqnConfig(episodes=4, start_samples=32)
+        tr = train_geardvfs(spec, run, mix, 0, cfg, val_seeds=[700000], val_every=1)
+        pol = GearDvfsPolicy
+        scale = BoardScale.of(spec)
+
+        def reward(a, b):
+            return gear_reward(spec, scale, a, b)
+    else:
+        cfg = replace(ztt_config(4, 0.05), start_samples=16)
+        tr = train_ztt(spec, run, mix, 0, cfg, val_seeds=[700000], val_every=1)
+        pol = ZttPolicy
+
+        def reward(a, b):
+            return ztt_reward(a, b, cfg.period_s)
+
+    assert [v["after_episode"] for v in tr.validation] == [0, 1, 2, 3, 4]
+    scores = [v["score"] for v in tr.validation]
+    # the best checkpoint is not the last one here: keeping the last would fail below
+    assert max(scores) > scores[-1]
+    rec: list = []
+    res = run(pol(spec, tr.dqn.q.forward, recorder=rec), mix(700000), 700000)
+    seen = metered([r[3] for r in rec], res)
+    again = sum(reward(a, b) for a, b in zip(seen, seen[1:]))
+    assert again == pytest.approx(max(scores), abs=1e-9)

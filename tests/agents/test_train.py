@@ -295,7 +295,7 @@ def test_training_draws_its_mixes_from_its_seed_ranges():
 def test_train_cli_bounds_are_the_disjoint_range():
     from click.testing import CliRunner
 
-    from agents.train import MAX_EPISODES, MAX_SEED
+    from agents.train import MAX_EPISODES, MAX_SEED, MAX_VAL_EPISODES
     from tools.cli import cli
 
     def run(*a):
@@ -310,6 +310,8 @@ def test_train_cli_bounds_are_the_disjoint_range():
         (("--episodes", "-3"), "--episodes"),
         (("--episodes", str(MAX_EPISODES + 1)), "--episodes"),
         (("--jobs", "0"), "--jobs"),
+        (("--val-mixes", "0"), "--val-mixes"),
+        (("--val-mixes", str(MAX_VAL_EPISODES + 1)), "--val-mixes"),
     ):
         r = run(*args)
         assert r.exit_code == 2 and f"Invalid value for '{opt}'" in r.output, (args, r.output)
