@@ -331,9 +331,9 @@ def train_dqn(
     """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks.
 
     ``make_policy(dqn, recorder, explore)``. With ``val_seeds``, the greedy network is scored
-    (mean return of its own reward) on those mixes before training, every ``val_every``
-    episodes and at the end, and the best one is kept: the model selection hidvfs gets, on
-    the same mixes at the same cadence, so neither side exports a worse checkpoint."""
+    (mean return of its own reward) on those mixes before training (for reference), every
+    ``val_every`` episodes and at the end, and the best trained one is kept: the model
+    selection hidvfs gets, on the same mixes at the same cadence."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed)
     history = []
@@ -364,11 +364,11 @@ def train_dqn(
             total += sum(t[3] for t in transitions(rec, res))
         score = total / len(val_seeds)
         validation.append({"after_episode": after, "score": score})
-        if best[0] is None or score > best[0]:
+        if after > 0 and (best[0] is None or score > best[0]):  # the initial net: reference only
             best[0], best[1] = score, dqn.q.copy()
         log(
             f"[{kind} {spec.name}] validation after {after} episodes: {score:+.4f} "
-            f"(best {best[0]:+.4f})"
+            f"(best {'-' if best[0] is None else format(best[0], '+.4f')})"
         )
 
     validate(0)

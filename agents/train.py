@@ -633,11 +633,13 @@ def train_hidvfs(
             return
         score = validation_score(spec, nets, run_episode, make_mix, val_seeds, cfg, p_ref)
         validation.append({"after_episode": after, "score": score})
-        if best[0] is None or score > best[0]:
+        # the untrained prior is scored for reference, never exported: the shipped agents
+        # are always ones the learner produced
+        if after > 0 and (best[0] is None or score > best[0]):
             best[0], best[1] = score, copy.deepcopy(nets)
         log(
             f"[{tag} {spec.name}] validation after {after} episodes: {score:+.4f} "
-            f"(best {best[0]:+.4f})"
+            f"(best {'-' if best[0] is None else format(best[0], '+.4f')})"
         )
 
     validation: list[dict] = []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agents.features import BoardScale, remaining_bound_s
-from agents.train import TrainConfig, gae, tick_rewards, train_hidvfs
+from agents.train import HidvfsNets, TrainConfig, gae, tick_rewards, train_hidvfs
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation, RailObs, ZoneObs
 from platforms.spec import load_board
 
@@ -324,3 +324,12 @@ def test_train_board_refuses_seeds_outside_the_disjoint_range(tmp_path):
         with pytest.raises(ValueError, match="overlap"):
             train_board(SPEC, None, None, seed, tmp_path, "t", policies=("ztt",), cfg=cfg)
     assert not any(tmp_path.iterdir())  # nothing exported
+
+
+def test_the_untrained_prior_is_scored_but_never_exported():
+    res = _train(5, 4)
+    assert [v["after_episode"] for v in res.validation] == [0, 4]
+    prior = HidvfsNets.init(5, 32)
+    assert not all(
+        np.array_equal(a, b) for a, b in zip(res.nets.profiler.params, prior.profiler.params)
+    )
