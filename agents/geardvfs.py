@@ -331,9 +331,11 @@ def train_dqn(
     """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks.
 
     ``make_policy(dqn, recorder, explore)``. With ``val_seeds``, the greedy network is scored
-    (mean return of its own reward) on those mixes before training (for reference), every
-    ``val_every`` episodes and at the end, and the best trained one is kept: the model
-    selection hidvfs gets, on the same mixes at the same cadence."""
+    on those mixes before training (for reference), every ``val_every`` episodes and at the
+    end, and the best trained one is kept: the model selection hidvfs gets, on the same mixes
+    at the same cadence. The score is the mean reward per tick, the rate both ports' papers
+    maximise in continuous operation: their rewards are positive every tick, so an episode's
+    sum would favour the network that takes longest to finish the same jobs."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed)
     history = []
@@ -361,7 +363,8 @@ def train_dqn(
         for vs in val_seeds:
             rec: list = []
             res = run_episode(make_policy(dqn, rec, False), make_mix(vs), vs)
-            total += sum(t[3] for t in transitions(rec, res))
+            rewards = [t[3] for t in transitions(rec, res)][:-1]  # the last is the terminal 0
+            total += sum(rewards) / max(len(rewards), 1)
         score = total / len(val_seeds)
         validation.append({"after_episode": after, "score": score})
         if after > 0 and (best[0] is None or score > best[0]):  # the initial net: reference only
