@@ -133,7 +133,13 @@ def seed_ranges(
 #: validation mixes (never the held-out ones; the comparison is in agents/TRAINING.md).
 #: orin-nx: its CPU rail is only 20-26 % of the board's energy, so lambda_E = 1 on that rail
 #: buys CPU joules with time the board pays for; 0.7 had the lowest mean EDP of 0.3-1.0.
-BOARD_DEFAULTS: dict[str, dict[str, object]] = {"orin-nx": {"lambda_e": 0.7}}
+#: tx2: 16 validation mixes choose the checkpoint (EDP 0.999 x maxfreq on the 900 tuning
+#: mixes against 1.005 with 4); on rubikpi3 16 chose worse (0.906 against 0.901), on orin-nx
+#: the same, so they keep 4.
+BOARD_DEFAULTS: dict[str, dict[str, object]] = {
+    "orin-nx": {"lambda_e": 0.7},
+    "tx2": {"val_episodes": 16},
+}
 
 
 @dataclass

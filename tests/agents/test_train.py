@@ -238,7 +238,8 @@ def test_parallel_board_training_matches_serial(tmp_path):
 def test_board_defaults_apply_before_overrides():
     from agents.train import BOARD_DEFAULTS, TrainConfig
 
-    assert TrainConfig.for_board("tx2") == TrainConfig()
+    assert TrainConfig.for_board("rubikpi3") == TrainConfig()
+    assert TrainConfig.for_board("tx2").val_episodes == 16 != TrainConfig().val_episodes
     orin = TrainConfig.for_board("orin-nx", episodes=8)
     assert orin.lambda_e == BOARD_DEFAULTS["orin-nx"]["lambda_e"] != TrainConfig().lambda_e
     assert orin.episodes == 8
