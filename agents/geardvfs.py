@@ -327,15 +327,18 @@ def train_dqn(
     online_updates: bool = False,
     val_seeds: Sequence[int] = (),
     val_every: int = 32,
+    val_score: Callable[[list[Observation], object], float] | None = None,
 ) -> DqnResult:
     """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks.
 
     ``make_policy(dqn, recorder, explore)``. With ``val_seeds``, the greedy network is scored
     on those mixes before training (for reference), every ``val_every`` episodes and at the
     end, and the best trained one is kept: the model selection hidvfs gets, on the same mixes
-    at the same cadence. The score is the mean reward per tick, the rate both ports' papers
-    maximise in continuous operation: their rewards are positive every tick, so an episode's
-    sum would favour the network that takes longest to finish the same jobs."""
+    at the same cadence. ``val_score(observations, result)`` scores one episode (the board
+    trainer passes hidvfs's own yardstick, so every policy is chosen by the same measure);
+    without it, the mean reward per tick (the rate both ports' papers maximise in continuous
+    operation: their rewards are positive every tick, so an episode's sum would favour the
+    network that takes longest to finish the same jobs)."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed)
     history = []
@@ -363,6 +366,9 @@ def train_dqn(
         for vs in val_seeds:
             rec: list = []
             res = run_episode(make_policy(dqn, rec, False), make_mix(vs), vs)
+            if val_score is not None:
+                total += val_score([r[3] for r in rec], res)
+                continue
             rewards = [t[3] for t in transitions(rec, res)][:-1]  # the last is the terminal 0
             total += sum(rewards) / max(len(rewards), 1)
         score = total / len(val_seeds)
@@ -427,6 +433,7 @@ def train_geardvfs(
     log=None,
     val_seeds: Sequence[int] = (),
     val_every: int = 32,
+    val_score=None,
 ):
     cfg = cfg or DqnConfig()
     scale = BoardScale.of(spec)
@@ -454,6 +461,7 @@ def train_geardvfs(
         log,
         val_seeds=val_seeds,
         val_every=val_every,
+        val_score=val_score,
     )
 
 

@@ -587,6 +587,21 @@ def reference_power(
     return e / t if t > 0 and e > 0 else BoardScale.of(spec).power_w
 
 
+def selection_score(
+    spec: BoardSpec, run_episode: RunEpisode, make_mix: MakeMix, seed: int, cfg: TrainConfig
+) -> Callable[[list[Observation], object], float]:
+    """One episode's score for model selection, for any policy: the unshaped hidvfs return of
+    its observations (what :func:`validation_score` gives the hidvfs agents)."""
+    scale = BoardScale.of(spec)
+    plain = TrainConfig(**{**asdict(cfg), "shaping": False})
+    p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
+
+    def score(obs: list[Observation], result) -> float:
+        return float(tick_rewards(obs, result, scale, plain, p_ref)[0].sum())
+
+    return score
+
+
 def validation_score(
     spec: BoardSpec,
     nets: HidvfsNets,
@@ -872,18 +887,21 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
             shield = _fit_shield(spec, tr, run_episode, make_mix, seed, c, out, meta, ref, log)
             entry["shield"] = shield
     elif pol in ("geardvfs", "ztt"):
-        # the baselines get hidvfs's model selection: the same validation mixes and cadence
+        # the baselines get hidvfs's model selection: the same validation mixes, cadence and
+        # score (the unshaped hidvfs return: time, energy, temperature, missed deadlines), so
+        # every policy's checkpoint is chosen by one measure
         val = {
             "val_seeds": list(seed_ranges(seed, cfg.episodes, cfg.val_episodes)["validation"]),
             "val_every": cfg.val_every,
         }
+        score = selection_score(spec, run_episode, make_mix, seed, cfg)
         if pol == "geardvfs":
             dc = DqnConfig(episodes=cfg.episodes, period_s=cfg.period_s)
-            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log, **val)
+            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log, **val, val_score=score)
             export(tr.dqn.q, out / "geardvfs.onnx", "geardvfs", "geardvfs", {"n_in": GEAR_IN})
         else:
             dc = ztt_config(cfg.episodes, cfg.period_s)
-            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log, **val)
+            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log, **val, val_score=score)
             export(tr.dqn.q, out / "ztt.onnx", "ztt", "ztt", {"n_in": ZTT_IN})
         entry = {
             "config": {**tr.config, **val},

@@ -184,6 +184,7 @@ def train_ztt(
     log=None,
     val_seeds: Sequence[int] = (),
     val_every: int = 32,
+    val_score=None,
 ):
     cfg = cfg or ztt_config(160, 0.05)
 
@@ -207,6 +208,7 @@ def train_ztt(
         online_updates=True,
         val_seeds=val_seeds,
         val_every=val_every,
+        val_score=val_score,
     )
 
 

@@ -150,3 +150,25 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
     per_tick = [reward(a, b) for a, b in zip(seen, seen[1:])]
     again = sum(per_tick) / len(per_tick)
     assert again == pytest.approx(max(trained), abs=1e-9)
+
+
+def test_baseline_selection_follows_the_score_it_is_given():
+    """The board trainer hands the baselines hidvfs's yardstick; any score is followed."""
+    from agents.ztt import train_ztt, ztt_config
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+
+    spec = load_board("rubikpi3")
+    ep = EpisodeSpec(n_jobs=2)
+    run, mix = make_runner("rubikpi3", ep), (lambda s: episode_items("rubikpi3", s, ep))
+    seen: list[float] = []
+
+    def energy_saved(obs, res):
+        seen.append(-res.energy_j)
+        return -res.energy_j
+
+    cfg = replace(ztt_config(4, 0.05), start_samples=16)
+    tr = train_ztt(spec, run, mix, 0, cfg, val_seeds=[700000], val_every=1, val_score=energy_saved)
+    assert [v["score"] for v in tr.validation] == seen
+    res = run(ZttPolicy(spec, tr.dqn.q.forward), mix(700000), 700000)
+    assert -res.energy_j == pytest.approx(max(seen[1:]), abs=1e-12)
+    assert len(set(seen)) > 1
