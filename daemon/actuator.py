@@ -41,6 +41,21 @@ REAPPLY_S = 5.0
 MAX_MEMBERS = 256
 
 
+def fifo_levels(priorities: set[int] | frozenset[int]) -> dict[int, int]:
+    """The live SCHED_FIFO priority of each decided one (1..99): scaled to
+    1..``MAX_JOB_RT_PRIORITY`` and strictly in the same order. Plain scaling merges
+    neighbours (89 and 90 both become 36), and two jobs the gate ordered on shared CPUs would
+    then run first come, first served; more distinct priorities than levels share the lowest."""
+    ups = sorted(p for p in priorities if p > 0)
+    out: list[int] = []
+    for p in ups:  # upwards: at or above the scaled value, above the one below
+        out.append(max(1, round(p * MAX_JOB_RT_PRIORITY / 99), out[-1] + 1 if out else 1))
+    for i in range(len(out) - 1, -1, -1):  # downwards: under the ceiling, below the one above
+        cap = MAX_JOB_RT_PRIORITY if i == len(out) - 1 else out[i + 1] - 1
+        out[i] = max(1, min(out[i], cap))
+    return dict(zip(ups, out))
+
+
 #: how far below a real-time job the daemon had to run under SCHED_OTHER a best-effort job
 #: sharing its CPUs is niced: 10 steps weigh about 1:10 in CFS, the nearest SCHED_OTHER has
 #: to the decision's "runs only when the deadline job waits"
@@ -341,8 +356,10 @@ class Actuator:
         online = {cpu for c in obs.clusters for cpu in c.online}
         settings = dict(decision.jobs)
         if self.live_jobs:
+            levels = fifo_levels({s.rt_priority for s in settings.values()})
             settings = below_demoted(
-                decision.jobs, {pid: self._safe(pid, s, online) for pid, s in settings.items()}
+                decision.jobs,
+                {pid: self._safe(pid, s, online, levels) for pid, s in settings.items()},
             )
         for pid, setting in settings.items():
             key = (setting.cpus, setting.rt_priority, setting.nice)
@@ -623,7 +640,9 @@ class Actuator:
         except (PermissionError, OSError, ValueError) as err:
             log.warning("event=job_release_failed pid=%d detail=%r", target, str(err))
 
-    def _safe(self, pid: int, setting: JobSetting, online: set[int]) -> JobSetting:
+    def _safe(
+        self, pid: int, setting: JobSetting, online: set[int], levels: dict[int, int]
+    ) -> JobSetting:
         """The placement a live process may get: real-time priority scaled below the kernel's
         threaded IRQ handlers (FIFO 50), never above what the process could take itself
         (RLIMIT_RTPRIO of a non-root owner), and never on every online CPU (a busy real-time
@@ -631,7 +650,7 @@ class Actuator:
         rt = setting.rt_priority
         if rt <= 0:
             return setting
-        rt = max(1, round(rt * MAX_JOB_RT_PRIORITY / 99))
+        rt = levels[rt]
         allowed = self._rt_allowed.get(pid)
         if allowed is None:  # a process's owner and limit do not change tick to tick
             try:

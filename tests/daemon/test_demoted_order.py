@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.policy import JobSetting
-from daemon.actuator import DEMOTED_NICE_GAP, below_demoted
+from daemon.actuator import DEMOTED_NICE_GAP, MAX_JOB_RT_PRIORITY, below_demoted, fifo_levels
 
 
 def test_a_best_effort_job_on_a_demoted_jobs_cpus_is_niced_below_it():
@@ -56,3 +56,23 @@ def test_best_effort_is_never_above_a_demoted_job_it_shares_cpus_with(jobs):
             shares = not d.cpus or not s.cpus or set(d.cpus) & set(s.cpus)
             if decided[other].rt_priority > 0 and d.rt_priority == 0 and shares:
                 assert s.nice >= min(19, d.nice + DEMOTED_NICE_GAP)
+
+
+def test_neighbouring_priorities_stay_apart_when_scaled():
+    """Plain scaling to 1..40 would give 89 and 90 the same FIFO level."""
+    assert round(89 * MAX_JOB_RT_PRIORITY / 99) == round(90 * MAX_JOB_RT_PRIORITY / 99)
+    lv = fifo_levels({90, 89, 85})
+    assert lv[85] < lv[89] < lv[90] <= MAX_JOB_RT_PRIORITY
+    assert fifo_levels({90}) == {90: round(90 * MAX_JOB_RT_PRIORITY / 99)}
+    assert fifo_levels({0, 99}) == {99: MAX_JOB_RT_PRIORITY}  # rt 0 is SCHED_OTHER, not a level
+
+
+@given(st.frozensets(st.integers(1, 99), max_size=60))
+def test_fifo_levels_keep_the_order_in_range(prios):
+    lv = fifo_levels(prios)
+    assert set(lv) == set(prios)
+    ups = sorted(prios)
+    assert all(1 <= lv[p] <= MAX_JOB_RT_PRIORITY for p in ups)
+    assert all(lv[a] <= lv[b] for a, b in zip(ups, ups[1:]))  # never inverted
+    if len(ups) <= MAX_JOB_RT_PRIORITY:
+        assert all(lv[a] < lv[b] for a, b in zip(ups, ups[1:]))  # strict while levels last

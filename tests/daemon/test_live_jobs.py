@@ -71,6 +71,23 @@ def test_real_time_on_every_online_cpu_is_refused(tmp_path, sleeper):
 
 
 @needs_root_and_two_cpus
+def test_jobs_ordered_on_shared_cpus_keep_their_order_live(tmp_path, sleeper):
+    """90 above 89 on the same CPU: scaled to the live range they must not become equals."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        act = Actuator(DirSysfs(tmp_path), LiveProcessControl(), live_jobs=True)
+        jobs = {sleeper.pid: JobSetting((CPUS[0],), 90), other.pid: JobSetting((CPUS[0],), 89)}
+        act.apply(Decision({}, jobs=jobs), obs())
+        hi, lo = _sched(sleeper.pid), _sched(other.pid)
+        assert hi[0] == lo[0] == os.SCHED_FIFO
+        assert MAX_JOB_RT_PRIORITY >= hi[1] > lo[1] >= 1
+        act.release_all()
+    finally:
+        other.kill()
+        other.wait()
+
+
+@needs_root_and_two_cpus
 def test_best_effort_work_stays_below_a_job_refused_real_time(tmp_path, sleeper):
     """The decision ran the deadline job FIFO above the best-effort one; under SCHED_OTHER the
     best-effort job is niced below it instead, and gets its own nice back when released."""
