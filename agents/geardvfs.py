@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -301,6 +301,17 @@ class GearDvfsPolicy(Policy):
 # Training (shared by the zTT port)
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Model selection: the validation mixes, how often (episodes) the greedy network is
+    scored on them, and the score of one episode, ``score(observations, result)`` (None: the
+    mean reward per tick of the policy's own reward)."""
+
+    seeds: tuple[int, ...]
+    every: int = 32
+    score: Callable[[list[Observation], object], float] | None = None
+
+
 @dataclass
 class DqnResult:
     dqn: BranchDQN
@@ -325,20 +336,18 @@ def train_dqn(
     log=None,
     seed_base: int = 0,
     online_updates: bool = False,
-    val_seeds: Sequence[int] = (),
-    val_every: int = 32,
-    val_score: Callable[[list[Observation], object], float] | None = None,
+    selection: Selection | None = None,
 ) -> DqnResult:
     """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks.
 
-    ``make_policy(dqn, recorder, explore)``. With ``val_seeds``, the greedy network is scored
-    on those mixes before training (for reference), every ``val_every`` episodes and at the
-    end, and the best trained one is kept: the model selection hidvfs gets, on the same mixes
-    at the same cadence. ``val_score(observations, result)`` scores one episode (the board
-    trainer passes hidvfs's own yardstick, so every policy is chosen by the same measure);
-    without it, the mean reward per tick (the rate both ports' papers maximise in continuous
-    operation: their rewards are positive every tick, so an episode's sum would favour the
-    network that takes longest to finish the same jobs)."""
+    ``make_policy(dqn, recorder, explore)``. With a ``selection``, the greedy network is
+    scored on its mixes before training (for reference), every ``selection.every`` episodes
+    and at the end, and the best trained one is kept: the model selection hidvfs gets, on the
+    same mixes at the same cadence. The board trainer passes hidvfs's own yardstick as the
+    score, so every policy is chosen by the same measure; without one, the mean reward per
+    tick (the rate both ports' papers maximise in continuous operation: their rewards are
+    positive every tick, so an episode's sum would favour the network that takes longest to
+    finish the same jobs)."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed)
     history = []
@@ -360,18 +369,18 @@ def train_dqn(
                 yield s, m, a, 0.0, s, m, True
 
     def validate(after: int) -> None:
-        if not val_seeds:
+        if selection is None or not selection.seeds:
             return
         total = 0.0
-        for vs in val_seeds:
+        for vs in selection.seeds:
             rec: list = []
             res = run_episode(make_policy(dqn, rec, False), make_mix(vs), vs)
-            if val_score is not None:
-                total += val_score([r[3] for r in rec], res)
+            if selection.score is not None:
+                total += selection.score([r[3] for r in rec], res)
                 continue
             rewards = [t[3] for t in transitions(rec, res)][:-1]  # the last is the terminal 0
             total += sum(rewards) / max(len(rewards), 1)
-        score = total / len(val_seeds)
+        score = total / len(selection.seeds)
         validation.append({"after_episode": after, "score": score})
         if after > 0 and (best[0] is None or score > best[0]):  # the initial net: reference only
             best[0], best[1] = score, dqn.q.copy()
@@ -417,7 +426,7 @@ def train_dqn(
                 f"energy {np.mean([h['energy_j'] for h in recent]):.2f}J "
                 f"eps {dqn.epsilon():.2f} ETA {eta:.0f}s"
             )
-        if (ep + 1) % val_every == 0 or ep + 1 == cfg.episodes:
+        if selection is not None and ((ep + 1) % selection.every == 0 or ep + 1 == cfg.episodes):
             validate(ep + 1)
     if best[1] is not None:
         dqn.q = best[1]
@@ -431,9 +440,7 @@ def train_geardvfs(
     seed,
     cfg: DqnConfig | None = None,
     log=None,
-    val_seeds: Sequence[int] = (),
-    val_every: int = 32,
-    val_score=None,
+    selection: Selection | None = None,
 ):
     cfg = cfg or DqnConfig()
     scale = BoardScale.of(spec)
@@ -459,9 +466,7 @@ def train_geardvfs(
         GEAR_IN,
         branch_sizes(),
         log,
-        val_seeds=val_seeds,
-        val_every=val_every,
-        val_score=val_score,
+        selection=selection,
     )
 
 
@@ -470,6 +475,7 @@ __all__ = [
     "GEAR_IN",
     "GEAR_OUT",
     "DqnConfig",
+    "Selection",
     "BranchDQN",
     "GearState",
     "GearDvfsPolicy",

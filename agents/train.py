@@ -847,7 +847,7 @@ def _ref_inputs(n_in: int, seed: int, n: int = 8) -> np.ndarray:
 def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, commit) -> dict:
     """Train one policy and write its ONNX files; returns its manifest entry and reference
     input/output pairs (for ``agents check``). Runs in the caller or in a forked worker."""
-    from agents.geardvfs import GEAR_IN, DqnConfig, train_geardvfs
+    from agents.geardvfs import GEAR_IN, DqnConfig, Selection, train_geardvfs
     from agents.onnx_export import provenance, save_mlp
     from agents.ztt import ZTT_IN, train_ztt, ztt_config
 
@@ -890,21 +890,21 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
         # the baselines get hidvfs's model selection: the same validation mixes, cadence and
         # score (the unshaped hidvfs return: time, energy, temperature, missed deadlines), so
         # every policy's checkpoint is chosen by one measure
-        val = {
-            "val_seeds": list(seed_ranges(seed, cfg.episodes, cfg.val_episodes)["validation"]),
-            "val_every": cfg.val_every,
-        }
-        score = selection_score(spec, run_episode, make_mix, seed, cfg)
+        sel = Selection(
+            tuple(seed_ranges(seed, cfg.episodes, cfg.val_episodes)["validation"]),
+            cfg.val_every,
+            selection_score(spec, run_episode, make_mix, seed, cfg),
+        )
         if pol == "geardvfs":
             dc = DqnConfig(episodes=cfg.episodes, period_s=cfg.period_s)
-            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log, **val, val_score=score)
+            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log, sel)
             export(tr.dqn.q, out / "geardvfs.onnx", "geardvfs", "geardvfs", {"n_in": GEAR_IN})
         else:
             dc = ztt_config(cfg.episodes, cfg.period_s)
-            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log, **val, val_score=score)
+            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log, sel)
             export(tr.dqn.q, out / "ztt.onnx", "ztt", "ztt", {"n_in": ZTT_IN})
         entry = {
-            "config": {**tr.config, **val},
+            "config": {**tr.config, "val_seeds": list(sel.seeds), "val_every": sel.every},
             "wall_s": round(tr.wall_s, 1),
             "validation": tr.validation,
         }

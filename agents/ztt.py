@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
 from agents.features import MAX_CLUSTERS, BoardScale, job_remaining
-from agents.geardvfs import DqnConfig, train_dqn, work_done
+from agents.geardvfs import DqnConfig, Selection, train_dqn, work_done
 from agents.policy import Decision, JobSetting, Policy
 from platforms.observation import Observation
 from platforms.spec import BoardSpec
@@ -182,9 +181,7 @@ def train_ztt(
     seed,
     cfg: DqnConfig | None = None,
     log=None,
-    val_seeds: Sequence[int] = (),
-    val_every: int = 32,
-    val_score=None,
+    selection: Selection | None = None,
 ):
     cfg = cfg or ztt_config(160, 0.05)
 
@@ -206,9 +203,7 @@ def train_ztt(
         [len(grid(spec))],
         log,
         online_updates=True,
-        val_seeds=val_seeds,
-        val_every=val_every,
-        val_score=val_score,
+        selection=selection,
     )
 
 

@@ -16,6 +16,7 @@ from agents.geardvfs import (
     DqnConfig,
     GearDvfsPolicy,
     GearState,
+    Selection,
     branch_sizes,
     gear_reward,
     work_done,
@@ -124,7 +125,7 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
     run, mix = make_runner("rubikpi3", ep), (lambda s: episode_items("rubikpi3", s, ep))
     if kind == "geardvfs":
         cfg = DqnConfig(episodes=4, start_samples=32)
-        tr = train_geardvfs(spec, run, mix, 0, cfg, val_seeds=[700000], val_every=1)
+        tr = train_geardvfs(spec, run, mix, 0, cfg, selection=Selection((700000,), 1))
         pol = GearDvfsPolicy
         scale = BoardScale.of(spec)
 
@@ -132,7 +133,7 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
             return gear_reward(spec, scale, a, b)
     else:
         cfg = replace(ztt_config(4, 0.05), start_samples=16)
-        tr = train_ztt(spec, run, mix, 0, cfg, val_seeds=[700000], val_every=1)
+        tr = train_ztt(spec, run, mix, 0, cfg, selection=Selection((700000,), 1))
         pol = ZttPolicy
 
         def reward(a, b):
@@ -167,7 +168,7 @@ def test_baseline_selection_follows_the_score_it_is_given():
         return -res.energy_j
 
     cfg = replace(ztt_config(4, 0.05), start_samples=16)
-    tr = train_ztt(spec, run, mix, 0, cfg, val_seeds=[700000], val_every=1, val_score=energy_saved)
+    tr = train_ztt(spec, run, mix, 0, cfg, selection=Selection((700000,), 1, energy_saved))
     assert [v["score"] for v in tr.validation] == seen
     res = run(ZttPolicy(spec, tr.dqn.q.forward), mix(700000), 700000)
     assert -res.energy_j == pytest.approx(max(seen[1:]), abs=1e-12)
