@@ -996,6 +996,7 @@ class _Repair:
             for ji in range(len(self.jobs))
         ]
         order = sorted(range(len(self.jobs)), key=lambda ji: lost[ji])  # stable: deadline order
+        short: list[int] = []  # jobs given fewer cores than their deadline needs, in order
         for ji in order:
             j = self.jobs[ji]
             chosen = None
@@ -1012,6 +1013,7 @@ class _Repair:
                         key=lambda i: len(free[i]) * self.K[i].capacity * self.K[i].fmax_khz,
                     )
                     chosen = (ki, len(free[ki]))
+                    short.append(j.pid)
                     events.append(
                         f"gate: pid {j.pid} cannot meet its deadline; gets all {chosen[1]} free cores of {self.K[ki].name}"
                     )
@@ -1024,6 +1026,21 @@ class _Repair:
             elif self.g._ranking:
                 k = self.K[self.g._ranking[0]]
                 self._set(jobs, events, j.pid, k.cpus, f"no free core left; shares {k.name}")
+        spare = [c for ki in self.g._ranking for c in free[ki]]
+        if short and spare:
+            # the cores no deadline job holds go to the first job short of cores, whatever
+            # their cluster: it is late on its own cluster, and a best-effort job placed there
+            # alone would take the fastest cores left (a prime core). Best-effort jobs with
+            # nowhere else to go share these (below it), not the cores of jobs still on time
+            pid = short[0]
+            reserved.update(spare)
+            self._set(
+                jobs,
+                events,
+                pid,
+                tuple(jobs[pid].cpus) + tuple(spare),
+                f"short of cores; also the {len(spare)} free cores of other clusters",
+            )
         self._place_others(jobs, events, heavy_cpus, reserved)
         res = self._finish(freq, jobs, governor, events)
         res.feasible = False

@@ -151,9 +151,35 @@ def test_infeasible_gives_the_safest_point():
     assert not r.feasible
     assert r.decision.freq_khz == {"big": 2 * GHZ, "little": 2 * GHZ}
     assert r.decision.governor == {}
-    assert set(r.decision.jobs[1].cpus) == set(QUAD.cpus)  # largest/fastest cluster
+    # the largest/fastest cluster, then (no other job needs them) the other free cores
+    assert any("gets all 4 free cores of big" in e for e in r.events)
+    assert set(r.decision.jobs[1].cpus) == set(QUAD.cpus) | {4, 5}
     assert any("no feasible assignment" in e for e in r.events)
     assert r.events[0] in r.decision.events
+
+
+def test_the_job_short_of_cores_gets_the_free_cores_not_a_best_effort_job():
+    """At the safest point a best-effort job used to get the cores no deadline job held (a
+    prime core, say) while a deadline job sat short on another cluster. Now the short job
+    gets them; the best-effort job shares its spare cores, below it, and never the cores of
+    a job that can still make its deadline."""
+    little = cl("little", (4, 5), (GHZ, 2 * GHZ), capacity=0.5)
+    prime = cl("prime", (6,), (GHZ, 2 * GHZ), capacity=1.5)
+    on_time = GateJob(1, prof(8.0, 1.0), 2.0)  # 3 cores of big at 2 GHz
+    short = GateJob(2, prof(16.0, 1.0), 2.5)  # fits on no cluster's free cores
+    every = tuple(range(7))
+    d = Decision(
+        {"big": GHZ, "little": GHZ, "prime": GHZ},
+        {1: JobSetting(every, 80), 2: JobSetting(every, 85), 3: JobSetting(every, 90)},
+    )
+    r = FederatedGate([QUAD, little, prime]).repair(d, [on_time, short])
+    assert not r.feasible
+    st = r.decision.jobs
+    assert len(st[1].cpus) == 3 and set(st[1].cpus) <= set(QUAD.cpus)
+    assert set(st[2].cpus) == set(every) - set(st[1].cpus)  # prime, then every spare core
+    assert st[3].cpus and set(st[3].cpus).isdisjoint(st[1].cpus) and 6 not in st[3].cpus
+    assert st[3].rt_priority == 0 < st[2].rt_priority
+    assert any("pid 2 cannot meet its deadline" in e for e in r.events)
 
 
 def test_safest_point_serves_savable_jobs_before_a_lost_one():
