@@ -1189,9 +1189,17 @@ def order_priorities(decision: Decision, jobs: Sequence[GateJob]) -> tuple[Decis
                 else f"below deadline pid {b} whose cores it shares"
             )
     low = min((rt[d] for d in shared), default=1)
-    for d in shared:
-        if low < 1:
-            rt[d] = min(rt[d] + 1 - low, 99)
+    if low < 1:
+        lift = 1 - low
+        if max(rt[d] for d in shared) + lift > 99:
+            # lifting would push the top past 99: rank them 1, 2, ... instead (same order;
+            # a cap at 99 made the top ones equal)
+            rank_of = {v: i + 1 for i, v in enumerate(sorted({rt[d] for d in shared}))}
+            lifted = {d: min(rank_of[rt[d]], 99) for d in shared}
+        else:
+            lifted = {d: rt[d] + lift for d in shared}
+        for d in shared:
+            rt[d] = lifted[d]
             why.setdefault(d, "SCHED_FIFO for a deadline job on shared cores")
     events: list[str] = []
     new = dict(settings)

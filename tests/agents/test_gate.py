@@ -26,6 +26,7 @@ from agents.gate import (
     light_partition,
     light_pool_size,
     min_cores,
+    order_priorities,
     requirement,
     requirements,
 )
@@ -605,3 +606,44 @@ def test_cost_memo_follows_a_replaced_cost_model():
     assert gate._cost(0, GHZ, 2) == default_cost(k, GHZ, 2)
     gate.cost = lambda cluster, khz, n: 42.0
     assert gate._cost(0, GHZ, 2) == 42.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.frozensets(st.integers(0, 3), min_size=1),  # cores
+            st.integers(0, 99),  # the priority agent's rt
+            st.one_of(st.none(), st.floats(0.1, 5.0)),  # deadline (None: best effort)
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_order_priorities_holds_for_any_proposed_priorities(specs):
+    """Whatever priorities the agent proposes (up to 99), the order the analysis assumes
+    holds afterwards: no two jobs that must differ end up equal at the 1..99 ceiling."""
+    settings_ = {100 + i: JobSetting(tuple(sorted(c)), rt) for i, (c, rt, _) in enumerate(specs)}
+    jobs = sorted(
+        (GateJob(100 + i, prof(1.0, 0.1), d) for i, (_, _, d) in enumerate(specs) if d is not None),
+        key=lambda j: (j.remaining_s, j.pid),
+    )
+    out, _ = order_priorities(Decision({}, settings_), jobs)
+    check_priorities(jobs, out)
+    assert all(0 <= s.rt_priority <= 99 for s in out.jobs.values())
+
+
+def test_lifting_priorities_past_99_keeps_them_apart():
+    """Two jobs on core 0 at 99 and 98 (deadline order), one at 1 on core 1, and a job over
+    both cores that must run below all three (0): lifting by one used to cap both at 99."""
+    st_ = {
+        1: JobSetting((0,), 99),
+        2: JobSetting((0,), 98),
+        3: JobSetting((1,), 1),
+        4: JobSetting((0, 1), 50),
+    }
+    jobs = [GateJob(p, prof(1.0, 0.1), float(p)) for p in (1, 2, 3, 4)]
+    out, _ = order_priorities(Decision({}, st_), jobs)
+    check_priorities(jobs, out)
+    rt = {p: s.rt_priority for p, s in out.jobs.items()}
+    assert rt[1] > rt[2] > rt[4] >= 1 and rt[3] > rt[4]
