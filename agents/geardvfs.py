@@ -397,6 +397,12 @@ def train_dqn(
         res = run_episode(pol, make_mix(ep_seed), ep_seed)
         ret = 0.0
         for s, m, a, r, s2, m2, done in transitions(rec, res):
+            if done:
+                # the episode's end is where the simulator stops, not a terminal state: both
+                # papers run continuously, and a terminal value of 0 after rewards that are
+                # positive every tick would teach the network to put off finishing the jobs
+                # (time-limit truncation: the last tick bootstraps from the state it reached)
+                continue
             ret += r
             dqn.remember(s, m, a, r, s2, m2, done)
             if online_updates:
