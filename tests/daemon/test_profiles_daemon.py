@@ -84,7 +84,10 @@ def test_the_gate_plans_a_board_jobs_deadline_from_its_profile(tmp_path, deadlin
     a57 = spec.cluster("a57")
     cores = res.decision.jobs[job.pid].cpus
     if deadline_s < 1:
-        assert res.decision.freq_khz["a57"] == a57.fmax_khz and set(cores) == set(a57.cpus)
+        # the largest cluster at its top first; the job short of cores then also gets the
+        # cores no other job holds (here every other core of the board)
+        assert res.decision.freq_khz["a57"] == a57.fmax_khz and set(a57.cpus) <= set(cores)
+        assert set(cores) == {c for k in spec.clusters for c in k.cpus}
         assert any("cannot meet its deadline" in e for e in res.decision.events)
     else:
         assert res.decision.freq_khz["a57"] == a57.freqs_khz[0] and len(cores) == 1
