@@ -974,7 +974,9 @@ class _Repair:
 
         A job no core count can save (past its deadline, or L(f) >= D on every cluster) comes
         last, whatever its deadline: cores it took first could not help it and would starve
-        the jobs that can still make theirs.
+        the jobs that can still make theirs. A job short of cores takes every free core of
+        its best cluster, and the first such job then also the cores left free on the other
+        clusters, before any best-effort job is placed.
         """
         freq = dict(self.d.freq_khz)
         governor = dict(self.d.governor)
