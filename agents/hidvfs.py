@@ -684,11 +684,12 @@ class SpillStage:
       cluster that cannot match that speed lends nothing to a deadline job.
 
     Before both: when a deadline job is late on the cores it has (the Graham bound of its
-    remaining work there passes its remaining deadline, which happens only at the gate's
-    safest point), every free active core goes to the late job with the earliest deadline,
-    whatever its cluster, and a cluster that runs no job then runs at its top OPP. A job
-    already late loses nothing to slower borrowed cores, and every core it gets is one a
-    best-effort job would otherwise have taken (900 tuning mixes on tx2: misses 29 -> 25).
+    remaining work there passes its remaining deadline), every free active core goes to the
+    late job with the earliest deadline, whatever its cluster, and a cluster that runs no job
+    then runs at its top OPP. A job already late loses nothing to slower borrowed cores, and
+    every core it gets is one a best-effort job would otherwise have taken. With the gate on,
+    its safest point already hands the free cores to the job short of cores, so this acts
+    when the gate is off (the ablation) or the profiler left active cores the gate never saw.
     """
 
     def __init__(self, active: Callable[[], dict[str, tuple[int, ...]]] | None = None):
