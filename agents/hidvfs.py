@@ -689,7 +689,7 @@ class SpillStage:
     then runs at its top OPP. A job already late loses nothing to slower borrowed cores, and
     every core it gets is one a best-effort job would otherwise have taken. With the gate on,
     its safest point already hands the free cores to the job short of cores, so this acts
-    when the gate is off (the ablation) or the profiler left active cores the gate never saw.
+    when the gate is off (the ablation).
     """
 
     def __init__(self, active: Callable[[], dict[str, tuple[int, ...]]] | None = None):
