@@ -304,12 +304,11 @@ class GearDvfsPolicy(Policy):
 @dataclass(frozen=True)
 class Selection:
     """Model selection: the validation mixes, how often (episodes) the greedy network is
-    scored on them, and the score of one episode, ``score(observations, result)`` (None: the
-    mean reward per tick of the policy's own reward)."""
+    scored on them, and the score of one episode, ``score(observations, result)``."""
 
     seeds: tuple[int, ...]
-    every: int = 32
-    score: Callable[[list[Observation], object], float] | None = None
+    every: int
+    score: Callable[[list[Observation], object], float]
 
 
 @dataclass
@@ -344,10 +343,8 @@ def train_dqn(
     scored on its mixes before training (for reference), every ``selection.every`` episodes
     and at the end, and the best trained one is kept: the model selection hidvfs gets, on the
     same mixes at the same cadence. The board trainer passes hidvfs's own yardstick as the
-    score, so every policy is chosen by the same measure; without one, the mean reward per
-    tick (the rate both ports' papers maximise in continuous operation: their rewards are
-    positive every tick, so an episode's sum would favour the network that takes longest to
-    finish the same jobs)."""
+    score, so every policy is chosen by the same measure (agents/TRAINING.md says why not
+    the ports' own rewards)."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed)
     history = []
@@ -375,11 +372,7 @@ def train_dqn(
         for vs in selection.seeds:
             rec: list = []
             res = run_episode(make_policy(dqn, rec, False), make_mix(vs), vs)
-            if selection.score is not None:
-                total += selection.score([r[3] for r in rec], res)
-                continue
-            rewards = [t[3] for t in transitions(rec, res)][:-1]  # the last is the terminal 0
-            total += sum(rewards) / max(len(rewards), 1)
+            total += selection.score([r[3] for r in rec], res)
         score = total / len(selection.seeds)
         validation.append({"after_episode": after, "score": score})
         if after > 0 and (best[0] is None or score > best[0]):  # the initial net: reference only

@@ -354,12 +354,11 @@ class Actuator:
                 self._mode.pop(c.policy, None)
         # -- jobs ------------------------------------------------------------------------------
         online = {cpu for c in obs.clusters for cpu in c.online}
-        settings = dict(decision.jobs)
+        settings = decision.jobs
         if self.live_jobs:
             levels = fifo_levels({s.rt_priority for s in settings.values()})
             settings = below_demoted(
-                decision.jobs,
-                {pid: self._safe(pid, s, online, levels) for pid, s in settings.items()},
+                settings, {pid: self._safe(pid, s, online, levels) for pid, s in settings.items()}
             )
         for pid, setting in settings.items():
             key = (setting.cpus, setting.rt_priority, setting.nice)

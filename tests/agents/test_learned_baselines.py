@@ -115,7 +115,8 @@ def test_shipped_baselines_decide_valid(board, name, cls):
 @pytest.mark.parametrize("kind", ["geardvfs", "ztt"])
 def test_baseline_training_keeps_its_best_validated_network(kind):
     """The baselines get hidvfs's model selection: the exported network is the one that
-    scored best on the validation mixes (greedy, its own reward per tick), not the last one."""
+    scored best on the validation mixes (greedy, here by its own reward per tick), not the last
+    one."""
     from agents.geardvfs import metered, train_geardvfs
     from agents.ztt import train_ztt, ztt_config
     from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
@@ -123,21 +124,24 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
     spec = load_board("rubikpi3")
     ep = EpisodeSpec(n_jobs=2)
     run, mix = make_runner("rubikpi3", ep), (lambda s: episode_items("rubikpi3", s, ep))
+    scale = BoardScale.of(spec)
+
+    def per_tick(obs, res):
+        seen = metered(obs, res)
+        r = [
+            gear_reward(spec, scale, a, b) if kind == "geardvfs" else ztt_reward(a, b, 0.05)
+            for a, b in zip(seen, seen[1:])
+        ]
+        return sum(r) / len(r)
+
     if kind == "geardvfs":
         cfg = DqnConfig(episodes=4, start_samples=32)
-        tr = train_geardvfs(spec, run, mix, 0, cfg, selection=Selection((700000,), 1))
+        tr = train_geardvfs(spec, run, mix, 0, cfg, selection=Selection((700000,), 1, per_tick))
         pol = GearDvfsPolicy
-        scale = BoardScale.of(spec)
-
-        def reward(a, b):
-            return gear_reward(spec, scale, a, b)
     else:
         cfg = replace(ztt_config(4, 0.05), start_samples=16)
-        tr = train_ztt(spec, run, mix, 0, cfg, selection=Selection((700000,), 1))
+        tr = train_ztt(spec, run, mix, 0, cfg, selection=Selection((700000,), 1, per_tick))
         pol = ZttPolicy
-
-        def reward(a, b):
-            return ztt_reward(a, b, cfg.period_s)
 
     assert [v["after_episode"] for v in tr.validation] == [0, 1, 2, 3, 4]
     scores = [v["score"] for v in tr.validation]
@@ -147,9 +151,7 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
     assert max(trained) > trained[-1]
     rec: list = []
     res = run(pol(spec, tr.dqn.q.forward, recorder=rec), mix(700000), 700000)
-    seen = metered([r[3] for r in rec], res)
-    per_tick = [reward(a, b) for a, b in zip(seen, seen[1:])]
-    again = sum(per_tick) / len(per_tick)
+    again = per_tick([r[3] for r in rec], res)
     assert again == pytest.approx(max(trained), abs=1e-9)
 
 
