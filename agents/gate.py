@@ -225,13 +225,23 @@ def edf_fits(jobs: Sequence[tuple[float, float]], m: int) -> bool:
         return not jobs
     if m >= len(jobs):
         return all(c <= d for d, c in jobs)
-    free = [0.0] * m
-    for d, c in jobs:
-        end = heapq.heappop(free) + c
-        if end > d:
-            return False
-        heapq.heappush(free, end)
-    return True
+    return edf_list_split(jobs, m) is not None
+
+
+def edf_list_split(jobs: Sequence[tuple[float, float]], m: int) -> list[list[int]] | None:
+    """The split :func:`edf_fits` tests: the job indices each of ``m`` cores runs under the
+    EDF list schedule (cores left empty dropped), or None when a job misses its deadline."""
+    if m <= 0:
+        return [] if not jobs else None
+    free = [(0.0, k) for k in range(m)]
+    parts: list[list[int]] = [[] for _ in range(m)]
+    for i, (d, c) in enumerate(jobs):
+        t, k = heapq.heappop(free)
+        if t + c > d:
+            return None
+        parts[k].append(i)
+        heapq.heappush(free, (t + c, k))
+    return [p for p in parts if p]
 
 
 def light_pool_size(jobs: Sequence[tuple[float, float]], limit: int) -> int | None:
@@ -262,15 +272,7 @@ def light_partition(jobs: Sequence[tuple[float, float]], m: int) -> list[list[in
         return [] if not jobs else None
     n = len(jobs)
     if n > MAX_EXACT_LIGHTS:
-        free = [(0.0, k) for k in range(m)]
-        parts: list[list[int]] = [[] for _ in range(m)]
-        for i, (d, c) in enumerate(jobs):
-            t, k = heapq.heappop(free)
-            if t + c > d:
-                return None
-            parts[k].append(i)
-            heapq.heappush(free, (t + c, k))
-        return [p for p in parts if p]
+        return edf_list_split(jobs, m)
     loads = [0.0] * m
     parts = [[] for _ in range(m)]
 
