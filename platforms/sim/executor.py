@@ -248,7 +248,11 @@ class Executor:
                     self._core_act(c, t)
                 thr.dur = dur
                 push(heap, (t + rem * dur, next(seq), thr, thr.ver))
-                if ready and free:
+                if ready and (free or len(job.threads) < len(job.allowed)):
+                    # more ready tasks: onto idle cores, and (as on release) onto the job's
+                    # other allowed cores, evicting lower-priority tasks or time-sharing with
+                    # equal ones. A woken SCHED_FIFO thread preempts at once; without this a
+                    # lower-priority job kept those cores task after task (fast path above)
                     self._fill(job, t)
             else:
                 self._leave(thr, t)

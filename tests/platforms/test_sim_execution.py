@@ -274,6 +274,26 @@ def test_higher_rt_priority_wins_shared_cores():
     assert ta == pytest.approx(2 * t, rel=0.05)
 
 
+@pytest.mark.parametrize("shape", [fork_join, fib_tree, layered], ids=lambda f: f.__name__)
+def test_a_higher_rt_priority_job_preempts_for_tasks_that_become_ready_later(shape):
+    """SCHED_FIFO preempts on wakeup: the high job's tasks that become ready mid-run take
+    cores from a lower-priority job at once. The lower job used to keep them task after
+    task, and a job at rt 50 ran on one core of four."""
+    dag = shape(np.random.default_rng(3))
+    alone, pid = run_alone(dag, 2035200, 4)
+    plant = Plant(TX2, params=NO_JITTER, governor="userspace")
+    plant.set_freq("a57", 2035200)
+    plant.advance(0.01)
+    hog = plant.submit(SimJob(independent(np.random.default_rng(4), n=400), "hog"))
+    plant.set_affinity(hog, A57.cpus)
+    plant.advance(0.02)
+    high = plant.submit(SimJob(dag, "high"))
+    plant.set_affinity(high, A57.cpus)
+    plant.set_priority(high, rt_priority=50)
+    plant.run_until_idle()
+    assert plant.jobs[high].makespan_s == pytest.approx(alone.jobs[pid].makespan_s, rel=1e-9)
+
+
 def test_nice_weights_the_share():
     t, ta, tb = _two_jobs(lambda p, a, b: p.set_priority(a, 0, nice=5))
     assert tb < ta and tb < 1.6 * t
