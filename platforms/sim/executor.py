@@ -12,7 +12,8 @@ Model (documented choices):
   (compute and memory phases are treated as finely interleaved).
 - Cores are shared between jobs by priority: a job with a higher priority (SCHED_FIFO rt
   priority; SCHED_OTHER is 0) evicts lower-priority tasks from a core (they go back to their
-  job's ready pool with their progress, and run elsewhere or later). Jobs of equal priority
+  job's ready pool with their progress, and run elsewhere or later), on release and whenever
+  one of its tasks becomes ready, as a woken SCHED_FIFO thread preempts. Jobs of equal priority
   time-share a core by splitting its speed in proportion to their weights (CFS nice weights for
   SCHED_OTHER, equal for SCHED_FIFO): processor sharing, which is exact to simulate with events.
   When a core goes idle it takes a waiting job's task, or a task migrates to it from a shared
