@@ -294,6 +294,39 @@ def test_a_higher_rt_priority_job_preempts_for_tasks_that_become_ready_later(sha
     assert plant.jobs[high].makespan_s == pytest.approx(alone.jobs[pid].makespan_s, rel=1e-9)
 
 
+@given(
+    shape=st.sampled_from(SHAPES),
+    seed=st.integers(0, 10_000),
+    others=st.lists(
+        st.tuples(st.sampled_from(SHAPES), st.floats(0.0, 0.05), st.integers(0, 49)),
+        min_size=1,
+        max_size=3,
+    ),
+    arrive=st.floats(0.0, 0.05),
+)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_top_priority_job_runs_as_if_alone(shape, seed, others, arrive):
+    """Whatever lower-priority jobs share its cores, and whenever they arrive, the job with
+    the highest SCHED_FIFO priority finishes exactly when it would alone."""
+    dag = shape(np.random.default_rng(seed))
+    alone, pid = run_alone(dag, 2035200, 4)
+    plant = Plant(TX2, params=NO_JITTER, governor="userspace")
+    plant.set_freq("a57", 2035200)
+    plant.advance(0.01)
+    t0 = plant.t
+    for i, (other, at, rt) in enumerate(others):
+        o = plant.submit(
+            SimJob(other(np.random.default_rng(seed + i + 1)), "low", release_t=t0 + at)
+        )
+        plant.set_affinity(o, A57.cpus)
+        plant.set_priority(o, rt_priority=rt)
+    top = plant.submit(SimJob(dag, "top", release_t=t0 + arrive))
+    plant.set_affinity(top, A57.cpus)
+    plant.set_priority(top, rt_priority=50)
+    plant.run_until_idle()
+    assert plant.jobs[top].makespan_s == pytest.approx(alone.jobs[pid].makespan_s, rel=1e-9)
+
+
 def test_nice_weights_the_share():
     t, ta, tb = _two_jobs(lambda p, a, b: p.set_priority(a, 0, nice=5))
     assert tb < ta and tb < 1.6 * t
