@@ -81,7 +81,10 @@ class ClusterReservation:
         lo_cpus = tuple(
             sorted(cpu for c in obs.clusters if c.name not in reserved for cpu in c.online)
         )
-        if not lo_cpus:  # every cluster reserved: LO work shares the slowest one
+        # LO jobs keep the priorities the policy (and its gate) gave them on their own
+        # clusters: a HI job's cores are exclusive, so they cannot reach it there
+        keep_rt = bool(lo_cpus)
+        if not lo_cpus:  # every cluster reserved: LO work shares the slowest one, below HI
             slowest = min((c for c in obs.clusters if c.online), key=_speed)
             lo_cpus = tuple(slowest.online)
         for j in obs.jobs:
@@ -89,5 +92,6 @@ class ClusterReservation:
                 continue
             prev = out.jobs.get(j.pid)
             cpus = tuple(c for c in (prev.cpus if prev else lo_cpus) if c in lo_cpus) or lo_cpus
-            out.jobs[j.pid] = JobSetting(cpus, rt_priority=0, nice=prev.nice if prev else 0)
+            rt = prev.rt_priority if prev is not None and keep_rt else 0
+            out.jobs[j.pid] = JobSetting(cpus, rt_priority=rt, nice=prev.nice if prev else 0)
         return out

@@ -85,6 +85,30 @@ def test_reservation_gives_hi_a_whole_cluster_and_confines_lo():
     assert d.jobs[10].cpus == (0, 1, 2, 3, 4, 5)
 
 
+def test_lo_jobs_keep_the_gate_s_priorities_off_the_reserved_cluster():
+    """The gate orders LO deadline jobs by SCHED_FIFO priority on their own cores; the
+    reservation used to reset them all to SCHED_OTHER, below the best-effort jobs' share."""
+    obs = _obs()
+    d = Decision(
+        {"big": 1000, "little": 500},
+        {10: JobSetting((0, 1, 2, 3), 80), 11: JobSetting((4, 5), 85, 3)},
+    )
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[10] == JobSetting((0, 1, 2, 3), 50)
+    assert out.jobs[11] == JobSetting((4, 5), 85, 3)
+
+
+def test_lo_jobs_sharing_a_reserved_cluster_run_below_hi():
+    """On a one-cluster board the HI job's cluster is the only one: LO work shares it at
+    SCHED_OTHER, whatever priority it had, so the HI job keeps its cores."""
+    obs = _obs()
+    obs = Observation(0.0, "toy", obs.clusters[:1], (), (), obs.jobs)
+    d = Decision({"big": 1000}, {p: JobSetting((0, 1, 2, 3), 90) for p in (10, 11)})
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[10] == JobSetting((0, 1, 2, 3), 50)
+    assert out.jobs[11] == JobSetting((0, 1, 2, 3), 0)
+
+
 def test_disabled_reservation_is_identity():
     obs = _obs()
     d = Decision({"big": 1000}, {})
