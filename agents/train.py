@@ -587,19 +587,28 @@ def reference_power(
     return e / t if t > 0 and e > 0 else BoardScale.of(spec).power_w
 
 
-def selection_score(
-    spec: BoardSpec, run_episode: RunEpisode, make_mix: MakeMix, seed: int, cfg: TrainConfig
+def unshaped_return(
+    spec: BoardSpec, cfg: TrainConfig, p_ref: float
 ) -> Callable[[list[Observation], object], float]:
-    """One episode's score for model selection, for any policy: the unshaped hidvfs return of
-    its observations (what :func:`validation_score` gives the hidvfs agents)."""
+    """One episode's unshaped hidvfs return from its observations and result: the measure
+    every policy's checkpoint is chosen by."""
     scale = BoardScale.of(spec)
     plain = TrainConfig(**{**asdict(cfg), "shaping": False})
-    p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
 
     def score(obs: list[Observation], result) -> float:
         return float(tick_rewards(obs, result, scale, plain, p_ref)[0].sum())
 
     return score
+
+
+def selection_score(
+    spec: BoardSpec, run_episode: RunEpisode, make_mix: MakeMix, seed: int, cfg: TrainConfig
+) -> Callable[[list[Observation], object], float]:
+    """One episode's score for model selection, for any policy: :func:`unshaped_return` at
+    the board's reference power (what :func:`validation_score` gives the hidvfs agents)."""
+    return unshaped_return(
+        spec, cfg, reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
+    )
 
 
 def validation_score(
@@ -612,15 +621,12 @@ def validation_score(
     p_ref: float,
 ) -> float:
     """Mean unshaped return of the greedy policy (gate on) on validation mixes."""
-    scale = BoardScale.of(spec)
-    plain = TrainConfig(**{**asdict(cfg), "shaping": False})
+    score = unshaped_return(spec, cfg, p_ref)
     total = 0.0
     for s in seeds:
         rec = Recorder()
         pol = nets.policy(spec, gate=True, shield=None, period_s=cfg.period_s, recorder=rec)
-        res = run_episode(pol, make_mix(s), s)
-        r, _ = tick_rewards(rec.obs, res, scale, plain, p_ref)
-        total += float(r.sum())
+        total += score(rec.obs, run_episode(pol, make_mix(s), s))
     return total / max(len(seeds), 1)
 
 
