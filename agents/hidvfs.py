@@ -810,22 +810,28 @@ class SpillStage:
 
 
 class GateStage:
-    """The federated gate as a decision stage (rebuilt when the scaling limits change)."""
+    """The federated gate as a decision stage (rebuilt when the scaling limits change).
+
+    A few gates are kept, one per set of clusters seen: the mixed-criticality reservation
+    runs the stage on its parts of the board every tick (:mod:`agents.mixed`)."""
+
+    MAX_GATES = 8
 
     def __init__(self):
-        self._key = None
-        self._gate: FederatedGate | None = None
+        self._gates: dict[tuple, FederatedGate] = {}
         self.last = None
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         key = tuple((c.name, c.online, c.min_khz, c.max_khz) for c in obs.clusters)
-        if key != self._key:
-            self._gate = FederatedGate.from_observation(obs)
-            self._key = key
+        gate = self._gates.get(key)
+        if gate is None:
+            if len(self._gates) >= self.MAX_GATES:
+                self._gates.clear()
+            gate = self._gates[key] = FederatedGate.from_observation(obs)
         jobs = jobs_from_obs(obs)
         if not jobs:
             return decision
-        self.last = self._gate.repair(decision, jobs)
+        self.last = gate.repair(decision, jobs)
         return self.last.decision
 
 

@@ -10,16 +10,33 @@ the HI job's DVFS from LO energy savings and removes shared-L2 interference.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from agents.policy import Decision, JobSetting, nearest_freq
 from platforms.observation import ClusterObs, JobObs, Observation
 
 HI_RT_PRIORITY = 50
+#: a HI job takes a cluster other than the fastest only if its Graham bound there at the top
+#: frequency is at most this share of its remaining time (the model's error stays on the
+#: safe side: the bound is thin at a DAG's tail)
+HI_MARGIN = 0.8
 
 
 def _speed(c: ClusterObs) -> float:
     return len(c.online) * c.capacity * (c.freqs_khz[-1] if c.freqs_khz else 0)
+
+
+def _graham_s(job: JobObs, c: ClusterObs, khz: int) -> float:
+    """Graham bound of ``job``'s remaining work on all of ``c`` at ``khz`` (two-point model)."""
+    p = job.profile
+    frac = max(0.0, 1.0 - (job.progress or 0.0))
+    m = max(1, len(c.online))
+    # seconds of compute at the reference point scale with ref/f and 1/capacity
+    scale = (1.0 - p.beta) * (p.ref_khz / khz) / c.capacity + p.beta
+    work = p.work_s * scale * frac
+    span = p.span_s * scale * frac
+    return span + (work - span) / m
 
 
 def needed_khz(job: JobObs, c: ClusterObs) -> int:
@@ -29,21 +46,80 @@ def needed_khz(job: JobObs, c: ClusterObs) -> int:
     when the job has no deadline or no profile.
     """
     top = c.freqs_khz[-1]
-    p = job.profile
-    if p is None or job.deadline_s is None:
+    if job.profile is None or job.deadline_s is None:
         return top
     remaining = job.deadline_s - job.elapsed_s
-    done = job.progress or 0.0
-    frac = max(0.0, 1.0 - done)
-    m = max(1, len(c.online))
     for f in c.freqs_khz:
-        # seconds of compute at the reference point scale with ref/f and 1/capacity
-        scale = (1.0 - p.beta) * (p.ref_khz / f) / c.capacity + p.beta
-        work = p.work_s * scale * frac
-        span = p.span_s * scale * frac
-        if span + (work - span) / m <= remaining:
+        if _graham_s(job, c, f) <= remaining:
             return f
     return top
+
+
+def fits(job: JobObs, c: ClusterObs, margin: float = HI_MARGIN) -> bool:
+    """``job`` meets its deadline on all of ``c`` at its top frequency, with ``margin`` of
+    the remaining time to spare (False without a deadline or a profile: nothing to tell)."""
+    if job.profile is None or job.deadline_s is None or not c.freqs_khz:
+        return False
+    return _graham_s(job, c, c.freqs_khz[-1]) <= margin * (job.deadline_s - job.elapsed_s)
+
+
+def _pick_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs:
+    """The cluster ``job`` reserves among ``free`` (fastest first): the one it runs on if it
+    fits there (no migration while it does), else the least capable one it fits, which
+    leaves the most to LO work, else the fastest."""
+    here = next((c for c in free if c.online and tuple(job.cpus) == tuple(c.online)), None)
+    if here is not None and fits(job, here):
+        return here
+    ok = [c for c in free if fits(job, c)]
+    return min(ok, key=_speed) if ok else free[0]
+
+
+@dataclass(frozen=True)
+class ReservationPlan:
+    """Which cluster each HI job holds this tick, and where LO work runs.
+
+    ``hi`` maps a reserved cluster to its HI job. ``lo_cpus`` are the online CPUs of the
+    clusters nobody reserved; when every cluster is reserved (a one-cluster board) LO work
+    shares the slowest one below the HI job and ``shared`` is true.
+    """
+
+    hi: dict[str, JobObs]
+    lo_cpus: tuple[int, ...]
+    shared: bool
+
+    @property
+    def hi_pids(self) -> frozenset[int]:
+        return frozenset(j.pid for j in self.hi.values())
+
+
+def plan_reservation(obs: Observation) -> ReservationPlan:
+    """The reservation of ``obs``: HI jobs in deadline order each take a free cluster
+    (:func:`_pick_cluster`: one they fit with a margin, the least capable such, else the
+    fastest), and once one holds a cluster, the last free one stays for LO work. Pure: the
+    stages that plan around the reservation and the stage that applies it agree."""
+    his = sorted(
+        (j for j in obs.jobs if j.criticality == "hi"),
+        key=lambda j: j.remaining_s if j.remaining_s is not None else math.inf,
+    )
+    free = sorted((c for c in obs.clusters if c.online and c.freqs_khz), key=_speed, reverse=True)
+    hi: dict[str, JobObs] = {}
+    for j in his:
+        if not free or (len(free) <= 1 and hi):
+            break  # keep one cluster for LO work once a HI job holds one
+        c = _pick_cluster(j, free)
+        free.remove(c)
+        hi[c.name] = j
+    lo_cpus = tuple(sorted(cpu for c in obs.clusters if c.name not in hi for cpu in c.online))
+    shared = not lo_cpus and bool(hi)
+    if shared:  # every cluster reserved: LO work shares the slowest one, below HI
+        lo_cpus = tuple(min((c for c in obs.clusters if c.online), key=_speed).online)
+    return ReservationPlan(hi, lo_cpus, shared)
+
+
+def _lo_cpus_of(st: JobSetting | None, lo_cpus: tuple[int, ...]) -> tuple[int, ...]:
+    """A LO job's cores under the reservation: its own outside the reserved clusters, else
+    every LO core."""
+    return tuple(c for c in (st.cpus if st else lo_cpus) if c in lo_cpus) or lo_cpus
 
 
 @dataclass
@@ -55,43 +131,101 @@ class ClusterReservation:
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         if not self.enabled:
             return decision
-        his = sorted(
-            (j for j in obs.jobs if j.criticality == "hi"),
-            key=lambda j: j.remaining_s if j.remaining_s is not None else math.inf,
-        )
-        if not his:
+        plan = plan_reservation(obs)
+        if not plan.hi:
             return decision
         out = decision.copy()
-        free = sorted(
-            (c for c in obs.clusters if c.online and c.freqs_khz), key=_speed, reverse=True
-        )
-        reserved: dict[str, JobObs] = {}
-        for j in his:
-            if len(free) <= 1 and reserved:
-                break  # keep one cluster for LO work once a HI job holds one
-            if not free:
-                break
-            c = free.pop(0)
-            reserved[c.name] = j
-            out.jobs[j.pid] = JobSetting(tuple(c.online), rt_priority=HI_RT_PRIORITY)
-            need = needed_khz(j, c)
-            want = max(out.freq_khz.get(c.name, need), need)
-            out.freq_khz[c.name] = nearest_freq(c.freqs_khz, want, "ceil")
-            out.events.append(f"reserve cluster={c.name} pid={j.pid} need_khz={need}")
-        lo_cpus = tuple(
-            sorted(cpu for c in obs.clusters if c.name not in reserved for cpu in c.online)
-        )
+        for name, j in plan.hi.items():
+            _reserve(out, name, j, obs, events=True)
         # LO jobs keep the priorities the policy (and its gate) gave them on their own
         # clusters: a HI job's cores are exclusive, so they cannot reach it there
-        keep_rt = bool(lo_cpus)
-        if not lo_cpus:  # every cluster reserved: LO work shares the slowest one, below HI
-            slowest = min((c for c in obs.clusters if c.online), key=_speed)
-            lo_cpus = tuple(slowest.online)
+        hi_pids = plan.hi_pids
         for j in obs.jobs:
-            if j.criticality == "hi" and any(r.pid == j.pid for r in reserved.values()):
+            if j.pid in hi_pids:
                 continue
             prev = out.jobs.get(j.pid)
-            cpus = tuple(c for c in (prev.cpus if prev else lo_cpus) if c in lo_cpus) or lo_cpus
-            rt = prev.rt_priority if prev is not None and keep_rt else 0
-            out.jobs[j.pid] = JobSetting(cpus, rt_priority=rt, nice=prev.nice if prev else 0)
+            rt = prev.rt_priority if prev is not None and not plan.shared else 0
+            out.jobs[j.pid] = JobSetting(
+                _lo_cpus_of(prev, plan.lo_cpus), rt_priority=rt, nice=prev.nice if prev else 0
+            )
         return out
+
+
+def _reserve(decision: Decision, name: str, job: JobObs, obs: Observation, events: bool) -> None:
+    """Give ``job`` all of cluster ``name`` in ``decision`` (in place), at SCHED_FIFO
+    :data:`HI_RT_PRIORITY` and at least the frequency its Graham bound needs there."""
+    c = obs.cluster(name)
+    decision.jobs[job.pid] = JobSetting(tuple(c.online), rt_priority=HI_RT_PRIORITY)
+    need = needed_khz(job, c)
+    want = max(decision.freq_khz.get(name, need), need)
+    decision.freq_khz[name] = nearest_freq(c.freqs_khz, want, "ceil")
+    if events:
+        decision.events.append(f"reserve cluster={name} pid={job.pid} need_khz={need}")
+
+
+class AroundReservation:
+    """Runs a decision stage (the gate, the shield, the spill) on the board as
+    :class:`ClusterReservation` will leave it, one part at a time:
+
+    * LO work: the clusters no HI job reserves, the other jobs on their cores there. Planned
+      on the whole board, the gate placed some LO deadline jobs on a cluster the reservation
+      then took from them;
+    * each HI job alone on its reserved cluster, at the frequency the reservation sets: the
+      gate and the shield raise it when the job needs more than the Graham bound the
+      reservation uses (the bound is thin at the tail of a DAG, where the span dominates).
+
+    The parts' decisions are merged; the reservation stage then stamps the HI jobs' settings
+    again. Other attributes (``job_done``, ``calibration``, ...) are the wrapped stage's.
+    """
+
+    def __init__(self, stage: Callable[[Decision, Observation], Decision]):
+        self.stage = stage
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["stage"], name)
+
+    def __call__(self, decision: Decision, obs: Observation) -> Decision:
+        plan = plan_reservation(obs)
+        if not plan.hi or plan.shared:  # nothing reserved, or LO work keeps every core
+            return self.stage(decision, obs)
+        hi_pids = plan.hi_pids
+        lo_view = replace(
+            obs,
+            clusters=tuple(c for c in obs.clusters if c.name not in plan.hi),
+            jobs=tuple(j for j in obs.jobs if j.pid not in hi_pids),
+        )
+        lo = decision.copy()
+        for pid, st in decision.jobs.items():
+            if pid in hi_pids:
+                del lo.jobs[pid]
+            else:
+                lo.jobs[pid] = JobSetting(_lo_cpus_of(st, plan.lo_cpus), st.rt_priority, st.nice)
+        out = self.stage(lo, lo_view).copy()
+        for name, job in plan.hi.items():
+            view = replace(obs, clusters=(obs.cluster(name),), jobs=(job,), zones=(), rails=())
+            freq = {name: decision.freq_khz[name]} if name in decision.freq_khz else {}
+            part = Decision(freq, {}, dict(decision.governor))
+            _reserve(part, name, job, obs, events=False)
+            part = self.stage(part, view)
+            if name in part.freq_khz:
+                out.freq_khz[name] = part.freq_khz[name]
+            if name in part.governor:
+                out.governor[name] = part.governor[name]
+            else:
+                out.governor.pop(name, None)
+            out.jobs[job.pid] = part.jobs.get(job.pid, decision.jobs.get(job.pid))
+            out.events.extend(part.events)
+        return out
+
+
+def daemon_stages(
+    stages: Sequence[Callable[[Decision, Observation], Decision]], reserve: bool = True
+) -> list[Callable[[Decision, Observation], Decision]]:
+    """The stages the daemon runs after its policy: the policy's own, then the reservation.
+
+    With ``reserve`` the policy's stages plan around the reservation (:class:`AroundReservation`);
+    without it they run as given and the reservation stage is a no-op.
+    """
+    if not reserve:
+        return [*stages, ClusterReservation(False)]
+    return [*(AroundReservation(s) for s in stages), ClusterReservation(True)]

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, replace
 
 from agents.factory import make_policy_stack
-from agents.mixed import ClusterReservation
+from agents.mixed import daemon_stages
 from agents.policy import Policy
 from daemon.actuator import Actuator
 from daemon.config import Config, load_config, policy_options, read_token
@@ -207,7 +207,7 @@ def _prepare(
     if not dry_run:
         check_writable(sysfs, spec)
     pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
-    stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
+    stages = daemon_stages(stages, cfg.mixed_criticality.reserve)
     kind = "live" if sysfs_root == "/" else "fake"
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from agents.factory import make_policy_stack
-from agents.mixed import ClusterReservation
+from agents.mixed import daemon_stages
 from daemon.config import Config, policy_options
 from daemon.guard import config_guard
 from daemon.loop import ControlLoop
@@ -76,7 +76,7 @@ def replay_trace(
     cfg = config if config is not None else Config()
     # the stack the daemon runs (run_live): policy, its stages, the reservation, the guard
     policy, stages = make_policy_stack(policy_name, spec, **policy_options(cfg, policy_name))
-    stages.append(ClusterReservation(cfg.mixed_criticality.reserve))
+    stages = daemon_stages(stages, cfg.mixed_criticality.reserve)
     loop = ControlLoop(
         platform,
         policy,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.mixed import ClusterReservation
+from agents.mixed import daemon_stages
 from bots_bench.workload import WorkloadSpec, default_items
 from daemon.config import Config, policy_options
 from daemon.guard import config_guard
@@ -41,7 +41,7 @@ def run_sim_daemon(
         items = default_items(spec, seed, w)
         opts = policy_options(config, policy_name) if config else {}
         policy, stages = build_policy_stack(policy_name, spec, **opts)
-        stages.append(ClusterReservation(config.mixed_criticality.reserve if config else True))
+        stages = daemon_stages(stages, config.mixed_criticality.reserve if config else True)
         cb = (lambda st: write_status(status_file, st)) if status_file else None
         result = run_sim(
             spec.name,

@@ -1,0 +1,263 @@
+"""The daemon's stages plan around the mixed-criticality reservation (agents.mixed).
+
+Which cluster a HI job reserves (plan_reservation), and the policy's stages run on the board
+as the reservation leaves it (AroundReservation): LO work on the unreserved clusters, each HI
+job alone on its cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.gate import jobs_from_obs
+from agents.hidvfs import GateStage
+from agents.mixed import (
+    HI_RT_PRIORITY,
+    AroundReservation,
+    ClusterReservation,
+    daemon_stages,
+    fits,
+    needed_khz,
+    plan_reservation,
+)
+from agents.policy import Decision, JobSetting
+from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
+
+
+def _cluster(name, first, n, cap, table):
+    cpus = tuple(range(first, first + n))
+    return ClusterObs(
+        name, first, cpus, cpus, table, cap, table[0], table[0], table[-1], "userspace"
+    )
+
+
+BIG = _cluster("big", 0, 4, 1.0, (1000, 1500, 2000))
+LITTLE = _cluster("little", 4, 2, 0.5, (500, 1000))
+
+
+def _prof(work, span):
+    return JobProfile(
+        "x", work_s=work, span_s=span, beta=0.0, ref_makespan_s=1.0, ref_khz=2000, ref_cores=4
+    )
+
+
+def _job(pid, crit, work, span, deadline, cpus=()):
+    return JobObs(pid, f"j{pid}", crit, 0.0, 0.0, deadline, cpus, profile=_prof(work, span))
+
+
+def _obs(clusters, jobs):
+    return Observation(0.0, "toy", tuple(clusters), (), (), tuple(jobs))
+
+
+# --------------------------------------------------------------------------------------------
+# Which cluster
+
+
+def test_a_hi_job_reserves_the_least_capable_cluster_it_fits():
+    mid = _cluster("mid", 4, 2, 1.0, (1000, 2000))
+    lo = _cluster("lo", 6, 2, 0.5, (500, 1000))
+    small = _job(10, "hi", 0.5, 0.05, 1.0)  # 0.05 + 0.45 / 2 = 0.275 s on mid at 2000
+    plan = plan_reservation(_obs((BIG, mid, lo), (small,)))
+    assert set(plan.hi) == {"mid"}
+    assert plan.lo_cpus == (0, 1, 2, 3, 6, 7)  # the big cluster stays for LO work
+    big = _job(11, "hi", 4.0, 0.1, 1.5)  # fits the big cluster only
+    assert set(plan_reservation(_obs((BIG, mid, lo), (big,))).hi) == {"big"}
+
+
+def test_a_hi_job_that_fits_nowhere_takes_the_fastest_cluster():
+    mid = _cluster("mid", 4, 2, 1.0, (1000, 2000))
+    job = _job(10, "hi", 40.0, 0.1, 1.0)
+    assert not fits(job, BIG) and not fits(job, mid)
+    assert set(plan_reservation(_obs((mid, BIG, LITTLE), (job,))).hi) == {"big"}
+
+
+def test_a_hi_job_stays_on_the_cluster_it_runs_on_while_it_fits_there():
+    mid = _cluster("mid", 4, 2, 1.0, (1000, 2000))
+    on_big = _job(10, "hi", 0.5, 0.05, 1.0, cpus=BIG.online)
+    assert set(plan_reservation(_obs((BIG, mid, LITTLE), (on_big,))).hi) == {"big"}
+
+
+def test_fits_keeps_a_margin():
+    job = _job(10, "hi", 4.0, 0.1, 1.2)  # 1.075 s on the big cluster at 2000: 90 % of 1.2 s
+    assert fits(job, BIG, margin=1.0) and not fits(job, BIG)
+
+
+def test_one_cluster_stays_for_lo_work_and_a_one_cluster_board_shares():
+    his = [_job(10 + i, "hi", 0.5, 0.05, 1.0 + i) for i in range(3)]
+    plan = plan_reservation(_obs((BIG, LITTLE), his))
+    assert len(plan.hi) == 1 and not plan.shared and plan.lo_cpus
+    plan = plan_reservation(_obs((BIG,), his))
+    assert set(plan.hi) == {"big"} and plan.shared and plan.lo_cpus == BIG.online
+
+
+# --------------------------------------------------------------------------------------------
+# The stages around the reservation
+
+
+def _mixed_obs():
+    """A HI job that only the big cluster can hold, and a LO deadline job that fits one big
+    core, or both little cores at their top but not lower."""
+    hi = _job(10, "hi", 4.0, 0.1, 1.5)
+    lo = _job(11, "lo", 0.3, 0.02, 1.0)
+    return _obs((BIG, LITTLE), (hi, lo))
+
+
+def _proposal():
+    # the agents put the LO job on a big core and left the little cluster at its lowest OPP
+    return Decision(
+        {"big": 2000, "little": 500},
+        {10: JobSetting((1, 2, 3), 20), 11: JobSetting((0,), 10)},
+    )
+
+
+def test_the_gate_certifies_lo_work_on_the_cores_the_reservation_leaves_it():
+    obs = _mixed_obs()
+    little_top = LITTLE.freqs_khz[-1]
+    # Planned on the whole board, the gate accepts the LO job on its big core; the
+    # reservation then moves it to the little cluster at 500 kHz, where its bound is
+    # 0.16 + 2.24 / 2 = 1.28 s against a 1.0 s deadline.
+    plain = [GateStage(), ClusterReservation()]
+    d = _proposal()
+    for stage in plain:
+        d = stage(d, obs)
+    assert d.jobs[11].cpus == LITTLE.online and d.freq_khz["little"] < little_top
+    # Around the reservation the gate sees the LO job on the little cluster and raises it.
+    d = _proposal()
+    stages = daemon_stages([GateStage()])
+    for stage in stages:
+        d = stage(d, obs)
+    assert d.jobs[11].cpus == LITTLE.online and d.freq_khz["little"] == little_top
+    assert stages[0].last.feasible  # the LO part's repair is feasible: nothing left to luck
+    assert d.jobs[10] == JobSetting(BIG.online, HI_RT_PRIORITY)
+    assert d.freq_khz["big"] >= needed_khz(obs.jobs[0], BIG)
+
+
+class _Recorder:
+    """A stage that records what it was shown and can raise one cluster."""
+
+    def __init__(self, raise_to=None):
+        self.calls = []
+        self.raise_to = raise_to or {}
+
+    def __call__(self, decision, obs):
+        self.calls.append((decision.copy(), obs))
+        out = decision.copy()
+        for name, khz in self.raise_to.items():
+            if any(c.name == name for c in obs.clusters):
+                out.freq_khz[name] = khz
+        return out
+
+    def job_done(self, pid, t):
+        return pid
+
+    def calibration(self):
+        return {"alpha": 0.1}
+
+
+def test_each_hi_job_is_planned_alone_on_its_cluster_at_the_reserved_frequency():
+    obs = _mixed_obs()
+    rec = _Recorder()
+    AroundReservation(rec)(_proposal(), obs)
+    (lo_d, lo_obs), (hi_d, hi_obs) = rec.calls
+    assert [c.name for c in lo_obs.clusters] == ["little"]
+    assert [j.pid for j in lo_obs.jobs] == [11] and set(lo_d.jobs) == {11}
+    assert lo_d.jobs[11] == JobSetting(LITTLE.online, 10)  # its priority kept
+    assert [c.name for c in hi_obs.clusters] == ["big"] and [j.pid for j in hi_obs.jobs] == [10]
+    assert hi_d.jobs == {10: JobSetting(BIG.online, HI_RT_PRIORITY)}
+    assert hi_d.freq_khz == {"big": max(2000, needed_khz(obs.jobs[0], BIG))}
+
+
+def test_a_stage_raising_the_hi_cluster_is_kept_by_the_reservation():
+    """The shield raises a HI job's cluster above the Graham bound's need when its predictor
+    says the tail is longer: the reservation must not lower it back."""
+    obs = _mixed_obs()
+    obs = replace(obs, jobs=(replace(obs.jobs[0], deadline_s=3.0), obs.jobs[1]))
+    assert needed_khz(obs.jobs[0], BIG) < 2000
+    prop = _proposal()
+    prop.freq_khz["big"] = 1000
+    d = prop
+    for stage in daemon_stages([_Recorder({"big": 2000})]):
+        d = stage(d, obs)
+    assert d.freq_khz["big"] == 2000
+
+
+def test_the_wrapped_stage_s_hooks_are_reachable():
+    rec = _Recorder()
+    wrapped = AroundReservation(rec)
+    assert wrapped.job_done(7, 1.0) == 7 and wrapped.calibration() == {"alpha": 0.1}
+    assert wrapped.stage is rec
+
+
+def test_without_hi_jobs_or_reservation_the_stage_runs_as_given():
+    obs = _obs((BIG, LITTLE), (_job(11, "lo", 0.3, 0.02, 1.0),))
+    rec = _Recorder()
+    AroundReservation(rec)(_proposal(), obs)
+    assert rec.calls[0][1] is obs
+    stages = daemon_stages([rec], reserve=False)
+    assert stages[0] is rec and not stages[1].enabled
+
+
+# --------------------------------------------------------------------------------------------
+# Property: what the gate certifies is what LO work keeps
+
+
+_BOARDS = [
+    (BIG, LITTLE),
+    (BIG, _cluster("mid", 4, 2, 1.0, (1000, 2000)), _cluster("lo", 6, 2, 0.5, (500, 1000))),
+]
+
+
+@st.composite
+def _cases(draw):
+    clusters = draw(st.sampled_from(_BOARDS))
+    cpus = [c for k in clusters for c in k.online]
+    n = draw(st.integers(1, 5))
+    jobs, settings_ = [], {}
+    for i in range(n):
+        pid = 100 + i
+        crit = draw(st.sampled_from(["hi", "lo", "lo"]))
+        deadline = draw(st.one_of(st.none(), st.floats(0.2, 3.0)))
+        work = draw(st.floats(0.05, 4.0))
+        span = work * draw(st.floats(0.005, 0.3))
+        own = draw(st.lists(st.sampled_from(cpus), min_size=1, max_size=4, unique=True))
+        jobs.append(
+            JobObs(pid, f"j{pid}", crit, 0.0, 0.0, deadline, tuple(own), profile=_prof(work, span))
+        )
+        settings_[pid] = JobSetting(tuple(sorted(own)), draw(st.integers(0, 60)))
+    freq = {k.name: draw(st.sampled_from(k.freqs_khz)) for k in clusters}
+    return _obs(clusters, jobs), Decision(freq, settings_)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_cases())
+def test_lo_work_keeps_what_the_gate_gave_it_and_stays_off_reserved_clusters(case):
+    obs, proposal = case
+    plan = plan_reservation(obs)
+    gate = GateStage()
+    stages = daemon_stages([gate])
+    d = proposal
+    gated = None
+    for stage in stages:
+        d = stage(d, obs)
+        if gated is None:
+            gated = d.copy()
+    reserved = {c for name in plan.hi for c in obs.cluster(name).online}
+    for name, job in plan.hi.items():
+        assert d.jobs[job.pid] == JobSetting(obs.cluster(name).online, HI_RT_PRIORITY)
+        assert d.freq_khz[name] >= needed_khz(job, obs.cluster(name))
+    deadline_lo = {g.pid for g in jobs_from_obs(obs)} - plan.hi_pids
+    for j in obs.jobs:
+        if j.pid in plan.hi_pids:
+            continue
+        if not plan.shared:
+            assert reserved.isdisjoint(d.jobs[j.pid].cpus)
+            if j.pid in deadline_lo:  # the reservation changes nothing the gate certified
+                assert d.jobs[j.pid] == gated.jobs[j.pid]
+        else:
+            assert d.jobs[j.pid].rt_priority == 0
+    for name in obs.clusters:
+        if name.name not in plan.hi:
+            assert d.freq_khz[name.name] == gated.freq_khz[name.name]
