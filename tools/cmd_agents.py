@@ -57,17 +57,21 @@ def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
     return default_items(spec, seed, w)[: ep.n_jobs]
 
 
-def make_runner(board: str, ep: EpisodeSpec):
+def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False):
+    """Runs one mix under a policy with its own stages; with ``reserve``, with the stages the
+    daemon runs (the policy's planned around the mixed-criticality reservation, then it)."""
+    from agents.mixed import daemon_stages
     from daemon.simrun import run_sim
 
     def run_episode(policy, items, seed):
+        stages = list(getattr(policy, "stages", []) or [])
         return run_sim(
             board,
             policy,
             items,
             seed=seed,
             period_s=ep.period_s,
-            stages=list(getattr(policy, "stages", []) or []),
+            stages=daemon_stages(stages) if reserve else stages,
         )
 
     return run_episode
@@ -314,6 +318,7 @@ def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
     """One run's row; ``overload``: the mix's densest window (platforms.sim.feasibility)."""
     dl = [j for j in res.jobs if j.deadline_s is not None]
     miss = sum(1 for j in dl if not j.deadline_met)
+    hi_miss = sum(1 for j in dl if not j.deadline_met and j.criticality == "hi")
     ms = res.makespan_s
     return {
         "kind": "run",
@@ -332,6 +337,7 @@ def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
         "deadline_met": miss == 0 if dl else None,
         "deadline_jobs": len(dl),
         "misses": miss,
+        "hi_misses": hi_miss,
         "miss_ratio": miss / len(dl) if dl else 0.0,
         "jobs": len(res.jobs),
         "interventions": res.interventions,
@@ -363,9 +369,11 @@ def evaluate(
     models=None,
     log=None,
     mixes: str = "held-out",
+    reserve: bool = False,
 ):
     """Side-by-side runs of every policy on the same mixes (held-out, or the tuning mixes
-    training settings are chosen on); records and summary."""
+    training settings are chosen on); records and summary. ``reserve``: every policy runs
+    with the daemon's mixed-criticality reservation (:func:`agents.mixed.daemon_stages`)."""
     from agents.train import EVAL_SEEDS, TUNING_SEEDS
     from platforms.sim.feasibility import worst_window
     from platforms.spec import load_board
@@ -373,7 +381,7 @@ def evaluate(
     first = TUNING_SEEDS if mixes == "tuning" else EVAL_SEEDS
 
     spec = load_board(board)
-    run = make_runner(board, ep)
+    run = make_runner(board, ep, reserve)
     records = []
     policies = {n: _build(n, spec, models) for n in names}
     for i in range(seeds):
@@ -394,11 +402,19 @@ def evaluate(
     summary = []
     by = {n: [r for r in records if r["policy"] == n] for n in names}
     for n in names:
-        row = {"kind": "summary", "board": board, "policy": n, "seeds": seeds, "mixes": mixes}
+        row = {
+            "kind": "summary",
+            "board": board,
+            "policy": n,
+            "seeds": seeds,
+            "mixes": mixes,
+            "reserve": reserve,
+        }
         for m in METRICS:
             row[m] = _mean_std([r[m] for r in by[n]])
         tot_dl = sum(r["deadline_jobs"] for r in by[n])
         row["misses_total"] = sum(r["misses"] for r in by[n])
+        row["hi_misses_total"] = sum(r["hi_misses"] for r in by[n])
         row["deadline_jobs_total"] = tot_dl
         row["infeasible_mixes"] = sum(1 for r in by[n] if r["deadlines_infeasible"])
         row["misses_on_infeasible"] = sum(r["misses"] for r in by[n] if r["deadlines_infeasible"])
@@ -472,12 +488,21 @@ def episode_options(f):
     help="held-out: the evaluation mixes (900000 + i); tuning: the mixes training settings "
     "are chosen on (700100 + i, never held out)",
 )
+@click.option(
+    "--reserve/--no-reserve",
+    default=False,
+    show_default=True,
+    help="run every policy as the daemon does with mixed_criticality.reserve: its stages plan "
+    "around the clusters HI jobs reserve, then the reservation (the agents train without it)",
+)
 @episode_options
 @click.option("--models", default=None, help=MODELS_HELP)
 @click.option(
     "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
 )
-def eval_cmd(boards, policies, seeds, ablations, mixes, n_jobs, slack, models, as_json) -> None:
+def eval_cmd(
+    boards, policies, seeds, ablations, mixes, reserve, n_jobs, slack, models, as_json
+) -> None:
     """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
     from agents.learned import model_dir
 
@@ -501,7 +526,7 @@ def eval_cmd(boards, policies, seeds, ablations, mixes, n_jobs, slack, models, a
             model_dir(b, models)
     out = []
     for b in todo:
-        recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes)
+        recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes, reserve=reserve)
         out.extend(recs + summ + rat)
         if not as_json:
             _print_table(b, summ, rat)
@@ -649,15 +674,17 @@ def _print_table(board, summary, ratios) -> None:
     click.echo(
         f"{'policy':18s} {'makespan s':>14s} {'energy J':>14s} {'CPU energy J':>14s} "
         f"{'EDP J·s':>14s} "
-        f"{'miss ratio':>13s} {'misses':>9s} {'peak C':>12s}"
+        f"{'miss ratio':>13s} {'misses':>9s} {'HI':>4s} {'peak C':>12s}"
     )
     for r in summary:
         misses = f"{r['misses_total']}/{r['deadline_jobs_total']}"
         click.echo(
             f"{r['policy']:18s} {_fmt(r['makespan_s']):>14s} {_fmt(r['energy_j'], 2):>14s} "
             f"{_fmt(r['cpu_energy_j'], 2):>14s} {_fmt(r['edp'], 2):>14s} {_fmt(r['miss_ratio']):>13s} "
-            f"{misses:>9s} {_fmt(r['peak_temp_c'], 1):>12s}"
+            f"{misses:>9s} {r['hi_misses_total']:>4d} {_fmt(r['peak_temp_c'], 1):>12s}"
         )
+    if summary and summary[0].get("reserve"):
+        click.echo("with the daemon's mixed-criticality reservation (--reserve)")
     if summary and summary[0]["infeasible_mixes"]:
         k, n = summary[0]["infeasible_mixes"], summary[0]["seeds"]
         avoidable = ", ".join(

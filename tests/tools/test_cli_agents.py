@@ -86,6 +86,22 @@ def test_eval_tuning_mixes_are_the_tuning_seeds_and_capped():
     assert r.exit_code == 2 and "--mixes tuning has 900 mixes" in r.output
 
 
+def test_eval_reserve_runs_the_daemon_s_mixed_criticality_stages():
+    """`--reserve` runs a policy as the daemon does: on tx2's first held-out mix at slack 1.1
+    maxfreq alone misses its HI job's deadline; with a reserved cluster the HI job meets it.
+    The HI misses are counted apart, per run and in the summary."""
+    common = ("eval", "--board", "tx2", "--policy", "maxfreq", "--seeds", "1", "--slack", "1.1")
+    out = {}
+    for flag in ("--no-reserve", "--reserve"):
+        rows = strict(run(*common, flag, "--json").output)
+        (rec,) = [r for r in rows if r["kind"] == "run"]
+        (summary,) = [r for r in rows if r["kind"] == "summary"]
+        assert summary["reserve"] is (flag == "--reserve")
+        assert summary["hi_misses_total"] == rec["hi_misses"] <= rec["misses"]
+        out[flag] = rec
+    assert out["--no-reserve"]["hi_misses"] == 1 and out["--reserve"]["hi_misses"] == 0
+
+
 def test_eval_names_the_mixes_no_policy_can_meet():
     """At slack 1.0 (deadline = the job alone at the top OPP, before the plant's jitter) the
     first held-out mix overloads a window: the run rows say so, and its misses are counted
