@@ -21,6 +21,9 @@ HI_RT_PRIORITY = 50
 #: frequency is at most this share of its remaining time (the model's error stays on the
 #: safe side: the bound is thin at a DAG's tail)
 HI_MARGIN = 0.8
+#: the reserved cluster's frequency floor: the Graham bound at most this share of the time
+#: left (recomputed every tick, so the job stays ahead of its deadline)
+NEED_MARGIN = 0.9
 
 
 def _speed(c: ClusterObs) -> float:
@@ -39,8 +42,9 @@ def _graham_s(job: JobObs, c: ClusterObs, khz: int) -> float:
     return span + (work - span) / m
 
 
-def needed_khz(job: JobObs, c: ClusterObs) -> int:
-    """Lowest table frequency at which ``job`` still meets its deadline on all of ``c``.
+def needed_khz(job: JobObs, c: ClusterObs, margin: float = 1.0) -> int:
+    """Lowest table frequency at which ``job`` still meets its deadline on all of ``c``,
+    with its Graham bound at most ``margin`` of the time it has left.
 
     Uses the Graham bound of the remaining work with the two-point model; the top frequency
     when the job has no deadline or no profile.
@@ -48,7 +52,7 @@ def needed_khz(job: JobObs, c: ClusterObs) -> int:
     top = c.freqs_khz[-1]
     if job.profile is None or job.deadline_s is None:
         return top
-    remaining = job.deadline_s - job.elapsed_s
+    remaining = margin * (job.deadline_s - job.elapsed_s)
     for f in c.freqs_khz:
         if _graham_s(job, c, f) <= remaining:
             return f
@@ -156,7 +160,7 @@ def _reserve(decision: Decision, name: str, job: JobObs, obs: Observation, event
     :data:`HI_RT_PRIORITY` and at least the frequency its Graham bound needs there."""
     c = obs.cluster(name)
     decision.jobs[job.pid] = JobSetting(tuple(c.online), rt_priority=HI_RT_PRIORITY)
-    need = needed_khz(job, c)
+    need = needed_khz(job, c, NEED_MARGIN)
     want = max(decision.freq_khz.get(name, need), need)
     decision.freq_khz[name] = nearest_freq(c.freqs_khz, want, "ceil")
     if events:

@@ -16,6 +16,7 @@ from agents.gate import jobs_from_obs
 from agents.hidvfs import GateStage
 from agents.mixed import (
     HI_RT_PRIORITY,
+    NEED_MARGIN,
     AroundReservation,
     ClusterReservation,
     daemon_stages,
@@ -83,6 +84,17 @@ def test_a_hi_job_stays_on_the_cluster_it_runs_on_while_it_fits_there():
 def test_fits_keeps_a_margin():
     job = _job(10, "hi", 4.0, 0.1, 1.2)  # 1.075 s on the big cluster at 2000: 90 % of 1.2 s
     assert fits(job, BIG, margin=1.0) and not fits(job, BIG)
+
+
+def test_the_reserved_frequency_leaves_the_hi_job_a_margin():
+    """The floor is the lowest OPP whose Graham bound is within NEED_MARGIN of the time
+    left: with 2.3 s left the bound at 1000 kHz, 2.15 s, fits 1.0 of it but not 0.9."""
+    obs = _obs((BIG, LITTLE), (_job(10, "hi", 4.0, 0.1, 2.3),))
+    assert NEED_MARGIN == 0.9
+    assert needed_khz(obs.jobs[0], BIG, margin=1.0) == 1000
+    assert needed_khz(obs.jobs[0], BIG, NEED_MARGIN) == 1500
+    out = ClusterReservation()(Decision({"big": 1000, "little": 500}, {}), obs)
+    assert out.freq_khz["big"] == 1500
 
 
 def test_one_cluster_stays_for_lo_work_and_a_one_cluster_board_shares():
