@@ -21,6 +21,9 @@ HI_RT_PRIORITY = 50
 #: frequency is at most this share of its remaining time (the model's error stays on the
 #: safe side: the bound is thin at a DAG's tail)
 HI_MARGIN = 0.8
+#: a HI job keeps the cluster it holds while its bound there at the top frequency is within
+#: this share of its remaining time (between the two margins it neither moves up nor back)
+STAY_MARGIN = 0.9
 #: the reserved cluster's frequency floor: the Graham bound at most this share of the time
 #: left (recomputed every tick, so the job stays ahead of its deadline)
 NEED_MARGIN = 0.9
@@ -68,13 +71,18 @@ def fits(job: JobObs, c: ClusterObs, margin: float = HI_MARGIN) -> bool:
 
 
 def _pick_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs:
-    """The cluster ``job`` reserves among ``free`` (fastest first): the one it runs on if it
-    fits there (no migration while it does), else the least capable one it fits, which
-    leaves the most to LO work, else the fastest."""
-    here = next((c for c in free if c.online and tuple(job.cpus) == tuple(c.online)), None)
-    if here is not None and fits(job, here):
-        return here
+    """The cluster ``job`` reserves among ``free`` (fastest first): the least capable one it
+    fits with :data:`HI_MARGIN`, which leaves the most to LO work, else the fastest.
+
+    A job already holding a cluster keeps it while it fits there with :data:`STAY_MARGIN`,
+    unless a less capable one now fits with :data:`HI_MARGIN`: it moves down as its work
+    shrinks, and the band between the margins keeps it from moving back and forth.
+    """
     ok = [c for c in free if fits(job, c)]
+    here = next((c for c in free if c.online and tuple(job.cpus) == tuple(c.online)), None)
+    if here is not None and fits(job, here, STAY_MARGIN):
+        smaller = [c for c in ok if _speed(c) < _speed(here)]
+        return min(smaller, key=_speed) if smaller else here
     return min(ok, key=_speed) if ok else free[0]
 
 
@@ -98,7 +106,7 @@ class ReservationPlan:
 
 def plan_reservation(obs: Observation) -> ReservationPlan:
     """The reservation of ``obs``: HI jobs in deadline order each take a free cluster
-    (:func:`_pick_cluster`: one they fit with a margin, the least capable such, else the
+    (:func:`_pick_cluster`: the least capable one they fit with a margin, else the
     fastest), and once one holds a cluster, the last free one stays for LO work. Pure: the
     stages that plan around the reservation and the stage that applies it agree."""
     his = sorted(

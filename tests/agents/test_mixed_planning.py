@@ -17,6 +17,7 @@ from agents.hidvfs import GateStage
 from agents.mixed import (
     HI_RT_PRIORITY,
     NEED_MARGIN,
+    STAY_MARGIN,
     AroundReservation,
     ClusterReservation,
     daemon_stages,
@@ -75,10 +76,22 @@ def test_a_hi_job_that_fits_nowhere_takes_the_fastest_cluster():
     assert set(plan_reservation(_obs((mid, BIG, LITTLE), (job,))).hi) == {"big"}
 
 
-def test_a_hi_job_stays_on_the_cluster_it_runs_on_while_it_fits_there():
+def test_a_hi_job_moves_down_as_its_work_shrinks_and_not_back_and_forth():
+    """A job holding a cluster takes a less capable one as soon as it fits there with
+    HI_MARGIN; it keeps the one it holds while it fits with STAY_MARGIN, though a job new
+    to it would need HI_MARGIN; past STAY_MARGIN it leaves for one it fits."""
     mid = _cluster("mid", 4, 2, 1.0, (1000, 2000))
-    on_big = _job(10, "hi", 0.5, 0.05, 1.0, cpus=BIG.online)
-    assert set(plan_reservation(_obs((BIG, mid, LITTLE), (on_big,))).hi) == {"big"}
+    board = (BIG, mid, LITTLE)
+    small = _job(10, "hi", 0.5, 0.05, 1.0, cpus=BIG.online)
+    assert set(plan_reservation(_obs(board, (small,))).hi) == {"mid"}
+    # 0.05 + 0.95 / 2 = 0.525 s on mid: 85 % of 0.62 s, 95 % of 0.55 s; 0.29 s on big
+    band = _job(10, "hi", 1.0, 0.05, 0.62)
+    assert not fits(band, mid) and fits(band, mid, STAY_MARGIN) and fits(band, BIG)
+    assert set(plan_reservation(_obs(board, (band,))).hi) == {"big"}
+    on_mid = replace(band, cpus=mid.online)
+    assert set(plan_reservation(_obs(board, (on_mid,))).hi) == {"mid"}
+    late = replace(on_mid, deadline_s=0.55)
+    assert set(plan_reservation(_obs(board, (late,))).hi) == {"big"}
 
 
 def test_fits_keeps_a_margin():

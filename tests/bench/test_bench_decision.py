@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 from agents.learned import make_hidvfs
+from agents.mixed import daemon_stages, plan_reservation
 from platforms.spec import load_board
 from tests.agents.test_learned import observations
 
@@ -100,4 +101,42 @@ def test_bench_full_decision(benchmark, board):
         f"\n{board}: full decision median {np.median(t['full']) * 1e3:.3f} ms, "
         f"p99 {np.percentile(t['full'], 99) * 1e3:.3f} ms; "
         f"cpu median {np.median(t['cpu']) * 1e3:.3f} ms, p99 {np.percentile(t['cpu'], 99) * 1e3:.3f} ms"
+    )
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_bench_daemon_decision_with_a_reserved_cluster(benchmark, board):
+    """The daemon's stack when a HI job holds a cluster: the policy's stages run on the
+    unreserved part and on each HI job's cluster (agents.mixed.AroundReservation), then the
+    reservation. Observations: those of the recorded set where a HI job reserves a cluster."""
+    pol = make_hidvfs(load_board(board))
+    obs = [o for o in observations(board) if plan_reservation(o).hi]
+    assert obs
+    obs.sort(key=lambda o: -len(o.jobs))
+    obs = obs[:20]
+    stages = daemon_stages(pol.stages)
+    pol.reset(0)
+
+    def decide(o):
+        d = pol.decide(o)
+        for st in stages:
+            d = st(d, o)
+        return d
+
+    it = iter(obs * 1000)
+    d = benchmark(lambda: decide(next(it)))
+    assert d.freq_khz
+    full = []
+    for _ in range(15):
+        for o in obs:
+            t0 = time.perf_counter()
+            decide(o)
+            full.append(time.perf_counter() - t0)
+    full = np.array(full)
+    benchmark.extra_info.update(
+        {"median_ms": float(np.median(full) * 1e3), "p99_ms": float(np.percentile(full, 99) * 1e3)}
+    )
+    print(
+        f"\n{board}: daemon decision with a reserved cluster, median "
+        f"{np.median(full) * 1e3:.3f} ms, p99 {np.percentile(full, 99) * 1e3:.3f} ms"
     )
