@@ -113,3 +113,25 @@ def test_disabled_reservation_is_identity():
     obs = _obs()
     d = Decision({"big": 1000}, {})
     assert ClusterReservation(False)(d, obs) is d
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_the_daemon_s_stages_plan_around_the_reservation(tmp_path, reserve):
+    """`hidvfs daemon` runs the policy's gate, shield and spill around the reservation, then
+    the reservation; with `mixed_criticality.reserve: false` they run as the policy has them."""
+    from agents.mixed import AroundReservation
+    from daemon.service import _prepare
+    from platforms.faketree import write_fake_tree
+
+    write_fake_tree(load_board("tx2"), tmp_path / "tree")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"policy: hidvfs\nmixed_criticality: {{reserve: {str(reserve).lower()}}}\n")
+    prep = _prepare(config_path=str(cfg), sysfs_root=str(tmp_path / "tree"), dry_run=True)
+    *own, last = prep.stages
+    assert isinstance(last, ClusterReservation) and last.enabled is reserve
+    assert len(own) == len(prep.policy.stages) == 3
+    if reserve:
+        assert [s.stage for s in own] == prep.policy.stages
+        assert all(isinstance(s, AroundReservation) for s in own)
+    else:
+        assert own == prep.policy.stages
