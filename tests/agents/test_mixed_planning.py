@@ -230,6 +230,7 @@ def test_without_hi_jobs_or_reservation_the_stage_runs_as_given():
 
 
 _BOARDS = [
+    (BIG,),
     (BIG, LITTLE),
     (BIG, _cluster("mid", 4, 2, 1.0, (1000, 2000)), _cluster("lo", 6, 2, 0.5, (500, 1000))),
 ]
@@ -270,6 +271,9 @@ def test_lo_work_keeps_what_the_gate_gave_it_and_stays_off_reserved_clusters(cas
         if gated is None:
             gated = d.copy()
     reserved = {c for name in plan.hi for c in obs.cluster(name).online}
+    # one cluster per HI job, one left for LO work unless the board has only one
+    assert len(plan.hi_pids) == len(plan.hi) <= max(1, len(obs.clusters) - 1)
+    assert plan.shared or reserved.isdisjoint(plan.lo_cpus)
     for name, job in plan.hi.items():
         assert d.jobs[job.pid] == JobSetting(obs.cluster(name).online, HI_RT_PRIORITY)
         assert d.freq_khz[name] >= needed_khz(job, obs.cluster(name))
