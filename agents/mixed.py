@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from agents.policy import Decision, JobSetting, nearest_freq
 from platforms.observation import ClusterObs, JobObs, Observation
@@ -139,11 +139,18 @@ class ClusterReservation:
     """Decision stage: reserve one cluster per HI job; LO jobs go to the rest."""
 
     enabled: bool = True
+    #: the reservation of the last decision: cluster -> HI job's pid (the daemon's status)
+    held: dict[str, int] = field(default_factory=dict, init=False, compare=False)
+
+    def reservations(self) -> dict[str, int] | None:
+        """Which HI job holds which cluster now; None when the reservation is off."""
+        return dict(self.held) if self.enabled else None
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         if not self.enabled:
             return decision
         plan = plan_reservation(obs)
+        self.held = {name: j.pid for name, j in plan.hi.items()}
         if not plan.hi:
             return decision
         out = decision.copy()
@@ -194,7 +201,10 @@ class AroundReservation:
         self.stage = stage
 
     def __getattr__(self, name: str):
-        return getattr(self.__dict__["stage"], name)
+        stage = self.__dict__.get("stage")  # absent while copy/pickle rebuilds the object
+        if stage is None:
+            raise AttributeError(name)
+        return getattr(stage, name)
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         plan = plan_reservation(obs)

@@ -347,6 +347,15 @@ class ControlLoop:
             else [],
             "max_cpu_temp_c": obs.max_cpu_temp_c if obs else None,
             "throttled": bool(self.guard.levels),
+            # cluster -> pid of the HI job holding it (agents.mixed); None: reservation off
+            "reserved": next(
+                (
+                    r
+                    for st in self.stages
+                    if (r := getattr(st, "reservations", lambda: None)()) is not None
+                ),
+                None,
+            ),
             "shield": next(
                 (
                     c

@@ -236,6 +236,12 @@ def _print_status(s: dict) -> None:
         f"deadline misses hi={s['deadline_misses']['hi']} lo={s['deadline_misses']['lo']}, "
         f"interventions {s['interventions']}"
     )
+    held = s.get("reserved")
+    if held:
+        click.echo(
+            "  reserved for HI jobs: "
+            + ", ".join(f"{name} -> pid {pid}" for name, pid in sorted(held.items()))
+        )
     sh = s.get("shield")
     if sh:
         rate = "-" if sh["miss_rate"] is None else f"{sh['miss_rate']:.3f}"

@@ -135,3 +135,53 @@ def test_the_daemon_s_stages_plan_around_the_reservation(tmp_path, reserve):
         assert all(isinstance(s, AroundReservation) for s in own)
     else:
         assert own == prep.policy.stages
+
+
+def test_the_status_names_the_cluster_each_hi_job_holds(capsys):
+    """`hidvfs status` says which HI job holds which cluster (null when the reservation is
+    off); the daemon's loop reads it from the reservation stage."""
+    from tools.cmd_daemon import _print_status
+
+    obs = _obs()
+    stage = ClusterReservation()
+    assert stage.reservations() == {}
+    stage(Decision({"big": 1000, "little": 500}, {}), obs)
+    assert stage.reservations() == {"big": 10}
+    stage(Decision({"big": 1000}, {}), Observation(0.0, "toy", obs.clusters, (), (), ()))
+    assert stage.reservations() == {}
+    assert ClusterReservation(False).reservations() is None
+
+    spec = load_board("tx2")
+    for reserve in (True, False):
+        seen = []
+        res = run_sim(
+            "tx2",
+            make_policy("schedutil", spec),
+            _workload("tx2", n_hi=2),
+            stages=[ClusterReservation(reserve)],
+            status_cb=seen.append,
+            status_every_s=0.01,
+        )
+        held = [s["reserved"] for s in seen]
+        if reserve:  # one cluster at a time (the other stays for LO work), held by HI jobs
+            hi = {j.pid for j in res.jobs if j.criticality == "hi"}
+            assert any(held) and all(len(h) <= 1 for h in held)
+            assert {pid for h in held for pid in h.values()} <= hi
+        else:
+            assert held and all(h is None for h in held)
+
+    _print_status(
+        {
+            "board": "tx2",
+            "backend": "sim",
+            "policy": "hidvfs",
+            "t": 1.0,
+            "ticks": 10,
+            "jobs_done": 0,
+            "jobs_running": 1,
+            "deadline_misses": {"hi": 0, "lo": 0},
+            "interventions": 3,
+            "reserved": {"denver": 4242},
+        }
+    )
+    assert "reserved for HI jobs: denver -> pid 4242" in capsys.readouterr().out
