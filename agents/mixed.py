@@ -56,10 +56,16 @@ def needed_khz(job: JobObs, c: ClusterObs, margin: float = 1.0) -> int:
     if job.profile is None or job.deadline_s is None:
         return top
     remaining = margin * (job.deadline_s - job.elapsed_s)
-    for f in c.freqs_khz:
-        if _graham_s(job, c, f) <= remaining:
-            return f
-    return top
+    # the bound only falls as f rises: the first OPP that holds, by bisection
+    table = c.freqs_khz
+    lo, hi = 0, len(table)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _graham_s(job, c, table[mid]) <= remaining:
+            hi = mid
+        else:
+            lo = mid + 1
+    return table[lo] if lo < len(table) else top
 
 
 def fits(job: JobObs, c: ClusterObs, margin: float = HI_MARGIN) -> bool:
@@ -128,6 +134,47 @@ def plan_reservation(obs: Observation) -> ReservationPlan:
     return ReservationPlan(hi, lo_cpus, shared)
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """One tick's reservation and the parts of the board the stages plan on."""
+
+    plan: ReservationPlan
+    lo_view: Observation  # the unreserved clusters and the jobs without a cluster
+    hi_views: dict[str, Observation]  # each reserved cluster with its HI job alone
+    need: dict[str, int]  # each reserved cluster's frequency floor (needed_khz)
+
+    @classmethod
+    def of(cls, obs: Observation) -> _Parts:
+        plan = plan_reservation(obs)
+        hi_pids = plan.hi_pids
+        lo_view = replace(
+            obs,
+            clusters=tuple(c for c in obs.clusters if c.name not in plan.hi),
+            jobs=tuple(j for j in obs.jobs if j.pid not in hi_pids),
+        )
+        hi_views = {
+            name: replace(obs, clusters=(obs.cluster(name),), jobs=(j,), zones=(), rails=())
+            for name, j in plan.hi.items()
+        }
+        need = {name: needed_khz(j, obs.cluster(name), NEED_MARGIN) for name, j in plan.hi.items()}
+        return cls(plan, lo_view, hi_views, need)
+
+
+class ReservationPlanner:
+    """The reservation of the observation being decided, worked out once for every stage
+    of the decision that asks (they are all handed the same Observation object)."""
+
+    def __init__(self):
+        self._obs: Observation | None = None
+        self._parts: _Parts | None = None
+
+    def __call__(self, obs: Observation) -> _Parts:
+        if obs is not self._obs or self._parts is None:
+            self._parts = _Parts.of(obs)
+            self._obs = obs
+        return self._parts
+
+
 def _lo_cpus_of(st: JobSetting | None, lo_cpus: tuple[int, ...]) -> tuple[int, ...]:
     """A LO job's cores under the reservation: its own outside the reserved clusters, else
     every LO core."""
@@ -139,6 +186,7 @@ class ClusterReservation:
     """Decision stage: reserve one cluster per HI job; LO jobs go to the rest."""
 
     enabled: bool = True
+    planner: ReservationPlanner = field(default_factory=ReservationPlanner, compare=False)
     #: the reservation of the last decision: cluster -> HI job's pid (the daemon's status)
     held: dict[str, int] = field(default_factory=dict, init=False, compare=False)
 
@@ -149,13 +197,15 @@ class ClusterReservation:
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         if not self.enabled:
             return decision
-        plan = plan_reservation(obs)
+        parts = self.planner(obs)
+        plan = parts.plan
         self.held = {name: j.pid for name, j in plan.hi.items()}
         if not plan.hi:
             return decision
         out = decision.copy()
         for name, j in plan.hi.items():
-            _reserve(out, name, j, obs, events=True)
+            _reserve(out, obs.cluster(name), j, parts.need[name])
+            out.events.append(f"reserve cluster={name} pid={j.pid} need_khz={parts.need[name]}")
         # LO jobs keep the priorities the policy (and its gate) gave them on their own
         # clusters: a HI job's cores are exclusive, so they cannot reach it there
         hi_pids = plan.hi_pids
@@ -170,16 +220,12 @@ class ClusterReservation:
         return out
 
 
-def _reserve(decision: Decision, name: str, job: JobObs, obs: Observation, events: bool) -> None:
-    """Give ``job`` all of cluster ``name`` in ``decision`` (in place), at SCHED_FIFO
-    :data:`HI_RT_PRIORITY` and at least the frequency its Graham bound needs there."""
-    c = obs.cluster(name)
+def _reserve(decision: Decision, c: ClusterObs, job: JobObs, need: int) -> None:
+    """Give ``job`` all of cluster ``c`` in ``decision`` (in place), at SCHED_FIFO
+    :data:`HI_RT_PRIORITY` and at least ``need`` kHz (:func:`needed_khz`)."""
     decision.jobs[job.pid] = JobSetting(tuple(c.online), rt_priority=HI_RT_PRIORITY)
-    need = needed_khz(job, c, NEED_MARGIN)
-    want = max(decision.freq_khz.get(name, need), need)
-    decision.freq_khz[name] = nearest_freq(c.freqs_khz, want, "ceil")
-    if events:
-        decision.events.append(f"reserve cluster={name} pid={job.pid} need_khz={need}")
+    want = max(decision.freq_khz.get(c.name, need), need)
+    decision.freq_khz[c.name] = nearest_freq(c.freqs_khz, want, "ceil")
 
 
 class AroundReservation:
@@ -197,8 +243,13 @@ class AroundReservation:
     again. Other attributes (``job_done``, ``calibration``, ...) are the wrapped stage's.
     """
 
-    def __init__(self, stage: Callable[[Decision, Observation], Decision]):
+    def __init__(
+        self,
+        stage: Callable[[Decision, Observation], Decision],
+        planner: ReservationPlanner | None = None,
+    ):
         self.stage = stage
+        self.planner = planner or ReservationPlanner()
 
     def __getattr__(self, name: str):
         stage = self.__dict__.get("stage")  # absent while copy/pickle rebuilds the object
@@ -207,27 +258,23 @@ class AroundReservation:
         return getattr(stage, name)
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
-        plan = plan_reservation(obs)
+        parts = self.planner(obs)
+        plan = parts.plan
         if not plan.hi or plan.shared:  # nothing reserved, or LO work keeps every core
             return self.stage(decision, obs)
         hi_pids = plan.hi_pids
-        lo_view = replace(
-            obs,
-            clusters=tuple(c for c in obs.clusters if c.name not in plan.hi),
-            jobs=tuple(j for j in obs.jobs if j.pid not in hi_pids),
-        )
         lo = decision.copy()
         for pid, st in decision.jobs.items():
             if pid in hi_pids:
                 del lo.jobs[pid]
             else:
                 lo.jobs[pid] = JobSetting(_lo_cpus_of(st, plan.lo_cpus), st.rt_priority, st.nice)
-        out = self.stage(lo, lo_view).copy()
+        out = self.stage(lo, parts.lo_view).copy()
         for name, job in plan.hi.items():
-            view = replace(obs, clusters=(obs.cluster(name),), jobs=(job,), zones=(), rails=())
+            view = parts.hi_views[name]
             freq = {name: decision.freq_khz[name]} if name in decision.freq_khz else {}
             part = Decision(freq, {}, dict(decision.governor))
-            _reserve(part, name, job, obs, events=False)
+            _reserve(part, view.clusters[0], job, parts.need[name])
             part = self.stage(part, view)
             if name in part.freq_khz:
                 out.freq_khz[name] = part.freq_khz[name]
@@ -250,4 +297,5 @@ def daemon_stages(
     """
     if not reserve:
         return [*stages, ClusterReservation(False)]
-    return [*(AroundReservation(s) for s in stages), ClusterReservation(True)]
+    planner = ReservationPlanner()  # one reservation per decision, shared by its stages
+    return [*(AroundReservation(s, planner) for s in stages), ClusterReservation(True, planner)]
