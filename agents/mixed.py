@@ -1,10 +1,15 @@
 """Mixed criticality: cluster-aware reservation (models.md section 8).
 
-A high-criticality job gets a whole cluster - its frequency domain included - for its lifetime:
+A high-criticality job gets a whole cluster - its frequency domain included - while it runs:
 its cores are exclusive, its priority is SCHED_FIFO, and the cluster never runs below the
 frequency the job needs. Low-criticality jobs are confined to the other clusters and are the
 first to slow down (their clusters keep the policy's choice). Reserving whole domains decouples
 the HI job's DVFS from LO energy savings and removes shared-L2 interference.
+
+Which cluster: the least capable one the job fits with a margin (the most is left to LO work),
+else the fastest; the job moves down as its work shrinks. The policy's own stages (gate,
+shield, spill) plan around the reservation (:class:`AroundReservation`), and
+:func:`daemon_stages` builds the list the daemon runs.
 """
 
 from __future__ import annotations
@@ -69,8 +74,8 @@ def needed_khz(job: JobObs, c: ClusterObs, margin: float = 1.0) -> int:
 
 
 def fits(job: JobObs, c: ClusterObs, margin: float = HI_MARGIN) -> bool:
-    """``job`` meets its deadline on all of ``c`` at its top frequency, with ``margin`` of
-    the remaining time to spare (False without a deadline or a profile: nothing to tell)."""
+    """``job``'s Graham bound on all of ``c`` at its top frequency is at most ``margin`` of
+    the time it has left (False without a deadline or a profile: nothing to tell)."""
     if job.profile is None or job.deadline_s is None or not c.freqs_khz:
         return False
     return _graham_s(job, c, c.freqs_khz[-1]) <= margin * (job.deadline_s - job.elapsed_s)
@@ -146,6 +151,8 @@ class _Parts:
     @classmethod
     def of(cls, obs: Observation) -> _Parts:
         plan = plan_reservation(obs)
+        if not plan.hi:  # the usual tick: nothing to split
+            return cls(plan, obs, {}, {})
         hi_pids = plan.hi_pids
         lo_view = replace(
             obs,
