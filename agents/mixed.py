@@ -39,14 +39,19 @@ def _speed(c: ClusterObs) -> float:
 
 
 def _graham_s(job: JobObs, c: ClusterObs, khz: int) -> float:
-    """Graham bound of ``job``'s remaining work on all of ``c`` at ``khz`` (two-point model)."""
+    """Graham bound of ``job``'s remaining work on all of ``c`` at ``khz`` (two-point model).
+
+    The remaining critical path is taken as the whole span (at most the remaining work), as
+    the gate takes it (:func:`agents.gate.requirement`): a DAG's tail is often its critical
+    path, and a span shrunk with the work done made the bound too thin there.
+    """
     p = job.profile
     frac = max(0.0, 1.0 - (job.progress or 0.0))
     m = max(1, len(c.online))
     # seconds of compute at the reference point scale with ref/f and 1/capacity
     scale = (1.0 - p.beta) * (p.ref_khz / khz) / c.capacity + p.beta
     work = p.work_s * scale * frac
-    span = p.span_s * scale * frac
+    span = min(p.span_s * scale, work)
     return span + (work - span) / m
 
 
@@ -233,6 +238,8 @@ def _reserve(decision: Decision, c: ClusterObs, job: JobObs, need: int) -> None:
     decision.jobs[job.pid] = JobSetting(tuple(c.online), rt_priority=HI_RT_PRIORITY)
     want = max(decision.freq_khz.get(c.name, need), need)
     decision.freq_khz[c.name] = nearest_freq(c.freqs_khz, want, "ceil")
+    if decision.governor.get(c.name) not in (None, "userspace"):
+        del decision.governor[c.name]  # a kernel governor there would ignore the floor
 
 
 class AroundReservation:

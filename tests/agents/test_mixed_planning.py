@@ -110,6 +110,28 @@ def test_the_reserved_frequency_leaves_the_hi_job_a_margin():
     assert out.freq_khz["big"] == 1500
 
 
+def test_the_floor_counts_the_whole_span_at_a_dag_s_tail():
+    """90 % done, 0.4 s of work left at 2000 kHz, all of it on the critical path (span 0.5 s):
+    the tail runs serially. Shrinking the span with the work done gave a 0.14 s bound at
+    2000 kHz and a 1000 kHz floor, where that tail takes 0.8 s against 0.36 s left; the
+    bound is 0.4 s at 2000 kHz now."""
+    job = replace(_job(10, "hi", 4.0, 0.5, 1.0), elapsed_s=0.64, progress=0.9)
+    assert needed_khz(job, BIG, margin=1.0) == 2000  # 0.4 s <= 0.36 s? no: the top, and late
+    job = replace(job, elapsed_s=0.5)  # 0.5 s left: 0.4 s at 2000, 0.53 s at 1500
+    assert needed_khz(job, BIG, margin=1.0) == 2000
+    assert needed_khz(replace(job, elapsed_s=0.4), BIG, margin=1.0) == 1500  # 0.6 s left
+
+
+def test_the_reserved_cluster_leaves_a_kernel_governor():
+    """A kernel governor ignores the frequency written for its cluster: the reserved one
+    leaves it, so the floor holds; the other cluster keeps its governor."""
+    obs = _obs((BIG, LITTLE), (_job(10, "hi", 4.0, 0.1, 1.5),))
+    d = Decision({"big": 1000, "little": 500}, {}, {"big": "schedutil", "little": "schedutil"})
+    out = ClusterReservation()(d, obs)
+    assert out.governor == {"little": "schedutil"}
+    assert out.freq_khz["big"] >= needed_khz(obs.jobs[0], BIG)
+
+
 def test_one_cluster_stays_for_lo_work_and_a_one_cluster_board_shares():
     his = [_job(10 + i, "hi", 0.5, 0.05, 1.0 + i) for i in range(3)]
     plan = plan_reservation(_obs((BIG, LITTLE), his))
