@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from agents.features import job_time_at
 from agents.policy import Decision, JobSetting, nearest_freq
 from platforms.observation import ClusterObs, JobObs, Observation
 
@@ -39,20 +40,10 @@ def _speed(c: ClusterObs) -> float:
 
 
 def _graham_s(job: JobObs, c: ClusterObs, khz: int) -> float:
-    """Graham bound of ``job``'s remaining work on all of ``c`` at ``khz`` (two-point model).
-
-    The remaining critical path is taken as the whole span (at most the remaining work), as
-    the gate takes it (:func:`agents.gate.requirement`): a DAG's tail is often its critical
-    path, and a span shrunk with the work done made the bound too thin there.
-    """
-    p = job.profile
-    frac = max(0.0, 1.0 - (job.progress or 0.0))
-    m = max(1, len(c.online))
-    # seconds of compute at the reference point scale with ref/f and 1/capacity
-    scale = (1.0 - p.beta) * (p.ref_khz / khz) / c.capacity + p.beta
-    work = p.work_s * scale * frac
-    span = min(p.span_s * scale, work)
-    return span + (work - span) / m
+    """Graham bound of ``job``'s remaining work on all of ``c`` at ``khz``
+    (:func:`agents.features.job_time_at`: the remaining critical path is the whole span, at
+    most the remaining work, as the gate takes it; a DAG's tail is often its critical path)."""
+    return job_time_at(job, khz, c.capacity, len(c.online))
 
 
 def needed_khz(job: JobObs, c: ClusterObs, margin: float = 1.0) -> int:

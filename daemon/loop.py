@@ -299,6 +299,14 @@ class ControlLoop:
             self._sleep_until(next_tick, stop)
 
     # -- status --------------------------------------------------------------------------------
+    def _stage_report(self, method: str):
+        """The first non-None ``method()`` among the stages that have one (else None)."""
+        for st in self.stages:
+            r = getattr(st, method, lambda: None)()
+            if r is not None:
+                return r
+        return None
+
     def status(self) -> dict:
         """The JSON status the daemon writes (``--status-file``) and serves."""
         last = self.last
@@ -348,20 +356,6 @@ class ControlLoop:
             "max_cpu_temp_c": obs.max_cpu_temp_c if obs else None,
             "throttled": bool(self.guard.levels),
             # cluster -> pid of the HI job holding it (agents.mixed); None: reservation off
-            "reserved": next(
-                (
-                    r
-                    for st in self.stages
-                    if (r := getattr(st, "reservations", lambda: None)()) is not None
-                ),
-                None,
-            ),
-            "shield": next(
-                (
-                    c
-                    for st in self.stages
-                    if (c := getattr(st, "calibration", lambda: None)()) is not None
-                ),
-                None,
-            ),
+            "reserved": self._stage_report("reservations"),
+            "shield": self._stage_report("calibration"),
         }
