@@ -7,9 +7,12 @@ first to slow down (their clusters keep the policy's choice). Reserving whole do
 the HI job's DVFS from LO energy savings and removes shared-L2 interference.
 
 Which cluster: the least capable one the job fits with a margin (the most is left to LO work),
-else the fastest; the job moves down as its work shrinks. The policy's own stages (gate,
-shield, spill) plan around the reservation (:class:`AroundReservation`), and
-:func:`daemon_stages` builds the list the daemon runs.
+else the fastest; the job moves down as its work shrinks. One cluster stays for LO work, so a
+HI job that finds no cluster of its own (two overlapping on a two-cluster board) *shares* one
+with LO work: planned there before the LO work, SCHED_FIFO above every LO job on its cores,
+and the cluster's frequency at least its need. The policy's own stages (gate, shield, spill)
+plan around the reservation (:class:`AroundReservation`), and :func:`daemon_stages` builds
+the list the daemon runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ from agents.policy import Decision, JobSetting, nearest_freq
 from platforms.observation import ClusterObs, JobObs, Observation
 
 HI_RT_PRIORITY = 50
+#: a HI job sharing a LO cluster runs at this SCHED_FIFO priority (the next ones in deadline
+#: order one below each), above any LO job there: the LO jobs' own priorities are capped
+#: below it (a policy's priorities reach 90, the gate's a little higher)
+SHARED_HI_RT_PRIORITY = 99
+#: how many HI jobs may share one cluster above its LO work (each below the one before)
+MAX_SHARERS = 8
 #: a HI job takes a cluster other than the fastest only if its Graham bound there at the top
 #: frequency is at most this share of its remaining time (the model's error stays on the
 #: safe side: the bound is thin at a DAG's tail)
@@ -99,16 +108,33 @@ class ReservationPlan:
 
     ``hi`` maps a reserved cluster to its HI job. ``lo_cpus`` are the online CPUs of the
     clusters nobody reserved; when every cluster is reserved (a one-cluster board) LO work
-    shares the slowest one below the HI job and ``shared`` is true.
+    shares the slowest one below the HI job and ``shared`` is true. ``shares`` maps a cluster
+    LO work runs on to the HI jobs that found no cluster of their own and run there above
+    the LO work (deadline order; below the HI job holding it, on a one-cluster board).
     """
 
     hi: dict[str, JobObs]
     lo_cpus: tuple[int, ...]
     shared: bool
+    shares: dict[str, tuple[JobObs, ...]] = field(default_factory=dict)
 
     @property
     def hi_pids(self) -> frozenset[int]:
         return frozenset(j.pid for j in self.hi.values())
+
+    @property
+    def sharer_pids(self) -> frozenset[int]:
+        return frozenset(j.pid for js in self.shares.values() for j in js)
+
+    def sharer_priorities(self) -> dict[int, int]:
+        """SCHED_FIFO priority of each sharing HI job: from :data:`SHARED_HI_RT_PRIORITY`
+        down in deadline order on a LO cluster, from just below the holder's on a held one."""
+        out = {}
+        for name, jobs in self.shares.items():
+            top = HI_RT_PRIORITY - 1 if name in self.hi else SHARED_HI_RT_PRIORITY
+            for rank, j in enumerate(jobs):
+                out[j.pid] = max(top - rank, 1)
+        return out
 
 
 def plan_reservation(obs: Observation) -> ReservationPlan:
@@ -120,11 +146,14 @@ def plan_reservation(obs: Observation) -> ReservationPlan:
         (j for j in obs.jobs if j.criticality == "hi"),
         key=lambda j: j.remaining_s if j.remaining_s is not None else math.inf,
     )
-    free = sorted((c for c in obs.clusters if c.online and c.freqs_khz), key=_speed, reverse=True)
+    usable = sorted((c for c in obs.clusters if c.online and c.freqs_khz), key=_speed, reverse=True)
+    free = list(usable)
     hi: dict[str, JobObs] = {}
+    left: list[JobObs] = []  # HI jobs without a cluster of their own, deadline order
     for j in his:
         if not free or (len(free) <= 1 and hi):
-            break  # keep one cluster for LO work once a HI job holds one
+            left.append(j)  # keep one cluster for LO work once a HI job holds one
+            continue
         c = _pick_cluster(j, free)
         free.remove(c)
         hi[c.name] = j
@@ -132,7 +161,15 @@ def plan_reservation(obs: Observation) -> ReservationPlan:
     shared = not lo_cpus and bool(hi)
     if shared:  # every cluster reserved: LO work shares the slowest one, below HI
         lo_cpus = tuple(min((c for c in obs.clusters if c.online), key=_speed).online)
-    return ReservationPlan(hi, lo_cpus, shared)
+    shares: dict[str, list[JobObs]] = {}  # (the stage takes the cores; here the cluster)
+    lo_set = set(lo_cpus)
+    hosts = [c for c in usable if lo_set.issuperset(c.online)]
+    for j in left:  # each shares the cluster it would have reserved among LO work's
+        open_ = [c for c in hosts if len(shares.get(c.name, ())) < MAX_SHARERS]
+        if not open_:
+            break
+        shares.setdefault(_pick_cluster(j, open_).name, []).append(j)
+    return ReservationPlan(hi, lo_cpus, shared, {k: tuple(v) for k, v in shares.items()})
 
 
 @dataclass(frozen=True)
@@ -143,12 +180,18 @@ class _Parts:
     lo_view: Observation  # the unreserved clusters and the jobs without a cluster
     hi_views: dict[str, Observation]  # each reserved cluster with its HI job alone
     need: dict[str, int]  # each reserved cluster's frequency floor (needed_khz)
+    share_need: dict[str, int]  # each shared cluster's floor: its sharers' highest need
+    share_views: dict[str, Observation] = field(default_factory=dict)  # ... with them alone
 
     @classmethod
     def of(cls, obs: Observation) -> _Parts:
         plan = plan_reservation(obs)
+        share_need = {
+            name: max(needed_khz(j, obs.cluster(name), NEED_MARGIN) for j in jobs)
+            for name, jobs in plan.shares.items()
+        }
         if not plan.hi:  # the usual tick: nothing to split
-            return cls(plan, obs, {}, {})
+            return cls(plan, obs, {}, {}, share_need)
         hi_pids = plan.hi_pids
         lo_view = replace(
             obs,
@@ -160,7 +203,11 @@ class _Parts:
             for name, j in plan.hi.items()
         }
         need = {name: needed_khz(j, obs.cluster(name), NEED_MARGIN) for name, j in plan.hi.items()}
-        return cls(plan, lo_view, hi_views, need)
+        share_views = {
+            name: replace(obs, clusters=(obs.cluster(name),), jobs=jobs, zones=(), rails=())
+            for name, jobs in plan.shares.items()
+        }
+        return cls(plan, lo_view, hi_views, need, share_need, share_views)
 
 
 class ReservationPlanner:
@@ -192,10 +239,16 @@ class ClusterReservation:
     planner: ReservationPlanner = field(default_factory=ReservationPlanner, compare=False)
     #: the reservation of the last decision: cluster -> HI job's pid (the daemon's status)
     held: dict[str, int] = field(default_factory=dict, init=False, compare=False)
+    #: cluster -> pids of the HI jobs sharing it above its LO work, in priority order
+    sharing: dict[str, list[int]] = field(default_factory=dict, init=False, compare=False)
 
     def reservations(self) -> dict[str, int] | None:
         """Which HI job holds which cluster now; None when the reservation is off."""
         return dict(self.held) if self.enabled else None
+
+    def shared_clusters(self) -> dict[str, list[int]] | None:
+        """Which HI jobs share which cluster above its LO work now; None when off."""
+        return {k: list(v) for k, v in self.sharing.items()} if self.enabled else None
 
     def __call__(self, decision: Decision, obs: Observation) -> Decision:
         if not self.enabled:
@@ -203,23 +256,44 @@ class ClusterReservation:
         parts = self.planner(obs)
         plan = parts.plan
         self.held = {name: j.pid for name, j in plan.hi.items()}
+        self.sharing = {name: [j.pid for j in js] for name, js in plan.shares.items()}
         if not plan.hi:
             return decision
         out = decision.copy()
         for name, j in plan.hi.items():
             _reserve(out, obs.cluster(name), j, parts.need[name])
             out.events.append(f"reserve cluster={name} pid={j.pid} need_khz={parts.need[name]}")
+        sharer_rt = plan.sharer_priorities()
+        ceiling: dict[int, int] = {}  # per CPU: the lowest sharer priority running there
+        for name, jobs in plan.shares.items():
+            c = obs.cluster(name)
+            _raise_floor(out, c, parts.share_need[name])
+            for j in jobs:
+                # the cores its policy gave it there (its stages plan it first), else all
+                prev = out.jobs.get(j.pid)
+                own = tuple(x for x in (prev.cpus if prev else ()) if x in c.online)
+                cpus = own or tuple(c.online)
+                rt = sharer_rt[j.pid]
+                out.jobs[j.pid] = JobSetting(cpus, rt_priority=rt)
+                out.events.append(
+                    f"share cluster={name} pid={j.pid} rt={rt} need_khz={parts.share_need[name]}"
+                )
+                for cpu in cpus:
+                    ceiling[cpu] = min(ceiling.get(cpu, rt), rt)
         # LO jobs keep the priorities the policy (and its gate) gave them on their own
-        # clusters: a HI job's cores are exclusive, so they cannot reach it there
-        hi_pids = plan.hi_pids
+        # clusters: a HI job's cores are exclusive, so they cannot reach it there; where a HI
+        # job shares their cores they stay below it
+        skip = plan.hi_pids | sharer_rt.keys()
         for j in obs.jobs:
-            if j.pid in hi_pids:
+            if j.pid in skip:
                 continue
             prev = out.jobs.get(j.pid)
             rt = prev.rt_priority if prev is not None and not plan.shared else 0
-            out.jobs[j.pid] = JobSetting(
-                _lo_cpus_of(prev, plan.lo_cpus), rt_priority=rt, nice=prev.nice if prev else 0
-            )
+            cpus = _lo_cpus_of(prev, plan.lo_cpus)
+            cap = min((ceiling[c] for c in cpus if c in ceiling), default=None)
+            if cap is not None:
+                rt = min(rt, cap - 1)
+            out.jobs[j.pid] = JobSetting(cpus, rt_priority=rt, nice=prev.nice if prev else 0)
         return out
 
 
@@ -227,6 +301,11 @@ def _reserve(decision: Decision, c: ClusterObs, job: JobObs, need: int) -> None:
     """Give ``job`` all of cluster ``c`` in ``decision`` (in place), at SCHED_FIFO
     :data:`HI_RT_PRIORITY` and at least ``need`` kHz (:func:`needed_khz`)."""
     decision.jobs[job.pid] = JobSetting(tuple(c.online), rt_priority=HI_RT_PRIORITY)
+    _raise_floor(decision, c, need)
+
+
+def _raise_floor(decision: Decision, c: ClusterObs, need: int) -> None:
+    """Cluster ``c`` at ``need`` kHz or above in ``decision`` (in place), in userspace."""
     want = max(decision.freq_khz.get(c.name, need), need)
     decision.freq_khz[c.name] = nearest_freq(c.freqs_khz, want, "ceil")
     if decision.governor.get(c.name) not in (None, "userspace"):
@@ -242,10 +321,16 @@ class AroundReservation:
       then took from them;
     * each HI job alone on its reserved cluster, at the frequency the reservation sets: the
       gate and the shield raise it when the job needs more than the Graham bound the
-      reservation uses (the bound is thin at the tail of a DAG, where the span dominates).
+      reservation uses (the bound is thin at the tail of a DAG, where the span dominates);
+    * the HI jobs sharing a LO cluster first, alone on it at their floor: the cores they
+      get there are theirs, and LO work is planned on what is left (on all of it, below
+      them, when they take every core). Planned with the LO work, the gate's safest point
+      handed the cores out in deadline order, and a HI job could get one core of four.
 
-    The parts' decisions are merged; the reservation stage then stamps the HI jobs' settings
-    again. Other attributes (``job_done``, ``calibration``, ...) are the wrapped stage's.
+    The parts' decisions are merged (a shared cluster at the higher of the two frequencies:
+    each part's bound only improves with f); the reservation stage then stamps the HI jobs'
+    settings again. Other attributes (``job_done``, ``calibration``, ...) are the wrapped
+    stage's.
     """
 
     def __init__(
@@ -268,13 +353,48 @@ class AroundReservation:
         if not plan.hi or plan.shared:  # nothing reserved, or LO work keeps every core
             return self.stage(decision, obs)
         hi_pids = plan.hi_pids
+        # HI jobs sharing a LO cluster first; LO work on the cores they left, where any
+        shared_parts = {name: self._sharers(decision, obs, parts, name) for name in plan.shares}
+        taken = {
+            c
+            for name, part in shared_parts.items()
+            for j in plan.shares[name]
+            if j.pid in part.jobs
+            for c in part.jobs[j.pid].cpus
+        }
+        lo_view, lo_cpus = parts.lo_view, plan.lo_cpus
+        if shared_parts:
+            clusters, kept = [], []
+            for c in lo_view.clusters:
+                rest = tuple(x for x in c.online if x not in taken)
+                online = rest or c.online
+                clusters.append(c if online == c.online else replace(c, online=online))
+                kept.extend(online)
+            sharers = plan.sharer_pids
+            lo_view = replace(
+                lo_view,
+                clusters=tuple(clusters),
+                jobs=tuple(j for j in lo_view.jobs if j.pid not in sharers),
+            )
+            lo_cpus = tuple(sorted(kept))
+            hi_pids = hi_pids | sharers
         lo = decision.copy()
         for pid, st in decision.jobs.items():
             if pid in hi_pids:
                 del lo.jobs[pid]
             else:
-                lo.jobs[pid] = JobSetting(_lo_cpus_of(st, plan.lo_cpus), st.rt_priority, st.nice)
-        out = self.stage(lo, parts.lo_view).copy()
+                lo.jobs[pid] = JobSetting(_lo_cpus_of(st, lo_cpus), st.rt_priority, st.nice)
+        for name, floor in parts.share_need.items():  # LO work runs under the sharers' floor
+            _raise_floor(lo, obs.cluster(name), floor)
+        out = self.stage(lo, lo_view).copy()
+        for name, part in shared_parts.items():
+            for j in plan.shares[name]:
+                if j.pid in part.jobs:
+                    out.jobs[j.pid] = part.jobs[j.pid]
+            f = max(out.freq_khz.get(name, 0), part.freq_khz.get(name, 0))
+            if f:
+                out.freq_khz[name] = f
+            out.events.extend(part.events)
         for name, job in plan.hi.items():
             view = parts.hi_views[name]
             freq = {name: decision.freq_khz[name]} if name in decision.freq_khz else {}
@@ -290,6 +410,19 @@ class AroundReservation:
             out.jobs[job.pid] = part.jobs.get(job.pid, decision.jobs.get(job.pid))
             out.events.extend(part.events)
         return out
+
+    def _sharers(self, decision: Decision, obs: Observation, parts: _Parts, name: str):
+        """The stage on shared cluster ``name`` with its HI jobs alone, at their floor, each
+        on the cores its proposal gave it there (all of them if none)."""
+        c = obs.cluster(name)
+        freq = {name: decision.freq_khz[name]} if name in decision.freq_khz else {}
+        part = Decision(freq, {}, dict(decision.governor))
+        for j in parts.plan.shares[name]:
+            st = decision.jobs.get(j.pid)
+            own = tuple(x for x in (st.cpus if st else ()) if x in c.online)
+            part.jobs[j.pid] = JobSetting(own or tuple(c.online), st.rt_priority if st else 0)
+        _raise_floor(part, c, parts.share_need[name])
+        return self.stage(part, parts.share_views[name])
 
 
 def daemon_stages(

@@ -17,6 +17,7 @@ from agents.hidvfs import GateStage
 from agents.mixed import (
     HI_RT_PRIORITY,
     NEED_MARGIN,
+    SHARED_HI_RT_PRIORITY,
     STAY_MARGIN,
     AroundReservation,
     ClusterReservation,
@@ -140,6 +141,67 @@ def test_one_cluster_stays_for_lo_work_and_a_one_cluster_board_shares():
     assert set(plan.hi) == {"big"} and plan.shared and plan.lo_cpus == BIG.online
 
 
+def test_a_hi_job_without_a_cluster_of_its_own_shares_lo_work_s_above_it():
+    """Two HI jobs on a two-cluster board: the second (later deadline) used to run as LO
+    work, at whatever priority the policy gave it. It now shares the LO cluster: on the
+    cores its policy gave it there, SCHED_FIFO above every LO job on them (their priorities
+    capped below), and the cluster at least at its need."""
+    first = _job(10, "hi", 4.0, 0.1, 1.5)  # only the big cluster holds it
+    second = _job(11, "hi", 0.5, 0.05, 2.0, cpus=(0, 4))
+    lo = _job(12, "lo", 0.1, 0.01, 1.0, cpus=(4,))
+    be = JobObs(13, "be", "lo", 0.0, 0.0, None, (4, 5))
+    obs = _obs((BIG, LITTLE), (first, second, lo, be))
+    plan = plan_reservation(obs)
+    assert {n: j.pid for n, j in plan.hi.items()} == {"big": 10}
+    assert {n: [j.pid for j in js] for n, js in plan.shares.items()} == {"little": [11]}
+    assert plan.sharer_priorities() == {11: SHARED_HI_RT_PRIORITY}
+    d = Decision(
+        {"big": 2000, "little": 500},
+        {
+            10: JobSetting((0, 1, 2, 3), 90),
+            11: JobSetting((0, 4), 10),
+            12: JobSetting((4,), 99, 2),
+            13: JobSetting((4, 5), 0, 5),
+        },
+        {"little": "schedutil"},
+    )
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[10] == JobSetting(BIG.online, HI_RT_PRIORITY)
+    assert out.jobs[11] == JobSetting((4,), SHARED_HI_RT_PRIORITY)  # its core there
+    assert out.jobs[12] == JobSetting((4,), SHARED_HI_RT_PRIORITY - 1, 2)  # capped below
+    assert out.jobs[13] == JobSetting((4, 5), 0, 5)
+    assert out.freq_khz["little"] >= needed_khz(second, LITTLE, NEED_MARGIN) > 500
+    assert "little" not in out.governor  # schedutil would ignore the floor
+    # given no core there, it takes all of the cluster's; LO priorities there stay below
+    d.jobs[11] = JobSetting((0,), 10)
+    d.jobs[13] = JobSetting((5,), 98)
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[11] == JobSetting(LITTLE.online, SHARED_HI_RT_PRIORITY)
+    assert out.jobs[13] == JobSetting((5,), SHARED_HI_RT_PRIORITY - 1)
+    # a later third HI job shares the same cluster one priority below the second
+    third = _job(14, "hi", 0.2, 0.02, 3.0)
+    plan = plan_reservation(_obs((BIG, LITTLE), (first, second, third)))
+    assert [j.pid for j in plan.shares["little"]] == [11, 14]
+    assert plan.sharer_priorities() == {11: SHARED_HI_RT_PRIORITY, 14: SHARED_HI_RT_PRIORITY - 1}
+
+
+def test_on_a_one_cluster_board_a_second_hi_job_runs_below_the_first_above_lo():
+    first = _job(10, "hi", 1.0, 0.1, 1.5)
+    second = _job(11, "hi", 0.5, 0.05, 2.0)
+    lo = _job(12, "lo", 0.1, 0.01, 1.0)
+    obs = _obs((BIG,), (first, second, lo))
+    plan = plan_reservation(obs)
+    assert plan.shared and [j.pid for j in plan.shares["big"]] == [11]
+    d = Decision({"big": 1000}, {p: JobSetting(BIG.online, 90) for p in (10, 11, 12)})
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[10].rt_priority == HI_RT_PRIORITY
+    assert out.jobs[11] == JobSetting(BIG.online, HI_RT_PRIORITY - 1)
+    assert out.jobs[12].rt_priority == 0
+    assert out.freq_khz["big"] >= max(
+        needed_khz(first, BIG, NEED_MARGIN), needed_khz(second, BIG, NEED_MARGIN)
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The stages around the reservation
 
@@ -217,6 +279,38 @@ def test_each_hi_job_is_planned_alone_on_its_cluster_at_the_reserved_frequency()
     assert hi_d.freq_khz == {"big": max(2000, needed_khz(obs.jobs[0], BIG))}
 
 
+def test_a_hi_job_sharing_a_cluster_is_planned_before_the_lo_work_there():
+    """The second HI job is planned alone on the LO cluster first; LO work then gets the
+    cores it left. Planned together, the gate's safest point gave the LO job with the
+    earlier deadline both little cores and the HI job none of its own."""
+    first = _job(10, "hi", 2.0, 0.1, 0.9)  # only the big cluster holds it
+    second = _job(11, "hi", 0.2, 0.01, 1.0)  # one little core at the top holds it
+    lo = _job(12, "lo", 0.2, 0.01, 0.95)  # so does the LO job, but not both on one
+    obs = _obs((BIG, LITTLE), (first, second, lo))
+    proposal = Decision(
+        {"big": 2000, "little": 500},
+        {10: JobSetting(BIG.online), 11: JobSetting((0, 4), 10), 12: JobSetting((4, 5), 20)},
+    )
+    rec = _Recorder()
+    stage = AroundReservation(rec)
+    stage(proposal, obs)
+    (share_d, share_obs), (lo_d, lo_obs), (hi_d, hi_obs) = rec.calls
+    assert [j.pid for j in share_obs.jobs] == [11] and share_d.jobs == {11: JobSetting((4,), 10)}
+    assert share_d.freq_khz["little"] >= needed_khz(second, LITTLE, NEED_MARGIN)
+    # LO work is planned on the little core the HI job left
+    assert [j.pid for j in lo_obs.jobs] == [12] and lo_obs.cluster("little").online == (5,)
+    assert lo_d.jobs == {12: JobSetting((5,), 20)}
+    # a HI job that takes every core of the cluster leaves LO work all of it, below it
+    rec = _Recorder()
+    AroundReservation(rec)(replace(proposal, jobs=proposal.jobs | {11: JobSetting((4, 5))}), obs)
+    (_, lo_obs) = rec.calls[1]
+    assert lo_obs.cluster("little").online == (4, 5)
+    # and the reservation keeps both parts
+    d = ClusterReservation(planner=stage.planner)(stage(proposal, obs), obs)
+    assert d.jobs[11] == JobSetting((4,), SHARED_HI_RT_PRIORITY)
+    assert d.jobs[12] == JobSetting((5,), 20)
+
+
 def test_a_stage_raising_the_hi_cluster_is_kept_by_the_reservation():
     """The shield raises a HI job's cluster above the Graham bound's need when its predictor
     says the tail is longer: the reservation must not lower it back."""
@@ -266,7 +360,7 @@ def _cases(draw):
     jobs, settings_ = [], {}
     for i in range(n):
         pid = 100 + i
-        crit = draw(st.sampled_from(["hi", "lo", "lo"]))
+        crit = draw(st.sampled_from(["hi", "hi", "lo"]))
         deadline = draw(st.one_of(st.none(), st.floats(0.2, 3.0)))
         work = draw(st.floats(0.05, 4.0))
         span = work * draw(st.floats(0.005, 0.3))
@@ -274,7 +368,7 @@ def _cases(draw):
         jobs.append(
             JobObs(pid, f"j{pid}", crit, 0.0, 0.0, deadline, tuple(own), profile=_prof(work, span))
         )
-        settings_[pid] = JobSetting(tuple(sorted(own)), draw(st.integers(0, 60)))
+        settings_[pid] = JobSetting(tuple(sorted(own)), draw(st.sampled_from([0, 10, 60, 90, 99])))
     freq = {k.name: draw(st.sampled_from(k.freqs_khz)) for k in clusters}
     return _obs(clusters, jobs), Decision(freq, settings_)
 
@@ -299,16 +393,42 @@ def test_lo_work_keeps_what_the_gate_gave_it_and_stays_off_reserved_clusters(cas
     for name, job in plan.hi.items():
         assert d.jobs[job.pid] == JobSetting(obs.cluster(name).online, HI_RT_PRIORITY)
         assert d.freq_khz[name] >= needed_khz(job, obs.cluster(name))
-    deadline_lo = {g.pid for g in jobs_from_obs(obs)} - plan.hi_pids
+    # every HI job has a cluster: its own, or one it shares above LO work
+    his = {j.pid for j in obs.jobs if j.criticality == "hi"}
+    assert plan.hi_pids | plan.sharer_pids == his
+    sharer_rt = plan.sharer_priorities()
+    above: dict[int, int] = {}  # per CPU, the lowest sharing HI job's priority
+    for name, jobs in plan.shares.items():
+        c = obs.cluster(name)
+        assert plan.shared or name not in plan.hi
+        for job in jobs:
+            got = d.jobs[job.pid]
+            assert got.rt_priority == sharer_rt[job.pid] and set(got.cpus) <= set(c.online)
+            assert d.freq_khz[name] >= needed_khz(job, c, NEED_MARGIN)
+            for cpu in got.cpus:
+                above[cpu] = min(above.get(cpu, 99), sharer_rt[job.pid])
+    # the cores sharing HI jobs got are theirs alone, unless they took their whole cluster
+    theirs = set()
+    for name, jobs in plan.shares.items():
+        got = {c for job in jobs for c in d.jobs[job.pid].cpus}
+        if not plan.shared and got != set(obs.cluster(name).online):
+            theirs |= got
+    deadline_lo = {g.pid for g in jobs_from_obs(obs)} - his
     for j in obs.jobs:
-        if j.pid in plan.hi_pids:
+        if j.pid in his:
             continue
+        got = d.jobs[j.pid]
+        assert theirs.isdisjoint(got.cpus)
+        assert all(got.rt_priority < above[c] for c in got.cpus if c in above)
         if not plan.shared:
-            assert reserved.isdisjoint(d.jobs[j.pid].cpus)
+            assert reserved.isdisjoint(got.cpus)
             if j.pid in deadline_lo:  # the reservation changes nothing the gate certified
-                assert d.jobs[j.pid] == gated.jobs[j.pid]
+                # (but a priority capped below a HI job sharing the cores)
+                want = gated.jobs[j.pid]
+                cap = min((above[c] for c in want.cpus if c in above), default=100)
+                assert got == JobSetting(want.cpus, min(want.rt_priority, cap - 1), want.nice)
         else:
-            assert d.jobs[j.pid].rt_priority == 0
+            assert got.rt_priority == 0
     for name in obs.clusters:
-        if name.name not in plan.hi:
+        if name.name not in plan.hi and name.name not in plan.shares:
             assert d.freq_khz[name.name] == gated.freq_khz[name.name]
