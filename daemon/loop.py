@@ -357,5 +357,8 @@ class ControlLoop:
             "throttled": bool(self.guard.levels),
             # cluster -> pid of the HI job holding it (agents.mixed); None: reservation off
             "reserved": self._stage_report("reservations"),
+            # cluster -> pids of HI jobs without a cluster of their own, running there above
+            # its LO work (two HI jobs overlapping on a two-cluster board); None: off
+            "shared_hi": self._stage_report("shared_clusters"),
             "shield": self._stage_report("calibration"),
         }

@@ -242,6 +242,15 @@ def _print_status(s: dict) -> None:
             "  reserved for HI jobs: "
             + ", ".join(f"{name} -> pid {pid}" for name, pid in sorted(held.items()))
         )
+    sharing = s.get("shared_hi")
+    if sharing:
+        click.echo(
+            "  HI jobs above LO work on: "
+            + ", ".join(
+                f"{name} -> pid {', '.join(map(str, pids))}"
+                for name, pids in sorted(sharing.items())
+            )
+        )
     sh = s.get("shield")
     if sh:
         rate = "-" if sh["miss_rate"] is None else f"{sh['miss_rate']:.3f}"
