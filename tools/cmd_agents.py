@@ -336,6 +336,7 @@ def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
         "deadline_s": None,
         "deadline_met": miss == 0 if dl else None,
         "deadline_jobs": len(dl),
+        "hi_jobs": sum(1 for j in dl if j.criticality == "hi"),
         "misses": miss,
         "hi_misses": hi_miss,
         "miss_ratio": miss / len(dl) if dl else 0.0,
@@ -439,7 +440,22 @@ def evaluate(
 
 
 def episode_options(f):
-    """The mix options eval and sweep share: jobs per mix and the deadline slack."""
+    """The mix options eval and sweep share: jobs per mix, offered load, HI share and the
+    deadline slack (the defaults are the mixes the agents train and are measured on)."""
+    f = click.option(
+        "--hi-fraction",
+        type=click.FloatRange(0.0, 1.0),
+        default=EpisodeSpec.hi_fraction,
+        show_default=True,
+        help="share of the deadline jobs that are high-criticality (see --reserve)",
+    )(f)
+    f = click.option(
+        "--load",
+        type=click.FloatRange(0.05, 4.0),
+        default=EpisodeSpec.load,
+        show_default=True,
+        help="offered load: the jobs' reference work over the board's capacity while they arrive",
+    )(f)
     f = click.option(
         "--slack",
         type=click.FloatRange(1.0),
@@ -501,7 +517,18 @@ def episode_options(f):
     "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
 )
 def eval_cmd(
-    boards, policies, seeds, ablations, mixes, reserve, n_jobs, slack, models, as_json
+    boards,
+    policies,
+    seeds,
+    ablations,
+    mixes,
+    reserve,
+    n_jobs,
+    slack,
+    load,
+    hi_fraction,
+    models,
+    as_json,
 ) -> None:
     """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
     from agents.learned import model_dir
@@ -519,7 +546,7 @@ def eval_cmd(
             f"--mixes tuning has {MAX_TUNING_MIXES} mixes ({TUNING_SEEDS}-{last}, the rest of "
             f"seed 0's validation block); --seeds {seeds} asks for more"
         )
-    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
+    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction)
     todo = _boards(boards)
     if models:  # every board's folder first: no board's table before another's refusal
         for b in todo:
@@ -547,7 +574,7 @@ def eval_cmd(
 )
 @episode_options
 @click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
-def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
+def sweep_cmd(boards, fractions, seeds, n_jobs, slack, load, hi_fraction, as_json) -> None:
     """What a frequency policy can save: fixed operating points against maxfreq, same mixes,
     and the floor no policy that meets every deadline can go below
     (platforms/sim/energy_floor.py; per mix, from maxfreq's executed jobs)."""
@@ -566,7 +593,7 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, as_json) -> None:
                 pols.append(p)
     except ValueError as exc:
         fail(f"bad --fractions {fractions!r}: {exc}")
-    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack)
+    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction)
     rows = []
     for b in _boards(boards):
         run = make_runner(b, ep)

@@ -102,6 +102,23 @@ def test_eval_reserve_runs_the_daemon_s_mixed_criticality_stages():
     assert out["--no-reserve"]["hi_misses"] == 1 and out["--reserve"]["hi_misses"] == 0
 
 
+def test_eval_mix_options_shape_the_mixes():
+    """--hi-fraction sets the share of deadline jobs that are HI (0: none, 1: all) and --load
+    how densely the jobs arrive; both reach the mixes every policy runs."""
+    common = ("eval", "--board", "tx2", "--policy", "maxfreq", "--seeds", "2", "--jobs", "6")
+    rows = {}
+    for extra in (("--hi-fraction", "0"), ("--hi-fraction", "1"), ("--load", "0.2")):
+        out = strict(run(*common, *extra, "--json").output)
+        rows[extra] = [r for r in out if r["kind"] == "run"]
+    assert all(r["hi_jobs"] == 0 for r in rows[("--hi-fraction", "0")])
+    every = rows[("--hi-fraction", "1")]
+    assert all(r["hi_jobs"] == r["deadline_jobs"] > 0 for r in every)
+    # a fifth of the default load spreads the same jobs out: the mixes take longer
+    assert all(a["makespan_s"] > b["makespan_s"] for a, b in zip(rows[("--load", "0.2")], every))
+    r = run(*common, "--hi-fraction", "1.5")
+    assert r.exit_code == 2 and "--hi-fraction" in r.output
+
+
 def test_eval_names_the_mixes_no_policy_can_meet():
     """At slack 1.0 (deadline = the job alone at the top OPP, before the plant's jitter) the
     first held-out mix overloads a window: the run rows say so, and its misses are counted
