@@ -225,10 +225,10 @@ class ReservationPlanner:
         return self._parts
 
 
-def _lo_cpus_of(st: JobSetting | None, lo_cpus: tuple[int, ...]) -> tuple[int, ...]:
-    """A LO job's cores under the reservation: its own outside the reserved clusters, else
-    every LO core."""
-    return tuple(c for c in (st.cpus if st else lo_cpus) if c in lo_cpus) or lo_cpus
+def _cores_within(st: JobSetting | None, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """A job's cores among ``allowed`` (a LO job's outside the reserved clusters, a sharing
+    HI job's on its cluster), else all of ``allowed``."""
+    return tuple(c for c in (st.cpus if st else allowed) if c in allowed) or allowed
 
 
 @dataclass
@@ -270,9 +270,7 @@ class ClusterReservation:
             _raise_floor(out, c, parts.share_need[name])
             for j in jobs:
                 # the cores its policy gave it there (its stages plan it first), else all
-                prev = out.jobs.get(j.pid)
-                own = tuple(x for x in (prev.cpus if prev else ()) if x in c.online)
-                cpus = own or tuple(c.online)
+                cpus = _cores_within(out.jobs.get(j.pid), tuple(c.online))
                 rt = sharer_rt[j.pid]
                 out.jobs[j.pid] = JobSetting(cpus, rt_priority=rt)
                 out.events.append(
@@ -289,7 +287,7 @@ class ClusterReservation:
                 continue
             prev = out.jobs.get(j.pid)
             rt = prev.rt_priority if prev is not None and not plan.shared else 0
-            cpus = _lo_cpus_of(prev, plan.lo_cpus)
+            cpus = _cores_within(prev, plan.lo_cpus)
             cap = min((ceiling[c] for c in cpus if c in ceiling), default=None)
             if cap is not None:
                 rt = min(rt, cap - 1)
@@ -352,7 +350,7 @@ class AroundReservation:
         plan = parts.plan
         if not plan.hi or plan.shared:  # nothing reserved, or LO work keeps every core
             return self.stage(decision, obs)
-        hi_pids = plan.hi_pids
+        not_lo = plan.hi_pids | plan.sharer_pids  # jobs the LO part leaves out
         # HI jobs sharing a LO cluster first; LO work on the cores they left, where any
         shared_parts = {name: self._sharers(decision, obs, parts, name) for name in plan.shares}
         taken = {
@@ -370,20 +368,18 @@ class AroundReservation:
                 online = rest or c.online
                 clusters.append(c if online == c.online else replace(c, online=online))
                 kept.extend(online)
-            sharers = plan.sharer_pids
             lo_view = replace(
                 lo_view,
                 clusters=tuple(clusters),
-                jobs=tuple(j for j in lo_view.jobs if j.pid not in sharers),
+                jobs=tuple(j for j in lo_view.jobs if j.pid not in not_lo),
             )
             lo_cpus = tuple(sorted(kept))
-            hi_pids = hi_pids | sharers
         lo = decision.copy()
         for pid, st in decision.jobs.items():
-            if pid in hi_pids:
+            if pid in not_lo:
                 del lo.jobs[pid]
             else:
-                lo.jobs[pid] = JobSetting(_lo_cpus_of(st, lo_cpus), st.rt_priority, st.nice)
+                lo.jobs[pid] = JobSetting(_cores_within(st, lo_cpus), st.rt_priority, st.nice)
         for name, floor in parts.share_need.items():  # LO work runs under the sharers' floor
             _raise_floor(lo, obs.cluster(name), floor)
         out = self.stage(lo, lo_view).copy()
@@ -419,8 +415,9 @@ class AroundReservation:
         part = Decision(freq, {}, dict(decision.governor))
         for j in parts.plan.shares[name]:
             st = decision.jobs.get(j.pid)
-            own = tuple(x for x in (st.cpus if st else ()) if x in c.online)
-            part.jobs[j.pid] = JobSetting(own or tuple(c.online), st.rt_priority if st else 0)
+            part.jobs[j.pid] = JobSetting(
+                _cores_within(st, tuple(c.online)), st.rt_priority if st else 0
+            )
         _raise_floor(part, c, parts.share_need[name])
         return self.stage(part, parts.share_views[name])
 
