@@ -1,5 +1,7 @@
 """The control loop: sense -> decide -> gate -> shield -> thermal guard -> actuate.
 
+No garbage collection runs between the readings and the writes (:mod:`daemon.gchold`).
+
 The same loop runs on every backend (live /sys, a fake tree, a trace replay, the simulator);
 only the Platform differs. Decisions are taken on the period and also right after a job
 arrives or finishes (the simulator's clock stops at those events; on a board the job table's
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from agents.deadlines import ProgressEstimate
 from agents.policy import Decision, Policy
 from daemon.actuator import ActuationReport, Actuator
+from daemon.gchold import collector_held
 from daemon.guard import ThermalGuard
 from daemon.jobs import JobOutcome, JobTable
 from platforms.observation import JobObs, Observation
@@ -195,17 +198,20 @@ class ControlLoop:
     def tick(self) -> TickResult:
         for cb in self.before_tick:
             cb(self.platform.clock.now())
-        obs, finished = self.observe()
-        for out in finished:  # stages that learn from outcomes (the adaptive shield)
+        # from the readings to the writes, no garbage collection (daemon.gchold): what the
+        # tick made due runs after the writes
+        with collector_held():
+            obs, finished = self.observe()
+            for out in finished:  # stages that learn from outcomes (the adaptive shield)
+                for stage in self.stages:
+                    done = getattr(stage, "job_done", None)
+                    if done is not None:
+                        done(out.pid, out.finish_t)
+            decision = self.policy.decide(obs)
             for stage in self.stages:
-                done = getattr(stage, "job_done", None)
-                if done is not None:
-                    done(out.pid, out.finish_t)
-        decision = self.policy.decide(obs)
-        for stage in self.stages:
-            decision = stage(decision, obs)
-        decision = self.guard.apply(decision, obs)
-        report = self.actuator.apply(decision, obs)
+                decision = stage(decision, obs)
+            decision = self.guard.apply(decision, obs)
+            report = self.actuator.apply(decision, obs)
         self._log_interventions(decision.events)
         self.events_total += len(decision.events)
         self._integrate(obs)

@@ -20,6 +20,7 @@ from agents.mixed import daemon_stages
 from agents.policy import Policy
 from daemon.actuator import Actuator
 from daemon.config import Config, load_config, policy_options, read_token
+from daemon.gchold import start_frozen
 from daemon.guard import config_guard
 from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
 from daemon.jobs import JobTable
@@ -372,7 +373,10 @@ def _serve(
             dry_run=dry_run,
             profiles=len(profiles),
         )
-        loop.run(duration_s=duration_s, stop=stop)
+        # what the start made (models, sessions, servers) lives as long as the daemon: a
+        # full collection in the slack of a tick need not walk it again
+        with start_frozen():
+            loop.run(duration_s=duration_s, stop=stop)
     finally:
         notifier.stopping("restoring cpufreq settings")
         if recorder is not None:
