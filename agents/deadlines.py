@@ -21,7 +21,7 @@ import fcntl
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from platforms.atomicfile import write_text_atomic
@@ -56,6 +56,30 @@ def span_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float =
     the remaining work is smaller (min(L, r*C) is an upper bound on the remaining span).
     """
     return min(p.span_s, remaining * p.work_s) * slowdown(p.beta, p.ref_khz, khz, capacity)
+
+
+def greedy_bound(
+    p: JobProfile, cores: Sequence[tuple[float, float]], remaining: float = 1.0
+) -> float:
+    """Response-time bound of the remaining work run greedily on cores of unequal speed.
+
+    ``cores``: (khz, capacity) of each core the job has to itself. With rates
+    r_i = 1 / phi_i, their sum R and the slowest r_min: at every instant either every core
+    is busy (work done at rate R) or every ready task runs, the head of the longest
+    remaining path among them, at r_min at least. So
+
+        T <= (W - L) / R + L / r_min
+
+    with W and L the remaining reference work and span (:func:`span_at`'s min). On equal
+    cores it is Graham's L(f) + (C(f) - L(f)) / n; a faster or added core never raises it,
+    but an added core slower than the others can.
+    """
+    if not cores:
+        return math.inf
+    w = remaining * p.work_s
+    span = min(p.span_s, w)
+    phis = [slowdown(p.beta, p.ref_khz, khz, cap) for khz, cap in cores]
+    return (w - span) / sum(1.0 / x for x in phis) + span * max(phis)
 
 
 #: the longest job name the job registry accepts (daemon.registry checks the same)

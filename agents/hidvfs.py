@@ -39,7 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
-from agents.deadlines import span_at, work_at
+from agents.deadlines import greedy_bound, span_at, work_at
 from agents.features import (
     MAX_CLUSTERS,
     N_CLUSTER,
@@ -681,7 +681,10 @@ class SpillStage:
     * a cluster that runs no job: to every best-effort job, else to the deadline job with the
       most remaining work, at the lowest table entry whose per-core speed (capacity x f) is at
       least the borrowers' home speed, so no task can run slower than on its home cores; a
-      cluster that cannot match that speed lends nothing to a deadline job.
+      cluster that cannot match that speed lends its cores to a deadline job (at its top)
+      only while the job holds its own cores alone and its bound for a greedy run on all of
+      them, the slower ones included (:func:`agents.deadlines.greedy_bound`), still meets its
+      deadline: slower cores shorten the work term and lengthen the span term.
 
     Before both: when a deadline job is late on the cores it has (the Graham bound of its
     remaining work there passes its remaining deadline), every free active core goes to the
@@ -796,17 +799,44 @@ class SpillStage:
             f = out.freq_khz.get(cl.name) or cl.cur_khz or cl.freqs_khz[-1]
             return cl.capacity * f
 
+        # before any lending: a core lent first must not stand for the borrower's home
+        need = max(home_speed(pid) for pid in borrowers)
         for cl, free in idle_clusters:
             hi = cl.max_khz if cl.max_khz is not None else cl.freqs_khz[-1]
             lo = cl.min_khz if cl.min_khz is not None else 0
             allowed = [f for f in cl.freqs_khz if lo <= f <= hi] or [hi]
-            need = max(home_speed(pid) for pid in borrowers)
             ok = [f for f in allowed if cl.capacity * f >= need - 1e-6]
             if not ok and not best_effort:
-                continue
+                # slower than the deadline job's home: lent only while the bound of a greedy
+                # run on all of its cores, the slower ones included, still meets its deadline
+                pid = borrowers[0]
+                if not self._slower_fit(out, jobs[pid], where, cl, allowed[-1], free):
+                    continue
             out.freq_khz[cl.name] = ok[0] if ok else allowed[-1]
             lend(borrowers, free)
         return out
+
+    @staticmethod
+    def _slower_fit(out: Decision, j: JobObs, where, cl: ClusterObs, khz: int, free) -> bool:
+        """Whether deadline job ``j`` still meets its deadline by :func:`greedy_bound` with
+        ``free`` cores of ``cl`` at ``khz`` added to its own, which it must hold alone (a
+        shared core's time is not the job's)."""
+        if j.profile is None or not j.remaining_s > 0:
+            return False
+        mine = out.jobs[j.pid].cpus
+        if not mine or any(
+            pid != j.pid and not set(st.cpus).isdisjoint(mine) for pid, st in out.jobs.items()
+        ):
+            return False
+        cores = []
+        for c in mine:
+            home = where.get(c)
+            if home is None:
+                return False
+            f = out.freq_khz.get(home.name) or home.cur_khz or home.freqs_khz[-1]
+            cores.append((f, home.capacity))
+        cores += [(khz, cl.capacity)] * len(free)
+        return greedy_bound(j.profile, cores, job_remaining(j)) <= j.remaining_s
 
 
 class GateStage:
