@@ -238,7 +238,9 @@ def test_parallel_board_training_matches_serial(tmp_path):
 def test_board_defaults_apply_before_overrides():
     from agents.train import BOARD_DEFAULTS, TrainConfig
 
-    assert TrainConfig.for_board("rubikpi3") == TrainConfig()
+    assert TrainConfig.for_board("a-probed-board") == TrainConfig()  # no defaults of its own
+    rubik = TrainConfig.for_board("rubikpi3")
+    assert rubik.lambda_e == BOARD_DEFAULTS["rubikpi3"]["lambda_e"] != TrainConfig().lambda_e
     assert TrainConfig.for_board("tx2").val_episodes == 16 != TrainConfig().val_episodes
     orin = TrainConfig.for_board("orin-nx", episodes=8)
     assert orin.lambda_e == BOARD_DEFAULTS["orin-nx"]["lambda_e"] != TrainConfig().lambda_e
