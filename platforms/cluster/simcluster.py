@@ -646,16 +646,24 @@ class ClusterSim:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, ident, version))
 
-    def _schedule_speed(self, k: int) -> None:
+    def _schedule_speed(self, k: int, at: float | None = None) -> None:
+        """The node's next speed event after ``at`` (the event just handled; default now).
+
+        An event handled up to _EPS early (self.t just below its time) must not find itself
+        again: the next change after ``self.t`` would be that same time, pushed to
+        self.t + _EPS and popped again, for ever.
+        """
         fn = self.nodes[k].speed_fn
+        base = self.t if at is None else max(self.t, at)
         nxt = getattr(fn, "next_change", None)
-        t_next = nxt(self.t) if nxt is not None else self.t + self.nodes[k].speed_period_s
+        t_next = nxt(base) if nxt is not None else base + self.nodes[k].speed_period_s
         if np.isfinite(t_next):
             self._push(max(t_next, self.t + _EPS), 1, k)
 
-    def _set_speed(self, k: int) -> None:
+    def _set_speed(self, k: int, at: float | None = None) -> None:
+        """The node's speed from ``speed_fn`` at ``at`` (its event's time; default now)."""
         fn = self.nodes[k].speed_fn
-        factor = fn(self.t)
+        factor = fn(self.t if at is None else max(self.t, at))
         if not _positive(factor):  # inf made the node infinitely fast (flow 0), NaN stalled it
             raise SimError(
                 f"node {self.nodes[k].name!r}: speed_fn({self.t:g}) gave {factor!r}, expected a finite factor > 0"
@@ -780,14 +788,14 @@ class ClusterSim:
                 self._arrive(nxt_job)
                 nxt_job += 1
             while self._heap and self._heap[0][0] <= self.t + _EPS:
-                _, _, kind, ident, ver = heapq.heappop(self._heap)
+                t_ev, _, kind, ident, ver = heapq.heappop(self._heap)
                 if kind == 0:
                     if ver == self.version[ident] and self.run_node[ident] >= 0:
                         self._finish(ident)
                 else:
-                    self._set_speed(ident)
+                    self._set_speed(ident, t_ev)
                     if self._done < t_n:
-                        self._schedule_speed(ident)
+                        self._schedule_speed(ident, t_ev)
             self._decide()
             if not self.running and self.ready and nxt_job >= w.n_jobs:
                 raise PlacementError(

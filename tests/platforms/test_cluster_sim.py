@@ -218,6 +218,20 @@ def _one_task():
     return _workload(["M1,1,j,1,Terminated,0,4,100,0.1"])  # 4 s of work
 
 
+@pytest.mark.timeout(30)
+def test_a_speed_change_just_after_a_task_ends_is_handled_once():
+    """A task ending within the event tolerance before a throttle (9.9999999995 s, throttle at
+    10 s) had the simulator pop the throttle, find the same change time next, push it again
+    and pop it again, for ever (a hypothesis example of the placement property test hung CI)."""
+    w = _workload(
+        ["M1,1,j,1,Terminated,0,9.9999999995,100,0.1", "M2,1,j,1,Terminated,0,20,100,0.1"]
+    )
+    node = NodeSpec("n", "x", 2, 1, 1.0, speed_fn=PiecewiseSpeed((0.0, 10.0), (1.0, 0.5)))
+    res = simulate(w, [node], FirstFit())
+    assert res.finish[0] == pytest.approx(10.0)
+    assert res.finish[1] == pytest.approx(10.0 + 10.0 / 0.5)  # half speed from t=10
+
+
 def test_piecewise_speed_is_one_before_its_first_time():
     # a throttle from t=100 must not slow a task that ends at t=4 (it applied from t=0)
     node = NodeSpec("n", "x", 1, 1, 1.0, speed_fn=PiecewiseSpeed((100.0,), (0.5,)))
