@@ -3,7 +3,7 @@
 The collector runs whenever allocations cross its thresholds, wherever the program happens
 to be. A decision allocates a few hundred containers, so about one tick in three paid for a
 young collection somewhere between the sysfs reads and the writes, and now and then for a
-full one: about 6 ms with the models loaded (31k objects), six decisions' worth. Held while
+full one: about 6 ms with the models loaded (31k objects), several decisions' worth. Held while
 the tick senses, decides and actuates, the collection the tick made due runs at the first
 allocation after it, under the interpreter's own generational policy, in the slack before
 the next tick. Frozen once the daemon has started, the objects of the start (models,
