@@ -7,7 +7,9 @@ first to slow down (their clusters keep the policy's choice). Reserving whole do
 the HI job's DVFS from LO energy savings and removes shared-L2 interference.
 
 Which cluster: the least capable one the job fits with a margin (the most is left to LO work),
-else the fastest; the job moves down as its work shrinks. One cluster stays for LO work, so a
+else the fastest; the job moves down as its work shrinks. A job that fits no free cluster
+alone but fits them together (a greedy run on cores of unequal speed) takes them all, and LO
+work shares the slowest below it, as on a one-cluster board. One cluster stays for LO work, so a
 HI job that finds no cluster of its own (two overlapping on a two-cluster board) *shares* one
 with LO work: planned there before the LO work, SCHED_FIFO above every LO job on its cores,
 and the cluster's frequency at least its need. The policy's own stages (gate, shield, spill)
@@ -21,7 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from agents.features import job_time_at
+from agents.deadlines import greedy_bound
+from agents.features import job_remaining, job_time_at
 from agents.policy import Decision, JobSetting, nearest_freq
 from platforms.observation import ClusterObs, JobObs, Observation
 
@@ -86,9 +89,9 @@ def fits(job: JobObs, c: ClusterObs, margin: float = HI_MARGIN) -> bool:
     return _graham_s(job, c, c.freqs_khz[-1]) <= margin * (job.deadline_s - job.elapsed_s)
 
 
-def _pick_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs:
-    """The cluster ``job`` reserves among ``free`` (fastest first): the least capable one it
-    fits with :data:`HI_MARGIN`, which leaves the most to LO work, else the fastest.
+def _fitting_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs | None:
+    """The cluster ``job`` fits among ``free``: the least capable one it fits with
+    :data:`HI_MARGIN`, which leaves the most to LO work; None when it fits none.
 
     A job already holding a cluster keeps it while it fits there with :data:`STAY_MARGIN`,
     unless a less capable one now fits with :data:`HI_MARGIN`: it moves down as its work
@@ -99,7 +102,13 @@ def _pick_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs:
     if here is not None and fits(job, here, STAY_MARGIN):
         smaller = [c for c in ok if _speed(c) < _speed(here)]
         return min(smaller, key=_speed) if smaller else here
-    return min(ok, key=_speed) if ok else free[0]
+    return min(ok, key=_speed) if ok else None
+
+
+def _pick_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs:
+    """The cluster ``job`` reserves among ``free`` (fastest first): the one it fits
+    (:func:`_fitting_cluster`), else the fastest."""
+    return _fitting_cluster(job, free) or free[0]
 
 
 @dataclass(frozen=True)
@@ -137,11 +146,24 @@ class ReservationPlan:
         return out
 
 
+def fits_together(job: JobObs, clusters: Sequence[ClusterObs], margin: float = HI_MARGIN) -> bool:
+    """``job``'s bound for a greedy run on every core of ``clusters`` at their top
+    frequencies (:func:`agents.deadlines.greedy_bound`: cores of unequal speed) is at most
+    ``margin`` of the time it has left (False without a deadline or a profile)."""
+    if job.profile is None or job.deadline_s is None:
+        return False
+    cores = [(c.freqs_khz[-1], c.capacity) for c in clusters if c.freqs_khz for _ in c.online]
+    bound = greedy_bound(job.profile, cores, job_remaining(job))
+    return bound <= margin * (job.deadline_s - job.elapsed_s)
+
+
 def plan_reservation(obs: Observation) -> ReservationPlan:
     """The reservation of ``obs``: HI jobs in deadline order each take a free cluster
     (:func:`_pick_cluster`: the least capable one they fit with a margin, else the
-    fastest), and once one holds a cluster, the last free one stays for LO work. Pure: the
-    stages that plan around the reservation and the stage that applies it agree."""
+    fastest), and once one holds a cluster, the last free one stays for LO work. A HI job
+    that fits no free cluster alone but fits them together (:func:`fits_together`) takes
+    them all, and LO work shares the slowest below it, as on a one-cluster board. Pure:
+    the stages that plan around the reservation and the stage that applies it agree."""
     his = sorted(
         (j for j in obs.jobs if j.criticality == "hi"),
         key=lambda j: j.remaining_s if j.remaining_s is not None else math.inf,
@@ -154,7 +176,13 @@ def plan_reservation(obs: Observation) -> ReservationPlan:
         if not free or (len(free) <= 1 and hi):
             left.append(j)  # keep one cluster for LO work once a HI job holds one
             continue
-        c = _pick_cluster(j, free)
+        c = _fitting_cluster(j, free)
+        if c is None and len(free) > 1 and fits_together(j, free):
+            for c in free:
+                hi[c.name] = j
+            free = []
+            continue
+        c = c or free[0]
         free.remove(c)
         hi[c.name] = j
     lo_cpus = tuple(sorted(cpu for c in obs.clusters if c.name not in hi for cpu in c.online))
@@ -260,9 +288,14 @@ class ClusterReservation:
         if not plan.hi:
             return decision
         out = decision.copy()
+        held: dict[int, list[int]] = {}  # per HI job, the cores of every cluster it holds
         for name, j in plan.hi.items():
-            _reserve(out, obs.cluster(name), j, parts.need[name])
+            c = obs.cluster(name)
+            _reserve(out, c, j, parts.need[name])
+            held.setdefault(j.pid, []).extend(c.online)
             out.events.append(f"reserve cluster={name} pid={j.pid} need_khz={parts.need[name]}")
+        for pid, cpus in held.items():
+            out.jobs[pid] = JobSetting(tuple(sorted(cpus)), rt_priority=HI_RT_PRIORITY)
         sharer_rt = plan.sharer_priorities()
         ceiling: dict[int, int] = {}  # per CPU: the lowest sharer priority running there
         for name, jobs in plan.shares.items():

@@ -23,6 +23,7 @@ from agents.mixed import (
     ClusterReservation,
     daemon_stages,
     fits,
+    fits_together,
     needed_khz,
     plan_reservation,
 )
@@ -183,6 +184,39 @@ def test_a_hi_job_without_a_cluster_of_its_own_shares_lo_work_s_above_it():
     plan = plan_reservation(_obs((BIG, LITTLE), (first, second, third)))
     assert [j.pid for j in plan.shares["little"]] == [11, 14]
     assert plan.sharer_priorities() == {11: SHARED_HI_RT_PRIORITY, 14: SHARED_HI_RT_PRIORITY - 1}
+
+
+def test_a_hi_job_that_fits_no_free_cluster_alone_takes_them_together():
+    """Three clusters: the first HI job holds the big one; the second fits neither of the
+    two left alone but fits both together (a greedy run on cores of unequal speed), so it
+    takes both and LO work shares the slowest below it. Before, it took the faster of the
+    two where it could not meet its deadline and the other stayed for LO work."""
+    mid = _cluster("mid", 4, 2, 1.0, (1000, 2000))
+    lo = _cluster("lo", 6, 2, 0.5, (500, 1000))
+    first = _job(10, "hi", 2.0, 0.05, 0.9)  # fits the big cluster only (0.54 s of 0.72)
+    # 1.6 s of work, span 0.02: 0.81 s on mid, 3.24 s on lo, 0.71 s on both (rates 1, 1,
+    # 0.25, 0.25: 1.58 / 2.5 + 0.02 x 4); 0.95 s left, of which HI_MARGIN keeps 0.76 s
+    second = _job(11, "hi", 1.6, 0.02, 0.95)
+    lo_job = _job(12, "lo", 0.1, 0.01, 1.0, cpus=(6,))
+    obs = _obs((BIG, mid, lo), (first, second, lo_job))
+    assert not fits(second, mid) and not fits(second, lo) and fits_together(second, [mid, lo])
+    plan = plan_reservation(obs)
+    assert {n: j.pid for n, j in plan.hi.items()} == {"big": 10, "mid": 11, "lo": 11}
+    assert plan.shared and plan.lo_cpus == lo.online and not plan.shares
+    d = Decision(
+        {"big": 1000, "mid": 1000, "lo": 500},
+        {10: JobSetting((0,), 90), 11: JobSetting((4,), 10), 12: JobSetting((6,), 60)},
+    )
+    out = ClusterReservation()(d, obs)
+    assert out.jobs[10] == JobSetting(BIG.online, HI_RT_PRIORITY)
+    assert out.jobs[11] == JobSetting(mid.online + lo.online, HI_RT_PRIORITY)
+    assert out.jobs[12] == JobSetting((6,), 0)  # below it, its core on the slowest cluster
+    assert out.freq_khz["mid"] == 2000 and out.freq_khz["lo"] == 1000
+    # where neither alone nor together would do, it takes the faster and LO keeps the other
+    hopeless = replace(second, profile=replace(second.profile, work_s=3.0))  # 1.27 s together
+    plan = plan_reservation(_obs((BIG, mid, lo), (first, hopeless, lo_job)))
+    assert {n: j.pid for n, j in plan.hi.items()} == {"big": 10, "mid": 11}
+    assert not plan.shared and plan.lo_cpus == lo.online
 
 
 def test_on_a_one_cluster_board_a_second_hi_job_runs_below_the_first_above_lo():
@@ -387,11 +421,22 @@ def test_lo_work_keeps_what_the_gate_gave_it_and_stays_off_reserved_clusters(cas
         if gated is None:
             gated = d.copy()
     reserved = {c for name in plan.hi for c in obs.cluster(name).online}
-    # one cluster per HI job, one left for LO work unless the board has only one
-    assert len(plan.hi_pids) == len(plan.hi) <= max(1, len(obs.clusters) - 1)
+    held: dict[int, list[str]] = {}
+    for name, job in plan.hi.items():
+        held.setdefault(job.pid, []).append(name)
+    several = [pid for pid, names in held.items() if len(names) > 1]
+    if several:
+        # one HI job that fits no free cluster alone took every one left, together
+        assert len(several) == 1 and plan.shared and len(plan.hi) == len(obs.clusters)
+        job = next(j for j in obs.jobs if j.pid == several[0])
+        assert fits_together(job, [obs.cluster(n) for n in held[job.pid]])
+    else:
+        # one cluster per HI job, one left for LO work unless the board has only one
+        assert len(plan.hi_pids) == len(plan.hi) <= max(1, len(obs.clusters) - 1)
     assert plan.shared or reserved.isdisjoint(plan.lo_cpus)
     for name, job in plan.hi.items():
-        assert d.jobs[job.pid] == JobSetting(obs.cluster(name).online, HI_RT_PRIORITY)
+        cores = tuple(sorted(c for n in held[job.pid] for c in obs.cluster(n).online))
+        assert d.jobs[job.pid] == JobSetting(cores, HI_RT_PRIORITY)
         assert d.freq_khz[name] >= needed_khz(job, obs.cluster(name))
     # every HI job has a cluster: its own, or one it shares above LO work
     his = {j.pid for j in obs.jobs if j.criticality == "hi"}

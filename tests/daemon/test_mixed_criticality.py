@@ -72,6 +72,22 @@ def test_overlapping_hi_jobs_all_meet_their_deadlines(board, seed, policy):
     assert n >= 3 and misses == 0
 
 
+def test_a_hi_job_that_fits_no_free_cluster_alone_takes_them_together():
+    """rubikpi3 stress mix 900050 under hidvfs: the first HI uts job holds gold; the second
+    fits neither silver nor prime alone. It took silver and missed by 3 ms, prime kept for
+    LO work; holding both (LO work sharing below it) it meets its deadline."""
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+
+    board, seed = "rubikpi3", 900050
+    ep = EpisodeSpec(n_jobs=6, load=0.8, hi_fraction=0.6)
+    items = episode_items(board, seed, ep)
+    res = make_runner(board, ep, reserve=True)(
+        make_policy("hidvfs", load_board(board)), items, seed
+    )
+    misses, n = res.miss_counts()["hi"]
+    assert n == 2 and misses == 0
+
+
 def _obs():
     prof = JobProfile(
         "x", work_s=4.0, span_s=0.1, beta=0.0, ref_makespan_s=1.0, ref_khz=2000, ref_cores=4
