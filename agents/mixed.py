@@ -291,10 +291,10 @@ class ClusterReservation:
         held: dict[int, list[int]] = {}  # per HI job, the cores of every cluster it holds
         for name, j in plan.hi.items():
             c = obs.cluster(name)
-            _reserve(out, c, j, parts.need[name])
+            _raise_floor(out, c, parts.need[name])
             held.setdefault(j.pid, []).extend(c.online)
             out.events.append(f"reserve cluster={name} pid={j.pid} need_khz={parts.need[name]}")
-        for pid, cpus in held.items():
+        for pid, cpus in held.items():  # all of them, at HI_RT_PRIORITY (as _reserve gives one)
             out.jobs[pid] = JobSetting(tuple(sorted(cpus)), rt_priority=HI_RT_PRIORITY)
         sharer_rt = plan.sharer_priorities()
         ceiling: dict[int, int] = {}  # per CPU: the lowest sharer priority running there
