@@ -105,11 +105,12 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
         if jr.finish_t is None:
             raise RuntimeError(f"job did not finish within {res.t_end:.0f} s of simulated time")
         lower, upper = makespan_bounds(res.executed_dags.get(jr.pid, dag), spec)
+        energy, cpu_energy = res.jobs_energy()  # to the job's finish, as a native run meters
         rec.update(
             makespan_s=jr.makespan_s,
-            energy_j=res.energy_j,
-            cpu_energy_j=res.cpu_energy_j,
-            edp=res.energy_j * jr.makespan_s,
+            energy_j=energy,
+            cpu_energy_j=cpu_energy,
+            edp=energy * jr.makespan_s,
             peak_temp_c=res.peak_temp_c,
             deadline_s=deadline,
             deadline_met=jr.deadline_met,

@@ -212,14 +212,14 @@ def mixed_criticality(
             m, n = r.miss_counts()["hi"]
             counts[reserve][0] += m
             counts[reserve][1] += n
-            energy[reserve].append(r.energy_j)
+            energy[reserve].append(r.jobs_energy()[0])
             res.rows.append(
                 {
                     "seed": seed,
                     "reservation": reserve,
                     "hi_misses": m,
                     "hi_jobs": n,
-                    "energy_j": r.energy_j,
+                    "energy_j": r.jobs_energy()[0],
                     "makespan_s": r.makespan_s,
                 }
             )

@@ -64,6 +64,11 @@ class SimRunResult:
     #: (t, plant total energy J, plant CPU energy J) at every tick: the exact meter a training
     #: harness may use for rewards on boards that expose no power monitor
     energy_trace: tuple[tuple[float, float, float], ...] = field(default=(), repr=False)
+    #: energy from t = 0 to the last job's finish (None unless every job finished): what
+    #: running the jobs cost, without the idle tail to the controller's next tick, which is
+    #: up to one period long and so depends on the policy's period, not on its decisions
+    jobs_energy_j: float | None = None
+    jobs_cpu_energy_j: float | None = None
 
     @property
     def makespan_s(self) -> float | None:
@@ -71,6 +76,13 @@ class SimRunResult:
         if not self.jobs or any(j.finish_t is None for j in self.jobs):
             return None
         return max(j.finish_t for j in self.jobs) - min(j.release_t for j in self.jobs)
+
+    def jobs_energy(self) -> tuple[float, float]:
+        """(total, CPU) energy in J the run's jobs cost: to the last finish when every job
+        finished, else the whole run."""
+        if self.jobs_energy_j is None or self.jobs_cpu_energy_j is None:
+            return self.energy_j, self.cpu_energy_j
+        return self.jobs_energy_j, self.jobs_cpu_energy_j
 
     def miss_counts(self) -> dict[str, tuple[int, int]]:
         """Per criticality: (misses, jobs with a deadline)."""
@@ -174,6 +186,8 @@ def run_sim(
         SimJobResult(pid, js.name, js.criticality, js.release_t, js.finish_t, js.deadline_s)
         for pid, js in sorted(plant.jobs.items())
     ]
+    meter = plant.finish_meter
+    done_all = bool(jobs) and all(j.finish_t is not None for j in jobs) and meter is not None
     return SimRunResult(
         board=platform.spec.name,
         policy=policy.name,
@@ -190,4 +204,6 @@ def run_sim(
         history=history,
         energy_trace=tuple(trace) + ((plant.t, plant.energy_j, plant.cpu_energy_j),),
         executed_dags={pid: plant.job_dag(pid) for pid in plant.jobs},
+        jobs_energy_j=meter[1] if done_all else None,
+        jobs_cpu_energy_j=meter[2] if done_all else None,
     )

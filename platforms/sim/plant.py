@@ -238,6 +238,9 @@ class Plant:
         self._uncore_w = p.cpu_uncore_w
         self._energy_j = 0.0
         self._cpu_energy_j = 0.0
+        #: (t, total J, CPU J) when the latest job finished: a run's energy ends there, not at
+        #: the controller's next tick (which comes up to one period later)
+        self.finish_meter: tuple[float, float, float] | None = None
         self._rail_energy_j: dict[str, float] = {r.name: 0.0 for r in spec.rails}
         self._node_e = [0.0] * nn  # energy per node in the current thermal step
         self._node_leak_e = [0.0] * nn
@@ -366,6 +369,8 @@ class Plant:
                 self.events.append((st.finish_t, "finish", st.pid))
                 st.peak_temp_c = peak if st.peak_temp_c is None else max(st.peak_temp_c, peak)
             fin.clear()
+            self._flush(self.t)
+            self.finish_meter = (self.t, self._energy_j, self._cpu_energy_j)
 
     def _cpu_temp_now(self) -> float:
         zt = self._zone_temps()

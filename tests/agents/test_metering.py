@@ -71,3 +71,47 @@ def test_simulated_run_records_the_plant_meter():
     assert np.all(np.diff(t) >= 0) and np.all(np.diff(e) >= -1e-12) and np.all(np.diff(c) >= -1e-12)
     assert e[-1] == pytest.approx(res.energy_j) and c[-1] == pytest.approx(res.cpu_energy_j)
     assert 0 < c[-1] < e[-1]
+
+
+def test_a_run_is_metered_to_its_last_finish_whatever_the_policy_period():
+    """The loop stops at its first tick after the last job finished, up to a period later;
+    what the jobs cost must not depend on that period (a 50 ms policy against a 10 ms one)."""
+    from agents.governors import make_governor
+    from bots_bench.workload import WorkloadSpec, default_items
+    from daemon.simrun import run_sim
+    from platforms.spec import load_board
+
+    spec = load_board("tx2")
+    items = default_items(spec, 3, WorkloadSpec(duration_s=0.5, load=0.6, cls="test"))[:2]
+    runs = {
+        p: run_sim("tx2", make_governor("maxfreq"), items, seed=3, period_s=p) for p in (0.01, 0.05)
+    }
+    for res in runs.values():
+        last = max(j.finish_t for j in res.jobs)
+        t, e, c = np.array(res.energy_trace).T
+        assert res.t_end > last  # the idle tail the loop ran on
+        total, cpu = res.jobs_energy()
+        assert total < res.energy_j and cpu < res.cpu_energy_j
+        # the trace's cumulative meter at the finish, within its piecewise-linear reading
+        assert total == pytest.approx(float(np.interp(last, t, e)), rel=2e-3)
+    fast, slow = runs[0.01], runs[0.05]
+    assert fast.makespan_s == pytest.approx(slow.makespan_s, rel=1e-3)
+    assert fast.jobs_energy()[0] == pytest.approx(slow.jobs_energy()[0], rel=2e-3)
+    # the whole run's energy is not comparable: it grows with the tail
+    assert slow.t_end - max(j.finish_t for j in slow.jobs) > fast.t_end - max(
+        j.finish_t for j in fast.jobs
+    )
+
+
+def test_a_run_cut_short_has_no_jobs_energy():
+    from agents.governors import make_governor
+    from bots_bench.workload import WorkloadSpec, default_items
+    from daemon.simrun import run_sim
+    from platforms.spec import load_board
+
+    spec = load_board("tx2")
+    items = default_items(spec, 3, WorkloadSpec(duration_s=0.5, load=0.6, cls="test"))[:2]
+    res = run_sim("tx2", make_governor("maxfreq"), items, seed=3, period_s=0.05, duration_s=0.05)
+    assert any(j.finish_t is None for j in res.jobs)
+    assert res.jobs_energy_j is None
+    assert res.jobs_energy() == (res.energy_j, res.cpu_energy_j)
