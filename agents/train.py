@@ -14,13 +14,16 @@ tick, time in units of :data:`TIME_SCALE_S`):
   episode's makespan, the metric ``agents eval`` reports);
 * energy regulariser: ``-lambda_E * Delta E / P_ref`` (trapezoid of the CPU rail by default,
   ``energy_rail``; P_ref that rail's mean power over one ``maxfreq`` episode of the first
-  training mix, idle gaps between jobs included, measured at the start of training). The time
-  term counts only the time with jobs pending, a fraction of the episode (1/2.7 on that tx2
-  mix, 1/2.3 over five training mixes; orin-nx and rubikpi3 1/2.8-1/3.6), so lambda_E = 1
-  weighs a relative energy change 2-3x a relative time change: the energy-delay-neutral
-  weight, d log(E T_pending) = 0, is lambda_E = T_pending / T_episode, about 0.3-0.45. The
-  per-board values were chosen on validation mixes (agents/TRAINING.md), not from this
-  identity. The CPU rail is the energy DVFS controls: the
+  training mix, measured at the start of training: over the whole episode, idle gaps between
+  jobs included (``power_ref = "episode"``), or only while a job is pending (``"busy"``)).
+  The time term counts only the time with jobs pending, a fraction of the episode (1/2.7 on
+  that tx2 mix, 1/2.3 over five training mixes; orin-nx and rubikpi3 1/2.8-1/3.6), so with
+  the episode's power lambda_E = 1 weighs a relative energy change 2-3x a relative time
+  change: the energy-delay-neutral weight, d log(E T_pending) = 0, is lambda_E = T_pending /
+  T_episode, about 0.3-0.45. With the busy time's power and the total rail, lambda_E = 1 is
+  that weight for a job alone. The per-board values were chosen on tuning and validation
+  mixes (agents/TRAINING.md), not from these identities. The CPU rail is the energy DVFS
+  controls: the
   rest of the board draws power in proportion to time, which the makespan term already charges,
   and on the simulated boards it is 60-75 % of the total, so a total-rail regulariser leaves the
   learner almost no energy signal. Power is the simulator's exact meter
@@ -163,6 +166,11 @@ class TrainConfig:
     #: rail of the energy regulariser: "cpu" (what DVFS controls; the rest of the board costs
     #: energy in proportion to time, which the makespan term already charges) or "total"
     energy_rail: str = "cpu"
+    #: where P_ref is the rail's mean maxfreq power: "episode" (the whole episode, idle gaps
+    #: between jobs included) or "busy" (only while a job is pending, the time the time term
+    #: charges: then lambda_E = 1 on the total rail is the energy-delay-neutral weight for a
+    #: job alone, d log(E T) = 0)
+    power_ref: str = "episode"
     lambda_t: float = 0.5
     lambda_d: float = 2.0
     temp_margin_c: float = 20.0  # T_target = passive trip - margin
@@ -181,6 +189,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.energy_rail not in ("cpu", "total"):
             raise ValueError(f"energy_rail must be 'cpu' or 'total', not {self.energy_rail!r}")
+        if self.power_ref not in ("episode", "busy"):
+            raise ValueError(f"power_ref must be 'episode' or 'busy', not {self.power_ref!r}")
         if self.time_term not in ("pending", "makespan"):
             raise ValueError(f"time_term must be 'pending' or 'makespan', not {self.time_term!r}")
 
@@ -575,15 +585,50 @@ def _misses(result) -> int:
     )
 
 
+def busy_intervals(jobs) -> list[tuple[float, float]]:
+    """The union of the jobs' [release, finish] intervals, in time order (a job that never
+    finished counts as pending to its last known time, so it is left out)."""
+    out: list[list[float]] = []
+    for a, b in sorted((j.release_t, j.finish_t) for j in jobs if j.finish_t is not None):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def busy_power(result, rail: str) -> float | None:
+    """Mean power (W) of ``rail`` over the time a job of ``result`` was pending, from the
+    plant's energy trace; None without a trace or busy time."""
+    trace = getattr(result, "energy_trace", ()) or ()
+    spans = busy_intervals(getattr(result, "jobs", ()))
+    if len(trace) < 2 or not spans:
+        return None
+    tr = np.asarray(trace, dtype=np.float64)
+    col = 2 if rail == "cpu" else 1
+    edges = np.asarray(spans, dtype=np.float64)
+    e = np.interp(edges[:, 1], tr[:, 0], tr[:, col]) - np.interp(edges[:, 0], tr[:, 0], tr[:, col])
+    t = float((edges[:, 1] - edges[:, 0]).sum())
+    return float(e.sum()) / t if t > 0 and e.sum() > 0 else None
+
+
 def reference_power(
-    spec: BoardSpec, run_episode: RunEpisode, make_mix: MakeMix, seed: int, rail: str = "total"
+    spec: BoardSpec,
+    run_episode: RunEpisode,
+    make_mix: MakeMix,
+    seed: int,
+    rail: str = "total",
+    over: str = "episode",
 ) -> float:
     """Mean power (W) of ``rail`` ("total" or "cpu") over one ``maxfreq`` episode on the first
-    training mix."""
+    training mix: over the whole episode, or (``over="busy"``) while a job was pending."""
     from agents.governors import make_governor
 
     s = seed_ranges(seed, 1)["train"][0]
     res = run_episode(make_governor("maxfreq"), make_mix(s), s)
+    if over == "busy":
+        p = busy_power(res, rail)
+        return p if p else BoardScale.of(spec).power_w
     t = float(getattr(res, "t_end", 0.0))
     e = float(getattr(res, "cpu_energy_j" if rail == "cpu" else "energy_j", 0.0))
     return e / t if t > 0 and e > 0 else BoardScale.of(spec).power_w
@@ -609,7 +654,9 @@ def selection_score(
     """One episode's score for model selection, for any policy: :func:`unshaped_return` at
     the board's reference power (what :func:`validation_score` gives the hidvfs agents)."""
     return unshaped_return(
-        spec, cfg, reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
+        spec,
+        cfg,
+        reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail, cfg.power_ref),
     )
 
 
@@ -652,8 +699,11 @@ def train_hidvfs(
     batch = Batch()
     t0 = time.monotonic()
     tag = "hidvfs" if cfg.shaping else "noshaping"  # log prefix: both may run side by side
-    p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail)
-    log(f"[{tag} {spec.name}] reference {cfg.energy_rail} power (maxfreq episode) {p_ref:.3f} W")
+    p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail, cfg.power_ref)
+    log(
+        f"[{tag} {spec.name}] reference {cfg.energy_rail} power (maxfreq, {cfg.power_ref}) "
+        f"{p_ref:.3f} W"
+    )
     ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
     val_seeds = list(ranges["validation"])
 

@@ -177,10 +177,42 @@ def test_makespan_time_term_charges_first_release_to_last_finish():
     assert span.time == pytest.approx(-1.75)
 
 
-@pytest.mark.parametrize("key", ["energy_rail", "time_term"])
+@pytest.mark.parametrize("key", ["energy_rail", "time_term", "power_ref"])
 def test_config_refuses_an_unknown_rail_or_time_term(key):
     with pytest.raises(ValueError, match=key):
         TrainConfig(**{key: "board"})
+
+
+def test_busy_intervals_merge_overlaps_and_skip_unfinished_jobs():
+    from agents.train import busy_intervals
+
+    jobs = [
+        SimpleNamespace(release_t=2.0, finish_t=3.0),
+        SimpleNamespace(release_t=0.5, finish_t=1.0),
+        SimpleNamespace(release_t=0.8, finish_t=1.5),
+        SimpleNamespace(release_t=1.5, finish_t=1.6),  # touches the one before
+        SimpleNamespace(release_t=4.0, finish_t=None),
+    ]
+    assert busy_intervals(jobs) == [(0.5, 1.6), (2.0, 3.0)]
+    assert busy_intervals([]) == []
+
+
+def test_busy_power_is_the_rail_mean_over_the_busy_time_only():
+    from agents.train import busy_power
+
+    # 1 W idle, 5 W total / 3 W CPU while busy on [1, 2] and [3, 4]; the trace is cumulative
+    trace = [(0.0, 0.0, 0.0), (1.0, 1.0, 0.5), (2.0, 6.0, 3.5), (3.0, 7.0, 4.0), (4.0, 12.0, 7.0)]
+    jobs = [
+        SimpleNamespace(release_t=1.0, finish_t=2.0),
+        SimpleNamespace(release_t=3.0, finish_t=4.0),
+    ]
+    res = SimpleNamespace(energy_trace=trace, jobs=jobs)
+    assert busy_power(res, "total") == pytest.approx(5.0)
+    assert busy_power(res, "cpu") == pytest.approx(3.0)
+    # the whole episode's mean is lower: the gaps idle
+    assert 12.0 / 4.0 < busy_power(res, "total")
+    assert busy_power(SimpleNamespace(energy_trace=(), jobs=jobs), "total") is None
+    assert busy_power(SimpleNamespace(energy_trace=trace, jobs=[]), "total") is None
 
 
 def test_forked_jobs_return_in_order_and_report_failures():
