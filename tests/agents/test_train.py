@@ -275,9 +275,17 @@ def test_board_defaults_apply_before_overrides():
     assert rubik.lambda_e == BOARD_DEFAULTS["rubikpi3"]["lambda_e"] != TrainConfig().lambda_e
     assert TrainConfig.for_board("tx2").val_episodes == 16 != TrainConfig().val_episodes
     orin = TrainConfig.for_board("orin-nx", episodes=8)
-    assert orin.lambda_e == BOARD_DEFAULTS["orin-nx"]["lambda_e"] != TrainConfig().lambda_e
-    assert orin.episodes == 8
+    assert (
+        (orin.energy_rail, orin.power_ref)
+        == ("total", "busy")
+        != (
+            TrainConfig().energy_rail,
+            TrainConfig().power_ref,
+        )
+    )
+    assert orin.episodes == 8 and orin.energy_rail == BOARD_DEFAULTS["orin-nx"]["energy_rail"]
     assert TrainConfig.for_board("orin-nx", lambda_e=2.0).lambda_e == 2.0
+    assert TrainConfig.for_board("tx2", power_ref="episode").power_ref == "episode"
 
 
 def test_seed_ranges_are_disjoint_over_every_allowed_seed():
