@@ -26,7 +26,10 @@ tick, time in units of :data:`TIME_SCALE_S`):
   controls: the
   rest of the board draws power in proportion to time, which the makespan term already charges,
   and on the simulated boards it is 60-75 % of the total, so a total-rail regulariser leaves the
-  learner almost no energy signal. Power is the simulator's exact meter
+  learner little energy signal. That little is the truth on the Jetsons, where the energy-delay
+  product counts the whole board: there the total rail over the busy power is used (the
+  agents race a lone job, as maxfreq does, instead of trading board-paid time for CPU
+  joules). Power is the simulator's exact meter
   (:func:`agents.metering.metered`: mean plant power per tick, also on the RUBIK Pi 3, which
   has no monitor), as for the baselines' rewards. Per-board values: :data:`BOARD_DEFAULTS`;
 * temperature regulariser: ``-lambda_T * max(0, T - T_target) / 10 C * Delta t``;
@@ -593,8 +596,8 @@ def _misses(result) -> int:
 
 
 def busy_intervals(jobs) -> list[tuple[float, float]]:
-    """The union of the jobs' [release, finish] intervals, in time order (a job that never
-    finished counts as pending to its last known time, so it is left out)."""
+    """The union of the jobs' [release, finish] intervals, in time order (jobs that never
+    finished are left out)."""
     out: list[list[float]] = []
     for a, b in sorted((j.release_t, j.finish_t) for j in jobs if j.finish_t is not None):
         if out and a <= out[-1][1]:
