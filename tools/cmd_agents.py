@@ -542,7 +542,10 @@ def eval_cmd(
     models,
     as_json,
 ) -> None:
-    """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations."""
+    """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations.
+
+    Energy is metered from the start of a run to its last job's finish (EDP = that energy x
+    the makespan, first release to last finish)."""
     from agents.learned import model_dir
 
     names = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
