@@ -65,6 +65,9 @@ def test_ctrl_c_during_a_run_kills_the_kernel_and_stops_the_sampler(bots_tree, b
 
     real_spawn = native_mod.spawn_job
     monkeypatch.setattr(native_mod, "spawn_job", spawn)
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal: a test run started as a background job
+    # of a non-interactive shell inherits SIGINT ignored, and Python then keeps it ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
             rec = run_native(_cfg("sort", bots_tree.bin, timeout_s=60.0), board, build_policy_stack)
@@ -79,6 +82,7 @@ def test_ctrl_c_during_a_run_kills_the_kernel_and_stops_the_sampler(bots_tree, b
         alive = {t.name for t in threading.enumerate()}
         assert "hidvfs-rail-sampler" not in alive and "hidvfs-loop" not in alive
     finally:
+        signal.signal(signal.SIGINT, previous)
         for p in spawned:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
