@@ -212,14 +212,15 @@ def mixed_criticality(
             m, n = r.miss_counts()["hi"]
             counts[reserve][0] += m
             counts[reserve][1] += n
-            energy[reserve].append(r.jobs_energy()[0])
+            joules = r.jobs_energy()[0]  # to the last finish
+            energy[reserve].append(joules)
             res.rows.append(
                 {
                     "seed": seed,
                     "reservation": reserve,
                     "hi_misses": m,
                     "hi_jobs": n,
-                    "energy_j": r.jobs_energy()[0],
+                    "energy_j": joules,
                     "makespan_s": r.makespan_s,
                 }
             )
