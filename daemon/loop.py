@@ -323,6 +323,9 @@ class ControlLoop:
             "backend": self.platform.kind,
             "policy": self.policy.name,
             "period_s": self.period_s,
+            # the share of each deadline kept in hand when planning (deadline_slack, or more
+            # under the kernel's RT throttling)
+            "deadline_margin": self.deadline_margin,
             "ticks": self.ticks,
             "freq_khz": {c.name: c.cur_khz for c in obs.clusters} if obs else {},
             "temp_c": {z.type: z.temp_c for z in obs.zones if z.temp_c is not None} if obs else {},

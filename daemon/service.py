@@ -44,6 +44,7 @@ from platforms.errors import HidvfsError
 from platforms.liveprocs import LiveProcessControl
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
+from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, load_board, load_board_file
 from platforms.sysfs import DirSysfs
 from platforms.trace import TickRecorder
@@ -213,6 +214,28 @@ def _prepare(
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
 
 
+def deadline_margin(sysfs, configured: float) -> float:
+    """The margin the loop plans deadlines with: ``deadline_slack``, raised to what the
+    kernel's RT throttling can take from a job whose SCHED_FIFO threads keep their cores busy
+    (logged when it does; ``sysctl kernel.sched_rt_runtime_us=-1`` lifts the cap)."""
+    share = rt_share(sysfs)
+    margin = planning_margin(configured, share)
+    if margin > configured:
+        log_event(
+            log,
+            "rt_throttling",
+            level=logging.WARNING,
+            rt_share=round(share, 6),
+            deadline_margin=round(margin, 6),
+            detail=(
+                f"the kernel lets SCHED_FIFO threads run {share:.0%} of each period, so deadlines "
+                f"are planned with a {margin:.0%} margin instead of deadline_slack {configured:g}; "
+                "sysctl kernel.sched_rt_runtime_us=-1 lifts the cap"
+            ),
+        )
+    return margin
+
+
 def _serve(
     prepared: _Prepared,
     *,
@@ -261,7 +284,7 @@ def _serve(
             jobs=table,
             stages=stages,
             guard=config_guard(spec, cfg),
-            deadline_margin=cfg.deadline_slack,
+            deadline_margin=deadline_margin(sysfs, cfg.deadline_slack),
             actuator=Actuator(
                 sysfs,
                 procs,

@@ -257,6 +257,9 @@ def _write_proc(w: FakeWriter, online: list[int], rng: random.Random) -> None:
     compatible = list(w.spec.compatible) or [f"hidvfs,{w.spec.name}"]
     w.files.put(paths.DT_COMPATIBLE, "\0".join(compatible) + "\0", newline=False)
     w.files.put(paths.DT_MODEL, _model_string(w.spec) + "\0", newline=False)
+    # the kernel's default RT throttling: SCHED_FIFO threads get 95 % of each second
+    w.files.put(paths.RT_RUNTIME, "950000")
+    w.files.put(paths.RT_PERIOD, "1000000")
 
 
 def _model_string(spec: BoardSpec) -> str:

@@ -12,6 +12,7 @@ Layout (``boards.md`` section 1):
 - hwmon ina3221: ``<device>/hwmon/hwmonN/{name,inK_label,inK_input,currK_input}`` (N varies)
 - ``proc/stat``: Linux format, ``cpuN user nice system idle iowait irq softirq steal ...`` in USER_HZ
 - ``proc/device-tree/compatible`` (NUL-separated) and ``proc/device-tree/model``
+- ``proc/sys/kernel/sched_rt_{runtime,period}_us``: RT throttling (runtime ``-1`` = none)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ PROC_STAT = "proc/stat"
 DT_COMPATIBLE = "proc/device-tree/compatible"
 DT_MODEL = "proc/device-tree/model"
 DT_DTSFILENAME = "proc/device-tree/nvidia,dtsfilename"
+RT_RUNTIME = "proc/sys/kernel/sched_rt_runtime_us"
+RT_PERIOD = "proc/sys/kernel/sched_rt_period_us"
 
 POLICY_FILES = (
     "related_cpus",

@@ -342,7 +342,16 @@ def relevant_files(sysfs: SysfsBackend, spec: BoardSpec | None = None) -> list[s
             rail_dirs += _matching(sysfs, paths.hwmon_root(dev), _HWMON_RE)
     for folder in rail_dirs:
         out.update(_rail_files(sysfs, folder))
-    out.update((paths.PROC_STAT, paths.DT_COMPATIBLE, paths.DT_MODEL, paths.DT_DTSFILENAME))
+    out.update(
+        (
+            paths.PROC_STAT,
+            paths.DT_COMPATIBLE,
+            paths.DT_MODEL,
+            paths.DT_DTSFILENAME,
+            paths.RT_RUNTIME,
+            paths.RT_PERIOD,
+        )
+    )
     return sorted(p for p in out if sysfs.exists(p))
 
 

@@ -293,6 +293,24 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_touching_anythi
     assert tree_state(tree, spec) == original
 
 
+def test_rt_throttling_raises_the_planning_margin_and_says_so(board):
+    spec, tree, state = board
+    proc, log = start_daemon(tree, state, "--duration", "0.3")  # the kernel's 95 %: no change
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    status = json.loads((state / "status.json").read_text())
+    assert status["deadline_margin"] == 0.05  # the shipped deadline_slack
+    assert "event=rt_throttling" not in log.read_text()
+    (tree / paths.RT_RUNTIME).write_text("800000\n")  # RT threads get 80 % of each second
+    proc, log = start_daemon(tree, state, "--duration", "0.3")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    status = json.loads((state / "status.json").read_text())
+    assert status["deadline_margin"] == pytest.approx(0.2)
+    text = log.read_text()
+    assert "event=rt_throttling" in text and "sched_rt_runtime_us=-1" in text
+
+
 def test_missing_file_and_eagain_zone_are_logged_not_fatal(board):
     spec, tree, state = board
     (tree / paths.zone_file(0, "temp")).unlink()  # BCPU-therm vanishes
