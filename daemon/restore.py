@@ -157,22 +157,36 @@ def _policies_of(
     return tuple(sorted(wanted | set(discover_policies(sysfs))))
 
 
+#: reads of an original value before it counts as unreadable (EAGAIN and ENODATA pass)
+ORIGINAL_READS = 3
+
+
+def _read_original(sysfs: SysfsBackend, path: str) -> str | None:
+    for _ in range(ORIGINAL_READS):
+        v = sysfs.read_or(path)
+        if v is not None:
+            return v
+    return None
+
+
 def take_snapshot(
     sysfs: SysfsBackend, spec_or_policies: BoardSpec | Iterable[int] | None = None
 ) -> Snapshot:
     """Read the current (original) settings; unreadable values are recorded as ``None``."""
     policies = []
     for p in _policies_of(sysfs, spec_or_policies):
-        gov = sysfs.read_or(paths.policy_file(p, "scaling_governor"))
+        gov = _read_original(sysfs, paths.policy_file(p, "scaling_governor"))
         setspeed = (
-            sysfs.read_or(paths.policy_file(p, "scaling_setspeed")) if gov == "userspace" else None
+            _read_original(sysfs, paths.policy_file(p, "scaling_setspeed"))
+            if gov == "userspace"
+            else None
         )
         policies.append(
             PolicySnapshot(
                 policy=p,
                 governor=gov,
-                min_khz=sysfs.read_or(paths.policy_file(p, "scaling_min_freq")),
-                max_khz=sysfs.read_or(paths.policy_file(p, "scaling_max_freq")),
+                min_khz=_read_original(sysfs, paths.policy_file(p, "scaling_min_freq")),
+                max_khz=_read_original(sysfs, paths.policy_file(p, "scaling_max_freq")),
                 setspeed_khz=setspeed,
             )
         )
@@ -183,6 +197,26 @@ def take_snapshot(
             online[cpu] = v
     taken = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return Snapshot(tuple(policies), online, taken, os.getpid())
+
+
+def unrestorable(sysfs: SysfsBackend, snapshot: Snapshot) -> list[str]:
+    """Files the daemon may write whose original value the snapshot lacks: a policy that is
+    there (its folder exists) with an unreadable governor, minimum or maximum, or a userspace
+    governor without a readable setspeed. Writing one of them would leave a setting nobody
+    can give back. A policy the tree does not show is not listed: nothing writes it."""
+    out = []
+    for p in snapshot.policies:
+        if not sysfs.exists(paths.policy_dir(p.policy)):
+            continue
+        values = {
+            "scaling_governor": p.governor,
+            "scaling_min_freq": p.min_khz,
+            "scaling_max_freq": p.max_khz,
+        }
+        if p.governor == "userspace":
+            values["scaling_setspeed"] = p.setspeed_khz
+        out += [paths.policy_file(p.policy, n) for n, v in values.items() if v is None]
+    return out
 
 
 def snapshot_path(state_dir: str | os.PathLike[str]) -> str:
@@ -364,7 +398,8 @@ def begin_session(
     log: logging.Logger,
 ) -> Snapshot:
     """Everything the daemon does before its first write, in one call: recover a stale
-    snapshot, then take and save the originals.
+    snapshot, then take and save the originals (SnapshotError, before any write, when a file
+    it may write has no readable original: :func:`unrestorable`).
 
     If the stale snapshot could not be fully restored, it is adopted as this run's snapshot
     (the tree now holds our own leftovers, not the originals), so a crash loop never overwrites
@@ -380,6 +415,13 @@ def begin_session(
             )
             return adopted
     snap = take_snapshot(sysfs, spec_or_policies)
+    missing = unrestorable(sysfs, snap)
+    if missing:
+        raise SnapshotError(
+            f"cannot read the original value of {', '.join(missing)} "
+            f"({ORIGINAL_READS} tries): hidvfs takes control only of settings it can give back; "
+            "check that the file is readable (cat it) and start again"
+        )
     save_snapshot(snap, state_dir)
     log.info(
         "event=snapshot_saved policies=%d cpus_online_files=%d path=%s",

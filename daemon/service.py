@@ -19,7 +19,15 @@ from agents.factory import make_policy_stack
 from agents.mixed import daemon_stages
 from agents.policy import Policy
 from daemon.actuator import Actuator
-from daemon.config import Config, load_config, policy_options, read_token
+from daemon.config import (
+    DEFAULT_PATH,
+    Config,
+    ConfigError,
+    ConfigSyntaxError,
+    load_config,
+    policy_options,
+    read_token,
+)
 from daemon.gchold import start_frozen
 from daemon.guard import config_guard
 from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
@@ -29,6 +37,7 @@ from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
 from daemon.profiles import ProfileLookup
 from daemon.restore import (
+    SnapshotError,
     begin_session,
     detect_drift,
     recover_stale,
@@ -48,6 +57,7 @@ from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, load_board, load_board_file
 from platforms.sysfs import DirSysfs
 from platforms.trace import TickRecorder
+from platforms.yamlfile import read_yaml
 
 log = logging.getLogger("hidvfs.daemon")
 
@@ -101,7 +111,16 @@ def _state_dir_for(config_path: str | None, state_dir: str | None) -> str:
     try:
         return load_config(config_path).state_dir
     except HidvfsError:
-        return Config().state_dir
+        pass
+    # a config with an error elsewhere still names its state dir: read that key alone
+    try:
+        data = read_yaml(config_path or DEFAULT_PATH, ConfigError, ConfigSyntaxError)
+    except (HidvfsError, OSError):
+        data = None
+    raw = data.get("state_dir") if isinstance(data, dict) else None
+    if isinstance(raw, str) and os.path.isabs(raw):
+        return raw
+    return Config().state_dir
 
 
 def _left_by_a_crash(state_dir: str) -> bool:
@@ -134,6 +153,8 @@ def run_live(
     serve = {k: kwargs.pop(k) for k in _SERVE_KEYS if k in kwargs}
 
     def prepare() -> _Prepared:
+        if serve.get("status_file"):
+            _check_status_file(serve["status_file"])
         return _prepare(
             config_path=config_path,
             sysfs_root=sysfs_root,
@@ -210,8 +231,51 @@ def _prepare(
         check_writable(sysfs, spec)
     pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
     stages = daemon_stages(stages, cfg.mixed_criticality.reserve)
+    # the config checks that need the board, here, before the state dir is locked: the thermal
+    # caps against its clusters, and the HTTP endpoints' token files
+    config_guard(spec, cfg)
+    if cfg.metrics.enabled:
+        read_token(cfg.metrics, "metrics")
+    if cfg.telemetry.listen:
+        read_token(cfg.telemetry)
     kind = "live" if sysfs_root == "/" else "fake"
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
+
+
+def _check_status_file(path: str) -> None:
+    """Refuse a start whose status file could never be written (a folder that cannot be
+    made, a folder or a file in the way), before anything is touched."""
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        raise DaemonError(f"status file {path} is a directory")
+    parent = os.path.dirname(full)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise DaemonError(
+            f"cannot make the folder of status file {path}: {err.strerror or err}"
+        ) from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DaemonError(f"cannot write status file {path}: its folder is not writable")
+
+
+_status_error: list[str | None] = [None]
+
+
+def _write_status(path: str, status: dict) -> None:
+    """The status file, or a warning (once per kind of failure): a status file that cannot be
+    written (its folder removed, the disk full) is no reason to stop controlling the board."""
+    try:
+        write_status(path, status)
+    except OSError as err:
+        why = err.strerror or str(err)
+        if why != _status_error[0]:
+            log_event(log, "status_file_unwritable", level=logging.WARNING, path=path, detail=why)
+        _status_error[0] = why
+    else:
+        if _status_error[0] is not None:
+            log_event(log, "status_file_written", path=path)
+        _status_error[0] = None
 
 
 def deadline_margin(sysfs, configured: float) -> float:
@@ -300,6 +364,7 @@ def _serve(
     notifier = Notifier()
     servers = []
     snapshot = None
+    restore = None
     # SIGTERM, SIGINT and SIGHUP stop the loop (SIGHUP's default would kill the daemon
     # without restoring, e.g. a closed terminal); the finally below restores
     signals = StopOnSignals(stop, lambda name: log_event(log, "signal", signal=name))
@@ -307,7 +372,10 @@ def _serve(
     signals.install()
     try:
         if not dry_run:
-            snapshot = begin_session(sysfs, spec, cfg.state_dir, log)
+            try:
+                snapshot = begin_session(sysfs, spec, cfg.state_dir, log)
+            except SnapshotError as err:
+                raise DaemonError(str(err)) from None
         from daemon.registry import JobRegistry, RegistryServer
 
         registry = JobRegistry(
@@ -377,7 +445,7 @@ def _serve(
                     log_event(log, "job_gone", level=logging.WARNING, pid=pid)
             if status_file and res.t - last_status[0] >= 1.0:
                 last_status[0] = res.t
-                write_status(status_file, loop.status())
+                _write_status(status_file, loop.status())
             if dry_run and res.report.writes:
                 for path, value in res.report.writes:
                     print(f"dry-run: would write {value} to {path}", flush=True)
@@ -415,10 +483,24 @@ def _serve(
         except Exception as err:  # noqa: BLE001 - the cpufreq restore must still run
             log_event(log, "job_release_failed", level=logging.WARNING, detail=str(err))
         if snapshot is not None:
-            report = restore_snapshot(sysfs, snapshot, log, state_dir=cfg.state_dir)
-            log_event(log, "restored", ok=report.ok, detail=report.summary())
+            restore = restore_snapshot(sysfs, snapshot, log, state_dir=cfg.state_dir)
+            log_event(
+                log,
+                "restored",
+                level=logging.INFO if restore.ok else logging.ERROR,
+                ok=restore.ok,
+                detail=restore.summary(),
+            )
         signals.restore()
     status = loop.status()
     if status_file:
-        write_status(status_file, status)
+        _write_status(status_file, status)
+    if restore is not None and not restore.ok:
+        # a non-zero exit: systemd shows the failure, and Restart=on-failure starts a run
+        # whose first act is to try the kept restore.json again
+        raise DaemonError(
+            "could not give back "
+            + "; ".join(f"{path} ({why})" for path, why in restore.failed)
+            + f"; the originals stay in {snapshot_path(cfg.state_dir)} for the next start"
+        )
     return status

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -311,6 +312,136 @@ def test_rt_throttling_raises_the_planning_margin_and_says_so(board):
     assert "event=rt_throttling" in text and "sched_rt_runtime_us=-1" in text
 
 
+def test_a_setting_whose_original_cannot_be_read_is_never_taken(board):
+    """An original that reads empty (EAGAIN, ENODATA) could never be given back: the start is
+    refused, naming the file, before any write."""
+    spec, tree, state = board
+    (tree / paths.policy_file(0, "scaling_governor")).write_text("")
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state, "--duration", "0.5")
+    _, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    text = log.read_text()
+    assert "cannot read the original value of devices/system/cpu/cpufreq/policy0/" in text
+    assert tree_state(tree, spec) == original
+    assert not (state / "restore.json").exists()
+
+
+def test_a_restore_that_fails_at_stop_exits_non_zero_and_keeps_the_originals(board):
+    """systemd must see a failed give-back (Restart=on-failure retries it at the next start);
+    the snapshot stays for that start."""
+    spec, tree, state = board
+    proc, log = start_daemon(tree, state, "--duration", "3")
+    gov = tree / paths.policy_file(1, "scaling_governor")
+    wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+    gone = tree / paths.policy_file(1, "scaling_max_freq")
+    gone.unlink()
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    text = log.read_text()
+    assert "could not give back devices/system/cpu/cpufreq/policy1/scaling_max_freq" in text
+    assert "event=restored level=error" in text
+    assert (state / "restore.json").exists()
+
+
+def test_a_status_file_that_cannot_be_written_is_refused_at_start_and_warned_of_mid_run(
+    board, tmp_path
+):
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc, log = start_daemon(
+        tree,
+        state,
+        "--duration",
+        "0.5",
+        "--status-file",
+        str(blocker / "s.json"),
+        status_file=False,
+    )
+    proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "status file" in log.read_text()
+    assert tree_state(tree, spec) == original and not (state / "restore.json").exists()
+    folder = tmp_path / "status"
+    proc, log = start_daemon(
+        tree,
+        state,
+        "--duration",
+        "2.5",
+        "--status-file",
+        str(folder / "s.json"),
+        status_file=False,
+    )
+    wait_for(lambda: (folder / "s.json").exists(), what="the first status")
+    shutil.rmtree(folder)
+    folder.write_text("")  # the folder is now a file: every later write fails
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    assert log.read_text().count("event=status_file_unwritable") == 1  # once, not per write
+    assert tree_state(tree, spec) == original
+
+
+def test_a_crash_then_a_config_with_an_error_still_restores_to_its_state_dir(board, tmp_path):
+    """The state dir named in a config that fails to load for another key is still where the
+    crashed run's snapshot is looked for."""
+    spec, tree, _ = board
+    state = tmp_path / "from-config"
+    good = tmp_path / "good.yaml"
+    good.write_text(f"state_dir: {state}\n")
+    original = tree_state(tree, spec)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "daemon",
+            "--sysfs-root",
+            str(tree),
+            "--config",
+            str(good),
+            "--policy",
+            "maxfreq",
+            "--socket",
+            str(tmp_path / "s.sock"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    gov = tree / paths.policy_file(0, "scaling_governor")
+    wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert tree_state(tree, spec) != original
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"state_dir: {state}\npolcy: maxfreq\n")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "daemon",
+            "--sysfs-root",
+            str(tree),
+            "--config",
+            str(bad),
+            "--duration",
+            "0.5",
+            "--socket",
+            str(tmp_path / "s.sock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert r.returncode == 2 and "polcy" in r.stderr, r.stderr
+    assert tree_state(tree, spec) == original
+    assert not (state / "restore.json").exists()
+
+
 def test_missing_file_and_eagain_zone_are_logged_not_fatal(board):
     spec, tree, state = board
     (tree / paths.zone_file(0, "temp")).unlink()  # BCPU-therm vanishes
@@ -512,6 +643,8 @@ def test_a_board_whose_only_cpufreq_policy_is_policy0_is_controlled(tmp_path):
         ("malformed config", "line 2, column 1: not valid YAML"),
         ("unknown board", "key 'board'"),
         ("unknown policy", "unknown policy 'nosuch'"),
+        ("thermal cap on no cluster", "key 'thermal.cap_khz.bogus'"),
+        ("token file missing", "key 'metrics.token_file'"),
     ],
 )
 def test_a_start_refused_by_a_check_creates_no_state_dir(tmp_path, why, expected):
@@ -529,6 +662,9 @@ def test_a_start_refused_by_a_check_creates_no_state_dir(tmp_path, why, expected
             "config typo": "perod_ms: 100\n",
             "malformed config": "policy: [a,\n\tb]\n",
             "unknown board": "board: nosuch\n",
+            "thermal cap on no cluster": "thermal:\n  cap_khz: {bogus: 1000000}\n",
+            "token file missing": "metrics:\n  enabled: true\n"
+            f"  token_file: {tmp_path / 'no-token'}\n",
         }.get(why, "")
     )
     r = subprocess.run(
