@@ -170,6 +170,19 @@ def wait_reaping(proc) -> int:
     return rc
 
 
+def _check_registration(deadline_s: float | None, criticality: str, name: str) -> None:
+    """The daemon's own checks of a registration, before anything is launched: a command it
+    would refuse must not start (and be stopped again) with its side effects done."""
+    from daemon.registry import RequestError, parse_request
+
+    req = {"op": "register", "pid": os.getpid(), "deadline_s": deadline_s}
+    req.update(criticality=criticality, name=name)
+    try:
+        parse_request(json.dumps(req).encode())
+    except RequestError as err:
+        raise RegistryError("register", str(err)) from None
+
+
 def run_registered(
     command: list[str],
     deadline_s: float | None = None,
@@ -208,6 +221,7 @@ def run_registered(
         down = f"the daemon is unreachable: {err.reason}"
     clock = MonotonicClock()
     name = name or os.path.basename(command[0])
+    _check_registration(deadline_s, criticality, name)
     was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
     adopter = was_adopting or adopt_orphans()
     try:

@@ -383,10 +383,17 @@ def _remove_stale_socket(path: str) -> None:
     probe.settimeout(0.5)
     try:
         probe.connect(path)
-    except OSError:
+    except ConnectionRefusedError:
         os.unlink(path)  # nobody listens: a leftover of a crashed run
         log.info("event=socket_stale_removed path=%s", path)
         return
+    except OSError as err:
+        # a timeout or a full accept queue is a daemon that is alive but slow: its socket
+        # must stay (removing it would cut the running daemon off from every client)
+        raise RegistryStartError(
+            f"{path} did not answer ({err.strerror or err}) and is not refused either: another "
+            "process may be serving it (is a second hidvfs daemon running?)"
+        ) from None
     finally:
         probe.close()
     raise RegistryStartError(

@@ -324,6 +324,46 @@ def test_refuses_a_live_socket_or_a_regular_file(sock_path):
     assert open(sock_path).read() == "precious"
 
 
+def test_a_socket_that_is_slow_to_answer_is_not_taken_for_a_stale_one(sock_path):
+    """A listener whose accept queue is full times the probe out: it is alive, and its socket
+    must stay (only a refused connection means nobody listens)."""
+    os.makedirs(os.path.dirname(sock_path))
+    busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    busy.bind(sock_path)
+    busy.listen(0)  # never accepts: the queue fills and the next connect blocks
+    fillers = []
+    try:
+        for _ in range(8):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(sock_path)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                c.close()
+                break
+            fillers.append(c)
+        with pytest.raises(RegistryStartError, match="did not answer"):
+            RegistryServer(_reg(), sock_path, group=None).start()
+        assert os.path.exists(sock_path)
+    finally:
+        for c in fillers:
+            c.close()
+        busy.close()
+
+
+def test_run_checks_the_registration_before_launching_anything(server, tmp_path):
+    """A name (or deadline) the daemon would refuse is refused before the command starts, so
+    a refused job leaves no side effects behind."""
+    marker = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    for bad in ({"name": "a\tb"}, {"name": "x" * 200}, {"deadline_s": -1.0}):
+        with pytest.raises(RegistryError, match="field '(name|deadline_s)'"):
+            run_registered(cmd, socket_path=server.path, **bad)
+    assert not marker.exists()
+
+
 def test_stop_is_idempotent(sock_path):
     srv = RegistryServer(_reg(), sock_path, group=None).start()
     assert srv.running
