@@ -29,6 +29,9 @@ class ActuationReport:
     writes: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     gone: list[int] = field(default_factory=list)
+    #: what each error is about (the file for a sysfs error, whatever value was written), so
+    #: a failure that persists while the values change is still one failure
+    error_keys: dict[str, str] = field(default_factory=dict)
 
 
 #: the highest SCHED_FIFO priority a live job gets: below the kernel's threaded interrupt
@@ -149,6 +152,8 @@ class Actuator:
         #: policy -> the frequency the kernel held it at after we wrote the target again
         #: (a thermal or firmware cap): the same reading again means writing changes nothing
         self._clamped_at: dict[int, int] = {}
+        #: the errors the last apply logged: one that persists is logged once, not every tick
+        self._logged_errors: set[str] = set()
         self._last_jobs: dict[int, tuple] = {}
         #: pid -> earlier placements its processes may still hold: a change in flight or one
         #: that failed partway (cleared once a placement fully goes through)
@@ -351,6 +356,7 @@ class Actuator:
                 self._last_freq[c.policy] = target
             except (SysfsWriteError, SysfsUnavailable, ValueError) as err:
                 report.errors.append(str(err))
+                report.error_keys[str(err)] = f"{type(err).__name__} {getattr(err, 'path', err)}"
                 self._mode.pop(c.policy, None)
         # -- jobs ------------------------------------------------------------------------------
         online = {cpu for c in obs.clusters for cpu in c.online}
@@ -406,8 +412,13 @@ class Actuator:
                 self._last_jobs[pid] = key
                 self._applied_at.pop(pid, None)  # not re-applied every 5 s: logged once
                 report.errors.append(f"pid {pid}: placement failed ({err})")
-        for err in report.errors:
-            log.warning("event=actuation_error detail=%r", err)
+        keys = [report.error_keys.get(err, err) for err in report.errors]
+        for err, key in zip(report.errors, keys):
+            if key not in self._logged_errors:
+                log.warning("event=actuation_error detail=%r", err)
+        if self._logged_errors and not report.errors:
+            log.info("event=actuation_recovered errors_before=%d", len(self._logged_errors))
+        self._logged_errors = set(keys)
         return report
 
     def overridden(self, path: str) -> None:

@@ -205,3 +205,30 @@ def test_a_cluster_the_kernel_holds_below_the_target_is_not_rewritten_every_tick
     assert tick("maxfreq") == 0
     assert tick("powersave") == 1  # a new target is always written
     assert sysfs.read(setspeed).strip() == str(a57.freqs_khz[0])
+
+
+def test_a_write_that_keeps_failing_is_logged_once_and_its_recovery_too(tmp_path, caplog):
+    """A setspeed file that is gone fails every tick: the retry goes on, the log line does not
+    (at a 10 Hz tick it would flood the journal)."""
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    sysfs = DirSysfs(tmp_path)
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    setspeed = tmp_path / paths.policy_file(0, "scaling_setspeed")
+    pol = make_governor("maxfreq")
+    o = act.envelope(sensor.read(0.0))
+    act.apply(pol.decide(o), o)  # takes control: userspace and a setspeed
+    setspeed.unlink()
+    caplog.set_level("INFO", logger="hidvfs")
+    for t in range(1, 6):
+        o = act.envelope(sensor.read(float(t)))
+        d = pol.decide(o)
+        d.freq_khz = {k: spec.cluster(k).freqs_khz[t % 3] for k in d.freq_khz}  # keep writing
+        report = act.apply(d, o)
+        assert report.errors  # still failing, still retried
+    errors = [r for r in caplog.records if "actuation_error" in r.getMessage()]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    setspeed.write_text("<unsupported>\n")
+    o = act.envelope(sensor.read(9.0))
+    assert not act.apply(pol.decide(o), o).errors
+    assert any("actuation_recovered" in r.getMessage() for r in caplog.records)
