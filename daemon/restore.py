@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from daemon.statusfile import write_json_atomic
 from platforms import paths
 from platforms.atomicfile import fsync_dir
-from platforms.errors import SysfsUnavailable, SysfsWriteError
+from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
 from platforms.spec import BoardSpec
 from platforms.sysfs import SysfsBackend
 
@@ -38,8 +38,13 @@ _CPU_DIR = re.compile(r"^cpu(\d+)$")
 _POLICY_DIR = re.compile(r"^policy(\d+)$")
 
 
-class SnapshotError(Exception):
+class SnapshotError(HidvfsError):
     """restore.json is unreadable, corrupt or of an unknown version (names the file)."""
+
+
+class SnapshotVersionError(SnapshotError):
+    """restore.json was written by another hidvfs version: readable to it, not to us. It may
+    hold a crashed run's originals, so it is never moved aside: the start is refused."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,11 @@ class Snapshot:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise SnapshotError(f"{file}: not a hidvfs restore snapshot")
         if data.get("version") != VERSION:
-            raise SnapshotError(
-                f"{file}: unknown snapshot version {data.get('version')!r} (this hidvfs reads {VERSION})"
+            raise SnapshotVersionError(
+                f"{file}: unknown snapshot version {data.get('version')!r} (this hidvfs reads "
+                f"{VERSION}): another hidvfs version left it and it may hold the board's original "
+                "settings; start that version to give them back, or check the cpufreq settings "
+                "by hand and delete the file"
             )
         try:
             policies = tuple(
@@ -367,11 +375,15 @@ def recover_stale(
     """At start: if ``restore.json`` survived the last run (crash, watchdog kill), restore it
     and delete it. Returns ``None`` when there was nothing to recover.
 
-    A corrupt file is moved aside (``restore.json.corrupt``) so it cannot block every start.
+    A corrupt file is moved aside (``restore.json.corrupt``) so it cannot block every start
+    (it is written atomically, so only a damaged disk or a hand edit makes one). A file of
+    another version is refused (SnapshotVersionError): that version can still read it.
     A partial restore keeps the file: it still holds the true originals.
     """
     try:
         snap = load_snapshot(state_dir)
+    except SnapshotVersionError:
+        raise
     except SnapshotError as err:
         aside = snapshot_path(state_dir) + ".corrupt"
         try:

@@ -387,6 +387,12 @@ def test_unknown_snapshot_version_is_refused(tmp_path):
     )
     with pytest.raises(SnapshotError, match="version 99"):
         load_snapshot(state)
+    # it may hold a crashed run's originals, readable to the version that wrote it: the start
+    # is refused and the file stays where that version looks for it
+    fs = make_tree(tmp_path / "sys")
+    with pytest.raises(SnapshotError, match="start that version to give them back"):
+        recover_stale(fs, state, LOG)
+    assert (state / "restore.json").exists() and not (state / "restore.json.corrupt").exists()
 
 
 # -- drift --------------------------------------------------------------------------------
