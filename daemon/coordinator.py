@@ -548,12 +548,16 @@ class Coordinator:
         )
 
     def filter(self, args: ExtenderArgs) -> dict[str, str]:
+        if not args.nodes:  # nothing to fail (an empty list is a valid request)
+            return {}
         args = self._remember(args)
         tel = self.telemetry.fetch_many([n.name for n in args.nodes])
         specs, free_cpu, _ = self._nodes(args, tel)
         return self._unfit(args, specs, free_cpu)
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
+        if not args.nodes:  # nothing to score; the placers are not built for no nodes
+            return {}
         args = self._remember(args)
         names = [n.name for n in args.nodes]
         tel = self.telemetry.fetch_many(names)
@@ -579,9 +583,26 @@ class Coordinator:
         return Verbs(filter=self.filter, prioritize=self.prioritize, status=self.status)
 
 
+def _check_url(url: str, where: str) -> str:
+    """``url`` if it is an http(s) URL with a host and a valid port: a bad one used to be
+    logged only at each request, its node scored neutral for good."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises for a port that is not a number in 0-65535
+    except ValueError as err:
+        raise ValueError(f"{where}: bad URL {url!r} ({err})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{where}: URL {url!r} is not http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"{where}: URL {url!r} has no host")
+    return url
+
+
 def parse_nodes_arg(nodes: str | Mapping | None) -> tuple[dict[str, str], dict[str, str]]:
     """``"name=board@url,name2=board2"`` (or a mapping name -> {"board", "url"}) into
-    (urls, boards)."""
+    (urls, boards). In the string (``serve --nodes``) a malformed entry (no name, neither
+    board nor URL, a URL that is not http(s)://host[:port], a name given twice) is refused,
+    naming it, before serving; a mapping is taken as given (a bad URL is logged per request)."""
     urls: dict[str, str] = {}
     boards: dict[str, str] = {}
     if not nodes:
@@ -599,12 +620,20 @@ def parse_nodes_arg(nodes: str | Mapping | None) -> tuple[dict[str, str], dict[s
             continue
         if "=" not in item:
             raise ValueError(f"nodes entry {item!r}: expected name=board[@url]")
-        name, rest = item.split("=", 1)
-        board, _, url = rest.partition("@")
+        name, rest = (s.strip() for s in item.split("=", 1))
+        board, at, url = (s.strip() for s in rest.partition("@"))
+        if not name:
+            raise ValueError(f"nodes entry {item!r}: no node name before '='")
+        if not board and not url:
+            raise ValueError(f"nodes entry {item!r}: no board after '='; expected name=board[@url]")
+        if at and not url:
+            raise ValueError(f"nodes entry {item!r}: no URL after '@'")
+        if name in boards or name in urls:
+            raise ValueError(f"nodes entry {item!r}: node {name!r} is given twice")
         if board:
             boards[name] = board
         if url:
-            urls[name] = url
+            urls[name] = _check_url(url, f"nodes entry {item!r}")
     return urls, boards
 
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 
 from platforms.cluster.simcluster import parse_nodes_spec
+from platforms.errors import HidvfsError
 from tools.common import missing_extra_message
 
 DEFAULT_POLICIES = ("higfrl", "fifo", "sjf", "heft", "tetris", "cp", "random")
@@ -42,9 +43,17 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _ratio(value: float, best: float) -> float | None:
+    """``value / best``; when the best is 0, 1.0 for a tie and ``None`` (no finite ratio)
+    otherwise: a wait of 2 s against a best of 0 used to read as 1.0, as good as the best."""
+    if best > 0:
+        return value / best
+    return 1.0 if value <= 0 else None
+
+
 def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
-    """Add ``*_vs_best`` ratios against the best heuristic (every policy but higfrl) and the
-    makespan's ratio to its lower bound."""
+    """Add ``*_vs_best`` ratios against the best heuristic (every policy but higfrl; see
+    :func:`_ratio` for a best of 0) and the makespan's ratio to its lower bound."""
     for r in rows:
         if r.get("makespan_lb_s"):
             r["makespan_vs_lb"] = r["makespan_s"] / r["makespan_lb_s"]
@@ -56,9 +65,7 @@ def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
         for k in keys:
             best = min(r[k] for r in heur)
             for r in sub:
-                r[k.replace("_s", "").replace("mean_", "") + "_vs_best"] = (
-                    r[k] / best if best > 0 else 1.0
-                )
+                r[k.replace("_s", "").replace("mean_", "") + "_vs_best"] = _ratio(r[k], best)
     return rows
 
 
@@ -101,6 +108,11 @@ def simulate(
     return _with_ratios(rows)
 
 
+def _ratio_cell(x: float | None) -> str:
+    """A ratio for the table; ``inf`` where the best is 0 and this one is not."""
+    return "inf" if x is None else f"{x:.4f}"
+
+
 def format_table(rows: list[dict]) -> str:
     """A text table: per policy (and load, when present) the metrics and ratios to the best
     heuristic."""
@@ -128,9 +140,9 @@ def format_table(rows: list[dict]) -> str:
             f"{r['makespan_s']:.1f}",
             f"{r['mean_flow_s']:.2f}",
             f"{r['mean_wait_s']:.2f}",
-            f"{r['makespan_vs_best']:.4f}",
-            f"{r['flow_vs_best']:.4f}",
-            f"{r['wait_vs_best']:.4f}",
+            _ratio_cell(r["makespan_vs_best"]),
+            _ratio_cell(r["flow_vs_best"]),
+            _ratio_cell(r["wait_vs_best"]),
             f"{r.get('makespan_vs_lb', float('nan')):.4f}",
         ]
         lines.append(cells)
@@ -141,7 +153,8 @@ def format_table(rows: list[dict]) -> str:
     out.append(
         "makespan = last completion - first arrival; flow = completion - ready; wait = start - ready"
         " (task means); lb = the makespan no placement can beat (longest chain after its arrival"
-        " at the fastest speed, or the work still to arrive over the cluster's capacity)"
+        " at the fastest speed, or the work still to arrive over the cluster's capacity);"
+        " inf: the best is 0 and this one is not"
     )
     return "\n".join(out)
 
@@ -167,21 +180,32 @@ def serve(
     timeout_s: float = 0.5,
     model_path=None,
 ) -> None:
-    """Run the scheduler extender until interrupted. ``nodes``: ``"name=board@url,..."``."""
-    from daemon.coordinator import build_server
+    """Run the scheduler extender until SIGTERM, SIGINT or SIGHUP, then close its socket and
+    telemetry and return (systemd's stop was a death by SIGTERM, rc 143, with neither).
+    ``nodes``: ``"name=board@url,..."``."""
+    import threading
 
+    from daemon.coordinator import build_server
+    from daemon.stopsignals import StopOnSignals
+
+    log = logging.getLogger("hidvfs.coordinator")
     srv = build_server(
         host, port, policy, nodes, token=_token(token), timeout_s=timeout_s, model_path=model_path
     )
     h, p = srv.server_address[:2]
-    logging.getLogger("hidvfs.coordinator").info(
-        "extender on http://%s:%d (policy %s)", f"[{h}]" if ":" in h else h, p, policy
-    )
+    log.info("extender on http://%s:%d (policy %s)", f"[{h}]" if ":" in h else h, p, policy)
+    # the server runs in a thread: the signal only sets the event here, and shutdown() called
+    # from the thread in serve_forever would wait for itself
+    thread = threading.Thread(target=srv.serve_forever, name="extender", daemon=True)
     try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        with StopOnSignals() as signals:
+            thread.start()
+            while thread.is_alive() and not signals.stop.wait(0.5):
+                pass
+        log.info("%s: extender stopped", signals.received or "server ended")
     finally:
+        if thread.is_alive():
+            srv.shutdown()
         srv.server_close()
         srv.coordinator.telemetry.close()
 
@@ -294,7 +318,8 @@ def evaluate(
         seeds=seeds or t.EVAL_SEEDS,
         nodes=nodes or t.DEFAULT_NODES,
     )
-    return t.summarize(rows)
+    # the ratios again, as simulate's: summarize gives 1.0 where the best is 0
+    return _with_ratios(t.summarize(rows), "load")
 
 
 def _int_at_least(low: int):
@@ -356,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return _run(a)
-    except (ValueError, OSError) as err:  # one line, no traceback (as the click CLI)
+    except (ValueError, OSError, HidvfsError) as err:  # one line, no traceback (as the CLI)
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -378,8 +378,9 @@ class FeatureBuilder:
     def reset(self, workload: Workload, nodes: Sequence[NodeSpec]) -> None:
         self.w = workload
         self.static_ = static_features(workload)
-        self.max_speed_ = max(n.speed for n in nodes)
-        self.capacity_ = float(sum(n.cpus * n.speed for n in nodes))
+        # no nodes (an extender request with an empty list): the defaults only avoid 0 / 0
+        self.max_speed_ = max((n.speed for n in nodes), default=1.0)
+        self.capacity_ = float(sum(n.cpus * n.speed for n in nodes)) or 1.0
         self.job_n_ = np.diff(workload.job_ptr)
 
     def _node_classes(self, s: LocalState, min_cpu: float, min_mem: float) -> np.ndarray:
@@ -451,7 +452,7 @@ class FeatureBuilder:
             np.zeros(0, bool),
             None,
         )
-        if v.ready.size == 0:
+        if v.ready.size == 0 or v.n_nodes == 0:  # no nodes: nothing fits (and no context)
             return empty
         g = self.global_context(s)
         cc, ep = s.cache, s.epoch

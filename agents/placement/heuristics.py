@@ -74,6 +74,8 @@ class OrderedPlacer:
         return int(np.argmax(np.where(fit_row, view.speed - 1e-3 * left, -np.inf)))
 
     def place(self, view: ClusterView) -> list[tuple[int, int]]:
+        if not view.n_nodes:
+            return []
         order = self.order(view)
         c, m = view.cpu[order], view.mem[order]
         # suffix minimum of demands: stop once nothing left in the order can fit anywhere
@@ -198,7 +200,7 @@ class TetrisPlacer(OrderedPlacer):
         a = np.multiply.outer(c, free_cpu / view.cap_cpu**2) + np.multiply.outer(
             m, free_mem / view.cap_mem**2
         )
-        return a * (view.speed / view.speed.max())
+        return a * (view.speed / view.speed.max(initial=_EPS))  # initial: no nodes
 
     def _priority(self, view: ClusterView, tasks: np.ndarray, align: np.ndarray) -> np.ndarray:
         rem = view.job_unstarted_work[self.w.task_job[tasks]]
@@ -213,6 +215,8 @@ class TetrisPlacer(OrderedPlacer):
         return np.where(fit, align, -np.inf)[0]
 
     def place(self, view: ClusterView) -> list[tuple[int, int]]:
+        if not view.n_nodes:
+            return []
         tasks = view.ready
         c, m = view.cpu[tasks], view.mem[tasks]
         free_cpu, free_mem = view.free_cpu.copy(), view.free_mem.copy()

@@ -185,7 +185,10 @@ def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
         raise _BadRow(f"plan_cpu={row[7]!r} is not positive")
     if not 0 <= plan_mem <= 100:
         raise _BadRow(f"plan_mem={row[8]!r} outside the normalised range 0-100")
-    tid, parents = parse_task_name(name)
+    try:
+        tid, parents = parse_task_name(name)
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits() (4300)
+        raise _BadRow(f"task_name {name[:40]!r}...: an id with too many digits to read") from None
     task = TraceTask(
         name=name,
         tid=-1 if tid is None else tid,
@@ -280,8 +283,19 @@ def _build_job(
     source: str, job: str, tasks: list[TraceTask]
 ) -> tuple[TraceJob | None, TraceIssue | None]:
     by_id: dict[int, int] = {}
+    by_name: dict[str, int] = {}  # non-DAG tasks (task_*, MergeTask*): a repeat would run twice
     for i, t in enumerate(tasks):
         if t.tid < 0:
+            if t.name in by_name:
+                first = tasks[by_name[t.name]]
+                return None, TraceIssue(
+                    source,
+                    t.line,
+                    job,
+                    "duplicate-task",
+                    f"task {t.name!r} already in the job (line {first.line})",
+                )
+            by_name[t.name] = i
             continue
         if t.tid in by_id:
             first = tasks[by_id[t.tid]]
@@ -440,13 +454,15 @@ def parse_batch_task(
 
 
 def _open_lines(path: str) -> Iterator[str]:
+    """The file's lines; ``utf-8-sig`` drops a leading byte-order mark (an editor's or
+    Excel's export), which would otherwise spoil the first task name and skip its job."""
     if path.endswith(".gz"):
         import gzip
 
-        with gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+        with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
             yield from f
     else:  # a bad byte becomes U+FFFD and spoils its row only (_split_line), not the file
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
             yield from f
 
 

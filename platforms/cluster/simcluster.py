@@ -44,6 +44,8 @@ BOARD_MEM_GB = {"tx2": 8.0, "orin-nx": 16.0, "rubikpi3": 8.0}
 REF_CORE_KHZ = 2_000_000
 #: trace memory is normalised (0-100); the simulator reads one unit as this many GB
 GB_PER_MEM_UNIT = 1.0
+#: most nodes a nodes spec may name in total (twice Kubernetes' 5000-node limit)
+MAX_NODES = 10_000
 _EPS = 1e-9
 
 
@@ -151,7 +153,7 @@ def parse_nodes_spec(text: str) -> list[NodeSpec]:
     """``"tx2:4,orin-nx:2,rubikpi3:2:speed=1.1"`` -> nodes ``tx2-0..3, orin-nx-0..1, ...``.
 
     Each item is ``board[:count][:key=value...]`` with keys ``cpus``, ``mem`` (normalised
-    units), ``speed`` (per-core, reference 1.0).
+    units), ``speed`` (per-core, reference 1.0); at most :data:`MAX_NODES` nodes in total.
     """
     nodes: list[NodeSpec] = []
     seen: Counter[str] = Counter()
@@ -178,6 +180,11 @@ def parse_nodes_spec(text: str) -> list[NodeSpec]:
                     raise SimError(f"nodes spec {item!r}: count {p!r} is not an integer") from None
         if count < 1:
             raise SimError(f"nodes spec {item!r}: count must be >= 1")
+        if len(nodes) + count > MAX_NODES:  # before building them: 2e6 nodes took 1.2 GB
+            raise SimError(
+                f"nodes spec {item!r}: more than {MAX_NODES} nodes in total "
+                f"({len(nodes)} before it, {count} in it)"
+            )
         base = board_node(board, board, **kw)  # one spec read per item, not per node
         for _ in range(count):  # per-board numbering (a Counter: a scan per node was O(n^2))
             nodes.append(replace(base, name=f"{board}-{seen[board]}"))

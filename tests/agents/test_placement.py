@@ -394,3 +394,14 @@ def test_holds_reuse_the_scoring_of_the_round_and_never_pick_a_taken_task_or_res
     for x, a in zip(tr.x, tr.action):
         lg = 2.0 * x[:, COL_IS_WAIT] - x[:, COL_LOG_WORK]
         assert lg[a] == lg.max()
+
+
+@pytest.mark.parametrize("policy", ["higfrl", "fifo", "sjf", "cp", "heft", "tetris", "random"])
+def test_every_placer_takes_a_view_without_nodes(policy):
+    """The extender may be asked about no nodes: reset raised max() of an empty sequence
+    (higfrl), tetris and the list policies a zero-size reduction."""
+    w = _w(["M1,1,j,1,Terminated,0,50,100,0.1"])
+    p = HigfrlPlacer() if policy == "higfrl" else make_heuristic(policy)
+    p.reset(w, [], 0)
+    view = _view(w, [], [0], [])
+    assert p.node_scores(view, 0).size == 0 and p.place(view) == []

@@ -648,3 +648,60 @@ def test_a_node_that_stays_down_is_logged_once_and_again_when_back(caplog):
     msgs = [r.getMessage() for r in caplog.records]
     assert sum("telemetry unavailable" in m for m in msgs) == 1, msgs
     assert any("telemetry back" in m for m in msgs)
+
+
+EMPTY_NODE_LISTS = [
+    {"Pod": POD, "NodeNames": []},
+    {"pod": POD, "nodenames": []},
+    {"Pod": POD, "Nodes": {"items": []}},
+    {"Pod": POD, "Nodes": {"items": None}},
+    {"pod": POD, "nodes": {"items": []}},
+]
+
+
+@pytest.mark.parametrize("policy", ["higfrl", "tetris", "heft", "fifo"])
+def test_an_empty_node_list_gets_an_empty_answer(policy):
+    """prioritize with no nodes was HTTP 500 under higfrl (max() of an empty sequence) and
+    tetris (a zero-size reduction)."""
+    srv, base = _serve(None, policy, timeout_s=0.1)
+    try:
+        for body in EMPTY_NODE_LISTS:
+            assert _post(base + "/prioritize", body) == (200, []), body
+            lower = "pod" in body
+            code, out = _post(base + "/filter", body)
+            key = {k.lower(): k for k in out}
+            assert code == 200 and out[key["error"]] == "" and out[key["failednodes"]] == {}
+            nodes, names = out[key["nodes"]], out[key["nodenames"]]
+            assert (nodes, names) in (({"items": []}, None), (None, [])), body
+            assert all(k.islower() == lower for k in out)
+    finally:
+        _stop(srv)
+
+
+@pytest.mark.parametrize(
+    "nodes, needle",
+    [
+        ("a=tx2@ftp://127.0.0.1:9130/status", "'a=tx2@ftp://127.0.0.1:9130/status': URL"),
+        ("a=tx2@http://127.0.0.1:99999/status", "Port out of range"),
+        ("a=tx2@notaurl", "'a=tx2@notaurl': URL 'notaurl' is not http"),
+        ("a=tx2@http://[::1/status", "Invalid IPv6 URL"),
+        ("a=tx2@http:///status", "has no host"),
+        ("=tx2", "'=tx2': no node name"),
+        ("n1=", "'n1=': no board"),
+        ("n1=tx2@", "'n1=tx2@': no URL"),
+        ("n1=tx2,n1=orin-nx", "'n1=orin-nx': node 'n1' is given twice"),
+    ],
+)
+def test_a_malformed_nodes_entry_is_refused_at_start(nodes, needle):
+    """These were accepted (a duplicate name silently last-wins) and only logged later."""
+    with pytest.raises(ValueError) as err:
+        parse_nodes_arg(nodes)
+    assert needle in str(err.value)
+    with pytest.raises(ValueError, match="nodes entry"):
+        build_server("127.0.0.1", 0, "fifo", nodes)
+
+
+def test_a_nodes_entry_may_give_only_a_url_or_only_a_board():
+    urls, boards = parse_nodes_arg(" a = tx2 @ http://127.0.0.1:9130/status , b=@https://h/s,c=tx2")
+    assert urls == {"a": "http://127.0.0.1:9130/status", "b": "https://h/s"}
+    assert boards == {"a": "tx2", "c": "tx2"}

@@ -276,3 +276,51 @@ def test_a_non_utf8_byte_spoils_its_row_not_the_file(tmp_path):
     assert [j.name for j in load.jobs] == ["j_ok"]
     (issue,) = load.issues
     assert issue.skipped and issue.line == 2 and "UTF-8" in issue.detail
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_byte_order_mark_does_not_spoil_the_first_job(tmp_path, gz):
+    """An editor's or Excel's UTF-8 BOM made the first task name '\\ufeffM1' and skipped j_1."""
+    import gzip
+
+    data = b"\xef\xbb\xbf" + "\n".join(_good_job("j_1") + _good_job("j_2", 50)).encode() + b"\n"
+    path = tmp_path / ("batch_task.csv.gz" if gz else "batch_task.csv")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    load = read_batch_task(path)
+    assert [j.name for j in load.jobs] == ["j_1", "j_2"] and not load.issues
+    assert load.jobs[0].tasks[0].name == "M1"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["M" + "9" * 5000, "M2_" + "9" * 5000, "R3_1_" + "7" * 4301 + "_2"],
+    ids=["task-id", "parent", "middle-parent"],
+)
+def test_an_id_of_too_many_digits_skips_its_job_not_the_run(bad):
+    """int() refuses over 4300 digits: the ValueError used to abort the whole read."""
+    rows = _good_job("j_a") + [f"{bad},1,j_bad,1,Terminated,0,5,100,0.2"] + _good_job("j_b", 50)
+    load = parse_batch_task(rows, source="trace.csv")
+    assert [j.name for j in load.jobs] == ["j_a", "j_b"]
+    (issue,) = load.issues
+    assert (issue.kind, issue.job, issue.line, issue.skipped) == ("bad-row", "j_bad", 3, True)
+    assert "too many digits" in issue.detail and len(str(issue)) < 200
+
+
+@pytest.mark.parametrize("name", ["task_Nzg3ODAw==", "MergeTask"])
+def test_a_repeated_non_dag_task_is_a_duplicate_as_a_dag_one_is(name):
+    """A repeated task_* or MergeTask* name was kept twice (its work run twice)."""
+    rows = _good_job("j_a") + [
+        f"{name},1,j_bad,1,Terminated,0,5,100,0.2",
+        "M1,1,j_bad,1,Terminated,0,5,100,0.2",
+        f"{name},1,j_bad,1,Terminated,0,5,100,0.2",
+    ]
+    load = parse_batch_task(rows + _good_job("j_b", 50), source="trace.csv")
+    assert [j.name for j in load.jobs] == ["j_a", "j_b"]
+    (issue,) = load.issues
+    assert (issue.kind, issue.job, issue.line) == ("duplicate-task", "j_bad", 5)
+    assert f"{name!r}" in issue.detail and "line 3" in issue.detail
+    # distinct non-DAG names stay independent tasks of one job
+    ok = parse_batch_task(
+        [f"{name},1,j,1,Terminated,0,5,100,0.2", "task_x,1,j,1,Terminated,0,5,100,0.2"]
+    )
+    assert not ok.issues and len(ok.jobs[0].tasks) == 2

@@ -9,6 +9,7 @@ import pytest
 
 from platforms.cluster.alibaba import parse_batch_task
 from platforms.cluster.simcluster import (
+    MAX_NODES,
     ClusterView,
     NodeSpec,
     PiecewiseSpeed,
@@ -73,8 +74,24 @@ def test_nodes_spec_numbers_per_board_in_linear_time():
     nodes = parse_nodes_spec("tx2:2,orin-nx:1,tx2:1")
     assert [n.name for n in nodes] == ["tx2-0", "tx2-1", "orin-nx-0", "tx2-2"]
     t0 = time.perf_counter()
-    many = parse_nodes_spec("tx2:20000")  # a scan per node made this O(n^2): ~20 s
-    assert len({n.name for n in many}) == 20000 and time.perf_counter() - t0 < 5
+    many = parse_nodes_spec("tx2:10000")  # a scan per node made this O(n^2): ~5 s
+    assert len({n.name for n in many}) == 10000 and time.perf_counter() - t0 < 2
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("tx2:2000000", "'tx2:2000000': more than 10000 nodes"),
+        ("tx2:1000000000", "more than 10000 nodes"),
+        ("tx2:6000,orin-nx:4001", "'orin-nx:4001': more than 10000 nodes in total (6000 before"),
+    ],
+)
+def test_nodes_spec_refuses_more_than_max_nodes_before_building_them(spec, needle):
+    t0 = time.perf_counter()
+    with pytest.raises(SimError) as err:
+        parse_nodes_spec(spec)  # 2e6 took 19 s and 1.2 GB, 1e9 a MemoryError
+    assert needle in str(err.value) and time.perf_counter() - t0 < 1
+    assert len(parse_nodes_spec(f"tx2:{MAX_NODES - 1},orin-nx:1")) == MAX_NODES
 
 
 def test_chain_runs_at_node_speed_and_metrics():

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -67,6 +74,21 @@ def test_serve_refuses_an_unknown_board_in_one_line():
     # at the bind with another message, never serve forever
     r = run("serve", "--listen", "192.0.2.1:0", "--nodes", "a=orin_nx@http://127.0.0.1:1/s")
     assert r.exit_code != 0 and "unknown board 'orin_nx'" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "nodes, needle",
+    [
+        ("a=tx2@ftp://127.0.0.1:9130/s", "'a=tx2@ftp://127.0.0.1:9130/s'"),
+        ("a=tx2@http://127.0.0.1:99999/s", "Port out of range"),
+        ("n1=tx2,n1=orin-nx", "node 'n1' is given twice"),
+        ("=tx2", "'=tx2': no node name"),
+    ],
+)
+def test_serve_refuses_a_malformed_nodes_entry_in_one_line(nodes, needle):
+    r = run("serve", "--listen", "192.0.2.1:0", "--nodes", nodes)  # as above: never serves
+    assert r.exit_code != 0 and needle in r.output and "nodes entry" in r.output
     assert len(r.output.strip().splitlines()) == 1
 
 
@@ -247,3 +269,76 @@ def test_train_needs_only_onnx(fake_training, without, tmp_path):
     r = run("train", "--iterations", "1", "--out", str(tmp_path / "t.onnx"))
     assert r.exit_code == 0, r.output
     assert [c[0] for c in fake_training] == ["train", "export"]
+
+
+def _rows(waits):
+    return [
+        {"policy": p, "makespan_s": 10.0, "mean_flow_s": 2.0 + w, "mean_wait_s": w, "tasks": 3}
+        for p, w in waits.items()
+    ]
+
+
+def test_a_ratio_to_a_best_of_zero_is_none_not_one():
+    """wait_vs_best read 1.0 (as good as the best) for a policy waiting 2 s against 0."""
+    from tools.coordinator_cmd import _with_ratios, format_table
+
+    rows = _with_ratios(_rows({"higfrl": 0.0, "fifo": 0.0, "sjf": 2.0}))
+    by = {r["policy"]: r for r in rows}
+    assert by["fifo"]["wait_vs_best"] == 1.0 and by["higfrl"]["wait_vs_best"] == 1.0
+    assert by["sjf"]["wait_vs_best"] is None
+    assert by["sjf"]["flow_vs_best"] == pytest.approx(2.0)
+    assert json.loads(json.dumps(rows))[2]["wait_vs_best"] is None  # null in --json
+    table = format_table(rows)
+    sjf_line = next(line for line in table.splitlines() if " sjf " in f" {line} ")
+    assert sjf_line.split()[7] == "inf" and "inf: the best is 0" in table
+    # per load in a summary, as evaluate prints it
+    rows = _with_ratios(
+        [{**r, "load": 1.0} for r in _rows({"fifo": 0.0, "sjf": 1.0})]
+        + [{**r, "load": 2.0} for r in _rows({"fifo": 3.0, "sjf": 1.0})],
+        "load",
+    )
+    assert [r["wait_vs_best"] for r in rows] == [1.0, None, 3.0, 1.0]
+
+
+def test_evaluate_reports_no_ratio_to_a_best_of_zero(monkeypatch):
+    import agents.placement.train as t
+    from tools.coordinator_cmd import evaluate
+
+    summary = [{"load": 0.7, **r} for r in _rows({"higfrl": 1.0, "fifo": 0.0, "sjf": 2.0})]
+    monkeypatch.setattr(t, "evaluate", lambda *a, **k: [])
+    monkeypatch.setattr(t, "summarize", lambda rows: [dict(r, wait_vs_best=1.0) for r in summary])
+    rows = evaluate(n_jobs=10)
+    assert [r["wait_vs_best"] for r in rows] == [None, 1.0, None]
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name
+)
+def test_serve_stops_cleanly_on_a_signal(tmp_path, sig):
+    """SIGTERM (systemd's stop) and SIGHUP killed serve (rc 143, 129) without closing its
+    socket and telemetry; all three now stop it with exit 0 and a log line."""
+    err = tmp_path / "serve.err"
+    cmd = [sys.executable, "-m", "tools.cli", "coordinator", "serve", "--listen", "127.0.0.1:0"]
+    with open(err, "w") as f:
+        proc = subprocess.Popen(
+            [*cmd, "--policy", "fifo"],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    try:
+        end = time.monotonic() + 20
+        while not (m := re.search(r"http://127\.0\.0\.1:(\d+)", err.read_text())):
+            assert proc.poll() is None and time.monotonic() < end, err.read_text()
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/healthz", timeout=5) as r:
+            assert json.loads(r.read())["ok"] is True
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert f"{sig.name}: extender stopped" in err.read_text()
+    with pytest.raises(OSError):  # the socket is closed
+        urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/healthz", timeout=2)
