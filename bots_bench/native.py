@@ -38,6 +38,7 @@ from platforms.sampler import RailSampler
 from platforms.sense import Sensor
 from platforms.spec import load_board
 from platforms.sysfs import DirSysfs
+from platforms.treelock import TreeLock
 
 log = logging.getLogger("hidvfs.native")
 
@@ -57,6 +58,8 @@ class NativeBoard:
     #: (bench, class, variant, label, threads) -> the failure of its untimed ``-c`` run, or
     #: None when it verified: run once per campaign (see :func:`verify_once`)
     verified: dict[tuple, str | None] = field(default_factory=dict)
+    #: the board's lock while the campaign drives its frequencies (no daemon at the same time)
+    lock: TreeLock | None = None
 
     def close(self) -> None:
         if self.snapshot is not None:
@@ -65,6 +68,9 @@ class NativeBoard:
             )
             log.info("event=restored ok=%s detail=%r", report.ok, report.summary())
             self.snapshot = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def open_board(
@@ -111,7 +117,12 @@ def open_board(
             f"under {sysfs.root}); runs go on with CPU affinity and priority only"
         )
     else:
-        nb.snapshot = begin_session(sysfs, spec, state_dir, log)
+        nb.lock = TreeLock(sysfs).acquire()  # a running daemon would undo the campaign's pins
+        try:
+            nb.snapshot = begin_session(sysfs, spec, state_dir, log)
+        except BaseException:
+            nb.close()
+            raise
     return nb
 
 

@@ -57,6 +57,7 @@ from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, load_board, load_board_file
 from platforms.sysfs import DirSysfs
 from platforms.trace import TickRecorder
+from platforms.treelock import TreeLock
 from platforms.yamlfile import read_yaml
 
 log = logging.getLogger("hidvfs.daemon")
@@ -172,7 +173,7 @@ def run_live(
         setup_logging()  # the config's logging comes once it has loaded
     else:
         prepared = prepare()
-    with StateLock(state):
+    with StateLock(state), TreeLock(DirSysfs(sysfs_root)):
         # again when there was none a moment ago: a daemon on this state dir may just have died
         recover_stale(DirSysfs(sysfs_root), state, log)
         restore_stale_jobs(state, LiveProcessControl(), log)

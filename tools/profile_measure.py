@@ -28,6 +28,7 @@ from platforms.observation import JobProfile
 from platforms.sense import Sensor
 from platforms.spec import BoardSpec, ClusterSpec
 from platforms.sysfs import DirSysfs
+from platforms.treelock import TreeLock
 
 log = logging.getLogger("hidvfs.profile")
 _CLOCK = MonotonicClock()
@@ -143,23 +144,25 @@ def measure(
     :class:`MeasureError` when the program's results are wrong: nothing is timed then."""
     cluster, cpus = measured_cluster(spec, cpufreq.online_cpus(sysfs))
     runs = plan_runs(cluster, cpus)
-    snapshot = begin_session(sysfs, spec, state_dir, log)
-    act = Actuator(sysfs, LiveProcessControl())
-    sensor = Sensor(spec, sysfs)
-    times: dict[str, float] = {}
-    try:
-        for run in runs:
-            obs = act.envelope(sensor.read(_CLOCK.now()))
-            report = act.apply(Decision({cluster.name: run.khz}), obs)
-            if report.errors:
-                raise MeasureError(
-                    f"cannot pin {cluster.name} at {run.khz} kHz: {report.errors[0]}"
-                )
-            if verify is not None and not times:
-                verify(run.cpus)
-            times[run.label] = min(timer(argv, run.cpus, timeout_s) for _ in range(repeat))
-    finally:
-        restore_snapshot(sysfs, snapshot, log, state_dir=state_dir)
+    # the board's lock for the timed runs: a running daemon would move the pins under them
+    with TreeLock(sysfs):
+        snapshot = begin_session(sysfs, spec, state_dir, log)
+        act = Actuator(sysfs, LiveProcessControl())
+        sensor = Sensor(spec, sysfs)
+        times: dict[str, float] = {}
+        try:
+            for run in runs:
+                obs = act.envelope(sensor.read(_CLOCK.now()))
+                report = act.apply(Decision({cluster.name: run.khz}), obs)
+                if report.errors:
+                    raise MeasureError(
+                        f"cannot pin {cluster.name} at {run.khz} kHz: {report.errors[0]}"
+                    )
+                if verify is not None and not times:
+                    verify(run.cpus)
+                times[run.label] = min(timer(argv, run.cpus, timeout_s) for _ in range(repeat))
+        finally:
+            restore_snapshot(sysfs, snapshot, log, state_dir=state_dir)
     profile = profile_from_runs(
         name,
         ref_khz=runs[0].khz,

@@ -384,3 +384,22 @@ def test_the_verification_run_is_at_maxfreq_not_where_the_last_run_left_the_boar
         nb.close()
     top = str(spec.clusters[0].freqs_khz[-1])
     assert seen == [("maxfreq", 30.0 * native.VERIFY_TIMEOUT_FACTOR, top)]
+
+
+def test_a_campaign_holds_the_board_and_a_daemon_on_it_stops_one(fake_tx2, tmp_path):
+    """A native campaign pins frequencies for its runs: it holds the board's lock (a daemon on
+    the board refuses to start) and is itself refused while a daemon holds it."""
+    from platforms.sysfs import DirSysfs
+    from platforms.treelock import TreeBusy, TreeLock
+
+    spec, root, _ = fake_tx2
+    nb = open_board(str(root), "tx2", str(tmp_path / "state"), say=lambda m: None)
+    try:
+        with pytest.raises(TreeBusy):
+            TreeLock(DirSysfs(root)).acquire()
+    finally:
+        nb.close()
+    with TreeLock(DirSysfs(root)):  # let go at close
+        with pytest.raises(TreeBusy):
+            open_board(str(root), "tx2", str(tmp_path / "state2"), say=lambda m: None)
+    assert not (tmp_path / "state2" / "restore.json").exists()

@@ -294,6 +294,50 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_touching_anythi
     assert tree_state(tree, spec) == original
 
 
+def test_a_second_daemon_on_the_same_board_with_its_own_state_dir_is_refused(board, tmp_path):
+    """Two daemons with their own state dirs would undo each other on one board (the second
+    saves the first's settings as its originals): the board itself is locked."""
+    spec, tree, state = board
+    original = tree_state(tree, spec)
+    proc, log = start_daemon(tree, state, "--duration", "20")
+    try:
+        gov = tree / paths.policy_file(0, "scaling_governor")
+        wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+        held = tree_state(tree, spec)
+        other = tmp_path / "other-state"
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tools.cli",
+                "daemon",
+                "--sysfs-root",
+                str(tree),
+                "--policy",
+                "powersave",
+                "--duration",
+                "1",
+                "--state-dir",
+                str(other),
+                "--socket",
+                str(other / "s.sock"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert second.returncode == 2, second.stderr
+        assert f"another hidvfs daemon is controlling {tree}" in second.stderr
+        assert not (other / "restore.json").exists()
+        assert tree_state(tree, spec) == held
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+    assert tree_state(tree, spec) == original
+
+
 def test_rt_throttling_raises_the_planning_margin_and_says_so(board):
     spec, tree, state = board
     proc, log = start_daemon(tree, state, "--duration", "0.3")  # the kernel's 95 %: no change

@@ -91,6 +91,29 @@ def cli_args(tmp, *extra):
     ]
 
 
+def test_a_board_another_process_controls_is_not_measured(tx2):
+    """A running daemon (or campaign) holds the board's lock: its pins would move under the
+    timed runs, so the measurement is refused before anything is written."""
+    from platforms.treelock import TreeBusy, TreeLock
+
+    spec, tmp = tx2
+    sysfs = DirSysfs(tmp / "tree")
+    original = tree_state(tmp / "tree", spec)
+    ran = []
+    with TreeLock(DirSysfs(tmp / "tree")):
+        with pytest.raises(TreeBusy, match="another hidvfs daemon is controlling"):
+            measure(
+                spec,
+                sysfs,
+                ["prog"],
+                "prog",
+                state_dir=str(tmp / "state"),
+                timer=lambda *a: ran.append(a) or 1.0,
+            )
+    assert not ran and tree_state(tmp / "tree", spec) == original
+    assert not (tmp / "state" / "restore.json").exists()
+
+
 def test_cli_measures_a_real_program_stores_and_lists_it(tx2):
     spec, tmp = tx2
     original = tree_state(tmp / "tree", spec)
