@@ -361,7 +361,12 @@ class Actuator:
         # -- jobs ------------------------------------------------------------------------------
         online = {cpu for c in obs.clusters for cpu in c.online}
         settings = decision.jobs
-        if self.live_jobs:
+        if self.live_jobs and settings:
+            # a live process's affinity lands on the CPUs of the machine it runs on: on a fake
+            # tree those are not the tree's, and "never on every online CPU" is about them
+            machine = self.procs.machine_cpus()
+            if machine is not None and machine != online:
+                online = set(machine)
             levels = fifo_levels({s.rt_priority for s in settings.values()})
             settings = below_demoted(
                 settings, {pid: self._safe(pid, s, online, levels) for pid, s in settings.items()}

@@ -16,6 +16,7 @@ import subprocess
 
 import psutil
 
+from platforms import paths
 from platforms.procs import ProcessControl, ProcessGone
 
 #: how many times to re-list threads that appeared while we were setting the others
@@ -211,6 +212,13 @@ class LiveProcessControl(ProcessControl):
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
             return 0
         return 99 if soft == psutil.RLIM_INFINITY else max(0, min(99, int(soft)))
+
+    def machine_cpus(self) -> frozenset[int] | None:
+        try:
+            with open("/sys/devices/system/cpu/online", encoding="ascii") as f:
+                return frozenset(paths.parse_cpu_ranges(f.read())) or None
+        except (OSError, ValueError):
+            return None
 
     def unmanageable(self, pid: int) -> str | None:
         if pid == 1:

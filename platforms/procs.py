@@ -71,6 +71,12 @@ class ProcessControl(ABC):
         """Why ``pid`` must never be steered (init, a kernel thread, the daemon), or None."""
         return None
 
+    def machine_cpus(self) -> frozenset[int] | None:
+        """The CPUs the processes' kernel runs on now (None: the board's tree tells). The
+        daemon on a fake tree steers real processes: their affinity lands on this machine's
+        CPUs, not the tree's."""
+        return None
+
 
 class NoProcesses(ProcessControl):
     """A replay has no live jobs: every pid is gone."""

@@ -232,3 +232,46 @@ def test_a_write_that_keeps_failing_is_logged_once_and_its_recovery_too(tmp_path
     o = act.envelope(sensor.read(9.0))
     assert not act.apply(pol.decide(o), o).errors
     assert any("actuation_recovered" in r.getMessage() for r in caplog.records)
+
+
+class _Machine(NoProcesses):
+    """Live processes on a machine of two CPUs, under a daemon driving a fake six-CPU tree."""
+
+    def __init__(self):
+        self.prio: dict[int, int] = {}
+        self.aff: dict[int, tuple[int, ...]] = {}
+
+    def alive(self, pid):
+        return True
+
+    def set_affinity(self, pid, cpus):
+        self.aff[pid] = tuple(c for c in cpus if c in (0, 1))  # the kernel drops the others
+
+    def get_affinity(self, pid):
+        return self.aff.get(pid, (0, 1))
+
+    def set_priority(self, pid, rt_priority=0, nice=0):
+        self.prio[pid] = rt_priority
+
+    def get_priority(self, pid):
+        return self.prio.get(pid, 0), 0
+
+    def machine_cpus(self):
+        return frozenset({0, 1})
+
+
+def test_real_time_is_never_given_on_every_cpu_of_the_machine_the_job_runs_on(tmp_path):
+    """On a fake tree the tree's CPUs are not the machine's: a job on tree CPUs 0-2 covers
+    both CPUs of this machine, so it runs SCHED_OTHER; one on 0, 3-5 keeps SCHED_FIFO (it
+    lands on CPU 0 alone)."""
+    from agents.policy import Decision, JobSetting
+
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path)
+    procs = _Machine()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+    o = act.envelope(Sensor(spec, DirSysfs(tmp_path)).read(0.0))
+    jobs = {100: JobSetting((0, 1, 2), 90), 200: JobSetting((0, 3, 4, 5), 80)}
+    act.apply(Decision({}, jobs), o)
+    assert procs.prio[100] == 0
+    assert procs.prio[200] > 0
