@@ -51,6 +51,33 @@ def yaml_problem(err: yaml.YAMLError) -> tuple[str, str]:
     return "", " ".join(str(err).split())
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: YAML leaves it undefined and
+    PyYAML keeps the last one silently, so ``period_ms: 100`` then ``period_ms: 200`` in a
+    config would run at 200 without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} given twice (first at line {first.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(
     path: str | os.PathLike[str],
     error: type[SpecError] = SpecError,
@@ -62,7 +89,7 @@ def read_yaml(
     file = os.fspath(path)
     try:
         with open(file, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise
     except OSError as err:
