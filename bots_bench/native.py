@@ -11,9 +11,11 @@ whose ``-c`` also runs the sequential version is timed without it and verified b
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -61,6 +63,15 @@ class NativeBoard:
     #: the board's lock while the campaign drives its frequencies (no daemon at the same time)
     lock: TreeLock | None = None
 
+    def settle(self) -> None:
+        """Give the board its own settings back between runs, keeping the snapshot (and
+        ``restore.json``) for the rest of the campaign: the cool-down and the next run's
+        check start from the board's state, not from the last policy's pins."""
+        if self.snapshot is not None:
+            report = restore_snapshot(self.platform.sysfs, self.snapshot, log)
+            if not report.ok:
+                log.warning("event=settle_failed detail=%r", report.summary())
+
     def close(self) -> None:
         if self.snapshot is not None:
             report = restore_snapshot(
@@ -71,6 +82,38 @@ class NativeBoard:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+#: how much of a kernel's output is kept to parse (its result block comes last); a kernel
+#: that prints hundreds of megabytes must not take as much memory
+OUTPUT_TAIL_BYTES = 1 << 20
+
+
+def _tail(f) -> str:
+    """The last :data:`OUTPUT_TAIL_BYTES` of the file ``f``, as text."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - OUTPUT_TAIL_BYTES))
+    return f.read().decode("utf-8", errors="replace")
+
+
+def exit_status(returncode: int) -> str:
+    """``exit status N``, or the signal that killed the process, by name."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} ({-returncode})"
+    return f"exit status {returncode}"
+
+
+def native_state_dir(root: str) -> str:
+    """The state dir of native campaigns on the tree at ``root``: one per tree (a hash of its
+    real path), so a snapshot a killed campaign left on one tree is never put back on another
+    (a fake tree's onto the board, say)."""
+    real = os.path.realpath(root)
+    tag = hashlib.sha256(real.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"hidvfs-native-{tag}")
 
 
 def open_board(
@@ -109,7 +152,7 @@ def open_board(
     writable = bool(policies) and all(
         sysfs.writable(f"devices/system/cpu/cpufreq/policy{p}/scaling_max_freq") for p in policies
     )
-    state_dir = state_dir or os.path.join(tempfile.gettempdir(), "hidvfs-native-state")
+    state_dir = state_dir or native_state_dir(sysfs.root)
     nb = NativeBoard(platform, can_set_frequency=writable, state_dir=state_dir)
     if not writable:
         say(
@@ -295,7 +338,10 @@ def run_native(
     except OSError as err:
         rec["error"] = str(err)
         stop.set()
+        if worker is not None:
+            worker.join(timeout=5.0)
         sampler.stop()
+        nb.settle()
         return rec
     except BaseException:
         # Ctrl-C (or any other error) while the kernel runs: it is in its own session, so
@@ -313,8 +359,8 @@ def run_native(
         stop.set()
     worker.join(timeout=5.0)
     samples = sampler.stop()
-    out.seek(0)
-    text = out.read().decode("utf-8", errors="replace")
+    nb.settle()
+    text = _tail(out)
     out.close()
     makespan = t_exit - t_launch
     rec.update(
@@ -341,7 +387,7 @@ def run_native(
     try:
         result = parse_output(text)
     except BotsParseError as err:
-        rec["error"] = f"exit status {proc.returncode}; {err}"
+        rec["error"] = f"{exit_status(proc.returncode)}; {err}"
         return rec
     # a non-finite time is refused below; kept out of the record so JSON stays standard
     if math.isfinite(result.time_program_s):
@@ -351,7 +397,7 @@ def run_native(
     if problem:
         rec["error"] = problem
     elif proc.returncode != 0:
-        rec["error"] = f"exit status {proc.returncode}"
+        rec["error"] = exit_status(proc.returncode)
     else:
         rec["ok"] = True
     return rec

@@ -60,3 +60,32 @@ class StopOnSignals:
 
     def __exit__(self, *exc: object) -> None:
         self.restore()
+
+
+class InterruptOnSignals:
+    """While active, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as SIGINT
+    does: for commands whose whole cleanup already runs on Ctrl-C (a campaign kills its
+    running kernel, gives the board back and stores nothing half done). Without it, systemd's
+    stop or a dropped SSH session killed them with the board still pinned. The previous
+    handlers come back on exit; outside the main thread nothing is installed."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received = signal.Signals(signum).name
+        raise KeyboardInterrupt(self.received)
+
+    def __enter__(self) -> InterruptOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()

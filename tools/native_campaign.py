@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import click
 
+from daemon.stopsignals import InterruptOnSignals
 from tools.common import emit_json, fail
 
 SIM_IGNORES_BOTS_BIN = "the simulator runs the kernels' DAG models, not the binaries"
@@ -145,15 +146,18 @@ def run_configs(
             bar.message(f"failed: {cfg.bench}/{cfg.policy}/seed{cfg.seed}: {rec.get('error')}")
 
     try:
-        summary = run_pending(
-            configs,
-            run_fn,
-            store,
-            retry_failed=retry_failed,
-            on_skip=lambda cfg: bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
-            on_start=lambda cfg: bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
-            on_done=on_done,
-        )
+        # SIGTERM and SIGHUP end a campaign as Ctrl-C does: the running kernel killed, the
+        # board given back, nothing half done stored
+        with InterruptOnSignals():
+            summary = run_pending(
+                configs,
+                run_fn,
+                store,
+                retry_failed=retry_failed,
+                on_skip=lambda cfg: bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
+                on_start=lambda cfg: bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
+                on_done=on_done,
+            )
     finally:
         bar.close()
         if nb is not None:

@@ -171,3 +171,112 @@ def test_the_deadline_study_fails_when_its_reference_run_failed(bots_tree, tmp_p
     assert any("reference maxfreq run failed" in p and "UNSUCCESSFUL" in p for p in res.problems)
     (row,) = res.rows
     assert row["ok"] is False and row["deadline_met"] is None
+
+
+def test_a_kernel_killed_by_a_signal_is_a_failed_run_naming_it(board, tmp_path):
+    out = BLOCK.format(program="Sort", time="0.25")
+    _stand_in(tmp_path / "bin", "sort.gcc.omp-tasks", f"printf '{out}'\nkill -SEGV $$\n")
+    rec = run_native(_cfg("sort", tmp_path / "bin"), board, build_policy_stack)
+    assert not rec["ok"] and rec["error"] == "killed by SIGSEGV (11)"
+    _stand_in(tmp_path / "bin", "sort.gcc.omp-tasks", "kill -ABRT $$\n")
+    rec = run_native(_cfg("sort", tmp_path / "bin"), board, build_policy_stack)
+    assert rec["error"].startswith("killed by SIGABRT (6); ")
+
+
+def test_the_board_gets_its_own_settings_back_after_every_run(board, tmp_path):
+    """Between runs (the cool-down, the next check) the board is not left at the last
+    policy's pins; the snapshot stays for the campaign's end."""
+    from platforms import paths
+
+    root = board.platform.sysfs.root
+    gov = os.path.join(root, paths.policy_file(0, "scaling_governor"))
+    original = open(gov).read().strip()
+    out = BLOCK.format(program="Sort", time="0.25")
+    _stand_in(
+        tmp_path / "bin",
+        "sort.gcc.omp-tasks",
+        f"sleep 0.3; cat {gov} >> {tmp_path}/seen; printf '{out}'\n",
+    )
+    rec = run_native(_cfg("sort", tmp_path / "bin"), board, build_policy_stack)
+    assert rec["ok"], rec["error"]
+    seen = (tmp_path / "seen").read_text().split()
+    assert seen == ["userspace"]  # maxfreq held the board while the kernel ran
+    assert open(gov).read().strip() == original  # and gave it back right after
+    assert os.path.exists(os.path.join(board.state_dir, "restore.json"))  # still kept
+
+
+def test_each_tree_has_its_own_native_state_dir(tmp_path):
+    from bots_bench.native import native_state_dir
+
+    a, b = native_state_dir(str(tmp_path / "a")), native_state_dir(str(tmp_path / "b"))
+    assert a != b and native_state_dir(str(tmp_path / "a")) == a
+    assert native_state_dir("/") not in (a, b)
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    assert native_state_dir(str(tmp_path / "link")) == a  # the real path counts
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_ends_a_native_campaign_as_ctrl_c_does(tmp_path, sig):
+    """systemd's stop or a dropped SSH session: the kernel is killed, the board given back,
+    nothing stored (they used to kill the command with the board pinned)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from platforms import paths
+
+    root = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    gov = root / paths.policy_file(0, "scaling_governor")
+    original = gov.read_text()
+    pidfile = tmp_path / "kernel.pid"
+    _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks", f"echo $$ > {pidfile}\nexec sleep 300\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "bots",
+            "run",
+            "--backend",
+            "native",
+            "--bots-bin",
+            str(tmp_path / "bin"),
+            "--bench",
+            "fib",
+            "--class",
+            "test",
+            "--policy",
+            "maxfreq",
+            "--seeds",
+            "1",
+            "--sysfs-root",
+            str(root),
+            "--db",
+            str(tmp_path / "r.sqlite"),
+            "--profiles",
+            str(tmp_path / "p.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        end = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < end and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        kernel = int(pidfile.read_text())
+        assert gov.read_text().strip() == "userspace"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(kernel, 0)
+    assert gov.read_text().strip() == original.strip()
