@@ -22,6 +22,7 @@ Every ONNX file is checked against this daemon's board and observation schema on
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from platforms.spec import BoardSpec
 
 MODELS_DIR = Path(__file__).with_name("models")
 MANIFEST = "manifest.json"
+#: the manifest's ``format`` (written by ``agents train``)
+FORMAT = "hidvfs-models"
 AGENT_FILES = ("profiler", "thermal", "priority")
 
 
@@ -74,8 +77,53 @@ class FolderOfAnotherBoard(ModelMismatch):
         )
 
 
+class ManifestInvalid(ModelMismatch):
+    """A manifest whose shape or a key the loader reads is wrong (its own message: the fix is
+    restoring the file, and the key may be nested, e.g. ``shield.alpha``)."""
+
+    def __init__(self, path: Path, key: str, expected: str, got: object):
+        self.path, self.key, self.expected, self.got = str(path), key, expected, got
+        ValueError.__init__(
+            self,
+            f"{path}: key {key!r} must be {expected}, got {got!r}; restore the file or retrain "
+            "with `hidvfs agents train`",
+        )
+
+
+def _positive(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _check_manifest(path: Path, man: object) -> None:
+    """Refuse, naming the key, what the loaders would crash on later (a TypeError in the
+    daemon's start, an AttributeError in ``agents check``) or silently misread."""
+    if not isinstance(man, dict):
+        raise ManifestInvalid(path, "<top>", "a JSON object", type(man).__name__)
+    if man.get("format", FORMAT) != FORMAT:
+        raise ManifestInvalid(path, "format", repr(FORMAT), man["format"])
+    if "period_s" in man and not _positive(man["period_s"]):
+        raise ManifestInvalid(path, "period_s", "a finite number of seconds > 0", man["period_s"])
+    if "shield" in man:
+        sh = man["shield"]
+        if not isinstance(sh, dict):
+            raise ManifestInvalid(path, "shield", "an object with alpha", sh)
+        alpha = sh.get("alpha")
+        if not _positive(alpha) or alpha >= 1:
+            raise ManifestInvalid(path, "shield.alpha", "a number in (0, 1)", alpha)
+    pols = man.get("policies", {})
+    if not isinstance(pols, dict):
+        raise ManifestInvalid(path, "policies", "an object of policy entries", pols)
+    for name, entry in pols.items():
+        if not isinstance(entry, dict):
+            raise ManifestInvalid(path, f"policies.{name}", "an object", entry)
+        prov = entry.get("provenance", {})
+        if prov is not None and not isinstance(prov, dict):
+            raise ManifestInvalid(path, f"policies.{name}.provenance", "an object", prov)
+
+
 def load_manifest(folder: Path, board: str | None = None) -> dict:
-    """The folder's manifest; refused when it names another schema or (given) another board."""
+    """The folder's manifest; refused when it names another schema or (given) another board,
+    or when a key the loaders read is malformed (:class:`ManifestInvalid`)."""
     path = folder / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -85,6 +133,7 @@ def load_manifest(folder: Path, board: str | None = None) -> dict:
         man = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+    _check_manifest(path, man)
     v = man.get("schema_version")
     if v != SCHEMA_VERSION:
         raise ModelMismatch(path, "schema_version", SCHEMA_VERSION, v)
@@ -169,6 +218,8 @@ def make_hidvfs(
         ref = load_reference(folder, spec.name, rt)
         if "cal_scores" not in ref:
             raise ValueError(f"{folder / 'reference.npz'}: no cal_scores (shield calibration)")
+        if "shield" not in man:  # a folder trained without hidvfs
+            raise ManifestInvalid(folder / MANIFEST, "shield", "the shield's calibration", None)
         alpha = float(man["shield"]["alpha"])
         cal = (
             AdaptiveConformal(alpha, gamma=adaptive_gamma, window=ADAPTIVE_WINDOW)
@@ -280,6 +331,8 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
             row["error"] = str(err)
         except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
             row["error"] = f"{type(err).__name__}: {err}"
+        if "error" in row:  # an error after the comparison passed is still a failed row
+            row["ok"] = False
         report["ok"] &= row["ok"]
         report["files"].append(row)
     if "cal_scores" not in ref:
@@ -293,6 +346,7 @@ __all__ = [
     "MODELS_DIR",
     "model_dir",
     "load_manifest",
+    "ManifestInvalid",
     "load_reference",
     "make_hidvfs",
     "make_learned_policy",

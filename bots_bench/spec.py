@@ -225,10 +225,18 @@ def _positive_int(source: str, key: str, v: Any) -> int:
     return v
 
 
+#: the largest seed: the results store keeps seeds in a SQLite INTEGER (signed 64-bit)
+MAX_SEED = 2**63 - 1
+
+
 def _seeds(source: str, v: Any) -> tuple[int, ...]:
+    """Seeds 0 .. MAX_SEED: a larger one failed only after simulating (SQLite overflow), a
+    negative one only at run time (the simulator's RNG), each as a stored failed row."""
     if isinstance(v, int) and not isinstance(v, bool):
         if v < 1:
             raise _err(source, "seeds", "a positive count or a list of integers", v)
+        if v > MAX_SEED + 1:
+            raise _err(source, "seeds", f"a count of at most {MAX_SEED + 1}", v)
         return tuple(range(v))
     if (
         not isinstance(v, list)
@@ -236,6 +244,9 @@ def _seeds(source: str, v: Any) -> tuple[int, ...]:
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in v)
     ):
         raise _err(source, "seeds", "a positive count or a non-empty list of integers", v)
+    bad = [s for s in v if not 0 <= s <= MAX_SEED]
+    if bad:
+        raise _err(source, "seeds", f"integers from 0 to {MAX_SEED}", bad[0])
     if len(set(v)) != len(v):
         raise _err(source, "seeds", "seeds without duplicates", v)
     return tuple(v)

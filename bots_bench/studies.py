@@ -51,6 +51,15 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def _kernels(kernels, every) -> list[str]:
+    """None is every kernel; an empty selection is refused (it used to mean every kernel)."""
+    if kernels is None:
+        return list(every)
+    if not kernels:
+        raise ValueError("no kernels selected (None selects every kernel)")
+    return list(kernels)
+
+
 def _pair_runs(run: Callable[[str, int, str], dict], kernels, seeds, a: str, b: str):
     """Run policies a and b side by side per kernel and seed; yields (kernel, seed, ra, rb)."""
     for k in kernels:
@@ -71,7 +80,7 @@ def deadline_vs_maxfreq(
 ) -> StudyResult:
     from bots_bench.dags import KERNELS
 
-    kernels = list(kernels or KERNELS)
+    kernels = _kernels(kernels, KERNELS)
     runner = runner or _sim_runner(board, cls, build_policy, slack)
     res = StudyResult("deadline-vs-maxfreq", board, "sim" if runner.__name__ == "sim" else "native")
     savings, cpu_savings, misses, n = [], [], 0, 0
@@ -129,7 +138,7 @@ def vs_geardvfs(
 ) -> StudyResult:
     from bots_bench.dags import KERNELS
 
-    kernels = list(kernels or KERNELS)
+    kernels = _kernels(kernels, KERNELS)
     runner = runner or _sim_runner(board, cls, build_policy, None)
     res = StudyResult("vs-geardvfs", board, "sim" if runner.__name__ == "sim" else "native")
     speedups, energy = [], []

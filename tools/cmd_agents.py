@@ -16,9 +16,11 @@ from pathlib import Path
 
 import click
 
-from tools.common import Friendly, emit_json, fail, require_extra
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail, require_extra
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")
+
+
 #: kernels whose `test`-class reference makespan (50-500 ms) leaves a 50 ms control loop room
 #: to act on a 1.5x deadline; the sub-10 ms kernels (floorplan, knapsack, nqueens, sparselu,
 #: strassen) finish before a second decision could be taken
@@ -158,7 +160,7 @@ def train_modules(policies) -> tuple[str, ...]:
 )
 @click.option(
     "--lambda-e",
-    type=click.FloatRange(0.0),
+    type=FiniteFloatRange(0.0),
     default=None,
     help="weight of the energy regulariser (default: the board's, see agents/TRAINING.md)",
 )
@@ -456,21 +458,21 @@ def episode_options(f):
     deadline slack (the defaults are the mixes the agents train and are measured on)."""
     f = click.option(
         "--hi-fraction",
-        type=click.FloatRange(0.0, 1.0),
+        type=FiniteFloatRange(0.0, 1.0),
         default=EpisodeSpec.hi_fraction,
         show_default=True,
         help="share of the deadline jobs that are high-criticality (see --reserve)",
     )(f)
     f = click.option(
         "--load",
-        type=click.FloatRange(0.05, 4.0),
+        type=FiniteFloatRange(0.05, 4.0),
         default=EpisodeSpec.load,
         show_default=True,
         help="offered load: the jobs' reference work over the board's capacity while they arrive",
     )(f)
     f = click.option(
         "--slack",
-        type=click.FloatRange(1.0),
+        type=FiniteFloatRange(1.0),
         default=1.5,
         show_default=True,
         help="deadline = SLACK x the job's reference makespan",

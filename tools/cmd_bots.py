@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tools.cmd_profile import measure_options
-from tools.common import Friendly, emit_json, fail
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail
 
 
 @click.group("bots", cls=Friendly)
@@ -17,16 +17,22 @@ def bots() -> None:
     """
 
 
-def _kernels(bench: str) -> list[str]:
-    from bots_bench.dags import KERNELS
+def _check_selection(backend, bench, cls, policy="performance", board=None, bots_bin=None):
+    """Refuse (exit 2) a bad --bench, --class or --policy before anything runs, with the
+    checks and messages of `bots run` (its spec): a typo would otherwise end as a failed
+    run per kernel, and an empty --bench as every kernel. Returns the checked spec."""
+    from tools.native_campaign import build_spec
 
-    if bench.strip().lower() == "all":
-        return list(KERNELS)
-    names = [b.strip().lower() for b in bench.split(",") if b.strip()]
-    for n in names:
-        if n not in KERNELS:
-            raise ValueError(f"unknown kernel {n!r}; known: {', '.join(KERNELS)}")
-    return names
+    return build_spec(
+        backend=backend,
+        board=board or "tx2",
+        bench=bench,
+        cls=cls,
+        policy=policy,
+        seeds=1,
+        bots_bin=bots_bin or ".",
+        spec_file=None,
+    )
 
 
 #: the ``bots run`` parameters a --spec file sets instead
@@ -77,7 +83,7 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
 @click.option(
     "--deadline-slack",
     default=None,
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloatRange(min=1.0),
     help="Give each job a deadline of SLACK x its reference makespan (native: the profile "
     "stored as BENCH.CLASS, see --profiles).",
 )
@@ -285,10 +291,7 @@ def profile_cmd(
     from tools.profile_measure import command_timer
 
     check_bots_bin(bots_bin)  # before the session opens the board or a kernel is timed
-    try:
-        kernels = _kernels(bench)
-    except ValueError as err:
-        fail(str(err))
+    kernels = _check_selection("native", bench, cls, bots_bin=bots_bin).kernels
     session = MeasureSession(sysfs_root, board, state_dir, socket_path, store)
     threads = len(reference_cluster(session.spec).cpus)
     rows, failed = [], 0
@@ -406,7 +409,7 @@ def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
     "--slack",
     default=1.5,
     show_default=True,
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloatRange(min=1.0),
     help="Deadline = SLACK x reference makespan.",
 )
 @click.option(
@@ -433,7 +436,6 @@ def study_cmd(
     from bots_bench import studies
     from tools.native_campaign import check_bots_bin, note_sim_ignores_bots_bin
 
-    kernels = _kernels(bench)
     runner = None
     nb = None
     if backend == "sim" and bots_bin:
@@ -442,6 +444,16 @@ def study_cmd(
         if name == "mixed-criticality":
             fail("mixed-criticality runs in the simulator (it needs a controlled periodic HI job)")
         check_bots_bin(bots_bin)  # before the board is opened or a reference run is made
+    kernels = None  # mixed-criticality runs its own jobs: --bench, --class, --policy unused
+    if name != "mixed-criticality":
+        pols = policy if name == "deadline-vs-maxfreq" else "performance"
+        spec = _check_selection(
+            backend, bench, cls, pols, board if backend == "sim" else None, bots_bin
+        )
+        if len(spec.policies) != 1:
+            fail(f"--policy {policy}: {name} compares one policy with maxfreq")
+        kernels, policy = list(spec.kernels), spec.policies[0]
+    if backend == "native":
         from tools.native_study import native_runner
 
         runner, nb = native_runner(

@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from tools.common import emit_json, fail, guard_errors
+from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
 
 
 @click.command("daemon")
@@ -54,7 +54,7 @@ from tools.common import emit_json, fail, guard_errors
     "--duration",
     "duration_s",
     default=None,
-    type=click.FloatRange(min=0.001),
+    type=FiniteFloatRange(min=0.001),
     help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped; "
     "60 virtual seconds with --sim.",
 )
@@ -87,7 +87,7 @@ from tools.common import emit_json, fail, guard_errors
     "--load",
     default=0.6,
     show_default=True,
-    type=click.FloatRange(0.05, 3.0),
+    type=FiniteFloatRange(0.05, 3.0),
     help="Offered load of the simulated workload (--sim).",
 )
 @click.option(
@@ -305,7 +305,7 @@ def _print_jobs(status: dict) -> None:
     "--deadline",
     "deadline_s",
     default=None,
-    type=click.FloatRange(min=0.001),
+    type=FiniteFloatRange(min=0.001),
     help="Soft deadline in seconds.",
 )
 @click.option(

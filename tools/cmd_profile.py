@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import click
 
-from tools.common import Friendly, emit_json, fail
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail
 
 DEFAULT_STORE = "/var/lib/hidvfs/profiles.json"
 #: the smallest ``--stack SIZE``: this process runs under the limit too while it measures
@@ -147,7 +147,7 @@ def measure_options(f):
             click.option(
                 "--timeout",
                 "timeout_s",
-                type=click.FloatRange(0.1),
+                type=FiniteFloatRange(0.1),
                 default=600.0,
                 show_default=True,
                 help="Seconds before a run is killed (that measurement then fails).",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.common import Friendly, emit_json
+from tools.common import FiniteFloatRange, Friendly, emit_json
 
 
 @click.group("trace", cls=Friendly)
@@ -43,7 +43,7 @@ def trace() -> None:
     "duration_s",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(min=0.001),
+    type=FiniteFloatRange(min=0.001),
     help="Seconds to record.",
 )
 @click.option(

@@ -135,3 +135,14 @@ def guard_errors(fn):
             fail(str(err))
 
     return wrapper
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that refuses nan and inf (a usage error naming the option): nan passes
+    every bound and inf an open one, and then ran to nan results or failed deep in a run."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not a finite number.", param, ctx)
+        return rv

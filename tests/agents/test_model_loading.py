@@ -163,3 +163,51 @@ def test_retraining_one_policy_records_its_own_provenance(tmp_path):
     (folder / "manifest.json").write_text(json.dumps(man))
     row = next(r for r in check_board("rubikpi3", folder)["files"] if r["file"] == "ztt.onnx")
     assert not row["ok"] and "seed '1' in the file, '7' in the manifest's ztt entry" in row["error"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"shield": None}, "shield"),
+        ({"shield": "x"}, "shield"),
+        ({"shield": {"q": 1.0}}, "shield.alpha"),
+        ({"shield": {"alpha": 1.5}}, "shield.alpha"),
+        ({"period_s": "x"}, "period_s"),
+        ({"period_s": 0}, "period_s"),
+        ({"policies": []}, "policies"),
+        ({"policies": {"ztt": "x"}}, "policies.ztt"),
+        ({"policies": {"ztt": {"provenance": []}}}, "policies.ztt.provenance"),
+        ({"format": "other"}, "format"),
+    ],
+)
+def test_a_malformed_manifest_is_refused_naming_the_file_and_key(tx2_copy, change, key):
+    """These passed `agents check` (`policies: []` as ok, with an AttributeError in its
+    row) and then crashed eval and the daemon with a TypeError, or named neither."""
+    path = tx2_copy / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ModelMismatch, match=rf"manifest.json: key '{key}' must be") as e:
+        load_manifest(tx2_copy, "tx2")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelMismatch, match=rf"key '{key}'"):
+        make_hidvfs(TX2, models=tx2_copy)
+    report = check_board("tx2", tx2_copy)
+    assert not report["ok"] and report["files"][0]["file"] == "manifest.json"
+
+
+def test_check_fails_a_manifest_that_is_a_list(tx2_copy):
+    """It used to end `agents check` with an AttributeError traceback."""
+    (tx2_copy / "manifest.json").write_text("[1, 2]")
+    r = CliRunner().invoke(cli, ["agents", "check", "--board", "tx2", "--models", str(tx2_copy)])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert "key '<top>' must be a JSON object, got 'list'" in r.output
+    assert "model check failed for tx2" in r.output
+
+
+def test_a_manifest_without_a_shield_is_named_when_the_shield_is_loaded(tx2_copy):
+    path = tx2_copy / "manifest.json"
+    man = json.loads(path.read_text())
+    del man["shield"]
+    path.write_text(json.dumps(man))
+    with pytest.raises(ModelMismatch, match="manifest.json: key 'shield'"):
+        make_hidvfs(TX2, models=tx2_copy)
+    assert make_hidvfs(TX2, models=tx2_copy, shield=False).name == "hidvfs-noshield"

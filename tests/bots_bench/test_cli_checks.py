@@ -188,3 +188,96 @@ def test_ratio_table_labels_are_whole_and_columns_aligned():
     ]  # fmt: skip
     geo = lines[5].split()
     assert geo[0] == "geomean" and geo[1] == "|" and geo[2:5] == ["2.000"] * 3
+
+
+@pytest.fixture
+def no_sim(monkeypatch):
+    """Fails any study or campaign that gets as far as simulating a run."""
+    import bots_bench.campaign_sim as campaign_sim
+    import bots_bench.studies as studies
+
+    def ran(*a, **kw):
+        raise AssertionError("a run was simulated")
+
+    monkeypatch.setattr(studies, "_sim_runner", ran)
+    monkeypatch.setattr(campaign_sim, "run_one", ran)
+
+
+@pytest.mark.parametrize("seed", ["9223372036854775808", "-1"])
+def test_a_spec_seed_the_store_cannot_keep_is_refused_before_running(no_sim, tmp_path, seed):
+    """2**63 crashed with an OverflowError after simulating; -1 stored a failed run."""
+    spec = tmp_path / "c.yaml"
+    spec.write_text(
+        "kernels: [fib]\nclasses: [test]\npolicies: [maxfreq]\nboard: tx2\nbackend: sim\n"
+        f"seeds: [{seed}]\n"
+    )
+    db = tmp_path / "r.sqlite"
+    r = bots("run", "--spec", str(spec), "--db", str(db))
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"{spec}: key 'seeds': expected integers from 0 to" in r.output
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_run_deadline_slack_must_be_finite(no_sim, value):
+    """inf and nan used to fail after simulating, on the JSON of the run key."""
+    r = bots("run", "--bench", "fib", "--class", "test", "--policy", "maxfreq",
+             "--deadline-slack", value)  # fmt: skip
+    assert r.exit_code == 2 and "Invalid value for '--deadline-slack'" in r.output, r.output
+    assert "not a finite number" in r.output
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_study_slack_must_be_finite(no_sim, value):
+    r = bots("study", "deadline-vs-maxfreq", "--bench", "fib", "--class", "test", "--slack", value)
+    assert r.exit_code == 2 and "Invalid value for '--slack'" in r.output, r.output
+
+
+STUDY = ["study", "deadline-vs-maxfreq", "--seeds", "1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--bench", "fib", "--class", "nosuch"], ["--bench", "fib", "--class", "nosuch"]),
+        (["--bench", "fib", "--class", "test", "--policy", "nosuch"],
+         ["--bench", "fib", "--class", "test", "--policy", "nosuch"]),
+        (["--bench", "", "--class", "test"], ["--bench", "", "--class", "test"]),
+        (["--bench", "fib,nosuch", "--class", "test"], ["--bench", "fib,nosuch", "--class", "test"]),
+    ],
+)  # fmt: skip
+def test_study_refuses_a_bad_selection_like_run(no_sim, args, flag):
+    """A typo in --class or --policy gave a FAILED report (exit 1); --bench "" ran every
+    kernel. The refusal is the one `bots run` gives for the same flags."""
+    r = bots(*STUDY, *args)
+    want = bots("run", *flag)
+    assert r.exit_code == 2 and want.exit_code == 2, r.output
+    assert r.output == want.output and r.output.startswith("hidvfs: error: <command line>: key")
+
+
+def test_vs_geardvfs_checks_the_class_but_not_the_unused_policy(no_sim):
+    r = bots("study", "vs-geardvfs", "--bench", "fib", "--class", "nosuch", "--policy", "nosuch")
+    assert r.exit_code == 2 and "key 'classes'" in r.output, r.output
+
+
+def test_deadline_study_takes_one_policy(no_sim):
+    r = bots(*STUDY, "--bench", "fib", "--class", "test", "--policy", "hidvfs,ztt")
+    assert r.exit_code == 2 and "--policy hidvfs,ztt" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "key"), [(["--class", "nosuch"], "classes"), (["--bench", ""], "kernels")]
+)
+def test_bots_profile_refuses_a_bad_class_or_bench_before_measuring(
+    monkeypatch, tmp_path, args, key
+):
+    """--class nosuch opened the board and failed every kernel (exit 1)."""
+    import tools.cmd_profile as cp
+
+    def fake(*a, **kw):
+        raise AssertionError("a measuring session was opened")
+
+    monkeypatch.setattr(cp, "MeasureSession", fake)
+    r = bots("profile", "--bots-bin", str(tmp_path), *args)
+    assert r.exit_code == 2 and f"<command line>: key '{key}'" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -60,3 +60,15 @@ def test_the_deadline_slack_is_part_of_the_run_key():
     assert len({plain.key, slack.key, other.key}) == 3
     # runs stored before the slack was a key field keep their hash, so they still resume
     assert plain.spec_hash == "7291c03cb8b1"
+
+
+@pytest.mark.parametrize("seeds", [[2**63], [99999999999999999999999], [-1], [0, -5], 2**63 + 1])
+def test_seeds_outside_the_store_s_integer_range_are_refused(seeds):
+    """A seed above 2**63-1 crashed the store with an OverflowError after simulating; a
+    negative one passed and stored a failed run per config."""
+    with pytest.raises(SpecError, match="key 'seeds': expected"):
+        parse_spec({**BASE, "seeds": seeds}, "c.yaml")
+
+
+def test_the_extreme_seeds_are_accepted():
+    assert parse_spec({**BASE, "seeds": [0, 2**63 - 1]}, "c.yaml").seeds == (0, 2**63 - 1)

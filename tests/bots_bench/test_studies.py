@@ -52,3 +52,15 @@ def test_study_cli_exit_code_follows_the_assertion():
         ],
     )
     assert r.exit_code == 1 and "FAILED" in r.output
+
+
+def test_an_empty_kernel_selection_is_refused_not_every_kernel():
+    """`kernels or KERNELS` turned [] (an empty --bench) into all 12 kernels."""
+    from bots_bench.studies import vs_geardvfs
+
+    def sim(k, s, p):
+        raise AssertionError("a run was made")
+
+    for study in (deadline_vs_maxfreq, vs_geardvfs):
+        with pytest.raises(ValueError, match="no kernels selected"):
+            study("tx2", seeds=1, kernels=[], cls="test", runner=sim)

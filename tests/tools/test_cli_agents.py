@@ -255,3 +255,44 @@ def test_every_option_has_help(group):
         for p in cmd.params:
             if isinstance(p, click.Option):
                 assert p.help, f"{group} {name} {p.opts[0]} has no help text"
+
+
+@pytest.mark.parametrize("option", ["--load", "--slack", "--hi-fraction"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_eval_and_sweep_mix_options_must_be_finite(monkeypatch, option, value):
+    """nan passes every click.FloatRange bound: --load nan ran and printed nan results,
+    --hi-fraction nan was ignored, --slack nan failed without naming the option."""
+    import tools.cmd_agents as ca
+
+    def ran(*a, **kw):
+        raise AssertionError("the mixes were run")
+
+    monkeypatch.setattr(ca, "evaluate", ran)
+    monkeypatch.setattr(ca, "make_runner", ran)
+    for cmd in ("eval", "sweep"):
+        r = run(cmd, "--board", "tx2", "--seeds", "1", option, value)
+        assert r.exit_code == 2 and f"Invalid value for '{option}'" in r.output, r.output
+
+
+def test_train_lambda_e_must_be_finite(no_training, tmp_path):
+    out = tmp_path / "m"
+    r = run("train", "--board", "tx2", "--episodes", "1", "--out", str(out), "--lambda-e", "nan")
+    assert r.exit_code == 2 and "Invalid value for '--lambda-e'" in r.output
+    assert "not a finite number" in r.output and no_training == [] and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["daemon", "--sim", "tx2", "--duration", "nan"],
+        ["daemon", "--sim", "tx2", "--duration", "inf"],
+        ["trace", "record", "--sysfs-root", ".", "--out", "x.jsonl", "--duration", "nan"],
+    ],
+)
+def test_every_float_option_refuses_nan_and_inf(args):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and "is not a finite number" in r.output, r.output
