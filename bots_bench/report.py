@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bots_bench.registry import KERNEL_NAMES
+from bots_bench.registry import DEFAULT_LABEL, DEFAULT_VARIANT, KERNEL_NAMES
 from bots_bench.store import Store
 
 #: used as the baseline when none is named, first one present (else the first policy stored)
@@ -237,10 +237,33 @@ class GroupStats:
     baseline: str | None
     policies: list[PolicyStats] = field(default_factory=list)
     deadlines: list[DeadlineStats] = field(default_factory=list)
+    #: the measured settings the runs share (their spec hash) and how they read
+    spec_hash: str = ""
+    setting: str = ""
 
     @property
     def title(self) -> str:
-        return f"{self.bench} / {self.cls} ({self.board}, {self.backend})"
+        tail = f"; {self.setting}" if self.setting else ""
+        return f"{self.bench} / {self.cls} ({self.board}, {self.backend}{tail})"
+
+    def holds_kernel(self, other: GroupStats) -> bool:
+        """Whether ``other`` is a table of the same kernel, class, board and backend."""
+        return (self.board, self.backend, self.bench, self.cls) == (
+            other.board,
+            other.backend,
+            other.bench,
+            other.cls,
+        )
+
+    def holds(self, r: Mapping[str, Any]) -> bool:
+        """Whether run record ``r`` is one of this table's."""
+        return (r["board"], r["backend"], r["bench"], r["class"], r.get("spec_hash") or "") == (
+            self.board,
+            self.backend,
+            self.bench,
+            self.cls,
+            self.spec_hash,
+        )
 
 
 def _mean(vals: Iterable[float]) -> float | None:
@@ -295,13 +318,29 @@ def compute_stats(
     if not rows:
         raise ReportError("no runs to report")
     base = resolve_baseline((r["policy"] for r in rows), baseline)
+    # one table per kernel and class on a board, and per measured setting: runs with another
+    # deadline slack, thread count or variant (another spec hash) are other measurements
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    labels: dict[tuple, str] = {}
     for r in rows:
-        groups[(r["board"], r["backend"], r["bench"], r["class"])][r["policy"]].append(dict(r))
+        gkey = (r["board"], r["backend"], r["bench"], r["class"], r.get("spec_hash") or "")
+        groups[gkey][r["policy"]].append(dict(r))
+        labels.setdefault(gkey, setting_label(r.get("config") or {}))
+    shared = defaultdict(set)  # settings that read alike in one table (a cool-down alone)
+    for k, lab in labels.items():
+        shared[(k[:4], lab)].add(k[4])
     out = []
-    for gkey in sorted(groups, key=lambda k: (k[0], k[1], _bench_order(k[2]), k[3])):
+    for gkey in sorted(groups, key=lambda k: (k[0], k[1], _bench_order(k[2]), k[3], labels[k])):
         by_policy = groups[gkey]
-        g = GroupStats(*gkey, baseline=base if base in by_policy else None)
+        label = labels[gkey]
+        if len(shared[(gkey[:4], label)]) > 1:  # e.g. two cool-downs: the hash tells apart
+            label = ", ".join(x for x in (label, f"spec {gkey[4]}") if x)
+        g = GroupStats(
+            *gkey[:4],
+            baseline=base if base in by_policy else None,
+            spec_hash=gkey[4],
+            setting=label,
+        )
         base_ms = _per_seed(by_policy[g.baseline], "makespan_s") if g.baseline else {}
         base_e = _per_seed(by_policy[g.baseline], "energy_j") if g.baseline else {}
         base_c = _per_seed(by_policy[g.baseline], "cpu_energy_j") if g.baseline else {}
@@ -336,6 +375,34 @@ def compute_stats(
             g.deadlines += _deadline_stats(policy, rs)
         out.append(g)
     return out
+
+
+#: the settings of a run's config that change what is measured, with the default a table
+#: does not name (see RunConfig.spec_hash)
+_SETTINGS = (
+    ("deadline_slack", None, "deadline slack {}x"),
+    ("threads", None, "{} threads"),
+    ("variant", None, "variant {}"),
+    ("label", None, "build {}"),
+    ("check", None, "check {}"),
+)
+
+
+def setting_label(config: Mapping[str, Any]) -> str:
+    """What sets a run's measurement apart, in words ("deadline slack 1.5x, 4 threads"); ''
+    for the defaults. The variant and build are named only when not the registry's default."""
+    defaults = {"variant": DEFAULT_VARIANT, "label": DEFAULT_LABEL}
+    parts = []
+    for key, default, fmt in _SETTINGS:
+        v = config.get(key, default)
+        if v is None or v == defaults.get(key, default):
+            continue
+        parts.append(
+            fmt.format(
+                str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
+            )
+        )
+    return ", ".join(parts)
 
 
 def _deadline_stats(policy: str, rows: list[dict]) -> list[DeadlineStats]:
@@ -605,7 +672,10 @@ def _plot_bars(groups: list[GroupStats], path: Path, colors: dict[str, str]) -> 
                 es.append((s.std or 0.0) / ref)
             ax.bar(xs, hs, width, yerr=es, capsize=2, label=pol, color=colors[pol])
         ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels([f"{g.bench}\n{g.cls}" for g in groups], fontsize="small")
+        ax.set_xticklabels(
+            [f"{g.bench}\n{g.cls}" + (f"\n{g.setting}" if g.setting else "") for g in groups],
+            fontsize="small",
+        )
         ax.set_ylabel(f"{metric} / baseline" if normalise else f"{metric} ({unit})")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize="small", ncol=min(len(policies), 4))
@@ -769,13 +839,12 @@ def write_report(
             blocks.append(("h3", "Deadline misses"))
             blocks.append(("table", DEADLINE_HEADER, _deadline_rows(g)))
         if plotting:
-            grows = [
-                r
-                for r in rows
-                if (r["board"], r["backend"], r["bench"], r["class"])
-                == (g.board, g.backend, g.bench, g.cls)
-            ]
-            png = out / f"pareto_{_slug(g.board, g.backend, g.bench, g.cls)}.png"
+            grows = [r for r in rows if g.holds(r)]
+            # the spec hash only where one kernel has tables of other settings too
+            parts = [g.board, g.backend, g.bench, g.cls]
+            if sum(1 for h in groups if h.holds_kernel(g)) > 1:
+                parts.append(g.spec_hash)
+            png = out / f"pareto_{_slug(*parts)}.png"
             if _plot_pareto(g, grows, png, colors):
                 plots.append(png)
                 blocks.append(("img", png.name, f"{g.title}: energy vs makespan"))

@@ -347,3 +347,30 @@ def test_pareto_front(points):
         assert any(
             points[i][0] <= x and points[i][1] <= y and points[i] != (x, y) for i in front
         ) or any(points[i] == (x, y) for i in front)
+
+
+def test_runs_of_other_settings_are_other_tables_not_averaged_together(tmp_path):
+    """The same kernel, policy and seed run without and with a deadline slack are two
+    measurements: two tables, each titled by its setting, never one "runs 2" row."""
+    from bots_bench.spec import RunConfig
+
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        for slack, ms in ((None, 1.0), (1.5, 3.0)):
+            cfg = RunConfig("fib", "test", "maxfreq", 0, "tx2", "sim", 0, deadline_slack=slack)
+            s.add({**cfg.record_base(), "makespan_s": ms, "energy_j": 2 * ms, "ok": True})
+    with Store(db) as s:
+        groups = compute_stats(s.runs(with_stdout=False, with_timeseries=False))
+    assert len(groups) == 2
+    by_setting = {g.setting: g for g in groups}
+    assert set(by_setting) == {"", "deadline slack 1.5x"}
+    for setting, ms in (("", 1.0), ("deadline slack 1.5x", 3.0)):
+        (ps,) = by_setting[setting].policies
+        assert ps.runs == 1 and ps.makespan.mean == ms
+    assert by_setting["deadline slack 1.5x"].title.endswith("(tx2, sim; deadline slack 1.5x)")
+    files = write_report(db, tmp_path / "out")
+    text = files.markdown.read_text()
+    assert (
+        "## fib / test (tx2, sim)" in text
+        and "## fib / test (tx2, sim; deadline slack 1.5x)" in text
+    )
