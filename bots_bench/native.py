@@ -96,6 +96,17 @@ def _tail(f) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
+def _kill_leftovers(proc: subprocess.Popen) -> None:
+    """Kill what the kernel left running in its session (a background child): it would
+    take cores and power from the next run. Its group id stays reserved while it has
+    members, so the kill cannot reach another process."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    log.warning("event=leftovers_killed pid=%d detail=%r", proc.pid, "the kernel left processes")
+
+
 def exit_status(returncode: int) -> str:
     """``exit status N``, or the signal that killed the process, by name."""
     if returncode < 0:
@@ -335,6 +346,7 @@ def run_native(
             kill_job(proc)
             proc.wait()
         t_exit = nb.platform.clock.now()
+        _kill_leftovers(proc)
     except OSError as err:
         rec["error"] = str(err)
         stop.set()

@@ -169,13 +169,23 @@ def _parse_list(text: str) -> BotsResult | None:
             f"BOTS result block for {vals['Program']!r} lacks: {', '.join(missing)}"
         )
     full = any(k in vals for k in _LIST_KEYS[_LIST_KEYS.index("Execution Date") :])
+    verification = _verification(vals["Verification"])
+    # the last block wins, but not over a failed check: an output that also holds an
+    # UNSUCCESSFUL (or error) block is not a successful run (BOTS prints one block)
+    failed = [
+        m["val"].strip()
+        for m in matches
+        if m["key"] == "Verification" and m["val"].strip() in ("UNSUCCESSFUL", "error")
+    ]
+    if failed and verification not in ("UNSUCCESSFUL", "error"):
+        verification = failed[-1]
     return BotsResult(
         program=vals["Program"],
         parameters=vals.get("Parameters"),
         model=vals.get("Model"),
         cutoff=vals.get("Embedded cut-off"),
         threads=_int("# of Threads", vals["# of Threads"]),
-        verification=_verification(vals["Verification"]),
+        verification=verification,
         time_program_s=_float("Time Program", vals["Time Program"]),
         time_sequential_s=_float("Time Sequential", vals.get("Time Sequential", ""), optional=True),
         speedup=_float("Speed-up", vals.get("Speed-up", ""), optional=True),

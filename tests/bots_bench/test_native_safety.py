@@ -280,3 +280,29 @@ def test_sigterm_or_sighup_ends_a_native_campaign_as_ctrl_c_does(tmp_path, sig):
     with pytest.raises(ProcessLookupError):
         os.kill(kernel, 0)
     assert gov.read_text().strip() == original.strip()
+
+
+def test_processes_a_kernel_leaves_running_are_killed_after_its_run(board, tmp_path):
+    out = BLOCK.format(program="Sort", time="0.25")
+    pidfile = tmp_path / "child.pid"
+    _stand_in(
+        tmp_path / "bin",
+        "sort.gcc.omp-tasks",
+        f"sleep 300 &\necho $! > {pidfile}\nprintf '{out}'\n",
+    )
+    rec = run_native(_cfg("sort", tmp_path / "bin"), board, build_policy_stack)
+    assert rec["ok"], rec["error"]
+    child = int(pidfile.read_text())
+    for _ in range(100):  # killed; reaped by init soon after
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split(") ")[1].startswith("Z"):
+                break
+        import time
+
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"pid {child} still running after the run")

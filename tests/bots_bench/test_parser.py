@@ -162,6 +162,16 @@ def test_last_block_wins():
     assert parse_output(first + "\nrunning again\n" + SAMPLE_O3).time_program_s == 0.812
 
 
+def test_a_failed_block_is_not_hidden_by_a_later_successful_one():
+    """BOTS prints one block; an output with an UNSUCCESSFUL one and then a successful one
+    (a wrapper that ran twice, a doctored binary) is not a verified run."""
+    bad = SAMPLE_O3.replace("Not requested", "UNSUCCESSFUL")
+    good = SAMPLE_O3.replace("Not requested", "successful")
+    r = parse_output(bad + "\nrunning again\n" + good)
+    assert r.verification == "UNSUCCESSFUL" and r.time_program_s == 0.812
+    assert parse_output(good + "\n" + good).verification == "successful"
+
+
 @pytest.mark.parametrize(
     ("text", "msg"),
     [
