@@ -261,7 +261,7 @@ class TelemetryClient:
         cache_s: float = 1.0,
         default_url: str = DEFAULT_STATUS_URL,
         clock: Clock | None = None,
-        max_workers: int = 32,
+        max_workers: int = 64,
     ):
         self.urls = dict(urls or {})
         self.token = token
@@ -282,10 +282,13 @@ class TelemetryClient:
         budget from now)."""
         deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
         now = self.clock.now()
-        with self._lock:
-            hit = self._cache.get(node)
-        if hit is not None and now - hit[0] < self.cache_s:
-            return hit[1]
+        hit = self._cached(node, now)
+        if hit is not None:
+            return hit
+        if time.monotonic() >= deadline:
+            # queued behind other fetches until the budget ran out: the node was never asked,
+            # so it is neither cached nor logged as down (a later request asks it)
+            return self._unasked(node)
         try:
             tel = self._fetch(node, deadline)
         except Exception as err:  # noqa: BLE001 - a bad URL or status must not fail the pod
@@ -310,6 +313,19 @@ class TelemetryClient:
             log.warning("node %s: telemetry unavailable (%s); neutral score", node, tel.reason)
         elif tel.ok and before is not None:
             log.info("node %s: telemetry back", node)
+
+    def _cached(self, node: str, now: float) -> NodeTelemetry | None:
+        with self._lock:
+            hit = self._cache.get(node)
+        return hit[1] if hit is not None and now - hit[0] < self.cache_s else None
+
+    def _unasked(self, node: str) -> NodeTelemetry:
+        return NodeTelemetry(
+            node,
+            False,
+            f"{self.url(node)}: not asked within {self.timeout_s:g} s (every telemetry worker "
+            "was waiting on slower nodes)",
+        )
 
     def _late(self, node: str) -> NodeTelemetry:
         return NodeTelemetry(
@@ -360,16 +376,20 @@ class TelemetryClient:
     def fetch_many(self, nodes: list[str]) -> dict[str, NodeTelemetry]:
         """Every node's telemetry within the one budget, fetched concurrently."""
         deadline = time.monotonic() + self.timeout_s
-        futs = {n: self._pool.submit(self.fetch, n, deadline) for n in dict.fromkeys(nodes)}
+        now = self.clock.now()
+        out: dict[str, NodeTelemetry] = {}
+        futs = {}
+        for n in dict.fromkeys(nodes):
+            hit = self._cached(n, now)  # answered here: never queued behind slow nodes
+            if hit is not None:
+                out[n] = hit
+            else:
+                futs[n] = self._pool.submit(self.fetch, n, deadline)
         wait(futs.values(), timeout=self.timeout_s + 0.1)
-        out = {}
         for n, f in futs.items():
-            if f.done():
-                out[n] = f.result()
-            else:  # its worker never started in time; the deadline ends it if it does
-                out[n] = self._late(n)
-                self._note(n, out[n])
-        return out
+            # a worker that never started in time: the node was not asked (see fetch)
+            out[n] = f.result() if f.done() else self._unasked(n)
+        return {n: out[n] for n in dict.fromkeys(nodes)}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -705,3 +705,36 @@ def test_a_nodes_entry_may_give_only_a_url_or_only_a_board():
     urls, boards = parse_nodes_arg(" a = tx2 @ http://127.0.0.1:9130/status , b=@https://h/s,c=tx2")
     assert urls == {"a": "http://127.0.0.1:9130/status", "b": "https://h/s"}
     assert boards == {"a": "tx2", "c": "tx2"}
+
+
+def test_nodes_queued_behind_slow_ones_are_not_called_down_nor_cached(monkeypatch, caplog):
+    """With every telemetry worker held by hanging nodes, a fast node is not asked in time:
+    its neutral score says so, nothing is logged against it, and the next request asks it
+    (it used to get the cached "no answer" for the cache's life)."""
+    import time
+
+    from daemon.coordinator import NodeTelemetry, TelemetryClient
+
+    asked = []
+
+    def fake_fetch(self, node, deadline):
+        asked.append(node)
+        if node.startswith("slow"):
+            time.sleep(max(0.0, deadline - time.monotonic()) + 0.05)
+            return self._late(node)
+        return NodeTelemetry(node, True, speed_factor=1.0, free_cpus=4.0)
+
+    monkeypatch.setattr(TelemetryClient, "_fetch", fake_fetch)
+    client = TelemetryClient(timeout_s=0.2, cache_s=60.0, max_workers=2)
+    try:
+        caplog.set_level("INFO", logger="hidvfs")
+        first = client.fetch_many(["slow1", "slow2", "fast"])
+        assert not first["fast"].ok and "not asked within" in first["fast"].reason
+        assert not any("node fast" in r.getMessage() for r in caplog.records)
+        time.sleep(0.3)  # the slow workers are free again
+        second = client.fetch_many(["fast"])
+        assert second["fast"].ok
+        third = client.fetch_many(["slow1", "slow2", "fast"])  # a cached answer waits for none
+        assert third["fast"].ok
+    finally:
+        client.close()
