@@ -245,6 +245,11 @@ def _reason_kind(reason: str) -> str:
     return re.sub(r"[0-9.]+", "#", reason)
 
 
+#: node names the telemetry client keeps answers and states for: a cluster's nodes many
+#: times over; past it (a client sending made-up names) the memory is dropped, not grown
+MAX_TRACKED = 16384
+
+
 class TelemetryClient:
     """Fetches node status JSON over HTTP; caches each answer for ``cache_s``.
 
@@ -297,6 +302,10 @@ class TelemetryClient:
             tel = self._late(node)
         self._note(node, tel)
         with self._lock:
+            if len(self._cache) >= MAX_TRACKED:  # names a client made up: drop the stale
+                self._cache = {k: v for k, v in self._cache.items() if now - v[0] < self.cache_s}
+                if len(self._cache) >= MAX_TRACKED:
+                    self._cache.clear()
             self._cache[node] = (now, tel)
         return tel
 
@@ -308,6 +317,8 @@ class TelemetryClient:
             if tel.ok:
                 self._down.pop(node, None)
             else:
+                if len(self._down) >= MAX_TRACKED and node not in self._down:
+                    self._down.clear()  # at worst a node's going down is logged again
                 self._down[node] = _reason_kind(tel.reason)
         if not tel.ok and before != _reason_kind(tel.reason):
             log.warning("node %s: telemetry unavailable (%s); neutral score", node, tel.reason)
@@ -463,6 +474,8 @@ class Coordinator:
 
     def _warn_once(self, node: str, what: str, msg: str, *a) -> None:
         if (node, what) not in self._warned:
+            if len(self._warned) >= 4 * MAX_REMEMBERED_NODES:  # names a client made up
+                self._warned.clear()
             self._warned.add((node, what))
             log.warning(msg, *a)
 
@@ -509,7 +522,11 @@ class Coordinator:
             else:
                 args = replace(args, nodes=[self._seen.get(n.name, n) for n in args.nodes])
         for n in args.nodes:
-            if n.name not in self.telemetry.urls and n.name not in self._default_url_nodes:
+            if (
+                n.name not in self.telemetry.urls
+                and n.name not in self._default_url_nodes
+                and len(self._default_url_nodes) < 2  # all the warning below needs
+            ):
                 self._default_url_nodes.add(n.name)
                 if len(self._default_url_nodes) == 2:
                     log.warning(
@@ -591,9 +608,9 @@ class Coordinator:
         scores = np.where(fits, NEUTRAL_SCORE, 0).astype(np.int64)
         if reachable.any():
             scores[reachable] = scale_scores(raw[reachable])
-        for n in names:
+        for n in names:  # debug: the node's going down is logged once, when it happens
             if not tel[n].ok and n not in unfit:
-                log.info("pod %s: node %s scored neutral (%s)", args.pod.name, n, tel[n].reason)
+                log.debug("pod %s: node %s scored neutral (%s)", args.pod.name, n, tel[n].reason)
         return dict(zip(names, scores.tolist()))
 
     def status(self) -> dict:
