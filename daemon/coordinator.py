@@ -691,6 +691,11 @@ def build_server(
         boards,
         model_path=model_path,
     )
-    srv = make_server(host, port, coord.verbs())
+    try:
+        srv = make_server(host, port, coord.verbs())
+    except OSError as err:
+        coord.telemetry.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise OSError(err.errno, f"cannot listen on {where}: {err.strerror or err}") from None
     srv.coordinator = coord
     return srv

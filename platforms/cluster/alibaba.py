@@ -458,9 +458,14 @@ def _open_lines(path: str) -> Iterator[str]:
     Excel's export), which would otherwise spoil the first task name and skip its job."""
     if path.endswith(".gz"):
         import gzip
+        import zlib
 
-        with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
-            yield from f
+        try:
+            with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
+                yield from f
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            # gzip's own message names no file ("Not a gzipped file (b'no')")
+            raise ValueError(f"{path}: not a readable .gz file ({err})") from None
     else:  # a bad byte becomes U+FFFD and spoils its row only (_split_line), not the file
         with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
             yield from f

@@ -757,3 +757,16 @@ def test_made_up_node_names_do_not_grow_the_telemetry_memory(monkeypatch):
         assert len(client._cache) <= 10 and len(client._down) <= 10
     finally:
         client.close()
+
+
+def test_a_busy_port_is_refused_naming_the_address():
+    import socket
+
+    from daemon.coordinator import build_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            build_server("127.0.0.1", port, "fifo")

@@ -324,3 +324,19 @@ def test_a_repeated_non_dag_task_is_a_duplicate_as_a_dag_one_is(name):
         [f"{name},1,j,1,Terminated,0,5,100,0.2", "task_x,1,j,1,Terminated,0,5,100,0.2"]
     )
     assert not ok.issues and len(ok.jobs[0].tasks) == 2
+
+
+def test_a_gz_that_is_not_one_or_is_cut_short_is_refused_naming_the_file(tmp_path):
+    import gzip
+
+    from platforms.cluster.alibaba import read_batch_task
+
+    bad = tmp_path / "bad.csv.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=f"{bad}: not a readable .gz file"):
+        read_batch_task(bad)
+    data = gzip.compress(b"M1,1,j,1,Terminated,0,10,100,0.5\n" * 200)
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=f"{cut}: not a readable .gz file"):
+        read_batch_task(cut)
