@@ -16,7 +16,22 @@ from tools.cmd_platforms import boards_cmd, fake_sysfs_cmd, probe_cmd
 from tools.cmd_trace import trace
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Root(click.Group):
+    """Ctrl-C (or a SIGTERM/SIGHUP a command turns into it) exits 130, the shell's code for
+    an interrupt, not click's 1 ("Aborted!"), which a script cannot tell from a failed run."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(
+    cls=_Root,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, "--version", prog_name="hidvfs")
 def cli() -> None:
     """hidvfs: a deadline- and temperature-aware DVFS daemon for embedded boards.
