@@ -308,9 +308,17 @@ class Store:
                     f"(tables {sorted(tables)}, no schema version)"
                 )
             db.execute("PRAGMA journal_mode=WAL")
-            with db:
-                db.executescript(_SCHEMA)
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            # one transaction for the tables and the version (executescript commits what is
+            # pending and runs in autocommit): a kill between the two used to leave a file
+            # with tables and no version, refused by every later run as "not a store"
+            try:
+                db.executescript(
+                    f"BEGIN;\n{_SCHEMA}\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"
+                )
+            except sqlite3.Error:
+                if db.in_transaction:
+                    db.rollback()
+                raise
         elif "runs" not in tables:
             db.close()
             raise StoreError(f"{self.path}: results schema {version} but no 'runs' table")

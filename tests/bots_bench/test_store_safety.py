@@ -111,3 +111,23 @@ def test_the_report_baseline_falls_back_to_the_first_policy(tmp_path):
     assert summary["baseline"] == "hidvfs"
     gear = next(p for p in files.groups[0].policies if p.policy == "geardvfs")
     assert gear.speedup is not None and gear.speedup.mean == pytest.approx(2.0)
+
+
+def test_creating_a_store_is_one_transaction(tmp_path, monkeypatch):
+    """Tables and schema version land together: a creation cut short leaves an empty file
+    that the next run makes a store of, never tables without a version ("not a store")."""
+    import sqlite3
+
+    import bots_bench.store as st
+
+    db = tmp_path / "r.sqlite"
+    monkeypatch.setattr(st, "_SCHEMA", st._SCHEMA + "\nCREATE TABLE broken (;\n")
+    with pytest.raises(st.StoreError, match="syntax error"):
+        st.Store(db)
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall() == []
+    con.close()
+    monkeypatch.undo()
+    with st.Store(db) as s:  # the next run creates it
+        assert len(s) == 0
