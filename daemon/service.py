@@ -68,9 +68,19 @@ class DaemonError(HidvfsError):
 
 
 def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
+    """The board spec: the config's (a spec file as given; a shipped name only if the tree is
+    not detected as another shipped board: its OPPs and rails would be wrong there, and a
+    profile measured under it stored under the wrong board), else detected, else probed."""
     if cfg.board:
         if cfg.board.endswith((".yaml", ".yml")):
             return load_board_file(cfg.board)
+        detected = detect_board(sysfs)
+        if detected and detected != cfg.board:
+            raise DaemonError(
+                f"board {cfg.board!r} was asked for, but the board under {sysfs.root} is "
+                f"detected as {detected!r}; leave the board out (it is detected) or run on a "
+                f"{cfg.board}"
+            )
         return load_board(cfg.board)
     name = detect_board(sysfs)
     if name:

@@ -73,7 +73,14 @@ def record_cmd(
             param_hint="--board",
         )
     sysfs = DirSysfs(sysfs_root)
-    board = board or detect_board(sysfs) or "unknown"
+    detected = detect_board(sysfs)
+    if board not in (None, "unknown") and detected and detected != board:
+        raise click.BadParameter(
+            f"{board!r}, but the board under {sysfs.root} is detected as {detected!r} (leave "
+            "--board out: it is detected)",
+            param_hint="--board",
+        )
+    board = board or detected or "unknown"
     clock = MonotonicClock()
     started = clock.now()
     # a signal stops the recording and the file is closed as at the end (a SIGTERM's default

@@ -353,3 +353,23 @@ def test_invalid_yaml_is_one_line_with_line_column_and_problem(tmp_path, text, w
         load_config(p)
     assert str(exc.value) == f"{p}: {where}: not valid YAML: {problem}"
     assert exc.value.file == str(p) and exc.value.key == "<file>"
+
+
+def test_a_shipped_board_named_on_another_detected_board_is_refused(tmp_path):
+    """orin-nx's OPPs written to a TX2 (or a profile measured there stored as orin-nx's):
+    a named shipped board must be the detected one; a spec file, or an undetected tree,
+    is taken as given."""
+    from daemon.service import DaemonError, resolve_board
+    from platforms.faketree import write_fake_tree
+    from platforms.spec import load_board
+    from platforms.sysfs import DirSysfs
+
+    write_fake_tree(load_board("tx2"), tmp_path / "tx2")
+    sysfs = DirSysfs(tmp_path / "tx2")
+    with pytest.raises(DaemonError, match="'orin-nx' was asked for, but .* detected as 'tx2'"):
+        resolve_board(parse_config({"board": "orin-nx"}), sysfs)
+    assert resolve_board(parse_config({"board": "tx2"}), sysfs).name == "tx2"
+    (tmp_path / "bare").mkdir()  # nothing to detect: the name is taken as given
+    assert resolve_board(parse_config({"board": "orin-nx"}), DirSysfs(tmp_path / "bare")).name == (
+        "orin-nx"
+    )

@@ -390,3 +390,12 @@ def test_a_signal_stops_daemon_replay_with_its_summary_and_exit_0(tmp_path, sig)
     assert rc == 0, stderr
     assert f"hidvfs: {sig.name}: replay stopped at t=" in stderr
     assert json.loads(stdout)["board"] == "tx2"
+
+
+def test_record_refuses_a_board_the_tree_is_not(tmp_path):
+    write_fake_tree(load_board("tx2"), tmp_path / "tree")
+    out = tmp_path / "t.jsonl"
+    args = ["trace", "record", "--sysfs-root", str(tmp_path / "tree"), "--out", str(out)]
+    r = CliRunner().invoke(cli, [*args, "--board", "orin-nx", "--duration", "0.2"])
+    assert r.exit_code == 2 and "detected as 'tx2'" in r.output, r.output
+    assert not out.exists()
