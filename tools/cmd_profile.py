@@ -333,14 +333,23 @@ class MeasureSession:
 
 
 @profile.command("list")
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="Profile store.")
+@click.option(
+    "--store",
+    default=None,
+    help=f"Profile store (default {DEFAULT_STORE}; a store given here must exist).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profiles as JSON.")
 def list_cmd(store, as_json) -> None:
     """The profiles in the store, per board."""
+    import os
     from dataclasses import asdict
 
     from agents import deadlines
 
+    # the default store may not exist yet (nothing measured); a path given may be a typo
+    if store is not None and not os.path.exists(store):
+        fail(f"{store}: no such profile store")
+    store = store or DEFAULT_STORE
     try:
         db = deadlines.load(store, missing_ok=True)
     except Exception as err:  # noqa: BLE001

@@ -344,3 +344,8 @@ def test_the_default_timer_runs_with_the_environment_of_the_moment(monkeypatch):
     code = "import os; print(os.environ.get('HIDVFS_TIMER_PROBE'))"
     assert timer([sys.executable, "-c", code], [0], 30.0) > 0
     assert seen == ["set-later"]
+
+
+def test_listing_a_store_that_is_not_there_is_an_error_not_an_empty_list(tmp_path):
+    r = CliRunner().invoke(cli, ["profile", "list", "--store", str(tmp_path / "typo.json")])
+    assert r.exit_code == 2 and "no such profile store" in r.output
