@@ -367,12 +367,23 @@ def profile_cmd(
     help="Policy the ratios are taken against (default: the first of schedutil, ondemand, "
     "performance, maxfreq with runs, else the first policy stored).",
 )
-def report_cmd(db: str, out_dir: str, baseline: str | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report's numbers (summary.json: per table, per policy) on stdout.",
+)
+def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> None:
     """Write report.md, report.html and PNG plots from a results store."""
+    import json
+
     from bots_bench.report import write_report
 
     files = write_report(db, out_dir, baseline=baseline)
-    click.echo(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots")
+    if as_json:
+        emit_json(json.loads(files.summary.read_text()))
+    else:
+        click.echo(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots")
     if not files.plotting:
         click.echo(
             'note: no plots: they need the report extra (matplotlib): pip install "hidvfs[report]"',

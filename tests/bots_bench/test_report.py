@@ -374,3 +374,18 @@ def test_runs_of_other_settings_are_other_tables_not_averaged_together(tmp_path)
         "## fib / test (tx2, sim)" in text
         and "## fib / test (tx2, sim; deadline slack 1.5x)" in text
     )
+
+
+def test_report_json_prints_the_summary_numbers(report, tmp_path):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    files, _, db = report
+    r = CliRunner().invoke(
+        cli, ["bots", "report", "--db", str(db), "--out", str(tmp_path / "o"), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)  # stdout is the JSON alone
+    assert out["baseline"] == json.loads(files.summary.read_text())["baseline"]
+    assert [g["bench"] for g in out["groups"]] == ["fib", "sort"]
