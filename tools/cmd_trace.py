@@ -158,13 +158,19 @@ def replay_cmd(
     `hidvfs daemon --record` is replayed at its tick times, so every write compares).
     """
     from daemon.stopsignals import StopOnSignals
+    from platforms.trace_io import TraceError
     from tools.common import fail
     from tools.replay import replay_trace
 
     with StopOnSignals() as signals:
-        result = replay_trace(
-            trace_file, policy, period_ms, allow_truncated=allow_truncated, stop=signals.stop
-        )
+        try:
+            result = replay_trace(
+                trace_file, policy, period_ms, allow_truncated=allow_truncated, stop=signals.stop
+            )
+        except TraceError as err:
+            if "truncated" in str(err) and not allow_truncated:
+                fail(f"{err}; replay the complete part with --allow-truncated")
+            raise
     if signals.received:
         click.echo(f"hidvfs: {signals.received}: replay stopped before the trace's end", err=True)
         if check:

@@ -140,6 +140,7 @@ def test_a_recording_cut_short_is_shown_and_replays_on_request(tmp_path):
     assert r.exit_code == 0 and "TRUNCATED" in r.output
     r = CliRunner().invoke(cli, ["trace", "replay", str(cut)])
     assert r.exit_code == 2 and "truncated" in r.output
+    assert "replay the complete part with --allow-truncated" in r.output  # the way on
     r = CliRunner().invoke(cli, ["trace", "replay", str(cut), "--allow-truncated"])
     assert r.exit_code == 0 and "cut short" in r.output
 
