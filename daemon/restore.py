@@ -65,9 +65,12 @@ class Snapshot:
     online: dict[int, str] = field(default_factory=dict)
     taken: str = ""
     pid: int = 0
+    #: the tree the settings were read from (its real path; None: not a folder, or a file
+    #: written before this was recorded): they are put back on that tree only
+    root: str | None = None
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "format": FORMAT,
             "version": VERSION,
             "taken": self.taken,
@@ -75,6 +78,9 @@ class Snapshot:
             "policies": [asdict(p) for p in self.policies],
             "online": {str(k): v for k, v in sorted(self.online.items())},
         }
+        if self.root is not None:
+            out["root"] = self.root
+        return out
 
     @classmethod
     def from_json(cls, data: object, file: str = FILE_NAME) -> Snapshot:
@@ -108,7 +114,10 @@ class Snapshot:
                     f"{file}: policy{p.policy} min_khz {mn} > max_khz {mx}: not a snapshot "
                     "of a board"
                 )
-        return cls(policies, online, str(data.get("taken", "")), int(data.get("pid", 0) or 0))
+        root = data.get("root")
+        if root is not None and not isinstance(root, str):
+            raise SnapshotError(f"{file}: malformed snapshot (root {root!r} is not a path)")
+        return cls(policies, online, str(data.get("taken", "")), int(data.get("pid", 0) or 0), root)
 
 
 def _opt_str(v: object) -> str | None:
@@ -204,7 +213,15 @@ def take_snapshot(
         if v in ("0", "1"):
             online[cpu] = v
     taken = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return Snapshot(tuple(policies), online, taken, os.getpid())
+    return Snapshot(tuple(policies), online, taken, os.getpid(), tree_root(sysfs))
+
+
+def tree_root(sysfs: SysfsBackend) -> str | None:
+    """The real path of the folder ``sysfs`` reads (None for a backend without one)."""
+    while not isinstance(getattr(sysfs, "root", None), str) and hasattr(sysfs, "inner"):
+        sysfs = sysfs.inner  # a recording wraps the tree
+    root = getattr(sysfs, "root", None)
+    return os.path.realpath(root) if isinstance(root, str) else None
 
 
 def unrestorable(sysfs: SysfsBackend, snapshot: Snapshot) -> list[str]:
@@ -394,6 +411,15 @@ def recover_stale(
         return None
     if snap is None:
         return None
+    here = tree_root(sysfs)
+    if snap.root is not None and here is not None and snap.root != here:
+        # another tree's originals (a fake tree's, say) must never land on this one; the
+        # file stays for a start on its own tree
+        raise SnapshotError(
+            f"{snapshot_path(state_dir)} holds the original settings of the tree {snap.root}, "
+            f"not of {here}: start once with --sysfs-root {snap.root} to give them back there, "
+            "or use another state dir"
+        )
     log.warning(
         "event=restore_stale taken=%s pid=%d detail=%r",
         snap.taken or "?",

@@ -448,3 +448,26 @@ def test_a_snapshot_with_min_above_max_is_not_originals(tmp_path):
     assert recover_stale(fs, state, LOG) is None
     assert (state / "restore.json.corrupt").exists()
     assert {p: fs.read(p) for p in before} == before
+
+
+def test_a_snapshot_is_given_back_to_its_own_tree_only(tmp_path):
+    """A crash on a fake tree with the default state dir, then a start on the board: the fake
+    tree's originals must never be written to the board (nor the file lost)."""
+    fake, board = make_tree(tmp_path / "fake"), make_tree(tmp_path / "board")
+    state = tmp_path / "state"
+    snap = take_snapshot(fake, LAYOUT)
+    assert snap.root == os.path.realpath(tmp_path / "fake")
+    save_snapshot(snap, state)
+    mutate(board)
+    before = read_all(tmp_path / "board")
+    with pytest.raises(SnapshotError, match="start once with --sysfs-root .*fake"):
+        recover_stale(board, state, LOG)
+    assert read_all(tmp_path / "board") == before and (state / "restore.json").exists()
+    mutate(fake)
+    report = recover_stale(fake, state, LOG)  # its own tree: given back, file gone
+    assert report.ok and not (state / "restore.json").exists()
+    assert load_snapshot(state) is None
+    # a file written before the root was recorded restores as it did
+    old = {k: v for k, v in snap.to_json().items() if k != "root"}
+    (state / "restore.json").write_text(json.dumps(old))
+    assert recover_stale(board, state, LOG).ok
