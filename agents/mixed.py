@@ -48,7 +48,8 @@ NEED_MARGIN = 0.9
 
 
 def _speed(c: ClusterObs) -> float:
-    return len(c.online) * c.capacity * (c.freqs_khz[-1] if c.freqs_khz else 0)
+    top = c.allowed_khz
+    return len(c.online) * c.capacity * (top[-1] if top else 0)
 
 
 def _graham_s(job: JobObs, c: ClusterObs, khz: int) -> float:
@@ -65,12 +66,12 @@ def needed_khz(job: JobObs, c: ClusterObs, margin: float = 1.0) -> int:
     Uses the Graham bound of the remaining work with the two-point model; the top frequency
     when the job has no deadline or no profile.
     """
-    top = c.freqs_khz[-1]
+    table = c.allowed_khz  # within the cluster's limits: what the reservation can get
+    top = table[-1]
     if job.profile is None or job.deadline_s is None:
         return top
     remaining = margin * (job.deadline_s - job.elapsed_s)
     # the bound only falls as f rises: the first OPP that holds, by bisection
-    table = c.freqs_khz
     lo, hi = 0, len(table)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -86,7 +87,8 @@ def fits(job: JobObs, c: ClusterObs, margin: float = HI_MARGIN) -> bool:
     the time it has left (False without a deadline or a profile: nothing to tell)."""
     if job.profile is None or job.deadline_s is None or not c.freqs_khz:
         return False
-    return _graham_s(job, c, c.freqs_khz[-1]) <= margin * (job.deadline_s - job.elapsed_s)
+    top = c.allowed_khz[-1]  # the top the limits allow, not the table's
+    return _graham_s(job, c, top) <= margin * (job.deadline_s - job.elapsed_s)
 
 
 def _fitting_cluster(job: JobObs, free: list[ClusterObs]) -> ClusterObs | None:
@@ -152,7 +154,7 @@ def fits_together(job: JobObs, clusters: Sequence[ClusterObs], margin: float = H
     ``margin`` of the time it has left (False without a deadline or a profile)."""
     if job.profile is None or job.deadline_s is None:
         return False
-    cores = [(c.freqs_khz[-1], c.capacity) for c in clusters if c.freqs_khz for _ in c.online]
+    cores = [(c.allowed_khz[-1], c.capacity) for c in clusters if c.freqs_khz for _ in c.online]
     bound = greedy_bound(job.profile, cores, job_remaining(job))
     return bound <= margin * (job.deadline_s - job.elapsed_s)
 
@@ -338,7 +340,7 @@ def _reserve(decision: Decision, c: ClusterObs, job: JobObs, need: int) -> None:
 def _raise_floor(decision: Decision, c: ClusterObs, need: int) -> None:
     """Cluster ``c`` at ``need`` kHz or above in ``decision`` (in place), in userspace."""
     want = max(decision.freq_khz.get(c.name, need), need)
-    decision.freq_khz[c.name] = nearest_freq(c.freqs_khz, want, "ceil")
+    decision.freq_khz[c.name] = nearest_freq(c.allowed_khz, want, "ceil")
     if decision.governor.get(c.name) not in (None, "userspace"):
         del decision.governor[c.name]  # a kernel governor there would ignore the floor
 

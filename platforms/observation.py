@@ -34,6 +34,15 @@ class ClusterObs:
         return max(vals) if vals else None
 
     @property
+    def allowed_khz(self) -> tuple[int, ...]:
+        """The table entries within ``min_khz``..``max_khz`` (the limits the kernel holds,
+        thermal and static caps folded in): what a decision can really get. The whole table
+        when a limit is unknown or none fits between them."""
+        lo = self.min_khz if self.min_khz is not None else -1
+        hi = self.max_khz if self.max_khz is not None else float("inf")
+        return tuple(f for f in self.freqs_khz if lo <= f <= hi) or self.freqs_khz
+
+    @property
     def level(self) -> int | None:
         """Index of the current frequency in the table (nearest at or below)."""
         if self.cur_khz is None or not self.freqs_khz:

@@ -477,3 +477,19 @@ def test_lo_work_keeps_what_the_gate_gave_it_and_stays_off_reserved_clusters(cas
     for name in obs.clusters:
         if name.name not in plan.hi and name.name not in plan.shares:
             assert d.freq_khz[name.name] == gated.freq_khz[name.name]
+
+
+def test_the_reservation_plans_within_the_clusters_limits():
+    """A capped cluster (a thermal or static ceiling in scaling_max_freq) is planned at what
+    it can get: the floor never above the cap, a job that needs more than the cap does not
+    "fit" there, and the gate then sees an allowed OPP (it used to see 2000 kHz on a 1500 kHz
+    cluster and fall back to its safest point)."""
+    capped = replace(BIG, max_khz=1500)
+    job = _job(10, "hi", 4.0, 0.1, 2.3)  # needs 1500 kHz with the margin (see above)
+    assert needed_khz(job, capped, NEED_MARGIN) == 1500
+    late = _job(11, "hi", 4.0, 0.1, 1.4)  # would need 2000 kHz: not there under the cap
+    assert needed_khz(late, capped, NEED_MARGIN) == 1500
+    assert fits(late, BIG, 1.0) and not fits(late, capped, 1.0)
+    obs = _obs((capped, LITTLE), (late,))
+    out = ClusterReservation()(Decision({"big": 1000, "little": 500}, {}), obs)
+    assert out.freq_khz["big"] <= 1500
