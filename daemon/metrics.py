@@ -12,12 +12,14 @@ every request must carry ``Authorization: Bearer <token>`` (compared in constant
 from __future__ import annotations
 
 import hmac
+import io
 import logging
 import math
 import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -162,11 +164,33 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
 # A small HTTP server on a thread (shared with daemon.telemetry)
 
 
-#: a connection that has not sent its request (or read its answer) in this long is dropped
+#: a connection that has not sent its whole request (line and headers) in this long, or not
+#: read its answer, is dropped
 HTTP_TIMEOUT_S = 10.0
 #: connections served at once; past it a new one is closed at once (a slowloris held 1500
 #: threads and 13 GB of address space)
 HTTP_MAX_CONNECTIONS = 32
+#: refused connections are logged at most once in this long per endpoint, with their count
+HTTP_REFUSED_LOG_S = 5.0
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads under one deadline for the whole request: a timeout per recv let
+    clients sending a header byte every few seconds hold every slot for as long as they liked."""
+
+    def __init__(self, sock: socket.socket, seconds: float):
+        self._sock = sock
+        self._deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request not received in time")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buf)
 
 
 class _Server(ThreadingHTTPServer):
@@ -174,8 +198,12 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
+    endpoint = "http"
+
     def __init__(self, *args, **kwargs):
         self._slots = threading.BoundedSemaphore(HTTP_MAX_CONNECTIONS)
+        self._refused = 0  # since the last http_refused line
+        self._refused_logged = -math.inf
         super().__init__(*args, **kwargs)
 
     def server_bind(self) -> None:
@@ -189,10 +217,29 @@ class _Server(ThreadingHTTPServer):
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
-            log.warning("event=http_refused reason=%r", "too many connections")
+            self._refused += 1
+            if time.monotonic() - self._refused_logged >= HTTP_REFUSED_LOG_S:
+                self.log_refused(client_address[0])
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
+
+    def log_refused(self, client: str = "") -> None:
+        """One line for the refusals since the last one (a flood logged one line each)."""
+        if not self._refused:
+            return
+        host, port = self.server_address[:2]
+        log.warning(
+            "event=http_refused endpoint=%s address=%s:%d refused=%d last_client=%s reason=%r",
+            self.endpoint,
+            host,
+            port,
+            self._refused,
+            client or "-",
+            "too many connections",
+        )
+        self._refused = 0
+        self._refused_logged = time.monotonic()
 
     def process_request_thread(self, request, client_address):
         try:
@@ -272,7 +319,12 @@ class LocalHttpServer:
             sys_version = ""
             timeout = HTTP_TIMEOUT_S  # a request never sent must not hold a thread
 
+            def setup(self) -> None:
+                super().setup()
+                self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.timeout))
+
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
+                self.connection.settimeout(self.timeout)  # the answer gets its own time
                 try:
                     status, ctype, body = outer.respond(self.path, self.headers)
                 except Exception:  # noqa: BLE001 - a scrape must never kill the daemon
@@ -292,7 +344,9 @@ class LocalHttpServer:
                 log.debug("event=http_request endpoint=%s detail=%r", outer.name, format % args)
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        server_cls = type("_BoundServer", (_Server,), {"address_family": family})
+        server_cls = type(
+            "_BoundServer", (_Server,), {"address_family": family, "endpoint": self.name}
+        )
         try:
             self._httpd = server_cls((self.host, self.port), Handler)
         except OSError as err:
@@ -313,6 +367,7 @@ class LocalHttpServer:
         if self._httpd is None:
             return
         self._httpd.shutdown()
+        self._httpd.log_refused()  # the count since the last line
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(5)

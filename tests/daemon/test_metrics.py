@@ -285,3 +285,75 @@ def test_a_non_loopback_address_with_a_token_serves_it():
         assert exc.value.code == 401
         status, text = scrape_with(srv, "t", host="127.0.0.1")
         assert status == 200 and parse_exposition(text)["hidvfs_jobs_running"]["samples"]
+
+
+def test_slow_clients_cannot_hold_every_slot_past_the_deadline(monkeypatch):
+    """Clients sending a header byte every few seconds held all slots for as long as they
+    liked (the timeout bounded each recv only): the request now has one deadline in total."""
+    import threading
+    import time
+
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.8)
+    monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 2)
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        slow = [_idle_conn(srv.address) for _ in range(2)]
+        stop = threading.Event()
+
+        def dribble():
+            while not stop.wait(0.2):  # well inside the per-recv timeout
+                for s in slow:
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        pass
+
+        t = threading.Thread(target=dribble, daemon=True)
+        t.start()
+        try:
+            time.sleep(1.4)  # past the deadline, the slow clients still dribbling
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{srv.address[1]}/metrics", timeout=5
+            ) as r:
+                assert r.status == 200
+        finally:
+            stop.set()
+            t.join(2)
+            for s in slow:
+                s.close()
+
+
+def test_refused_connections_are_logged_once_per_interval_with_a_count(monkeypatch, caplog):
+    """One warning per refused connection flooded the journal and named no endpoint."""
+    import logging
+    import time
+
+    from daemon import metrics
+
+    caplog.set_level(logging.WARNING, logger="hidvfs.metrics")
+    monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 1)
+    monkeypatch.setattr(metrics, "HTTP_REFUSED_LOG_S", 0.6, raising=False)
+
+    def refused(n):
+        for _ in range(n):
+            s = _idle_conn(srv.address, b"GET /metrics HTTP/1.0\r\n\r\n")
+            s.settimeout(5)
+            try:
+                assert s.recv(4096) == b""  # closed unanswered: the server has counted it
+            except ConnectionResetError:
+                pass
+            s.close()
+
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        where = f"endpoint=metrics address=127.0.0.1:{srv.address[1]}"
+        held = _idle_conn(srv.address)
+        time.sleep(0.2)
+        refused(20)
+        time.sleep(0.7)
+        refused(1)
+        held.close()
+    lines = [r.getMessage() for r in caplog.records if "http_refused" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert where in lines[0] and "refused=1 " in lines[0]
+    assert where in lines[1] and "refused=20 " in lines[1]  # 19 held back + this one
