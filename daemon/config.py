@@ -242,6 +242,16 @@ class _Checker:
             raise self.fail(key, "a non-empty string" + (" or null" if optional else ""), v)
         return v
 
+    def token(self, key: str, v: Any) -> str | None:
+        """A bearer token, checked like ``str_`` but never echoed: YAML reads an all-digit
+        token as an int, and a start error must not print it."""
+        if v is None:
+            return None
+        if not isinstance(v, str) or not v.strip():
+            expected = "a non-empty string or null (quote an all-digit token)"
+            raise self.fail(key, expected, "<hidden>")
+        return v
+
     def choice(self, key: str, v: Any, options: tuple[str, ...], fold: bool = False) -> str:
         text = v.lower() if fold and isinstance(v, str) else v
         if text not in options:
@@ -380,7 +390,7 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
     metrics = MetricsConfig(
         enabled=c.bool_("metrics.enabled", me.get("enabled", d.metrics.enabled)),
         listen=c.listen("metrics.listen", me.get("listen", d.metrics.listen)),
-        token=c.str_("metrics.token", me.get("token"), optional=True),
+        token=c.token("metrics.token", me.get("token")),
         token_file=c.str_("metrics.token_file", me.get("token_file"), optional=True),
     )
     # a disabled endpoint binds nothing: its listen address needs no token
@@ -389,7 +399,7 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
     te = _mapping(c, get("telemetry"), "telemetry", TelemetryConfig)
     telemetry = TelemetryConfig(
         listen=c.listen("telemetry.listen", te.get("listen"), optional=True),
-        token=c.str_("telemetry.token", te.get("token"), optional=True),
+        token=c.token("telemetry.token", te.get("token")),
         token_file=c.str_("telemetry.token_file", te.get("token_file"), optional=True),
     )
     _check_token(c, "telemetry", telemetry, telemetry.listen)

@@ -373,3 +373,31 @@ def test_a_shipped_board_named_on_another_detected_board_is_refused(tmp_path):
     assert resolve_board(parse_config({"board": "orin-nx"}), DirSysfs(tmp_path / "bare")).name == (
         "orin-nx"
     )
+
+
+@pytest.mark.parametrize("section", ["telemetry", "metrics"])
+@pytest.mark.parametrize(
+    ("raw", "secret"),
+    [
+        ("123456789012", "123456789012"),  # all digits: YAML reads an int
+        ("[s3cr3tA, s3cr3tB]", "s3cr3t"),
+        ("{s3cr3t: 1}", "s3cr3t"),
+        ("yes", "True"),
+        ("12345.678", "12345"),
+    ],
+)
+def test_a_token_of_the_wrong_type_is_never_echoed(tmp_path, section, raw, secret):
+    """A start error printed a non-string token in full (the ASCII check said <hidden>)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{section}: {{token: {raw}}}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert exc.value.key == f"{section}.token"
+    assert secret not in str(exc.value) and "<hidden>" in str(exc.value)
+    assert "quote" in exc.value.expected  # how to write an all-digit token
+
+
+def test_an_empty_token_is_refused_without_echo():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"telemetry": {"token": "  "}})
+    assert exc.value.key == "telemetry.token" and "<hidden>" in str(exc.value)
