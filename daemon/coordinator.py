@@ -4,7 +4,8 @@ and each node's live telemetry.
 Each node runs the hidvfs daemon, which serves its status as JSON over HTTP (default
 ``http://127.0.0.1:9130/status``, the single-board case). The coordinator fetches it per
 node within one total budget per request (``timeout_s``, 0.5 s: connect, headers and body;
-concurrently, cached for ``cache_s``), sending a bearer token only to non-loopback hosts.
+concurrently, cached for ``cache_s``), sending its bearer token, when set, to every node (a
+daemon with a token asks for it on loopback too).
 From it comes the node's speed factor (the rate its cores can run at now over their top
 rate, capacity-weighted: offline cores and frequency caps lower it, an idle governor's low
 ``cur_khz`` does not) and its free cores. A node whose daemon cannot be reached in time, or
@@ -37,7 +38,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from daemon.config import is_loopback
 from daemon.extender import ExtenderArgs, NodeInfo, Verbs, ci_get, make_server
 from platforms.clock import Clock, MonotonicClock
 from platforms.cluster.simcluster import ClusterView, NodeSpec, board_node, single_task_workload
@@ -176,10 +176,6 @@ def _parse_status(node: str, data: object) -> NodeTelemetry:
         if free is None and idle > 0:
             free = idle
     return NodeTelemetry(node, True, "", speed, free, temp, thr)
-
-
-def _is_loopback(url: str) -> bool:
-    return is_loopback(urllib.parse.urlsplit(url).hostname or "")
 
 
 MAX_STATUS_BYTES = 1 << 20
@@ -344,10 +340,11 @@ class TelemetryClient:
         )
 
     def request(self, node: str) -> urllib.request.Request:
-        """The status request for ``node``: a bearer token goes to remote hosts only."""
+        """The status request for ``node``, with the bearer token whenever one is set: the
+        daemon's endpoint requires it on loopback too once it has one."""
         url = self.url(node)
         req = urllib.request.Request(url, headers={"Accept": "application/json"})
-        if self.token and not _is_loopback(url):
+        if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         return req
 

@@ -199,21 +199,41 @@ def test_higfrl_policy_over_http(node_daemon):
         srv.server_close()
 
 
-def test_bearer_token_only_for_remote_hosts(node_daemon):
+def test_bearer_token_goes_to_every_node_loopback_included(node_daemon):
+    """The daemon's telemetry endpoint requires its token on loopback too once one is set
+    (README, systemd/config.yaml): a coordinator keeping it from loopback nodes could never
+    score a token-protected local board (HTTP 401, neutral score)."""
     url, srv = node_daemon({"speed_factor": 0.5})
     client = TelemetryClient({"n": url}, token="s3cret")
     assert client.fetch("n").speed_factor == 0.5
-    assert srv.auth == [None]  # loopback: no token sent
+    assert srv.auth == ["Bearer s3cret"]  # loopback: sent all the same
     local = TelemetryClient({"n": url.replace("127.0.0.1", "localhost")}, token="s3cret")
     local.fetch("n")
-    assert srv.auth[-1] is None
+    assert srv.auth[-1] == "Bearer s3cret"
     remote = TelemetryClient({"board": "http://10.0.0.5:9130/status"}, token="s3cret")
     assert remote.request("board").get_header("Authorization") == "Bearer s3cret"
     assert (
-        TelemetryClient(token="s3cret").request("x").get_header("Authorization") is None
-    )  # default is localhost
-    for c in (client, local, remote):
+        TelemetryClient(token="s3cret").request("x").get_header("Authorization") == "Bearer s3cret"
+    )  # the default, localhost
+    untokened = TelemetryClient({"n": url})
+    untokened.fetch("n")
+    assert srv.auth[-1] is None  # no token configured, none sent
+    for c in (client, local, remote, untokened):
         c.close()
+
+
+def test_a_token_protected_loopback_daemon_is_scored():
+    """End to end with the daemon's own endpoint: a token on loopback scored neutral (401)."""
+    from daemon.telemetry import TelemetryServer
+
+    with TelemetryServer("127.0.0.1:0", lambda: {"speed_factor": 0.5}, token="s3cret") as srv:
+        url = f"http://127.0.0.1:{srv.address[1]}/status"
+        client = TelemetryClient({"n": url}, token="s3cret")
+        try:
+            tel = client.fetch("n")
+            assert tel.ok and tel.speed_factor == 0.5, tel.reason
+        finally:
+            client.close()
 
 
 def test_status_parsing_and_helpers():
