@@ -347,11 +347,16 @@ def _execute(
     if s.action == "write":
         _write_atomic(s.target, s.content or "", s.mode)
     elif s.action == "mkdir":
+        if os.path.isdir(s.target):  # its owner may have narrowed it: a re-run keeps that
+            out(f"  kept the existing {s.target} and its mode")
+            return
         os.makedirs(s.target, mode=s.mode, exist_ok=True)
         os.chmod(s.target, s.mode)  # the umask must not narrow it
     elif s.action == "copy_if_absent":
-        if os.path.exists(s.target):
-            out(f"  kept the existing {s.target}")
+        if os.path.lexists(s.target):  # a symlink, even dangling, is the owner's choice
+            dangling = os.path.islink(s.target) and not os.path.exists(s.target)
+            note = f" (a symlink to {os.readlink(s.target)}, not there yet)" if dangling else ""
+            out(f"  kept the existing {s.target}{note}")
             return
         with open(s.source or "", encoding="utf-8") as f:
             _write_atomic(s.target, f.read(), s.mode)

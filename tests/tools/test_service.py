@@ -193,6 +193,31 @@ def test_staging_install_writes_files_and_keeps_an_existing_config(tmp_path, mon
     assert not unit.exists() and cfg.exists()
 
 
+def test_a_reinstall_leaves_an_existing_config_folder_mode_alone(tmp_path, monkeypatch):
+    """A re-run reset an owner's 0750 config folder to 0755."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    folder = tmp_path / "etc/hidvfs"
+    folder.mkdir(parents=True)
+    folder.chmod(0o750)
+    lines: list[str] = []
+    sp.run_plan(sp.install_plan(str(tmp_path), EXE), runner=_never_run, out=lines.append)
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o750)
+    assert f"  kept the existing {folder} and its mode" in lines
+
+
+def test_a_dangling_config_symlink_is_kept(tmp_path, monkeypatch):
+    """A symlink to a config not there (yet) was replaced by the default config."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    cfg = tmp_path / "etc/hidvfs/config.yaml"
+    cfg.parent.mkdir(parents=True)
+    cfg.symlink_to(tmp_path / "elsewhere/config.yaml")
+    lines: list[str] = []
+    sp.run_plan(sp.install_plan(str(tmp_path), EXE), runner=_never_run, out=lines.append)
+    assert cfg.is_symlink() and os.readlink(cfg) == str(tmp_path / "elsewhere/config.yaml")
+    assert not (tmp_path / "elsewhere").exists()
+    assert any(line.startswith(f"  kept the existing {cfg}") for line in lines)
+
+
 def test_failing_command_stops_the_plan(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     calls = []
