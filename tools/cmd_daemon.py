@@ -56,7 +56,7 @@ from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
     default=None,
     type=FiniteFloatRange(min=0.001),
     help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped; "
-    "60 virtual seconds with --sim.",
+    "60 virtual seconds with --sim, at most 86400 (one day: its workload is built up front).",
 )
 @click.option(
     "--status-file",
@@ -148,14 +148,22 @@ def daemon_cmd(
 
             cfg = load_config(config_path)
     if sim_board:
+        from daemon.service import _check_status_file
         from daemon.stopsignals import StopOnSignals
-        from tools.simdaemon import run_sim_daemon
+        from tools import simdaemon
 
+        if duration_s is not None and duration_s > simdaemon.MAX_SIM_DURATION_S:
+            fail(
+                f"--duration: a --sim run lasts at most {simdaemon.MAX_SIM_DURATION_S:g} "
+                f"virtual seconds (one day, its workload is built up front), not {duration_s:g}"
+            )
+        if status_file:
+            _check_status_file(status_file)  # as the board daemon: a clear error, not mid-run
         # SIGTERM/SIGINT/SIGHUP stop it as they stop the board daemon: the summary of the run
         # so far, exit 0
         signals = StopOnSignals()
         duration_s = duration_s or 60.0
-        status = run_sim_daemon(
+        status = simdaemon.run_sim_daemon(
             sim_board,
             policy or (cfg.policy if cfg else "hidvfs"),
             period_ms=period_ms or (cfg.period_ms if cfg else 50),

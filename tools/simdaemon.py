@@ -11,6 +11,11 @@ from daemon.statusfile import write_status
 from daemon.stopsignals import StopOnSignals
 from tools.policies import build_policy_stack
 
+#: longest --sim run, in virtual seconds (one day): the whole workload is built before the
+#: run, deaf to signals; a day at the top load builds in well under a second, a week took
+#: 2-3 s and 190 MB, 5e6 s hundreds of MB, and 1e9 ended in MemoryError
+MAX_SIM_DURATION_S = 86400.0
+
 
 def run_sim_daemon(
     board: str,
@@ -34,6 +39,11 @@ def run_sim_daemon(
     run and the previous ones put back after it."""
     from platforms.spec import load_board
 
+    if duration_s > MAX_SIM_DURATION_S:
+        raise ValueError(
+            f"a simulated run lasts at most {MAX_SIM_DURATION_S:g} virtual seconds "
+            f"(one day), not {duration_s:g}"
+        )
     spec = load_board(board)
     signals = signals or StopOnSignals()
     with signals:  # from here on: building a long workload takes a while too

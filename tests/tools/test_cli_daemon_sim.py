@@ -122,3 +122,61 @@ def test_a_malformed_config_is_one_line_naming_line_and_column(tmp_path):
         f"hidvfs: error: {cfg}: line 3, column 1: not valid YAML: expected ',' or ']', but got "
         "'<stream end>' (while parsing a flow sequence started at line 2, column 9)\n"
     )
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the run started")
+
+
+def test_a_sim_duration_past_the_bound_is_a_usage_error(monkeypatch):
+    """The whole workload is built before the run: 5e6 s took seconds and hundreds of MB,
+    deaf to SIGTERM, and 1e9 ended in MemoryError."""
+    from tools import simdaemon
+
+    monkeypatch.setattr(simdaemon, "run_sim_daemon", _must_not_run)
+    top = simdaemon.MAX_SIM_DURATION_S
+    for duration in (f"{top + 1:g}", "5000000", "1e9"):
+        r = run("--sim", "tx2", "--duration", duration)
+        assert r.exit_code == 2, r.output
+        assert "--duration" in r.output and f"{top:g}" in r.output
+        assert "Traceback" not in r.output and "run started" not in r.output
+
+
+def test_run_sim_daemon_refuses_a_duration_past_the_bound():
+    from tools.simdaemon import MAX_SIM_DURATION_S, run_sim_daemon
+
+    with pytest.raises(ValueError, match="at most"):
+        run_sim_daemon(
+            "tx2",
+            "schedutil",
+            period_ms=50,
+            duration_s=MAX_SIM_DURATION_S + 1,
+            status_file=None,
+            seed=0,
+            load=1.0,
+        )
+
+
+def test_the_largest_sim_duration_builds_its_workload_quickly():
+    """The bound keeps the up-front workload build short even at the top load."""
+    from bots_bench.workload import WorkloadSpec, default_items
+    from tools.simdaemon import MAX_SIM_DURATION_S
+
+    spec = load_board("rubikpi3")  # the most jobs per second of the shipped boards
+    default_items(spec, 0, WorkloadSpec(duration_s=60.0, load=3.0))  # warm the shared caches
+    t0 = time.monotonic()
+    default_items(spec, 0, WorkloadSpec(duration_s=MAX_SIM_DURATION_S, load=3.0))
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_sim_status_file_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
+    """It failed at the first write, after the workload build, with a bare errno line."""
+    from tools import simdaemon
+
+    monkeypatch.setattr(simdaemon, "run_sim_daemon", _must_not_run)
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    r = run("--sim", "tx2", "--duration", "1", "--status-file", str(blocker / "st.json"))
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"hidvfs: error: cannot make the folder of status file {blocker}")
+    assert "run started" not in r.output
