@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -158,7 +159,7 @@ def load_reference(
     try:
         with np.load(path) as z:
             ref = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as err:  # zipfile.BadZipFile is an OSError
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # a cut-short file
         raise ValueError(f"{path}: unreadable ({' '.join(str(err).split())})") from None
     got = str(ref["board"]) if "board" in ref else None
     if board is not None and got is not None and got != board:

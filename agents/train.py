@@ -53,6 +53,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -1093,8 +1094,14 @@ def train_board(
     ref_path = out / "reference.npz"
     ref: dict[str, np.ndarray] = {}
     if ref_path.is_file():
-        with np.load(ref_path) as z:
-            ref = {k: z[k] for k in z.files}
+        try:
+            with np.load(ref_path) as z:
+                ref = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise ValueError(
+                f"{ref_path}: unreadable ({' '.join(str(err).split())}); the other policies' "
+                "references are in it: restore it, or train every policy into a new folder"
+            ) from None
     ref["board"] = np.array(spec.name)  # the loader checks where the shield calibration is from
     man.update(
         {

@@ -212,7 +212,9 @@ def train_cmd(
     from platforms.spec import load_board
 
     spec = load_board(board)
-    pols = tuple(p.strip() for p in policies.split(",") if p.strip())
+    pols = tuple(dict.fromkeys(p.strip().lower() for p in policies.split(",") if p.strip()))
+    if not pols:
+        fail(f"--policy names no policy to train (e.g. {','.join(TRAINABLE)})")
     for p in pols:
         if p not in TRAINABLE:
             fail(f"unknown policy {p!r} to train; known: {', '.join(TRAINABLE)}")
@@ -256,7 +258,7 @@ def train_cmd(
         workers=workers or os.cpu_count() or 1,
     )
     click.echo(f"trained {', '.join(pols)} for {board} in {time.monotonic() - t0:.0f}s -> {out}")
-    if "shield" in man:
+    if "hidvfs" in pols and "shield" in man:  # this run's calibration, not an earlier one
         sh = man["shield"]
         click.echo(
             f"shield: alpha {sh['alpha']} q {sh['q']:.4f} coverage {sh['coverage_heldout']:.3f}"
@@ -550,7 +552,9 @@ def eval_cmd(
     the makespan, first release to last finish)."""
     from agents.learned import model_dir
 
-    names = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    # policy names are case-insensitive (as make_policy takes them): one spelling each, so
+    # --models, the ablations and the ratios apply whatever the case
+    names = list(dict.fromkeys(p.strip().lower() for p in policies.split(",") if p.strip()))
     if not names:
         fail(f"--policy names no policy (e.g. {','.join(BASE_EVAL)})")
     if ablations and "hidvfs" in names:
@@ -565,9 +569,15 @@ def eval_cmd(
         )
     ep = EpisodeSpec(n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction)
     todo = _boards(boards)
-    if models:  # every board's folder first: no board's table before another's refusal
+    if models:  # every board's models first: no board's table before another's refusal
+        from platforms.spec import load_board
+
+        learned = [n for n in names if n.startswith("hidvfs") or n in ("geardvfs", "ztt")]
         for b in todo:
             model_dir(b, models)
+            spec = load_board(b)
+            for n in learned:
+                _build(n, spec, models)
     out = []
     for b in todo:
         recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes, reserve=reserve)

@@ -211,3 +211,20 @@ def test_a_manifest_without_a_shield_is_named_when_the_shield_is_loaded(tx2_copy
     with pytest.raises(ModelMismatch, match="manifest.json: key 'shield'"):
         make_hidvfs(TX2, models=tx2_copy)
     assert make_hidvfs(TX2, models=tx2_copy, shield=False).name == "hidvfs-noshield"
+
+
+def test_a_cut_short_reference_file_is_a_failed_check_not_a_traceback(tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from agents.learned import MODELS_DIR
+    from tools.cli import cli
+
+    folder = tmp_path / "tx2"
+    shutil.copytree(MODELS_DIR / "tx2", folder)
+    data = (folder / "reference.npz").read_bytes()
+    (folder / "reference.npz").write_bytes(data[:5000])
+    r = CliRunner().invoke(cli, ["agents", "check", "--board", "tx2", "--models", str(folder)])
+    assert r.exit_code != 0 and r.exception is None or isinstance(r.exception, SystemExit)
+    assert "reference.npz: unreadable" in r.output and "Traceback" not in r.output

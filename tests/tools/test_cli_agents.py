@@ -296,3 +296,49 @@ def test_every_float_option_refuses_nan_and_inf(args):
 
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 2 and "is not a finite number" in r.output, r.output
+
+
+def test_eval_policy_names_are_case_insensitive_and_checked_for_every_board_first(tmp_path):
+    """GEARDVFS used to run the shipped models whatever --models said, and a second board's
+    missing models were found after the first board's table had printed."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from agents.learned import MODELS_DIR
+    from tools.cli import cli
+
+    (tmp_path / "empty").mkdir()
+    base = ["agents", "eval", "--seeds", "1", "--jobs", "1", "--no-ablations"]
+    r = CliRunner().invoke(
+        cli, [*base, "--board", "tx2", "--policy", "GEARDVFS", "--models", str(tmp_path / "empty")]
+    )
+    assert r.exit_code == 2 and "no trained models" in r.output, r.output
+    shutil.copytree(MODELS_DIR / "tx2", tmp_path / "r" / "tx2")
+    r = CliRunner().invoke(
+        cli,
+        [
+            *base,
+            "--board",
+            "tx2,orin-nx",
+            "--policy",
+            "hidvfs,maxfreq",
+            "--models",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert r.exit_code == 2 and "no trained models" in r.output
+    assert "EDP" not in r.output and "makespan" not in r.output  # no table before the refusal
+
+
+def test_train_refuses_an_empty_policy_list_before_making_anything(tmp_path):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    out = tmp_path / "m"
+    r = CliRunner().invoke(
+        cli, ["agents", "train", "--board", "tx2", "--policy", ",", "--out", str(out)]
+    )
+    assert r.exit_code == 2 and "names no policy to train" in r.output
+    assert not out.exists()
