@@ -376,3 +376,23 @@ def test_the_untrained_prior_is_scored_but_never_exported():
     assert not all(
         np.array_equal(a, b) for a, b in zip(res.nets.profiler.params, prior.profiler.params)
     )
+
+
+def test_the_shield_is_calibrated_per_job_on_its_largest_residual():
+    """One conformal score per job, its worst decision: a job's bound then holds at every
+    tick at once, and jobs, not a job's correlated ticks, are the exchangeable draws."""
+    from agents.train import coverage, fit_response_time, job_scores
+
+    s = np.array([0.1, 0.5, -0.2, 0.3, 0.0, 0.2])
+    j = np.array([7, 7, 3, 3, 3, 9])
+    assert sorted(job_scores(s, j).tolist()) == [0.2, 0.3, 0.5]
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 8)).astype(np.float32)
+    y = X[:, 0] + 0.1 * rng.normal(size=400)
+    jobs = np.repeat(np.arange(100), 4)  # 100 jobs of 4 decisions
+    per_row = fit_response_time(X, y, X, y, 0.1, 0)
+    per_job = fit_response_time(X, y, X, y, 0.1, 0, jobs_cal=jobs)
+    assert per_job.n_cal == 100 and per_row.n_cal == 400
+    assert per_job.q > per_row.q  # the worst of four decisions needs more room
+    assert coverage(per_job, X, y, jobs=jobs) >= 0.9  # every decision of 90 % of the jobs
+    assert coverage(per_job, X, y) >= coverage(per_job, X, y, jobs=jobs)
