@@ -14,6 +14,7 @@ import fcntl
 import os
 
 from platforms.errors import HidvfsError
+from platforms.treelock import HeldFlock
 
 LOCK_NAME = "lock"
 
@@ -22,7 +23,7 @@ class StateDirBusy(HidvfsError):
     """Another daemon holds the state dir (or it cannot be used); the message says which."""
 
 
-class StateLock:
+class StateLock(HeldFlock):
     """Hold ``<state_dir>/lock`` until :meth:`release` (or the process ends)."""
 
     def __init__(self, state_dir: str | os.PathLike[str]):
@@ -62,17 +63,6 @@ class StateLock:
             ) from None
         self._fd = fd
         return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
-
-    def __enter__(self) -> StateLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def _read_pid(fd: int) -> int | None:

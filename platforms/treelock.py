@@ -23,7 +23,28 @@ class TreeBusy(HidvfsError):
     """Another process holds the board's lock; the message names the tree."""
 
 
-class TreeLock:
+class HeldFlock:
+    """An exclusive ``flock`` held on an open file descriptor until :meth:`release` (closing
+    it drops the lock; so does the process's end). Subclasses open and lock in ``acquire``."""
+
+    _fd: int | None = None
+
+    def acquire(self):  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class TreeLock(HeldFlock):
     """Hold the lock of ``sysfs``'s tree until :meth:`release` (or the process ends). A tree
     without a cpufreq folder has nothing to control and takes no lock."""
 
@@ -49,14 +70,3 @@ class TreeLock:
             raise TreeBusy(f"{self.path}: cannot lock ({err.strerror})") from None
         self._fd = fd
         return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
-
-    def __enter__(self) -> TreeLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

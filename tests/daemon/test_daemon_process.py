@@ -93,6 +93,32 @@ def start_daemon(
     return proc, log
 
 
+def second_daemon(tree: Path, state: Path, sock: Path) -> subprocess.CompletedProcess:
+    """A second daemon started on ``tree`` (powersave, 1 s) while one runs: its result."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.cli",
+            "daemon",
+            "--sysfs-root",
+            str(tree),
+            "--policy",
+            "powersave",
+            "--duration",
+            "1",
+            "--state-dir",
+            str(state),
+            "--socket",
+            str(sock),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
 def wait_for(cond, timeout=20.0, what="condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -260,28 +286,7 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_touching_anythi
         wait_for(pinned, what="the first daemon")
         held = tree_state(tree, spec)
         snap = (state / "restore.json").read_text()
-        second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tools.cli",
-                "daemon",
-                "--sysfs-root",
-                str(tree),
-                "--policy",
-                "powersave",
-                "--duration",
-                "1",
-                "--state-dir",
-                str(state),
-                "--socket",
-                str(state / "other.sock"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=Path(__file__).resolve().parents[2],
-        )
+        second = second_daemon(tree, state, state / "other.sock")
         assert second.returncode == 2
         assert f"another hidvfs daemon (pid {proc.pid}) is running" in second.stderr
         assert (state / "restore.json").read_text() == snap  # the first one's originals
@@ -305,28 +310,7 @@ def test_a_second_daemon_on_the_same_board_with_its_own_state_dir_is_refused(boa
         wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
         held = tree_state(tree, spec)
         other = tmp_path / "other-state"
-        second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tools.cli",
-                "daemon",
-                "--sysfs-root",
-                str(tree),
-                "--policy",
-                "powersave",
-                "--duration",
-                "1",
-                "--state-dir",
-                str(other),
-                "--socket",
-                str(other / "s.sock"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=Path(__file__).resolve().parents[2],
-        )
+        second = second_daemon(tree, other, other / "s.sock")
         assert second.returncode == 2, second.stderr
         assert f"another hidvfs daemon is controlling {tree}" in second.stderr
         assert not (other / "restore.json").exists()
