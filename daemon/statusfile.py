@@ -10,12 +10,29 @@ from platforms.atomicfile import write_text_atomic
 __all__ = ["write_json_atomic", "write_status"]
 
 
-def write_json_atomic(path: str, obj, *, dir_mode: int = 0o777, durable_dir: bool = False) -> str:
-    """Write ``obj`` as JSON to ``path`` atomically; ``durable_dir`` also fsyncs the folder."""
+def write_json_atomic(
+    path: str,
+    obj,
+    *,
+    mode: int | None = None,
+    dir_mode: int = 0o777,
+    durable_dir: bool = False,
+) -> str:
+    """Write ``obj`` as JSON to ``path`` atomically (``mode``: its permission bits, else
+    0600); ``durable_dir`` also fsyncs the folder."""
     text = json.dumps(obj, indent=1, sort_keys=True) + "\n"
-    return write_text_atomic(path, text, dir_mode=dir_mode, durable_dir=durable_dir)
+    return write_text_atomic(path, text, mode=mode, dir_mode=dir_mode, durable_dir=durable_dir)
 
 
 def write_status(path: str, status: dict) -> None:
-    """The daemon's JSON status (``--status-file``)."""
-    write_json_atomic(path, status)
+    """The daemon's JSON status (``--status-file``), for dashboards and scripts to read: a new
+    file is 0644 (the status holds no secret), an existing one keeps its mode (an atomic
+    rewrite used to turn it into mkstemp's 0600)."""
+    import os
+    import stat
+
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o644
+    write_json_atomic(path, status, mode=mode)
