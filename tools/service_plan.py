@@ -76,6 +76,7 @@ def default_exe() -> str | None:
 
 def _systemd_quote(arg: str) -> str:
     arg = arg.replace("%", "%%")  # a specifier to systemd otherwise
+    arg = arg.replace("$", "$$")  # an environment variable to systemd otherwise
     if arg and all(c.isalnum() or c in "/._-+:@%" for c in arg):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -136,6 +137,12 @@ def render_unit(
         return template
     if not os.path.isabs(exe):
         raise ValueError(f"ExecStart needs an absolute path to the hidvfs script, got {exe!r}")
+    if not exe.isprintable():
+        # a newline would end the ExecStart line and start another directive
+        raise ValueError(
+            f"the hidvfs script path {exe!r} has a newline or another unprintable character, "
+            "which a unit file cannot hold; install it under a plain path"
+        )
     lines = template.splitlines(keepends=True)
     hits = [i for i, ln in enumerate(lines) if ln.startswith("ExecStart=")]
     if len(hits) != 1:

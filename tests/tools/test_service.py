@@ -368,3 +368,14 @@ def test_a_staging_install_keeps_the_allow_list_and_says_what_an_old_target_need
 def test_the_real_systemd_analyze_answers_the_probe():
     assert sp.knows_syscall_group("@system-service") is True
     assert sp.knows_syscall_group("@no-such-group") is False
+
+
+def test_a_script_path_with_a_newline_is_refused_and_a_dollar_escaped():
+    """A newline in --exe wrote a second directive into the unit; systemd expands $VAR in
+    ExecStart, so a literal $ is written $$ (as % is written %%)."""
+    with pytest.raises(ValueError, match="a unit file cannot hold"):
+        sp.render_unit(UNIT.read_text(), "/opt/x\nExecStartPre=/bin/sh -c evil")
+    text = sp.render_unit(UNIT.read_text(), "/opt/a$HOME/hidvfs")
+    assert unit_directives(text)["Service.ExecStart"] == [
+        '"/opt/a$$HOME/hidvfs" daemon --config /etc/hidvfs/config.yaml'
+    ]
