@@ -48,7 +48,7 @@ def ci_get(d: object, key: str, default=None):
 
 
 _CPU_RE = re.compile(r"^([0-9.]+)(m?)$")
-_MEM_RE = re.compile(r"^([0-9.]+(?:[eE][0-9]+)?)([KMGTPE]i?|k|m)?$")
+_MEM_RE = re.compile(r"^([0-9.]+(?:[eE][+-]?[0-9]+)?)([KMGTPE]i?|k|m)?$")
 _MEM_UNIT = {
     None: 1.0,
     "k": 1e3,

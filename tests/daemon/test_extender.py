@@ -260,6 +260,8 @@ def test_status_parsing_and_helpers():
     assert not parse_status("n", [1, 2]).ok
     assert parse_cpu("250m") == 0.25 and parse_cpu(2) == 2.0
     assert parse_mem_gb("1Gi") == pytest.approx(1.073741824) and parse_mem_gb("500M") == 0.5
+    # Kubernetes' decimal exponent is signed: 129e-3 (bytes) and 5e+8 are quantities too
+    assert parse_mem_gb("129e-3") == pytest.approx(129e-12) and parse_mem_gb("5e+8") == 0.5
     assert parse_nodes_arg("a=tx2@http://x:1/s,b=orin-nx") == (
         {"a": "http://x:1/s"},
         {"a": "tx2", "b": "orin-nx"},
