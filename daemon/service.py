@@ -270,23 +270,29 @@ def _check_status_file(path: str) -> None:
         raise DaemonError(f"cannot write status file {path}: its folder is not writable")
 
 
-_status_error: list[str | None] = [None]
+class _StatusWriter:
+    """The status file, or a warning (once per kind of failure, and once when it is written
+    again): a status file that cannot be written (its folder removed, the disk full) is no
+    reason to stop controlling the board."""
 
+    def __init__(self, path: str):
+        self.path = path
+        self.failing: str | None = None
 
-def _write_status(path: str, status: dict) -> None:
-    """The status file, or a warning (once per kind of failure): a status file that cannot be
-    written (its folder removed, the disk full) is no reason to stop controlling the board."""
-    try:
-        write_status(path, status)
-    except OSError as err:
-        why = err.strerror or str(err)
-        if why != _status_error[0]:
-            log_event(log, "status_file_unwritable", level=logging.WARNING, path=path, detail=why)
-        _status_error[0] = why
-    else:
-        if _status_error[0] is not None:
-            log_event(log, "status_file_written", path=path)
-        _status_error[0] = None
+    def __call__(self, status: dict) -> None:
+        try:
+            write_status(self.path, status)
+        except OSError as err:
+            why = err.strerror or str(err)
+            if why != self.failing:
+                log_event(
+                    log, "status_file_unwritable", level=logging.WARNING, path=self.path, detail=why
+                )
+            self.failing = why
+            return
+        if self.failing is not None:
+            log_event(log, "status_file_written", path=self.path)
+        self.failing = None
 
 
 def deadline_margin(sysfs, configured: float) -> float:
@@ -376,6 +382,7 @@ def _serve(
     servers = []
     snapshot = None
     restore = None
+    status_writer = _StatusWriter(status_file) if status_file else None
     # SIGTERM, SIGINT and SIGHUP stop the loop (SIGHUP's default would kill the daemon
     # without restoring, e.g. a closed terminal); the finally below restores
     signals = StopOnSignals(stop, lambda name: log_event(log, "signal", signal=name))
@@ -454,9 +461,9 @@ def _serve(
             if res.report.gone:
                 for pid in res.report.gone:
                     log_event(log, "job_gone", level=logging.WARNING, pid=pid)
-            if status_file and res.t - last_status[0] >= 1.0:
+            if status_writer is not None and res.t - last_status[0] >= 1.0:
                 last_status[0] = res.t
-                _write_status(status_file, loop.status())
+                status_writer(loop.status())
             if dry_run and res.report.writes:
                 for path, value in res.report.writes:
                     print(f"dry-run: would write {value} to {path}", flush=True)
@@ -504,8 +511,8 @@ def _serve(
             )
         signals.restore()
     status = loop.status()
-    if status_file:
-        _write_status(status_file, status)
+    if status_writer is not None:
+        status_writer(status)
     if restore is not None and not restore.ok:
         # a non-zero exit: systemd shows the failure, and Restart=on-failure starts a run
         # whose first act is to try the kept restore.json again
