@@ -25,6 +25,7 @@ from daemon.config import (
     ConfigError,
     ConfigSyntaxError,
     load_config,
+    parse_listen,
     policy_options,
     read_token,
 )
@@ -247,10 +248,34 @@ def _prepare(
     config_guard(spec, cfg)
     if cfg.metrics.enabled:
         read_token(cfg.metrics, "metrics")
+        _check_listen_host(cfg.metrics.listen, "metrics.listen")
     if cfg.telemetry.listen:
         read_token(cfg.telemetry)
+        _check_listen_host(cfg.telemetry.listen, "telemetry.listen")
     kind = "live" if sysfs_root == "/" else "fake"
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
+
+
+def _check_listen_host(listen: str, key: str) -> None:
+    """A listen host that is a name must resolve now: an IP address binds even before the
+    network is up (IP_FREEBIND), a name that does not resolve failed the start after the
+    snapshot and the socket were set up."""
+    import ipaddress
+    import socket
+
+    host, port = parse_listen(listen)
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as err:
+        raise DaemonError(
+            f"{key}: host {host!r} does not resolve ({err.strerror or err}); give an IP "
+            "address, which binds even before the network is up"
+        ) from None
 
 
 def _check_status_file(path: str) -> None:

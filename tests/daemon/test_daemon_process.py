@@ -673,6 +673,7 @@ def test_a_board_whose_only_cpufreq_policy_is_policy0_is_controlled(tmp_path):
         ("unknown policy", "unknown policy 'nosuch'"),
         ("thermal cap on no cluster", "key 'thermal.cap_khz.bogus'"),
         ("token file missing", "key 'metrics.token_file'"),
+        ("listen host that does not resolve", "host 'board.invalid' does not resolve"),
     ],
 )
 def test_a_start_refused_by_a_check_creates_no_state_dir(tmp_path, why, expected):
@@ -693,6 +694,8 @@ def test_a_start_refused_by_a_check_creates_no_state_dir(tmp_path, why, expected
             "thermal cap on no cluster": "thermal:\n  cap_khz: {bogus: 1000000}\n",
             "token file missing": "metrics:\n  enabled: true\n"
             f"  token_file: {tmp_path / 'no-token'}\n",
+            "listen host that does not resolve": "telemetry:\n  listen: board.invalid:19135\n"
+            "  token: s3cr3t-token-for-the-test-0123456789\n",
         }.get(why, "")
     )
     r = subprocess.run(
