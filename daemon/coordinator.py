@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from daemon.deadlineio import DeadlineReader
 from daemon.extender import ExtenderArgs, NodeInfo, Verbs, ci_get, make_server
 from platforms.clock import Clock, MonotonicClock
 from platforms.cluster.simcluster import ClusterView, NodeSpec, board_node, single_task_workload
@@ -181,24 +182,6 @@ def _parse_status(node: str, data: object) -> NodeTelemetry:
 MAX_STATUS_BYTES = 1 << 20
 
 
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that end at a deadline: a socket timeout bounds each read only, so a
-    status dripping a byte at a time would hold the fetch without bound."""
-
-    def __init__(self, sock, deadline: float):
-        self._sock, self._deadline = sock, deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        self._sock.settimeout(left)
-        return self._sock.recv_into(b)
-
-
 class _DeadlineSocket:
     """The connection's socket as http.client sees it; the fetch closes the real one."""
 
@@ -206,7 +189,7 @@ class _DeadlineSocket:
         self._sock, self._deadline = sock, deadline
 
     def makefile(self, *_a, **_k):
-        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+        return io.BufferedReader(DeadlineReader(self._sock, self._deadline))
 
     def close(self) -> None:  # http.client closes early when the server will; reads go on
         pass

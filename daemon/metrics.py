@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from daemon.config import is_loopback, parse_listen
+from daemon.deadlineio import DeadlineReader
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -174,25 +175,6 @@ HTTP_MAX_CONNECTIONS = 32
 HTTP_REFUSED_LOG_S = 5.0
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A socket's reads under one deadline for the whole request: a timeout per recv let
-    clients sending a header byte every few seconds hold every slot for as long as they liked."""
-
-    def __init__(self, sock: socket.socket, seconds: float):
-        self._sock = sock
-        self._deadline = time.monotonic() + seconds
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("request not received in time")
-        self._sock.settimeout(left)
-        return self._sock.recv_into(buf)
-
-
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -321,7 +303,10 @@ class LocalHttpServer:
 
             def setup(self) -> None:
                 super().setup()
-                self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.timeout))
+                # the request line and headers under one deadline: a timeout per recv let clients
+                # sending a header byte every few seconds hold every slot
+                deadline = time.monotonic() + self.timeout
+                self.rfile = io.BufferedReader(DeadlineReader(self.connection, deadline))
 
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
                 self.connection.settimeout(self.timeout)  # the answer gets its own time
