@@ -42,9 +42,12 @@ class StopOnSignals:
             self._on_signal(name)
         self.stop.set()
 
+    #: the signals handled while installed
+    SIGNALS: tuple[signal.Signals, ...] = STOP_SIGNALS
+
     def install(self) -> StopOnSignals:
         if not self._previous and threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -62,7 +65,7 @@ class StopOnSignals:
         self.restore()
 
 
-class InterruptOnSignals:
+class InterruptOnSignals(StopOnSignals):
     """While active, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as SIGINT
     does: for commands whose whole cleanup already runs on Ctrl-C (a campaign kills its
     running kernel, gives the board back and stores nothing half done). Without it, systemd's
@@ -71,21 +74,6 @@ class InterruptOnSignals:
 
     SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict[int, object] = {}
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.received = signal.Signals(signum).name
+    def _handle(self, signum: int, frame: object) -> None:
+        super()._handle(signum, frame)
         raise KeyboardInterrupt(self.received)
-
-    def __enter__(self) -> InterruptOnSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        self._previous.clear()
