@@ -32,7 +32,7 @@ from daemon.restore import begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
-from platforms.liveprocs import LiveProcessControl, kill_job, spawn_job
+from platforms.liveprocs import LiveProcessControl, kill_job, kill_leftovers, spawn_job
 from platforms.observation import JobProfile
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
@@ -94,17 +94,6 @@ def _tail(f) -> str:
     size = f.seek(0, os.SEEK_END)
     f.seek(max(0, size - OUTPUT_TAIL_BYTES))
     return f.read().decode("utf-8", errors="replace")
-
-
-def _kill_leftovers(proc: subprocess.Popen) -> None:
-    """Kill what the kernel left running in its session (a background child): it would
-    take cores and power from the next run. Its group id stays reserved while it has
-    members, so the kill cannot reach another process."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return
-    log.warning("event=leftovers_killed pid=%d detail=%r", proc.pid, "the kernel left processes")
 
 
 def exit_status(returncode: int) -> str:
@@ -346,7 +335,8 @@ def run_native(
             kill_job(proc)
             proc.wait()
         t_exit = nb.platform.clock.now()
-        _kill_leftovers(proc)
+        if kill_leftovers(proc):  # a background child would take the next run's cores
+            log.warning("event=leftovers_killed pid=%d", proc.pid)
     except OSError as err:
         rec["error"] = str(err)
         stop.set()

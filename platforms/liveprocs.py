@@ -333,6 +333,19 @@ def spawn_job(
         raise OSError(err.errno, f"cannot launch {argv[0]!r}: {err.strerror}") from None
 
 
+def kill_leftovers(proc: subprocess.Popen) -> bool:
+    """Kill what a job that has exited left running in its process group (a background
+    child); True when something was. The group id stays reserved while it has members, so
+    the kill cannot reach another process."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def kill_job(proc: subprocess.Popen) -> None:
     """Kill a job's whole process group (used past its timeout)."""
     import signal
