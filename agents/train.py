@@ -838,7 +838,7 @@ def job_scores(scores: np.ndarray, jobs: np.ndarray) -> np.ndarray:
     if len(scores) == 0:
         return np.zeros(0)
     order = np.argsort(jobs, kind="stable")
-    keys, starts = np.unique(jobs[order], return_index=True)
+    _, starts = np.unique(jobs[order], return_index=True)
     return np.maximum.reduceat(np.asarray(scores)[order], starts)
 
 

@@ -218,8 +218,6 @@ def take_snapshot(
 
 def tree_root(sysfs: SysfsBackend) -> str | None:
     """The real path of the folder ``sysfs`` reads (None for a backend without one)."""
-    while not isinstance(getattr(sysfs, "root", None), str) and hasattr(sysfs, "inner"):
-        sysfs = sysfs.inner  # a recording wraps the tree
     root = getattr(sysfs, "root", None)
     return os.path.realpath(root) if isinstance(root, str) else None
 

@@ -198,6 +198,12 @@ class RecordingSysfs(SysfsBackend):
     def __repr__(self) -> str:
         return f"RecordingSysfs({self.inner!r})"
 
+    @property
+    def root(self) -> str | None:
+        """The folder of the tree it records (None when the inner backend has none)."""
+        root = getattr(self.inner, "root", None)
+        return root if isinstance(root, str) else None
+
     def read(self, path: str) -> str:
         try:
             value = self.inner.read(path)
