@@ -270,7 +270,10 @@ def test_sigterm_or_sighup_ends_a_native_campaign_as_ctrl_c_does(tmp_path, sig):
             assert time.monotonic() < end and proc.poll() is None, proc.stderr.read()
             time.sleep(0.05)
         kernel = int(pidfile.read_text())
-        assert gov.read_text().strip() == "userspace"
+        # the control loop pins the board at its first tick, a moment after the launch
+        while gov.read_text().strip() != "userspace":
+            assert time.monotonic() < end and proc.poll() is None, "the board was never pinned"
+            time.sleep(0.05)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
