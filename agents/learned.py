@@ -143,6 +143,20 @@ def load_manifest(folder: Path, board: str | None = None) -> dict:
     return man
 
 
+def check_action_space(folder: Path, man: dict, spec: BoardSpec) -> None:
+    """Refuse a manifest whose recorded action space (cluster names, selectable table
+    levels) is not the one this board spec gives: the networks' outputs are indices into it,
+    so a changed frequency table or cluster order would be read as other frequencies."""
+    from agents.hidvfs import ActionSpace
+
+    got = man.get("action_space")
+    if got is None:  # manifests written before the action space was recorded
+        return
+    want = ActionSpace.of(spec).to_json()
+    if not isinstance(got, dict) or {k: got.get(k) for k in want} != want:
+        raise ModelMismatch(folder / MANIFEST, "action_space", want, got)
+
+
 def load_reference(
     folder: Path, board: str | None = None, rt: OnnxModel | None = None
 ) -> dict[str, np.ndarray]:
@@ -212,6 +226,7 @@ def make_hidvfs(
 
     folder = model_dir(spec.name, models)
     man = load_manifest(folder, spec.name)
+    check_action_space(folder, man, spec)
     prof, therm, prio = _agents(folder, spec.name, variant)
     stage = None
     if shield:
@@ -253,6 +268,7 @@ def make_learned_policy(name: str, spec: BoardSpec, **options) -> Policy:
         return make_hidvfs(spec, **options)
     folder = model_dir(spec.name, options.get("models"))
     man = load_manifest(folder, spec.name)
+    check_action_space(folder, man, spec)
     period = options.get("period_s") or float(man.get("period_s", 0.05))
     if name == "geardvfs":
         from agents.geardvfs import GearDvfsPolicy
@@ -294,6 +310,9 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
         folder = model_dir(board, models)
         report["folder"] = str(folder)
         man = load_manifest(folder, board)
+        from platforms.spec import load_board
+
+        check_action_space(folder, man, load_board(board))
         name = "reference.npz"
         ref = load_reference(folder, board)
     except (OSError, ValueError) as err:
@@ -347,6 +366,7 @@ __all__ = [
     "MODELS_DIR",
     "model_dir",
     "load_manifest",
+    "check_action_space",
     "ManifestInvalid",
     "load_reference",
     "make_hidvfs",

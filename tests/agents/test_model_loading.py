@@ -228,3 +228,28 @@ def test_a_cut_short_reference_file_is_a_failed_check_not_a_traceback(tmp_path):
     r = CliRunner().invoke(cli, ["agents", "check", "--board", "tx2", "--models", str(folder)])
     assert r.exit_code != 0 and r.exception is None or isinstance(r.exception, SystemExit)
     assert "reference.npz: unreadable" in r.output and "Traceback" not in r.output
+
+
+def test_a_changed_action_space_is_refused_by_every_loader(tx2_copy):
+    """The networks' outputs index the manifest's action space: a spec whose table gives
+    other levels (here one OPP fewer on the first cluster) must not run them."""
+    import dataclasses
+
+    man = json.loads((tx2_copy / "manifest.json").read_text())
+    assert make_hidvfs(TX2, models=tx2_copy) is not None
+    cl = TX2.clusters[0]
+    shorter = dataclasses.replace(cl, freqs_khz=tuple(cl.freqs_khz[:-1]))
+    spec = dataclasses.replace(TX2, clusters=(shorter, *TX2.clusters[1:]))
+    for load in (
+        lambda: make_hidvfs(spec, models=tx2_copy),
+        lambda: make_learned_policy("ztt", spec, models=tx2_copy),
+        lambda: make_learned_policy("geardvfs", spec, models=tx2_copy),
+    ):
+        with pytest.raises(ModelMismatch, match="action_space") as e:
+            load()
+        assert "\n" not in str(e.value)
+    # the folder itself: a manifest naming other levels fails `agents check`
+    man["action_space"]["levels"][0] = man["action_space"]["levels"][0][:-1]
+    (tx2_copy / "manifest.json").write_text(json.dumps(man))
+    report = check_board("tx2", tx2_copy)
+    assert not report["ok"] and "action_space" in report["files"][0]["error"]
