@@ -533,14 +533,22 @@ class Coordinator:
         return specs, np.array(free_cpu), np.array(speed)
 
     def _unfit(
-        self, args: ExtenderArgs, specs: list[NodeSpec], free_cpu: np.ndarray
+        self,
+        args: ExtenderArgs,
+        specs: list[NodeSpec],
+        free_cpu: np.ndarray,
+        tel: dict[str, NodeTelemetry],
     ) -> dict[str, str]:
         """Why each node that cannot take the pod cannot: the one test filter and
-        prioritize share (size from allocatable or the board; free cores from telemetry)."""
+        prioritize share (size from allocatable or the board; free cores and speed from
+        telemetry)."""
         p, out = args.pod, {}
         for n, spec, free in zip(args.nodes, specs, free_cpu.tolist()):
             src = "allocatable" if n.cpu is not None else f"board {spec.board}"
-            if p.cpu > spec.cpus + 1e-9:
+            t = tel[n.name]
+            if t.ok and t.speed_factor is not None and t.speed_factor <= 0:
+                out[n.name] = "telemetry shows speed factor 0 (no core can run work)"
+            elif p.cpu > spec.cpus + 1e-9:
                 out[n.name] = f"pod requests {p.cpu:g} cores, node {src} {spec.cpus:g}"
             elif p.cpu > free + 1e-9:
                 out[n.name] = f"pod requests {p.cpu:g} cores, telemetry shows {free:.2f} free"
@@ -570,7 +578,7 @@ class Coordinator:
         args = self._remember(args)
         tel = self.telemetry.fetch_many([n.name for n in args.nodes])
         specs, free_cpu, _ = self._nodes(args, tel)
-        return self._unfit(args, specs, free_cpu)
+        return self._unfit(args, specs, free_cpu, tel)
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
         if not args.nodes:  # nothing to score; the placers are not built for no nodes
@@ -579,7 +587,7 @@ class Coordinator:
         names = [n.name for n in args.nodes]
         tel = self.telemetry.fetch_many(names)
         specs, free_cpu, speed = self._nodes(args, tel)
-        unfit = self._unfit(args, specs, free_cpu)
+        unfit = self._unfit(args, specs, free_cpu, tel)
         with self._lock:  # the placer keeps the workload of the current pod
             view = self._view(args, specs, free_cpu, speed)
             raw = np.asarray(self.placer.node_scores(view, 0), dtype=float)

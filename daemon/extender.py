@@ -28,6 +28,8 @@ HANDLER_TIMEOUT_S = 10.0
 ANN_WORK = "hidvfs.io/work-s"
 ANN_RANK = "hidvfs.io/rank-s"
 DEFAULT_WORK_S = 10.0
+#: the largest work-s / rank-s annotation taken, in seconds
+MAX_ANNOTATION_S = 1e9
 
 
 class BadRequest(ValueError):
@@ -152,6 +154,10 @@ def _number_annotation(ann: dict, key: str, default: float | None) -> float | No
         raise BadRequest(f"pod annotation {key}={ann[key]!r:.60} is not a number") from None
     if not math.isfinite(v) or v < 0:
         raise BadRequest(f"pod annotation {key}={ann[key]!r:.60} is not a finite number >= 0")
+    if v > MAX_ANNOTATION_S:  # finish times past it overflow: every node would score 0
+        raise BadRequest(
+            f"pod annotation {key}={ann[key]!r:.60} is over {MAX_ANNOTATION_S:g} s (~30 years)"
+        )
     return v
 
 

@@ -575,6 +575,8 @@ MALFORMED_REQUESTS = [
     ({"Pod": _pod(annotations={"hidvfs.io/work-s": "inf"}), "NodeNames": ["a"]}, "work-s"),
     ({"Pod": _pod(annotations={"hidvfs.io/rank-s": "1e309"}), "NodeNames": ["a"]}, "rank-s"),
     ({"Pod": _pod(annotations={"hidvfs.io/work-s": [1]}), "NodeNames": ["a"]}, "work-s"),
+    ({"Pod": _pod(annotations={"hidvfs.io/work-s": "1e308"}), "NodeNames": ["a"]}, "work-s"),
+    ({"Pod": _pod(annotations={"hidvfs.io/rank-s": 2e9}), "NodeNames": ["a"]}, "rank-s"),
     ({"Pod": _pod({"cpu": -1}), "NodeNames": ["a"]}, "cpu"),
     ({"Pod": _pod({"memory": "1e309"}), "NodeNames": ["a"]}, "memory"),
     ({"Pod": _pod({"cpu": "1.2.3"}), "NodeNames": ["a"]}, "cpu"),
@@ -792,3 +794,23 @@ def test_a_busy_port_is_refused_naming_the_address():
         port = s.getsockname()[1]
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
             build_server("127.0.0.1", port, "fifo")
+
+
+def test_a_node_at_speed_zero_is_filtered_out_and_scores_zero(node_daemon):
+    """A node whose daemon reports no core able to run (speed factor 0) cannot finish the
+    pod: filter names it, prioritize gives it 0, not a score among the live ones."""
+    live, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 4})
+    stalled, _ = node_daemon({"speed_factor": 0.0, "free_cpus": 4})
+    srv = build_server("127.0.0.1", 0, "heft", f"a=orin-nx@{live},z=orin-nx@{stalled}")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        code, out = _post(base + "/filter", {"Pod": POD, "NodeNames": ["a", "z"]})
+        assert code == 200 and out["NodeNames"] == ["a"]
+        assert "speed factor 0" in out["FailedNodes"]["z"]
+        code, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["a", "z"]})
+        assert {e["Host"]: e["Score"] for e in out} == {"a": 10, "z": 0}
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        srv.coordinator.telemetry.close()
