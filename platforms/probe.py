@@ -256,7 +256,12 @@ def _zone_quirk(sysfs: SysfsBackend, info: thermal.ZoneInfo) -> str | None:
     return None
 
 
-def _discover_zones(sysfs: SysfsBackend, known: BoardSpec | None) -> list[ZoneSpec]:
+def _discover_zones(
+    sysfs: SysfsBackend, known: BoardSpec | None, clusters: tuple[str, ...] = ()
+) -> list[ZoneSpec]:
+    """The tree's zones; a zone the known spec does not describe takes a role from its
+    type, and a CPU zone among them watches every discovered cluster: which cores a sensor
+    sits by is not in sysfs, and a guard that links it to none never caps anything."""
     known_zones = {z.type: z for z in known.zones} if known is not None else {}
     cluster_names = {c.name for c in known.clusters} if known is not None else set()
     out, seen = [], set()
@@ -265,11 +270,16 @@ def _discover_zones(sysfs: SysfsBackend, known: BoardSpec | None) -> list[ZoneSp
             continue
         seen.add(info.type)
         ref = known_zones.get(info.type)
+        role = ref.role if ref else guess_zone_role(info.type)
+        if ref:
+            linked = tuple(c for c in ref.clusters if c in cluster_names)
+        else:
+            linked = clusters if role == "cpu" else ()
         out.append(
             ZoneSpec(
                 type=info.type,
-                role=ref.role if ref else guess_zone_role(info.type),
-                clusters=tuple(c for c in ref.clusters if c in cluster_names) if ref else (),
+                role=role,
+                clusters=linked,
                 trips=info.trips,
                 quirk=ref.quirk if ref else _zone_quirk(sysfs, info),
             )
@@ -302,7 +312,7 @@ def probe(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> ProbeRes
     clusters, states = _discover_clusters(sysfs, known, online, notes)
     if not clusters:
         notes.append(f"no cpufreq policy under {paths.CPUFREQ}")
-    zones = _discover_zones(sysfs, known)
+    zones = _discover_zones(sysfs, known, tuple(c.name for c in clusters))
     rails = _discover_rails(sysfs, known)
     if not rails:
         notes.append("no INA3221 power monitor found: energy is unavailable")

@@ -44,8 +44,14 @@ def zone_indices(sysfs: SysfsBackend) -> list[int]:
     return sorted(out)
 
 
-def read_trips(sysfs: SysfsBackend, index: int) -> tuple[Trip, ...]:
-    """Every readable ``trip_point_K_*`` of a zone, in K order; unreadable trips are left out."""
+def read_trips(sysfs: SysfsBackend, index: int, *, temperature: bool = True) -> tuple[Trip, ...]:
+    """Every usable ``trip_point_K_*`` of a zone, in K order. Left out: an unreadable
+    temperature, one no sensor can mean (the kernel's -274000 of a disabled trip, or
+    anything at or below 0 °C or past 200 °C: a trip there would cap a board at room
+    temperature for good) and a type the kernel does not define (vendor thresholds such as
+    ``configurable_lo`` are a userspace engine's, not throttling trips). An unreadable type
+    counts as passive: the trip exists, and capping at it is the safe reading. A zone that
+    is not a temperature (``temperature=False``: a BCL level) keeps its trips as read."""
     ks = sorted(
         int(m.group(1)) for n in sysfs.list(paths.zone_dir(index)) if (m := _TRIP_RE.match(n))
     )
@@ -55,9 +61,11 @@ def read_trips(sysfs: SysfsBackend, index: int) -> tuple[Trip, ...]:
             temp = sysfs.read_int(paths.zone_file(index, f"trip_point_{k}_temp"))
         except SysfsUnavailable:
             continue
+        if temperature and (temp <= 0 or implausible_temp(temp / 1000.0) is not None):
+            continue
         ttype = sysfs.read_or(paths.zone_file(index, f"trip_point_{k}_type"), "passive")
         if ttype not in TRIP_TYPES:
-            ttype = "passive"
+            continue
         try:
             hyst = sysfs.read_int(paths.zone_file(index, f"trip_point_{k}_hyst"))
         except SysfsUnavailable:
@@ -73,7 +81,10 @@ def discover_zones(sysfs: SysfsBackend, *, trips: bool = True) -> list[ZoneInfo]
         type_ = sysfs.read_or(paths.zone_file(i, "type"))
         if type_ is None:
             continue
-        out.append(ZoneInfo(i, type_, read_trips(sysfs, i) if trips else ()))
+        temperature = skip_reason(type_) is None
+        out.append(
+            ZoneInfo(i, type_, read_trips(sysfs, i, temperature=temperature) if trips else ())
+        )
     return out
 
 

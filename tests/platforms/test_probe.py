@@ -362,3 +362,33 @@ def test_a_cpu_list_in_both_kernel_forms_parses():
     assert paths.parse_cpu_ranges("0-3,5") == (0, 1, 2, 3, 5)
     assert paths.parse_cpu_ranges("0 3 4 5\n") == (0, 3, 4, 5)
     assert paths.parse_cpu_ranges("") == ()
+
+
+def test_unknown_board_cpu_zones_watch_every_cluster_and_the_guard_caps_them(tmp_path):
+    """Which cores a zone sits by is not in sysfs: an unknown board's CPU zones are linked
+    to every cluster, so the thermal guard acts on them (linked to none it never did)."""
+    from agents.policy import Decision
+    from daemon.guard import ThermalGuard
+    from platforms.sense import Sensor
+
+    base = load_board("rubikpi3")
+    stranger = dataclasses.replace(
+        base, name="x", compatible=("acme,r9",), model=("Acme R9",), title="Acme R9"
+    )
+    write_fake_tree(stranger, tmp_path)
+    for i, z in enumerate(base.zones):
+        if z.role == "cpu":
+            (tmp_path / paths.zone_file(i, "temp")).write_text("108000\n")
+    sysfs = DirSysfs(tmp_path)
+    result = probe(sysfs)
+    assert result.board is None
+    names = tuple(c.name for c in result.spec.clusters)
+    cpu_zones = [z for z in result.spec.zones if z.role == "cpu"]
+    assert cpu_zones and all(z.clusters == names for z in cpu_zones)
+    assert all(z.clusters == () for z in result.spec.zones if z.role != "cpu")
+    sensor, guard = Sensor(result.spec, sysfs), ThermalGuard()
+    for t in range(10):
+        obs = sensor.read(float(t))
+        top = Decision(freq_khz={c.name: c.freqs_khz[-1] for c in obs.clusters})
+        out = guard.apply(top, obs)
+    assert all(out.freq_khz[c.name] < c.freqs_khz[-1] for c in obs.clusters)

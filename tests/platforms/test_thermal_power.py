@@ -391,3 +391,27 @@ def test_hwmon_voltage_and_current_must_be_a_rail_reading(tmp_path, mv, ma, ok):
     assert (got is not None) == ok
     if ok:
         assert got == int(mv) * max(int(ma), 0) / 1000.0
+
+
+@pytest.mark.parametrize("temp", ["-274000", "0", "-5000", "250000"])
+def test_a_trip_no_sensor_can_mean_is_left_out(tx2, tmp_path, temp):
+    """The kernel shows a disabled trip as -274000 (THERMAL_TEMP_INVALID): read as a passive
+    trip it would cap the board at room temperature for good."""
+    _, s = tx2
+    (tmp_path / paths.zone_file(0, "trip_point_0_temp")).write_text(temp + "\n")
+    assert thermal.read_trips(s, 0) == (Trip(101000, "critical", 0),)
+
+
+def test_a_trip_type_the_kernel_does_not_define_is_left_out_and_an_unreadable_one_is_passive(
+    tx2, tmp_path
+):
+    """A vendor's ``configurable_lo`` threshold at 45 °C is a userspace engine's, and read as
+    passive it throttled the board from 40 °C; a type that cannot be read still caps."""
+    _, s = tx2
+    zone = tmp_path / paths.zone_dir(0)
+    (zone / "trip_point_2_temp").write_text("45000\n")
+    (zone / "trip_point_2_type").write_text("configurable_lo\n")
+    (zone / "trip_point_2_hyst").write_text("0\n")
+    assert [t.type for t in thermal.read_trips(s, 0)] == ["passive", "critical"]
+    (zone / "trip_point_2_type").write_text("\n")
+    assert thermal.read_trips(s, 0)[2] == Trip(45000, "passive", 0)
