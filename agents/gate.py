@@ -10,14 +10,15 @@ frequency f of its cluster (capacity kappa), a job needs, with the two-point sca
 * **impossible** at that point otherwise.
 
 Light-job test (the adaptation of the ``n_low > 2 sum u`` test to one-shot jobs released now):
-light jobs that share a core set run sequentially in deadline order on those cores, as a
-non-preemptive EDF list schedule (each job starts on the first core to free up); the group
-passes when every job of it finishes by its deadline. Light groups with different core sets
-must be disjoint. The repair looks for the fewest cores of a cluster that hold its light jobs:
-a shared pool when the list fits, else a split of them over single cores
-(:func:`light_partition`, exact up to :data:`MAX_EXACT_LIGHTS` light jobs per cluster), which
-holds whenever any grouping does. The test assumes deadline-ordered execution, which
-:func:`order_priorities` sets.
+light jobs that share a core set may each spread over all of it, at priorities in deadline
+order, so a job's critical path waits only while every core runs work of its priority or
+above: the group passes when R_k <= L_k + (W_k - L_k) / m <= D_k for each job k, W_k the work
+of the jobs up to k (:func:`pool_fits`; on one core, their sequential sum). Light groups with
+different core sets must be disjoint. The repair looks for the fewest cores of a cluster that
+hold its light jobs: a shared pool when it fits, else a split of them over single cores, each
+job pinned to one core and the jobs of a core run in deadline order (:func:`light_partition`,
+a non-preemptive list schedule per core, exact up to :data:`MAX_EXACT_LIGHTS` light jobs per
+cluster). The tests assume deadline-ordered execution, which :func:`order_priorities` sets.
 
 Heavy cores are exclusive: no other job of the decision (deadline or best-effort) may use them.
 
@@ -40,7 +41,10 @@ Repair of an infeasible proposal, cheapest change first:
 3. If that fails, jobs may move between clusters (every job-to-cluster map is tried, the
    cheapest wins, fewest moves on a tie), so the gate finds a feasible point whenever one
    exists: feasibility is monotone in f (C, L and n(f) never grow with f), so the raise-only
-   restriction loses none.
+   restriction loses none. Beyond :data:`MAX_MAPS` maps (8 deadline jobs on three clusters)
+   a greedy placement comes first and, where it finds none, a search bounded to
+   :data:`MAX_NODES` steps for any feasible map: past that bound a feasible point can be
+   missed.
 4. If no point is feasible: the safest point (every cluster at its maximum, each job in
    deadline order on the largest/fastest cluster that still fits it, a job no core count
    can save last) and ``feasible=False``.
@@ -74,6 +78,8 @@ _KIND = {LIGHT: "light", HEAVY: "heavy"}
 _EPS = 1e-9
 #: above this many job-to-cluster maps the move stage assigns jobs greedily (deadline order)
 MAX_MAPS = 4096
+#: steps of the branch and bound after a greedy placement that found no feasible map
+MAX_NODES = 20000
 #: bound of a gate's cost memo (clusters x OPPs x core counts fit many times over)
 _MAX_COSTS = 4096
 
@@ -244,10 +250,46 @@ def edf_list_split(jobs: Sequence[tuple[float, float]], m: int) -> list[list[int
     return [p for p in parts if p]
 
 
-def light_pool_size(jobs: Sequence[tuple[float, float]], limit: int) -> int | None:
-    """Fewest cores (<= ``limit``) on which the light jobs pass :func:`edf_fits`."""
+def span_share(job: GateJob) -> float:
+    """L / C of the job's remaining work: the same at every frequency (both scale by phi),
+    so a light job's span at a point is this times its C(f)."""
+    w = job.remaining_work * job.profile.work_s
+    return min(1.0, job.profile.span_s / w) if w > 0 else 1.0
+
+
+def pool_fits(jobs: Sequence[tuple[float, float, float]], m: int) -> bool:
+    """Do light jobs ``(deadline, C, L)``, sorted by deadline, meet their deadlines when
+    they share ``m`` cores, each free to run on all of them, at priorities in deadline
+    order?
+
+    A job can spread over every core of the pool, so a higher-priority one may hold all of
+    them (a list schedule of one core per job is not what runs). Work-conserving with
+    fixed priorities, job k's critical path waits only while every core is busy with work
+    of its priority or above, so R_k <= L_k + (W_k - L_k) / m, W_k the work of the jobs up
+    to k; jobs of equal deadline are all counted before each other. On one core this is
+    the jobs' sequential sum.
+    """
+    if m <= 0:
+        return not jobs
+    n, i = len(jobs), 0
+    work = 0.0
+    while i < n:
+        j = i
+        while j < n and jobs[j][0] == jobs[i][0]:
+            work += jobs[j][1]
+            j += 1
+        for d, _, span in jobs[i:j]:
+            if span + (work - span) / m > d:
+                return False
+        i = j
+    return True
+
+
+def light_pool_size(jobs: Sequence[tuple[float, float, float]], limit: int) -> int | None:
+    """Fewest cores (<= ``limit``) on which the light jobs ``(deadline, C, L)``, sorted by
+    deadline, pass :func:`pool_fits` as one shared pool."""
     for m in range(1, min(len(jobs), limit) + 1):
-        if edf_fits(jobs, m):
+        if pool_fits(jobs, m):
             return m
     return 0 if not jobs else None
 
@@ -349,6 +391,7 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
     heavy: list[tuple[int, frozenset[int]]] = []
     sets: list[tuple[int, frozenset[int]]] = []
     groups: dict[tuple[str, tuple[int, ...]], list[tuple[float, float, int]]] = {}
+    share = {j.pid: span_share(j) for j in a.jobs}
     for j in a.jobs:
         pid = j.pid
         raw = a.cpus.get(pid, ())
@@ -422,11 +465,11 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
                     )
                     bad_pids.update(m[2] for m in members)
                     bad_pids.update(m[2] for m in groups[key2])
-            lights = sorted((d, c) for d, c, _ in members)
+            lights = sorted((d, c, c * share[pid]) for d, c, pid in members)
             pool = light_pool_size(lights, len(key[1]))
             if pool is None:
                 reasons.append(
-                    f"{key[0]}: light jobs {[m[2] for m in members]} miss a deadline sequentially on {len(key[1])} core(s)"
+                    f"{key[0]}: light jobs {[m[2] for m in members]} may miss a deadline sharing {len(key[1])} core(s)"
                 )
                 bad_pids.update(m[2] for m in members)
                 pool = len(key[1])
@@ -588,6 +631,10 @@ class _Repair:
     # -- precomputation (home, home_mask, keep: only the searches need them, computed once)
 
     @cached_property
+    def share(self) -> list[float]:
+        return [span_share(j) for j in self.jobs]
+
+    @cached_property
     def home(self) -> list[int | None]:
         return [self._home(j) for j in self.jobs]
 
@@ -694,7 +741,8 @@ class _Repair:
                     if len(lights) > 1:
                         lights.sort()
                         dc = [(d, c) for d, c, _ in lights]
-                        pool = light_pool_size(dc, m_k - heavy)
+                        dcl = [(d, c, c * self.share[ji]) for d, c, ji in lights]
+                        pool = light_pool_size(dcl, m_k - heavy)
                         if pool is None or pool > 1:
                             # fewer cores may hold a split the list misses (its ties)
                             # (one core runs them in deadline order either way: from 2 up)
@@ -792,12 +840,18 @@ class _Repair:
 
         Branch and bound over jobs in deadline order: the cheapest point of a cluster can only
         grow when a job joins it (monotone cost), so the partial sum bounds every completion.
+        Beyond :data:`MAX_MAPS` maps the greedy placement comes first; where it dead-ends the
+        branch and bound still looks for any feasible map, within :data:`MAX_NODES` steps.
         """
         n_maps = 1
         for c in choices:
             n_maps *= len(c)
+        budget = None
         if n_maps > MAX_MAPS:
-            return self.greedy(choices)
+            found = self.greedy(choices)
+            if found is not None:
+                return found
+            budget = [MAX_NODES]
         n_j = len(self.jobs)
         # cheapest cluster first per job: a good bound early prunes more
         inf = float("inf")
@@ -816,6 +870,10 @@ class _Repair:
         found: list = [None]
 
         def rec(ji: int, partial: float) -> None:
+            if budget is not None:
+                if budget[0] <= 0 or found[0] is not None:
+                    return  # past the greedy: the first feasible map will do
+                budget[0] -= 1
             if ji == n_j:
                 r = self.evaluate(assign)
                 if r is not None and (found[0] is None or r[:3] < found[0][:3]):
@@ -1250,6 +1308,8 @@ __all__ = [
     "requirements",
     "edf_fits",
     "light_pool_size",
+    "pool_fits",
+    "span_share",
     "light_partition",
     "default_cost",
     "jobs_from_obs",

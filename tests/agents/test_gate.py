@@ -27,11 +27,13 @@ from agents.gate import (
     light_pool_size,
     min_cores,
     order_priorities,
+    pool_fits,
     requirement,
     requirements,
 )
 from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
+from platforms.spec import load_board
 
 GHZ = 1_000_000
 
@@ -70,11 +72,22 @@ def test_edf_list_test_and_light_pool_size():
     assert edf_fits([(1.0, 0.6), (2.0, 1.2)], 1)  # 0.6 <= 1, 1.8 <= 2
     assert not edf_fits([(1.0, 0.6), (2.0, 1.5)], 1)  # 2.1 > 2
     assert edf_fits([(1.0, 0.6), (2.0, 1.5)], 2)
-    assert light_pool_size([(1.0, 0.6), (2.0, 1.2)], 4) == 1
-    assert light_pool_size([(1.0, 0.6), (2.0, 1.5)], 4) == 2
-    assert light_pool_size([(1.0, 0.6), (2.0, 1.5)], 1) is None
-    # the third job starts when the first core frees up (0.5), ends at 1.4 <= 1.5
-    assert light_pool_size([(1.0, 0.5), (1.0, 0.9), (1.5, 0.9)], 3) == 2
+    # a shared pool: (deadline, C, L); a job may spread over every core of it
+    assert light_pool_size([(1.0, 0.6, 0.6), (2.0, 1.2, 1.2)], 4) == 1
+    assert light_pool_size([(1.0, 0.6, 0.6), (2.0, 1.5, 1.5)], 4) == 2  # 1.5 + 0.6 / 2
+    assert light_pool_size([(1.0, 0.6, 0.6), (2.0, 1.5, 1.5)], 1) is None
+    # equal deadlines count each other's work: 0.9 + (0.5 + 0.9 + 0.9 - 0.9) / 3 > 1
+    assert light_pool_size([(1.0, 0.5, 0.5), (1.0, 0.9, 0.9), (1.5, 0.9, 0.9)], 3) is None
+
+
+def test_a_shared_pool_counts_a_parallel_higher_priority_job_on_every_core():
+    """A parallel job first in deadline order holds both cores of the pool until it ends
+    (2 s); a chain of 3.5 s behind it ends at 5.5 s, past its 4.1 s. The list schedule of
+    one core per job (3.5 s) is not what runs in a shared pool."""
+    jobs = [(4.05, 4.0, 0.01), (4.1, 3.5, 3.5)]
+    assert edf_fits([(d, c) for d, c, _ in jobs], 2)  # the per-core list: fits
+    assert not pool_fits(jobs, 2) and light_pool_size(jobs, 2) is None
+    assert light_partition([(d, c) for d, c, _ in jobs], 2) == [[0], [1]]  # pinned: fits
 
 
 def test_default_cost_is_monotone():
@@ -647,3 +660,75 @@ def test_lifting_priorities_past_99_keeps_them_apart():
     check_priorities(jobs, out)
     rt = {p: s.rt_priority for p, s in out.jobs.items()}
     assert rt[1] > rt[2] > rt[4] >= 1 and rt[3] > rt[4]
+
+
+def test_light_jobs_the_gate_admits_meet_their_deadlines_in_the_plant():
+    """Closed loop: a parallel job (C 4 s, L 0.01 s, D 4.05 s) and a chain (C = L = 3.5 s,
+    D 4.1 s), both light, proposed on one core. A shared pool of two cores, which the gate
+    once admitted, holds the chain behind the parallel job until 2 s: it ended at 4.15 s."""
+    from agents.hidvfs import GateStage
+    from agents.policy import Policy
+    from daemon.simrun import run_sim
+    from platforms.dag import DagBuilder
+    from platforms.sim.plant import SimJob
+
+    spec = load_board("orin-nx")
+    f = spec.clusters[0].fmax_khz
+    parallel, chain = DagBuilder("A"), DagBuilder("B")
+    for _ in range(400):
+        parallel.add(0.01 * f * 1e3)
+    prev: tuple = ()
+    for _ in range(350):
+        prev = (chain.add(0.01 * f * 1e3, 0.0, prev),)
+
+    def item(dag, name, deadline):
+        c, span = dag.work_span(f * 1e3, 1.0)
+        return SimJob(dag, name, deadline), JobProfile(name, c, span, 0.0, c, f, 4)
+
+    class OneCore(Policy):
+        name, period_s = "onecore", 0.05
+
+        def decide(self, obs):
+            return Decision(
+                {c.name: c.freqs_khz[-1] for c in obs.clusters},
+                {j.pid: JobSetting((0,)) for j in obs.jobs},
+            )
+
+    stage = GateStage()
+    items = [item(parallel.build(), "A", 4.05), item(chain.build(), "B", 4.10)]
+    res = run_sim("orin-nx", OneCore(), items, stages=[stage], seed=0)
+    assert stage.last is not None and stage.last.feasible
+    assert [j.deadline_met for j in res.jobs] == [True, True], [j.makespan_s for j in res.jobs]
+
+
+def test_beyond_max_maps_the_gate_still_finds_a_feasible_map(monkeypatch):
+    """8 deadline jobs on three clusters are 6561 maps, past MAX_MAPS: the greedy placement
+    dead-ends on about a quarter of the instances that have a feasible map, and the
+    bounded search after it must find one."""
+    import random
+
+    import agents.gate as gate_mod
+
+    spec = load_board("rubikpi3")
+    ks = [GateCluster(c.name, c.cpus, c.freqs_khz, c.capacity) for c in spec.clusters]
+    every = tuple(c for k in ks for c in k.cpus)
+    rng = random.Random(1)
+    feasible_exists = 0
+    for _ in range(150):
+        jobs = []
+        for i in range(8):
+            w, d = rng.uniform(0.05, 3), rng.uniform(0.3, 2.5)
+            span = w * rng.choice([1.0, 0.5, 0.1, 0.02])
+            jobs.append(GateJob(i + 1, JobProfile("j", w, span, 0.0, w, 2400000, 3), d))
+        dec = Decision(
+            {k.name: k.freqs_khz[0] for k in ks}, {j.pid: JobSetting(every) for j in jobs}
+        )
+        bounded = FederatedGate(ks).repair(dec, jobs)
+        with monkeypatch.context() as m:
+            m.setattr(gate_mod, "MAX_MAPS", 10**9)
+            exact = FederatedGate(ks).repair(dec, jobs)
+        feasible_exists += exact.feasible
+        assert bounded.feasible or not exact.feasible
+        if bounded.feasible:
+            assert FederatedGate(ks).check(bounded.decision, jobs)[0] == []
+    assert feasible_exists >= 20
