@@ -561,7 +561,7 @@ def rt_rows_many(
 
 
 #: bounds of one job kept for the adaptive update: a job of hours at 100 ms would otherwise
-#: keep tens of thousands and stall the loop when it ends, and outweigh every other job
+#: keep tens of thousands and stall the loop when it ends (it is one update, whatever its count)
 MAX_MARKS_PER_JOB = 64
 
 
@@ -578,21 +578,28 @@ class ShieldStage:
         self.predictor = predictor
         self.shield = shield
         self.last_bounds: dict[int, float] = {}
-        #: with an adaptive calibrator (``update``): pid -> [(t, predicted log remaining s)] of
-        #: the chosen actions, scored against the real response when the job ends
-        self.pending: dict[int, list[tuple[float, float]]] = {}
-        self.learns = hasattr(shield.calibrator, "update")
+        #: with an adaptive calibrator (``update_job``): pid -> [(t, predicted log remaining s,
+        #: q issued)] of the chosen actions, scored against the real response when the job ends
+        self.pending: dict[int, list[tuple[float, float, float]]] = {}
+        self.learns = hasattr(shield.calibrator, "update_job")
 
     def forget(self, pid: int) -> None:
         """The job left without an outcome (unregistered alive): its bounds cannot be scored."""
         self.pending.pop(pid, None)
 
     def job_done(self, pid: int, finish_t: float) -> int:
-        """The job ended at ``finish_t``: score every bound issued for it (Gibbs-Candes
-        update of the adaptive calibrator). Returns how many updates were made."""
+        """The job ended at ``finish_t``: score the bounds issued for it, each against the q it
+        was issued with, in ONE Gibbs-Candes update (one err: did any miss; one score: the
+        largest residual), the unit of the per-job calibration pool
+        (:meth:`agents.shield.AdaptiveConformal.update_job`). Returns how many bounds were
+        scored (0: none issued, no update)."""
         marks = self.pending.pop(pid, [])
-        for t, pred in marks:
-            self.shield.calibrator.update(math.log(max(finish_t - t, 1e-6)), pred)
+        if marks:
+            self.shield.calibrator.update_job(
+                [math.log(max(finish_t - t, 1e-6)) for t, _, _ in marks],
+                [pred for _, pred, _ in marks],
+                [q for _, _, q in marks],
+            )
         return len(marks)
 
     def calibration(self) -> dict | None:
@@ -637,6 +644,10 @@ class ShieldStage:
             return decision
         X = rt_rows_many([(j, st, cl.capacity, cands) for j, st, cl, cands in plan], obs, out)
         pred = np.asarray(self.predictor(X), dtype=np.float64).reshape(-1).tolist()
+        # the q(alpha_t) every bound of this tick is issued with (select's q0), kept with the
+        # marks: alpha_t moves before the job ends, and err_t is for the set issued at t. A
+        # Bonferroni fallback's bound (at alpha_t / K) is above it: a miss of it is one here.
+        q_issue = self.shield.calibrator.q() if self.learns else math.nan
         start = 0
         for j, _, cl, cands in plan:
             cur = out.freq_khz.get(cl.name, cands[-1])
@@ -655,9 +666,9 @@ class ShieldStage:
                 )
                 if self.learns and math.isfinite(p_sub[r.index]):
                     marks = self.pending.setdefault(j.pid, [])
-                    marks.append((obs.t, p_sub[r.index]))
+                    marks.append((obs.t, p_sub[r.index], q_issue))
                     if len(marks) > MAX_MARKS_PER_JOB:  # a long job: keep every other bound,
-                        del marks[1::2]  # spread over its whole life, so it weighs as others
+                        del marks[1::2]  # spread over its whole life
             start += len(cands)
             if res_f != cur:
                 out.freq_khz[cl.name] = res_f

@@ -129,6 +129,26 @@ class AdaptiveConformal:
     ``window`` scores (None: all); ``online`` adds each observed score to the pool. The
     long-run miss rate obeys |mean err - alpha| <= (max(alpha_1, 1 - alpha_1) + gamma)/(gamma T)
     for any sequence.
+
+    err_t is 1{Y_t > yhat_t + q_t} with q_t the quantile the bound was ISSUED with (the
+    set C_t(alpha_t) of the recursion), not the quantile when the outcome arrives: outcomes
+    come late (a response time is known when its job ends), and alpha_t has moved since.
+
+    Two units of update, matching two units of calibration:
+
+    * :meth:`update`: one bound, one err, one score y - yhat (a pool of per-point scores).
+    * :meth:`update_job`: all the bounds issued for one job, scored when it ends: ONE err
+      (did any of its bounds miss?) and ONE score (its largest residual). This is the unit
+      when the pool holds one score per job (the shipped shield: ``agents.train.job_scores``,
+      TRAINING.md "stop 30"): q(alpha) of that pool bounds every decision of a job at once,
+      so its miss event is "some bound of the job missed". Counting one err per bound
+      instead would see a per-bound miss rate well below alpha at q(alpha) (a job's largest
+      residual is above its others) and drive alpha_t up and q down until alpha of the
+      BOUNDS miss: per-decision calibration back by the recursion, below 1 - alpha per job.
+      One update per job also weighs a long job (many bounds) as much as a short one, as the
+      calibration does. The guarantee is then on the long-run fraction of jobs that missed
+      (T = jobs scored), up to the slack of the feedback delay (bounds in flight were issued
+      at earlier alpha_t).
     """
 
     def __init__(
@@ -184,20 +204,43 @@ class AdaptiveConformal:
     def upper(self, pred: Any) -> Any:
         return pred + self.q()
 
-    def update(self, y: float, pred: float) -> bool:
-        """Record the outcome of the bound issued for ``pred``; returns err_t (True = miss)."""
-        err = not (y <= pred + self.q())
+    def update(self, y: float, pred: float, q: float | None = None) -> bool:
+        """Record the outcome of one bound ``pred + q``; returns err_t (True = miss).
+
+        ``q``: the quantile the bound was issued with (None: the current one, for a bound
+        scored before any other update). The score ``y - pred`` joins the pool (``online``).
+        """
+        qi = self.q() if q is None else q
+        return self._step(not (y <= pred + qi), float(y - pred))
+
+    def update_job(
+        self,
+        y: Sequence[float] | np.ndarray,
+        pred: Sequence[float] | np.ndarray,
+        q: Sequence[float] | np.ndarray,
+    ) -> bool:
+        """Record the outcome of one job's issued bounds ``pred[i] + q[i]`` (``y[i]`` the
+        realised value for bound i): one err (any bound missed) and one score (the largest
+        residual ``y[i] - pred[i]``), as the per-job calibration pool. Returns err."""
+        if not (len(y) == len(pred) == len(q)) or not len(y):
+            raise ValueError(
+                f"update_job needs one y, pred and q per bound, got {len(y)}, {len(pred)}, {len(q)}"
+            )
+        err = any(not (yi <= pi + qi) for yi, pi, qi in zip(y, pred, q))
+        return self._step(err, max(float(yi - pi) for yi, pi in zip(y, pred)))
+
+    def _step(self, err: bool, score: float) -> bool:
+        """alpha_{t+1} = alpha_t + gamma (alpha - err_t); ``score`` joins the pool (``online``)."""
+        self._check_fitted()
         self.alpha_t_ += self.gamma * (self.alpha - (1.0 if err else 0.0))
         self.t_ += 1
         self.misses_ += int(err)
-        if self.online:
-            s = float(y - pred)
-            if math.isfinite(s):
-                self.recent_.append(s)
-                bisect.insort(self.sorted_, s)
-                if self.window is not None and len(self.recent_) > self.window:
-                    old = self.recent_.popleft()
-                    del self.sorted_[bisect.bisect_left(self.sorted_, old)]
+        if self.online and math.isfinite(score):
+            self.recent_.append(score)
+            bisect.insort(self.sorted_, score)
+            if self.window is not None and len(self.recent_) > self.window:
+                old = self.recent_.popleft()
+                del self.sorted_[bisect.bisect_left(self.sorted_, old)]
         return err
 
     @property

@@ -1,37 +1,121 @@
-"""The adaptive shield online: every bound the shield issued for a job is scored against the
-job's real response when it ends, and the calibration moves (Gibbs-Candes)."""
+"""The adaptive shield online: the bounds the shield issued for a job are scored, each against
+the q it was issued with, against the job's real response when it ends, and the calibration
+moves (Gibbs-Candes), one update and one pool score per job as the per-job calibration."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from agents.factory import make_policy_stack
 from agents.hidvfs import ShieldStage
+from agents.policy import Decision, JobSetting
 from agents.shield import AdaptiveConformal, Shield, SplitConformal
 from daemon.config import parse_config, policy_options
 from daemon.simrun import run_sim
+from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 from platforms.spec import load_board
 
 
 class Recorder(AdaptiveConformal):
-    def update(self, y, pred):
-        self.calls = getattr(self, "calls", []) + [(y, pred)]
-        return super().update(y, pred)
+    def update_job(self, y, pred, q):
+        self.calls = getattr(self, "calls", []) + [(list(y), list(pred), list(q))]
+        return super().update_job(y, pred, q)
+
+
+def _stage(cal):
+    return ShieldStage(lambda x: x, Shield(lambda x: x, cal))
 
 
 def test_job_done_scores_each_bound_against_the_real_remaining_time():
     cal = Recorder(0.1, gamma=0.05).fit([0.0, 0.1, 0.2])
-    stage = ShieldStage(lambda x: x, Shield(lambda x: x, cal))
-    stage.pending[7] = [(1.0, math.log(2.0)), (2.0, math.log(1.5))]
+    stage = _stage(cal)
+    stage.pending[7] = [(1.0, math.log(2.0), 0.2), (2.0, math.log(1.5), 0.1)]
     assert stage.job_done(7, 3.5) == 2
-    assert cal.calls == [
-        pytest.approx((math.log(2.5), math.log(2.0))),
-        pytest.approx((math.log(1.5), math.log(1.5))),
-    ]
+    assert len(cal.calls) == 1  # one update for the job
+    y, pred, q = cal.calls[0]
+    assert y == pytest.approx([math.log(2.5), math.log(1.5)])
+    assert pred == pytest.approx([math.log(2.0), math.log(1.5)]) and q == [0.2, 0.1]
     assert stage.job_done(7, 4.0) == 0 and 7 not in stage.pending  # scored once
-    assert stage.calibration()["updates"] == 2
+    assert stage.calibration()["updates"] == 1
+    # log(2.5) - log(2) = 0.223 > 0.2: the first bound missed, so the job did
+    assert cal.misses_ == 1 and cal.alpha_now == pytest.approx(0.1 + 0.05 * (0.1 - 1.0))
+
+
+def test_a_bound_is_scored_with_the_q_it_was_issued_with_not_the_current_one():
+    cal = AdaptiveConformal(alpha=0.1, gamma=0.05, online=True).fit(np.linspace(-0.2, 0.2, 40))
+    stage = _stage(cal)
+    q_issue = cal.q()
+    stage.pending[1] = [(0.0, 0.0, q_issue)]  # predicted 1 s, bound exp(q_issue) = 1.18 s
+    for pid in range(2, 12):  # other jobs end far over their bounds: alpha_t falls, q grows
+        stage.pending[pid] = [(0.0, 0.0, cal.q())]
+        stage.job_done(pid, 2.0)
+    assert cal.q() > math.log(1.3) > q_issue  # 1.3 s is inside the CURRENT bound
+    misses, alpha_t = cal.misses_, cal.alpha_now
+    stage.job_done(1, 1.3)  # but over the bound issued: a miss, alpha_t falls again
+    assert cal.misses_ == misses + 1
+    assert cal.alpha_now == pytest.approx(alpha_t + 0.05 * (0.1 - 1.0))
+    # and the other way: issued with a large q, a response inside it is no miss
+    stage.pending[50] = [(0.0, 0.0, 1.0)]
+    misses = cal.misses_
+    stage.job_done(50, 2.0)  # log 2 = 0.69 <= 1.0
+    assert cal.misses_ == misses
+
+
+def test_one_job_adds_one_score_its_largest_residual():
+    cal = AdaptiveConformal(alpha=0.1, gamma=0.05).fit(np.linspace(-0.2, 0.2, 40))
+    stage = _stage(cal)
+    n0 = len(cal.sorted_)
+    marks = [(0.05 * i, math.log(1.0 - 0.05 * i) - 0.01 * i, cal.q()) for i in range(10)]
+    stage.pending[99] = marks
+    assert stage.job_done(99, 1.0) == 10
+    assert len(cal.sorted_) == n0 + 1 and cal.t_ == 1  # one score, one update
+    assert cal.recent_[-1] == pytest.approx(0.09)  # the largest residual (the last bound's)
+    assert 0.09 in [pytest.approx(s) for s in cal.sorted_]
+
+
+def test_update_job_misses_when_any_bound_missed():
+    cal = AdaptiveConformal(alpha=0.1, gamma=0.1, online=False).fit([0.0] * 20)
+    assert cal.update_job([0.5, 0.5], [0.0, 0.0], [1.0, 0.4]) is True  # the second missed
+    assert cal.update_job([0.5, 0.5], [0.0, 0.0], [1.0, 0.5]) is False  # closed set
+    assert cal.update_job([9.0], [0.0], [math.inf]) is False  # infinite set: never a miss
+    assert cal.update_job([-9.0], [0.0], [-math.inf]) is True  # empty set: always a miss
+    assert cal.t_ == 4 and cal.misses_ == 2 and len(cal.sorted_) == 20  # not online
+    with pytest.raises(ValueError, match="one y, pred and q"):
+        cal.update_job([0.0], [0.0, 0.0], [0.0])
+    with pytest.raises(ValueError, match="one y, pred and q"):
+        cal.update_job([], [], [])
+
+
+def test_update_scores_against_the_issued_q_when_given():
+    cal = AdaptiveConformal(alpha=0.1, gamma=0.1).fit(np.linspace(0.0, 1.0, 30))
+    assert cal.q() > 0.5
+    assert cal.update(0.5, 0.0, q=0.4) is True  # issued with 0.4: missed
+    assert cal.update(0.5, 0.0, q=0.6) is False
+
+
+def test_the_stage_marks_each_bound_with_the_q_it_issues():
+    """A tick of the stage stores q(alpha_t) with the mark; alpha_t then moves, and the job's
+    end scores the stored q."""
+    cl = ClusterObs("big", 0, (0, 1), (0, 1), (1000, 2000), 1.0, 1000, 1000, 2000, "userspace")
+    prof = JobProfile(
+        "x", work_s=1.0, span_s=0.1, beta=0.0, ref_makespan_s=1.0, ref_khz=2000, ref_cores=2
+    )
+    job = JobObs(5, "j5", "hi", 0.0, 0.0, 10.0, (0, 1), profile=prof)
+    obs = Observation(0.0, "toy", (cl,), (), (), (job,))
+    dec = Decision({"big": 1000}, {5: JobSetting((0, 1))})
+    cal = AdaptiveConformal(alpha=0.1, gamma=0.05).fit(np.linspace(-0.2, 0.2, 40))
+    # predicted log remaining time 0 (1 s) for every candidate
+    stage = ShieldStage(lambda x: np.zeros(len(x)), Shield(lambda x: np.zeros(len(x)), cal))
+    q_issue = cal.q()
+    stage(dec, obs)
+    assert stage.pending[5] == [(0.0, 0.0, q_issue)]
+    cal.alpha_t_ = 0.01  # alpha_t moved (q grew) before the job ended
+    assert cal.q() > math.log(1.3) > q_issue
+    stage.job_done(5, 1.3)
+    assert cal.misses_ == 1
 
 
 def test_a_static_calibration_learns_nothing():
@@ -48,7 +132,7 @@ def test_adaptive_hidvfs_updates_its_calibration_in_the_control_loop():
     res = run_sim("tx2", pol, items, seed=3, stages=stages)
     shield = res.status["shield"]
     dl_done = sum(1 for j in res.jobs if j.deadline_s is not None and j.finish_t is not None)
-    assert dl_done > 0 and shield["updates"] >= dl_done  # at least one bound per deadline job
+    assert 0 < shield["updates"] <= dl_done  # one update per deadline job with a bound
     assert shield["alpha"] == pytest.approx(0.1)
     # alpha_t moved by gamma x (alpha - err) per update, as Gibbs-Candes prescribes
     n, miss = shield["updates"], shield["miss_rate"] * shield["updates"]
