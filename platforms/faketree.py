@@ -254,7 +254,7 @@ def _write_proc(w: FakeWriter, online: list[int], rng: random.Random) -> None:
         ]
     w._online = set(online)
     w.write_stat()
-    compatible = list(w.spec.compatible) or [f"hidvfs,{w.spec.name}"]
+    compatible = list(w.spec.compatible) + list(w.spec.soc_compatible) or [f"hidvfs,{w.spec.name}"]
     w.files.put(paths.DT_COMPATIBLE, "\0".join(compatible) + "\0", newline=False)
     w.files.put(paths.DT_MODEL, _model_string(w.spec) + "\0", newline=False)
     # the kernel's default RT throttling: SCHED_FIFO threads get 95 % of each second

@@ -3,7 +3,7 @@
 Two drivers (``boards.md`` sections 1.3 and 2.7):
 
 - legacy IIO ``ina3221x`` (L4T <= 32, TX2): ``iio:deviceN/rail_name_K`` + ``in_powerK_input``
-  (mW); ``iio:deviceN`` numbering varies, so every ``iio:device*`` folder is scanned;
+  (mW, or the spec's ``unit``); ``iio:deviceN`` numbering varies, so every ``iio:device*`` folder is scanned;
 - mainline hwmon ``ina3221`` (JetPack 5+, Orin): ``<dev>/hwmon/hwmonN`` with ``name`` ==
   ``ina3221`` (N varies), rails by ``inK_label``, mW = mV * mA / 1000. Labels containing an
   ``NC`` (not connected) token and the ``in7`` shunt-sum channel are not rails.
@@ -14,11 +14,11 @@ A rail that cannot be read is ``None`` (unavailable), never 0.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from platforms import paths
-from platforms.errors import SysfsUnavailable
-from platforms.spec import RailSpec
+from platforms.errors import SpecError, SysfsUnavailable
+from platforms.spec import RAIL_UNITS_MW, RailSpec
 from platforms.sysfs import SysfsBackend
 
 IIO_DRIVER_DIR = "bus/i2c/drivers/ina3221x"
@@ -46,6 +46,8 @@ class RailSource:
     #: the sensor folder in :class:`RailSpec` terms (iio: the iio:device folder; hwmon: the
     #: folder that holds ``hwmon/hwmonN``)
     device: str
+    #: the unit of an iio ``in_powerN_input`` (the spec's; hwmon is always mV x mA = mW)
+    unit: str = "mW"
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -152,7 +154,16 @@ def _parent(path: str) -> str:
 
 def find_rail(sysfs: SysfsBackend, rail: RailSpec) -> RailSource | None:
     """Locate a spec's rail by its label: the spec's folder first, then its siblings, then any
-    monitor of the same driver. None when no channel carries that label."""
+    monitor of the same driver. None when no channel carries that label. The source reads in
+    the spec's ``unit``; a unit that cannot be read is a :class:`SpecError`."""
+    units = list(RAIL_UNITS_MW) if rail.driver == "iio" else ["mW"]
+    if rail.unit not in units:
+        raise SpecError(f"rail {rail.name}", "unit", f"one of {units}", rail.unit)
+    src = _find_rail(sysfs, rail)
+    return None if src is None else replace(src, unit=rail.unit)
+
+
+def _find_rail(sysfs: SysfsBackend, rail: RailSpec) -> RailSource | None:
     if rail.driver == "iio":
         candidates = [rail.device] + [
             f for f in iio_folders(sysfs, _parent(rail.device)) if f != rail.device
@@ -174,11 +185,20 @@ def find_rail(sysfs: SysfsBackend, rail: RailSpec) -> RailSource | None:
 def read_power_mw(sysfs: SysfsBackend, src: RailSource) -> float:
     """Power in mW; raises :class:`SysfsUnavailable` naming the file that failed.
 
-    Values may carry a unit suffix (``"32760 ma"``); only the leading integer counts.
+    Values may carry a unit suffix (``"32760 ma"``); only the leading integer counts. An iio
+    power file is scaled by the source's ``unit`` (the spec's: mW, W or uW).
     """
     if src.driver == "iio":
         path = paths.iio_power(src.folder, src.channel)
-        return _plausible_mw(path, float(sysfs.read_int(path)))
+        try:
+            scale = RAIL_UNITS_MW[src.unit]
+        except KeyError:
+            raise SpecError(
+                f"rail {src.name}", "unit", f"one of {list(RAIL_UNITS_MW)}", src.unit
+            ) from None
+        return _plausible_mw(path, float(sysfs.read_int(path)) * scale)
+    if src.unit != "mW":
+        raise SpecError(f"rail {src.name}", "unit", "mW (hwmon rails read mV x mA)", src.unit)
     vpath = f"{src.folder}/in{src.channel}_input"
     ipath = f"{src.folder}/curr{src.channel}_input"
     mv = sysfs.read_int(vpath)
@@ -214,10 +234,24 @@ def read_power_mw_or_none(sysfs: SysfsBackend, src: RailSource | None) -> float 
         return None
 
 
+#: the module's input rail: a label whose last token is ``IN`` (``VDD_IN`` on TX2/Orin NX,
+#: ``POM_5V_IN`` on Nano/TX1), or a bare ``VIN`` / ``VIN_<volts>`` (``VIN``, ``VIN_5V``).
+#: ``VIN_SYS_5V0`` (AGX Orin) names the module's system 5 V supply, a sub-rail: jtop, too, takes
+#: only VDD_IN / POM_5V_IN as the total and sums the rails of a board that has neither.
+_TOTAL_LABEL_RE = re.compile(r"^(?:[A-Z0-9_.-]*[^A-Z0-9]IN|VIN(?:[_-]?\d+V\d*)?)$")
+
+
+def is_total_label(name: str) -> bool:
+    """Whether a rail label names the board's input (total) rail."""
+    return _TOTAL_LABEL_RE.fullmatch(name.strip().upper()) is not None
+
+
 def guess_role(name: str, taken_cpu: bool = False) -> str:
-    """Role of a rail found by discovery: VDD_IN is the total, the first CPU rail is ``cpu``."""
+    """Role of a rail found by discovery: the input rail (:func:`is_total_label`: VDD_IN,
+    POM_5V_IN, ...) is the total, the first CPU rail is ``cpu``. A board with two labels that
+    look like inputs gets one total: the caller demotes the second to ``sub``."""
     upper = name.upper()
-    if upper == "VDD_IN":
+    if is_total_label(upper):
         return "total"
     if "CPU" in upper and not taken_cpu:
         return "cpu"

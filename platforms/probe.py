@@ -45,11 +45,17 @@ def _shipped_specs() -> list[BoardSpec]:
 
 
 def match_score(spec: BoardSpec, compatible: tuple[str, ...], model: str | None) -> int:
-    """2 for a device-tree ``compatible`` hit, +1 for a ``model`` substring hit (0: no match)."""
-    score = 2 if set(spec.compatible) & set(compatible) else 0
-    if model is not None and any(m.lower() in model.lower() for m in spec.model):
-        score += 1
-    return score
+    """2 for a device-tree ``compatible`` hit, +1 for a ``model`` substring hit (0: no match).
+
+    A ``soc_compatible`` entry (the SoC's, shared by every board built on it) counts as a
+    compatible hit only when the model confirms it (``boards.md`` section 7): a Fairphone 5 or
+    an RB3gen2 carries ``qcom,qcm6490`` / ``qcom,qcs6490`` as a RUBIK Pi 3 does."""
+    model_hit = model is not None and any(m.lower() in model.lower() for m in spec.model)
+    found = set(compatible)
+    board_hit = bool(set(spec.compatible) & found)
+    soc_hit = bool(set(spec.soc_compatible) & found)
+    score = 2 if board_hit or (soc_hit and model_hit) else 0
+    return score + 1 if model_hit else score
 
 
 def detect_board(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> str | None:
@@ -106,7 +112,11 @@ def spec_to_dict(spec: BoardSpec) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": spec.name,
         "title": spec.title,
-        "detect": {"compatible": list(spec.compatible), "model": list(spec.model)},
+        "detect": {
+            "compatible": list(spec.compatible),
+            "model": list(spec.model),
+            **({"soc_compatible": list(spec.soc_compatible)} if spec.soc_compatible else {}),
+        },
         "clusters": [
             {
                 "name": c.name,

@@ -4,6 +4,11 @@ The total input rail (and the CPU rail) is read at ``rate_hz`` (>= 100 Hz by def
 as fast as the files allow) and integrated with the trapezoid rule; temperatures and frequencies
 are sampled at a lower rate for the run's time series. The achieved rate is recorded with the
 result, because an energy figure is only as good as its sampling (baselines.md 4.3).
+
+Only an interval whose two ends were both read counts: a failed read leaves the intervals on
+either side of it out of the integral. The result says which fraction of the run the integral
+covers (``energy_coverage``), and energy is None (unavailable) when no interval was measured,
+never 0: a partial integral is an undercount, and the caller decides whether it is usable.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from platforms.sysfs import SysfsBackend
 
 @dataclass
 class SampleSummary:
+    #: trapezoid integral over the intervals measured at both ends; None when there were none
     energy_j: float | None
     cpu_energy_j: float | None
     duration_s: float
@@ -27,6 +33,10 @@ class SampleSummary:
     rate_hz: float
     peak_temp_c: float | None
     series: list[dict] = field(default_factory=list)
+    #: fraction of the sampled time that ``energy_j`` covers (1.0: every interval was
+    #: measured); None when the energy is None
+    energy_coverage: float | None = None
+    cpu_energy_coverage: float | None = None
 
 
 class RailSampler:
@@ -72,9 +82,13 @@ class RailSampler:
         period = 1.0 / self.rate_hz
         series_period = 1.0 / self.series_hz
         t0 = time.monotonic()
-        e_total = 0.0 if self._total else None
-        e_cpu = 0.0 if self._cpu else None
+        e_total = e_cpu = 0.0
+        # time covered by intervals measured at both ends: an interval next to a failed read
+        # is not in the integral, and the result says how much of the run was
+        cov_total = cov_cpu = 0.0
+        n_total = n_cpu = 0
         last: tuple[float, float | None, float | None] | None = None
+        t_first = t0
         n = 0
         peak = None
         series: list[dict] = []
@@ -82,15 +96,21 @@ class RailSampler:
         next_t = t0
         while True:
             now = time.monotonic()
+            if last is None:
+                t_first = now
             p = read_power_mw_or_none(self.sysfs, self._total)
             pc = read_power_mw_or_none(self.sysfs, self._cpu)
             n += 1
             if last is not None:
                 dt = now - last[0]
-                if e_total is not None and p is not None and last[1] is not None:
+                if p is not None and last[1] is not None:
                     e_total += 0.5 * (p + last[1]) / 1000.0 * dt
-                if e_cpu is not None and pc is not None and last[2] is not None:
+                    cov_total += dt
+                    n_total += 1
+                if pc is not None and last[2] is not None:
                     e_cpu += 0.5 * (pc + last[2]) / 1000.0 * dt
+                    cov_cpu += dt
+                    n_cpu += 1
             last = (now, p, pc)
             if now >= next_series:
                 next_series = now + series_period
@@ -115,12 +135,24 @@ class RailSampler:
             else:
                 next_t = time.monotonic()
         duration = (last[0] - t0) if last else 0.0
+        span = (last[0] - t_first) if last else 0.0
         self._result = SampleSummary(
-            energy_j=e_total,
-            cpu_energy_j=e_cpu,
+            energy_j=e_total if n_total else None,
+            cpu_energy_j=e_cpu if n_cpu else None,
             duration_s=duration,
             samples=n,
             rate_hz=(n - 1) / duration if duration > 0 and n > 1 else 0.0,
             peak_temp_c=peak,
             series=series,
+            energy_coverage=_coverage(n_total, n - 1, cov_total, span),
+            cpu_energy_coverage=_coverage(n_cpu, n - 1, cov_cpu, span),
         )
+
+
+def _coverage(measured: int, intervals: int, covered_s: float, span_s: float) -> float | None:
+    """Fraction of the sampled span an integral covers; None when no interval was measured."""
+    if not measured:
+        return None
+    if measured >= intervals or span_s <= 0:
+        return 1.0
+    return min(1.0, covered_s / span_s)

@@ -29,6 +29,8 @@ ZONE_QUIRKS = ("blank", "stuck100", "eagain", "not-temperature")
 TRIP_TYPES = ("passive", "active", "hot", "critical")
 RAIL_ROLES = ("total", "cpu", "sub")
 RAIL_DRIVERS = ("iio", "hwmon")
+#: what one count of a rail's power file is worth in mW, by the spec's ``unit``
+RAIL_UNITS_MW = {"mW": 1.0, "W": 1000.0, "uW": 0.001, "µW": 0.001}
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,10 @@ class ZoneSpec:
 class RailSpec:
     """A power rail. ``device`` is the sensor's folder relative to the root.
 
-    ``iio``: ``device`` is the ``iio:deviceN`` folder, values are ``in_powerN_input`` (mW).
+    ``iio``: ``device`` is the ``iio:deviceN`` folder, values are ``in_powerN_input`` in
+    ``unit`` (one of :data:`RAIL_UNITS_MW`; L4T's ina3221x reports mW).
     ``hwmon``: ``device`` is the folder holding ``hwmon/hwmonN`` (N varies), the rail is found by
-    its ``inN_label``; mW = mV * mA / 1000.
+    its ``inN_label``; mW = mV * mA / 1000 (the hwmon ABI fixes the units: ``unit`` is mW).
     """
 
     name: str
@@ -117,6 +120,9 @@ class BoardSpec:
     rails: tuple[RailSpec, ...]
     sim: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     source: str = ""
+    #: device-tree compatibles that other boards share (the SoC's, a reference design's):
+    #: they identify the board only with a ``model`` match (boards.md section 7)
+    soc_compatible: tuple[str, ...] = ()
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -233,6 +239,18 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
     detect = r.opt(data, "detect", "", dict, "a mapping with compatible/model lists", {})
     compatible = r.str_list(detect, "compatible", "detect", "a list of strings", required=False)
     model = r.str_list(detect, "model", "detect", "a list of strings", required=False)
+    soc_compatible = r.str_list(
+        detect, "soc_compatible", "detect", "a list of strings", required=False
+    )
+    if soc_compatible and not model:
+        raise SpecError(
+            file, "detect.model", "model strings to confirm detect.soc_compatible (missing)"
+        )
+    both = sorted(set(compatible) & set(soc_compatible))
+    if both:
+        raise SpecError(
+            file, "detect.soc_compatible", "entries not also in detect.compatible", both
+        )
 
     raw_clusters = r.req(data, "clusters", "", list, "a non-empty list of clusters")
     if not raw_clusters:
@@ -348,6 +366,11 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
         driver = r.req(p, "driver", w, str, f"one of {RAIL_DRIVERS}")
         if driver not in RAIL_DRIVERS:
             raise SpecError(file, f"{w}.driver", f"one of {RAIL_DRIVERS}", driver)
+        units = list(RAIL_UNITS_MW) if driver == "iio" else ["mW"]
+        unit = r.opt(p, "unit", w, str, f"one of {units}", "mW")
+        if unit not in units:
+            why = "" if driver == "iio" else " (hwmon rails read mV x mA: always mW)"
+            raise SpecError(file, f"{w}.unit", f"one of {units}{why}", unit)
         rails.append(
             RailSpec(
                 name=r.req(p, "name", w, str, "the rail label"),
@@ -355,7 +378,7 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
                 driver=driver,
                 device=r.req(p, "device", w, str, "the sensor folder relative to the root"),
                 channel=r.req(p, "channel", w, int, "the channel number (int)"),
-                unit=r.opt(p, "unit", w, str, "a unit string", "mW"),
+                unit=unit,
             )
         )
     if sum(1 for x in rails if x.role == "total") > 1:
@@ -371,6 +394,7 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
         rails=tuple(rails),
         sim=sim,
         source=file,
+        soc_compatible=soc_compatible,
     )
 
 

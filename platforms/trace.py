@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from platforms import paths
+from platforms import paths, thermal
 from platforms.clock import Clock
-from platforms.errors import SysfsUnavailable, SysfsWriteError
-from platforms.spec import BoardSpec
+from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
+from platforms.spec import BoardSpec, ZoneSpec, load_board
 from platforms.sysfs import SysfsBackend
 from platforms.trace_io import (
     FORMAT,
@@ -434,8 +434,24 @@ def _range(values: list[int], scale: float = 1.0) -> dict[str, float | None]:
     return {"min": min(values) / scale, "max": max(values) / scale}
 
 
+def _zone_specs(board: str | None) -> dict[str, ZoneSpec]:
+    """The zones of the trace's board spec by type, when the header names a shipped board."""
+    if not board:
+        return {}
+    try:
+        return {z.type: z for z in load_board(board).zones}
+    except HidvfsError:  # "unknown", or a board this install does not ship
+        return {}
+
+
 def trace_info(trace: Trace) -> dict[str, Any]:
-    """Summary numbers of a trace (what ``hidvfs trace info --json`` prints)."""
+    """Summary numbers of a trace (what ``hidvfs trace info --json`` prints).
+
+    ``zones_c`` holds the temperature zones only: a zone that is not a temperature (PMIC-Die,
+    stuck at 100; the PM7250B BCL zones, a battery current or level; what the board spec marks
+    so) is in ``zones_skipped`` with the reason, and a reading no thermal zone can report
+    (:func:`platforms.thermal.implausible_temp`) is left out and counted in
+    ``implausible_temps`` (a zone with no other reading is skipped with that reason)."""
     zone_type: dict[str, str] = {}
     temps: dict[str, list[int]] = {}
     freqs: dict[str, list[int]] = {}
@@ -459,11 +475,31 @@ def trace_info(trace: Trace) -> dict[str, Any]:
                 if (x := _int_or_none(v)) is not None:
                     lst.append(x)
     zones: dict[str, dict[str, float | None]] = {}
+    skipped: dict[str, str] = {}
+    implausible = 0
+    specs = _zone_specs(trace.header.board)
     for zdir in sorted(temps, key=lambda z: int(z.rpartition("zone")[2])):
-        label = zone_type.get(zdir, zdir.rpartition("/")[2])
-        if label in zones:
+        ztype = zone_type.get(zdir)
+        label = ztype or zdir.rpartition("/")[2]
+        if label in zones or label in skipped:
             label = f"{label} ({zdir.rpartition('/')[2]})"
-        zones[label] = _range(temps[zdir], 1000.0)
+        reason = thermal.skip_reason(ztype, specs.get(ztype)) if ztype else None
+        if reason is not None:
+            skipped[label] = reason
+            continue
+        good: list[int] = []
+        bad: list[str] = []
+        for x in temps[zdir]:
+            why = thermal.implausible_temp(x / 1000.0)
+            if why is None:
+                good.append(x)
+            else:
+                bad.append(why)
+        implausible += len(bad)
+        if bad and not good:
+            skipped[label] = bad[0]
+            continue
+        zones[label] = _range(good, 1000.0)
     n = len(trace.samples)
     duration = trace.duration_s
     return {
@@ -477,6 +513,8 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "files": len(trace.paths()),
         "rate_hz": (n - 1) / duration if n > 1 and duration > 0 else None,
         "zones_c": zones,
+        "zones_skipped": skipped,
+        "implausible_temps": implausible,
         "policies_khz": {
             p: _range(freqs[p]) for p in sorted(freqs, key=lambda p: int(p[len("policy") :]))
         },
@@ -509,6 +547,12 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append("thermal zones (°C):")
         width = max(len(z) for z in info["zones_c"])
         lines += [f"  {z:<{width}}  {_fmt_range(r, '°C', 1)}" for z, r in info["zones_c"].items()]
+    if info.get("implausible_temps"):
+        lines.append(f"  ({info['implausible_temps']} implausible readings left out of the ranges)")
+    if info.get("zones_skipped"):
+        lines.append("zones that are not temperatures (left out):")
+        width = max(len(z) for z in info["zones_skipped"])
+        lines += [f"  {z:<{width}}  {why}" for z, why in info["zones_skipped"].items()]
     if info["policies_khz"]:
         lines.append("cpufreq policies (scaling_cur_freq):")
         lines += [f"  {p:<8}  {_fmt_range(r, 'kHz', 0)}" for p, r in info["policies_khz"].items()]

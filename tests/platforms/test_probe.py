@@ -100,7 +100,16 @@ def _write_dt(tmp_path, compatible: list[str] | None, model: str | None):
         ),
         (["nvidia,p3767-0001", "nvidia,tegra234"], None, "orin-nx"),
         (["qcom,qcm6490-rb3gen2", "qcom,qcm6490"], "Thundercomm, Inc. RUBIK Pi 3", "rubikpi3"),
-        (["qcom,qcs6490"], None, "rubikpi3"),
+        # a SoC compatible alone is any QCM6490/QCS6490 board: the model must confirm it
+        (["qcom,qcs6490"], None, None),
+        (["thundercomm,rubikpi3", "qcom,qcs6490"], None, "rubikpi3"),
+        (["fairphone,fp5", "qcom,qcm6490"], "Fairphone 5", None),
+        (
+            ["qcom,qcs6490-rb3gen2", "qcom,qcs6490"],
+            "Qualcomm Technologies, Inc. Robotics RB3gen2",
+            None,
+        ),
+        (["qcom,qcm6490-rb3gen2", "qcom,qcm6490"], "Qualcomm Technologies, Inc. RB3gen2", None),
         (None, "Thundercomm RUBIK Pi 3", "rubikpi3"),  # model alone still detects
         (["raspberrypi,5-model-b", "brcm,bcm2712"], "Raspberry Pi 5 Model B", None),
         (None, None, None),
