@@ -137,25 +137,42 @@ _MEASURES = (
 )
 
 
-def _mean(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
+def _per_seed(rows: list[dict], key: str) -> dict[int, float]:
+    """seed -> the mean of ``key`` over that seed's successful runs (its repetitions)."""
+    from bots_bench.report import _per_seed as per_seed
+
+    return per_seed(rows, key)
+
+
+def _paired_ratio(a: dict[int, float], ref: dict[int, float]) -> float | None:
+    """Mean over the seeds both have (both runs succeeded) of ``a / ref`` on that seed: seed
+    by seed, as the report pairs them; None without such a seed."""
+    xs = [a[s] / ref[s] for s in sorted(set(a) & set(ref)) if ref[s]]
     return sum(xs) / len(xs) if xs else None
 
 
 def ratio_table(records: list[dict], policies: list[str]) -> str:
-    """Plain-text table: per kernel, makespan, board energy and CPU-rail energy per policy,
-    their ratios to the first policy, and the geometric mean of each ratio over the kernels.
+    """Plain-text table: per kernel and input class, makespan, board energy and CPU-rail
+    energy per policy (mean over seeds of each seed's mean), their ratios to the first policy,
+    and the geometric mean of each ratio over the rows.
+
+    A ratio pairs the runs seed by seed, over the seeds where both policies succeeded (the
+    mean of the per-seed ratios): a seed one policy failed does not move the other's side.
+    Input classes are rows of their own, never averaged together.
 
     Board energy (every rail) is what the wall socket pays while the job runs; the CPU rail
     is the part DVFS controls (a slower policy saves there and pays the rest of the board for
     the extra time). A record without a CPU rail (a native board with no such sensor) shows
     ``-`` there."""
     base = policies[0]
-    by: dict[tuple[str, str], list[dict]] = {}
+    by: dict[tuple[str, str | None, str], list[dict]] = {}
     for r in records:
-        if r["ok"]:
-            by.setdefault((r["bench"], r["policy"]), []).append(r)
-    benches = sorted({r["bench"] for r in records})
+        by.setdefault((r["bench"], r.get("class"), r["policy"]), []).append(r)
+    rows_keys = sorted(
+        {(r["bench"], r.get("class")) for r in records}, key=lambda k: (k[0], k[1] or "")
+    )
+    row_label = {k: k[0] if k[1] is None else f"{k[0]}/{k[1]}" for k in rows_keys}
+    lw = max([10, *(len(v) + 1 for v in row_label.values())])
     w_abs = {"makespan_s": 8, "energy_j": 7, "cpu_energy_j": 7}
     others = policies[1:]
     # a column group is as wide as its measures, or wider so that its label is whole
@@ -166,8 +183,8 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
     rw_nat = 7 * len(_MEASURES)
     labels = {p: f"{p}/{base}" for p in others}
     rw = {p: max(rw_nat, len(labels[p]) + 1) for p in others}
-    head = f"{'kernel':<10}" + "".join(f" {p:<{pw[p] - 1}}" for p in policies)
-    sub = f"{'':<10}" + "".join(
+    head = f"{'kernel':<{lw}}" + "".join(f" {p:<{pw[p] - 1}}" for p in policies)
+    sub = f"{'':<{lw}}" + "".join(
         " " * (pw[p] - natural)
         + "".join(f" {label:>{w_abs[key]}}" for key, label, _, _ in _MEASURES)
         for p in policies
@@ -180,36 +197,39 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
         )
     lines = [head.rstrip(), sub, "-" * len(sub)]
     logs: dict[tuple[str, str], list[float]] = {}
-    for b in benches:
-        row = f"{b:<10}"
-        stats = {
-            p: {key: _mean([r.get(key) for r in by.get((b, p), [])]) for key, *_ in _MEASURES}
+    for b, cls in rows_keys:
+        row = f"{row_label[(b, cls)]:<{lw}}"
+        seeds = {
+            p: {key: _per_seed(by.get((b, cls, p), []), key) for key, *_ in _MEASURES}
             for p in policies
         }
         for p in policies:
             row += " " * (pw[p] - natural)
-            if stats[p]["makespan_s"] is None:
+            if not seeds[p]["makespan_s"]:
                 row += f" {'failed':>{w_abs['makespan_s']}}" + "".join(
                     f" {'-':>{w_abs[k]}}" for k, *_ in _MEASURES[1:]
                 )
                 continue
             for key, _, _, fmt in _MEASURES:
-                v = stats[p][key]
-                row += f" {v:>{w_abs[key]}{fmt}}" if v is not None else f" {'-':>{w_abs[key]}}"
+                v = seeds[p][key]
+                mean = sum(v.values()) / len(v) if v else None
+                row += (
+                    f" {mean:>{w_abs[key]}{fmt}}" if mean is not None else f" {'-':>{w_abs[key]}}"
+                )
         if others:
             row += " |"
         for p in others:
             row += " " * (rw[p] - rw_nat)
             for key, *_ in _MEASURES:
-                a, ref = stats[p][key], stats[base][key]
-                if a is None or not ref:
+                ratio = _paired_ratio(seeds[p][key], seeds[base][key])
+                if ratio is None:
                     row += f" {'-':>6}"
                     continue
-                row += f" {a / ref:>6.3f}"
-                logs.setdefault((p, key), []).append(math.log(a / ref) if a > 0 else -math.inf)
+                row += f" {ratio:>6.3f}"
+                logs.setdefault((p, key), []).append(math.log(ratio) if ratio > 0 else -math.inf)
         lines.append(row)
-    if others and benches:
-        row = f"{'geomean':<10}" + " " * sum(pw.values()) + " |"
+    if others and rows_keys:
+        row = f"{'geomean':<{lw}}" + " " * sum(pw.values()) + " |"
         for p in others:
             row += " " * (rw[p] - rw_nat)
             for key, *_ in _MEASURES:
@@ -219,5 +239,9 @@ def ratio_table(records: list[dict], policies: list[str]) -> str:
     failed = [r for r in records if not r["ok"]]
     if failed:
         lines.append(f"{len(failed)} failed run(s):")
-        lines += [f"  {r['bench']} {r['policy']} seed {r['seed']}: {r['error']}" for r in failed]
+        lines += [
+            f"  {r['bench']}{'/' + r['class'] if r.get('class') else ''} {r['policy']} "
+            f"seed {r['seed']}: {r['error']}"
+            for r in failed
+        ]
     return "\n".join(lines)

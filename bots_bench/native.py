@@ -32,11 +32,18 @@ from daemon.restore import begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
-from platforms.liveprocs import LiveProcessControl, kill_job, kill_leftovers, spawn_job
+from platforms.liveprocs import (
+    LiveProcessControl,
+    forget_job,
+    kill_job,
+    kill_leftovers,
+    kill_orphaned_jobs,
+    spawn_job,
+)
 from platforms.observation import JobProfile
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
-from platforms.sampler import RailSampler
+from platforms.sampler import RailSampler, SampleSummary
 from platforms.sense import Sensor
 from platforms.spec import load_board
 from platforms.sysfs import DirSysfs
@@ -153,6 +160,9 @@ def open_board(
         sysfs.writable(f"devices/system/cpu/cpufreq/policy{p}/scaling_max_freq") for p in policies
     )
     state_dir = state_dir or native_state_dir(sysfs.root)
+    # a kernel a SIGKILLed campaign left running would share the board with every run
+    for pid in kill_orphaned_jobs(state_dir):
+        say(f"note: killed pid {pid}, a BOTS kernel left running by a campaign that was killed")
     nb = NativeBoard(platform, can_set_frequency=writable, state_dir=state_dir)
     if not writable:
         say(
@@ -239,6 +249,36 @@ def _command(cfg: RunConfig, threads: int, check: bool | None) -> registry.Comma
     )
 
 
+#: an energy integral that covers less of the run than this (its rail failed to read for the
+#: rest) is an undercount: stored as unavailable, with the reason in ``energy_note``
+MIN_ENERGY_COVERAGE = 0.9
+
+
+def _round_or_none(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def usable_energy(samples: SampleSummary) -> tuple[float | None, float | None, list[str]]:
+    """``(energy_j, cpu_energy_j, notes)`` of a run's sampling: an integral that covers less
+    than :data:`MIN_ENERGY_COVERAGE` of the run is None (unavailable), and a note says why."""
+    notes: list[str] = []
+
+    def keep(label: str, energy: float | None, coverage: float | None) -> float | None:
+        if energy is None or coverage is None or coverage >= MIN_ENERGY_COVERAGE:
+            return energy
+        notes.append(
+            f"{label} unavailable: the rail was read for only {coverage:.0%} of the run "
+            f"(< {MIN_ENERGY_COVERAGE:.0%}); its {energy:.3f} J would be an undercount"
+        )
+        return None
+
+    return (
+        keep("energy", samples.energy_j, samples.energy_coverage),
+        keep("cpu energy", samples.cpu_energy_j, samples.cpu_energy_coverage),
+        notes,
+    )
+
+
 def run_native(
     cfg: RunConfig, nb: NativeBoard, build_policy: Callable, profile: JobProfile | None = None
 ) -> dict:
@@ -312,6 +352,7 @@ def run_native(
             dict(cmd.env),
             out,
             unlimited_stack=registry.input_class(cfg.bench, cfg.cls).unlimited_stack,
+            record_in=nb.state_dir,
         )
         table.register(
             JobEntry(
@@ -359,16 +400,20 @@ def run_native(
         raise
     finally:
         stop.set()
+        forget_job(nb.state_dir)
     worker.join(timeout=5.0)
     samples = sampler.stop()
     nb.settle()
     text = _tail(out)
     out.close()
     makespan = t_exit - t_launch
+    energy_j, cpu_energy_j, energy_notes = usable_energy(samples)
     rec.update(
         makespan_s=makespan,
-        energy_j=samples.energy_j,
-        cpu_energy_j=samples.cpu_energy_j,
+        energy_j=energy_j,
+        cpu_energy_j=cpu_energy_j,
+        energy_coverage=_round_or_none(samples.energy_coverage),
+        cpu_energy_coverage=_round_or_none(samples.cpu_energy_coverage),
         peak_temp_c=samples.peak_temp_c,
         sample_rate_hz=round(samples.rate_hz, 1),
         power_samples=samples.samples,
@@ -379,8 +424,11 @@ def run_native(
         threads=threads,
         frequency_control=nb.can_set_frequency,
     )
-    if samples.energy_j is not None:
-        rec["edp"] = samples.energy_j * makespan
+    if energy_notes:
+        rec["energy_note"] = "; ".join(energy_notes)
+        log.warning("event=energy_unavailable detail=%r", rec["energy_note"])
+    if energy_j is not None:
+        rec["edp"] = energy_j * makespan
     if cfg.deadline_s is not None:
         rec["deadline_met"] = makespan <= cfg.deadline_s
     if timed_out:

@@ -75,7 +75,10 @@ _ROW_TAIL = (
     "LD",
     "LDFLAGS",
 )
-_FLOAT_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?(?:inf|nan)$", re.I)
+#: ASCII digits only: ``\d`` would take any Unicode digit (BOTS prints none)
+_FLOAT_RE = re.compile(
+    r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?(?:inf|nan)$", re.I | re.ASCII
+)
 
 
 class BotsParseError(ValueError):
@@ -137,9 +140,14 @@ def _float(key: str, text: str, *, optional: bool = False) -> float | None:
     return float(t)
 
 
+def _digits(text: str) -> bool:
+    """Only ASCII digits: ``str.isdigit`` also takes '²' or '①', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _int(key: str, text: str) -> int:
     t = text.strip()
-    if not t.isdigit():
+    if not _digits(t):
         raise BotsParseError(f"BOTS output: {key!r} is not an integer: {text!r}")
     return int(t)
 
@@ -203,7 +211,7 @@ def _row_candidate(fields: list[str]) -> bool:
         len(fields) >= 11
         and fields[5].strip() in VERIFICATIONS
         and bool(_FLOAT_RE.match(fields[6].strip()))
-        and fields[4].strip().isdigit()
+        and _digits(fields[4].strip())
     )
 
 
@@ -269,9 +277,14 @@ def parse_output(text: str) -> BotsResult:
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    result = _parse_list(text)
-    if result is None:
-        result = _parse_row(text)
+    try:
+        result = _parse_list(text)
+        if result is None:
+            result = _parse_row(text)
+    except BotsParseError:
+        raise
+    except ValueError as err:  # a value the checks let through: a parse error, not a crash
+        raise BotsParseError(f"BOTS output: unreadable value ({err})") from None
     if result is None:
         keys = list(dict.fromkeys(m["key"] for m in _LIST_RE.finditer(text)))
         if keys:

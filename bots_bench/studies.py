@@ -93,11 +93,15 @@ def deadline_vs_maxfreq(
         if ra["ok"] and rb["ok"] and rb.get("cpu_energy_j") and ra.get("cpu_energy_j") is not None:
             cpu_savings.append(1.0 - ra["cpu_energy_j"] / rb["cpu_energy_j"])
         n += 1
-        if ra.get("deadline_met") is False:
+        # a failed run met no deadline: a miss, as in the report (its error is in problems)
+        if not (ra["ok"] and ra.get("deadline_met") is True):
             misses += 1
+        if ra["ok"] and ra.get("deadline_met") is False:
             res.problems.append(
                 f"{k} seed {s}: {policy} missed its deadline ({ra['makespan_s']:.3f} s > {ra['deadline_s']:.3f} s)"
             )
+        elif ra["ok"] and ra.get("deadline_met") is None:
+            res.problems.append(f"{k} seed {s}: {policy} ran without a deadline (counted a miss)")
         res.rows.append(
             {
                 "kernel": k,
@@ -109,8 +113,8 @@ def deadline_vs_maxfreq(
                 "policy_makespan_s": ra.get("makespan_s"),
                 "maxfreq_makespan_s": rb.get("makespan_s"),
                 "deadline_s": ra.get("deadline_s"),
-                # a failed pair is neither a met nor a missed deadline: it is in problems
-                "deadline_met": ra.get("deadline_met") if ra["ok"] and rb["ok"] else None,
+                # the policy's run; a failed one (None here) counts as a miss in the summary
+                "deadline_met": ra.get("deadline_met") if ra["ok"] else None,
                 "ok": bool(ra["ok"] and rb["ok"]),
             }
         )
@@ -149,15 +153,12 @@ def vs_geardvfs(
             ]
             continue
         speedups.append(rb["makespan_s"] / ra["makespan_s"])
-        if ra["energy_j"] and rb["energy_j"]:
-            energy.append(1.0 - ra["energy_j"] / rb["energy_j"])
+        reduction = None  # this pair's own: a pair without energy readings has none
+        if ra.get("energy_j") is not None and rb.get("energy_j"):
+            reduction = 1.0 - ra["energy_j"] / rb["energy_j"]
+            energy.append(reduction)
         res.rows.append(
-            {
-                "kernel": k,
-                "seed": s,
-                "speedup": speedups[-1],
-                "energy_reduction": energy[-1] if energy else None,
-            }
+            {"kernel": k, "seed": s, "speedup": speedups[-1], "energy_reduction": reduction}
         )
     sm, ss = _mean_std(speedups)
     em, es = _mean_std(energy)
@@ -260,6 +261,18 @@ def _sim_runner(board, cls, build_policy, slack):
     return sim
 
 
+def _known(x) -> bool:
+    return x is not None and x == x  # NaN (no pair to average) is not a number to print
+
+
+def _pct(mean, std) -> str:
+    """``12.3% +- 4.5%``, or ``unavailable`` where no pair had the reading (a board without
+    a power monitor): never ``nan%``."""
+    if not _known(mean):
+        return "unavailable"
+    return f"{100 * mean:.1f}% +- {100 * std:.1f}%" if _known(std) else f"{100 * mean:.1f}%"
+
+
 def format_study(r: StudyResult) -> str:
     lines = [f"study {r.name} on {r.board} ({r.backend}): {'OK' if r.ok else 'FAILED'}"]
     s = r.summary
@@ -267,32 +280,33 @@ def format_study(r: StudyResult) -> str:
         lines.append(
             f"  {s['policy']} vs maxfreq, deadlines at {s['slack']}x reference, {s['jobs']} jobs"
         )
+        cpu = s.get("cpu_energy_saved_mean")
         lines.append(
-            f"  energy saved: {100 * s['energy_saved_mean']:.1f}% +- {100 * s['energy_saved_std']:.1f}%"
-            " (board)"
-            + (
-                f", CPU rail {100 * s['cpu_energy_saved_mean']:.1f}% +- "
-                f"{100 * s['cpu_energy_saved_std']:.1f}%"
-                if s.get("cpu_energy_saved_mean") is not None
-                else ""
-            )
+            f"  energy saved: {_pct(s['energy_saved_mean'], s['energy_saved_std'])} (board)"
+            + (f", CPU rail {_pct(cpu, s.get('cpu_energy_saved_std'))}" if _known(cpu) else "")
         )
         lo, hi = s["miss_ratio_ci95"]
-        lines.append(f"  deadline misses: {s['misses']}/{s['jobs']} (95% CI {lo:.3f}-{hi:.3f})")
+        ci = f"95% CI {lo:.3f}-{hi:.3f}" if _known(lo) and _known(hi) else "no jobs"
+        lines.append(f"  deadline misses: {s['misses']}/{s['jobs']} ({ci})")
     elif r.name == "mixed-criticality":
         for key in ("with_reservation", "without_reservation"):
             v = s[key]
             lo, hi = v["ci95"]
+            ratio = f"{v['hi_miss_ratio']:.3f}" if _known(v["hi_miss_ratio"]) else "n/a"
+            joules = v["energy_j_mean"]
             lines.append(
                 f"  {key.replace('_', ' '):<22} HI misses {v['hi_misses']}/{v['hi_jobs']} "
-                f"= {v['hi_miss_ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f}), energy {v['energy_j_mean']:.1f} J"
+                f"= {ratio} (95% CI {lo:.3f}-{hi:.3f}), energy "
+                + (f"{joules:.1f} J" if _known(joules) else "unavailable")
             )
     elif r.name == "vs-geardvfs":
+        sm, ss = s["speedup_mean"], s["speedup_std"]
         lines.append(
-            f"  speedup of hidvfs over geardvfs: {s['speedup_mean']:.2f}x +- {s['speedup_std']:.2f}"
+            "  speedup of hidvfs over geardvfs: "
+            + (f"{sm:.2f}x +- {ss:.2f}" if _known(sm) else "unavailable (no pair ran)")
         )
         lines.append(
-            f"  energy reduction: {100 * s['energy_reduction_mean']:.1f}% +- {100 * s['energy_reduction_std']:.1f}%"
+            f"  energy reduction: {_pct(s['energy_reduction_mean'], s['energy_reduction_std'])}"
         )
     for p in r.problems[:10]:
         lines.append(f"  problem: {p}")

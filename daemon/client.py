@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,20 @@ class DaemonUnreachable(HidvfsError):
         self.reason = reason
         super().__init__(
             f"cannot reach the hidvfs daemon at {path}: {reason}; is it running? (systemctl status hidvfs)"
+        )
+
+
+class DaemonBusy(DaemonUnreachable):
+    """The daemon's socket exists but its queue of connections stayed full for the whole
+    timeout (a burst of clients, or a daemon that stopped accepting)."""
+
+    def __init__(self, path: str, timeout: float):
+        self.path = path
+        self.reason = f"its connection queue stayed full for {timeout:g} s"
+        HidvfsError.__init__(
+            self,
+            f"the hidvfs daemon at {path} is busy: {self.reason} (too many clients at once, "
+            "or the daemon is stuck: systemctl status hidvfs); try again",
         )
 
 
@@ -58,12 +73,38 @@ class RegistryClient:
             raise RegistryError(str(req.get("op")), str(answer.get("error", "no reason given")))
         return answer
 
-    def _roundtrip(self, line: bytes) -> Any:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
+    def _connect(self) -> socket.socket:
+        """A socket connected to the daemon within ``timeout`` seconds.
+
+        A socket with a timeout is non-blocking, and a non-blocking connect to a Unix socket
+        whose accept queue is full fails at once with EAGAIN (it does not wait as TCP does):
+        under a burst of clients that used to fail the request ("Resource temporarily
+        unavailable") and ``hidvfs run`` killed the command it had launched. EAGAIN is
+        retried, with a short growing pause, until the timeout."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
             try:
                 sock.connect(self.path)
+                return sock
+            except BlockingIOError:  # EAGAIN: the daemon's accept queue is full just now
+                sock.close()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DaemonBusy(self.path, self.timeout) from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.05)
+            except BaseException:
+                sock.close()
+                raise
+
+    def _roundtrip(self, line: bytes) -> Any:
+        sock = None
+        try:
+            try:
+                sock = self._connect()
             except FileNotFoundError:
                 raise DaemonUnreachable(self.path, "no such socket") from None
             except ConnectionRefusedError:
@@ -96,7 +137,8 @@ class RegistryClient:
                     self.path, f"connection lost ({err.strerror or err})"
                 ) from None
         finally:
-            sock.close()
+            if sock is not None:
+                sock.close()
         if b"\n" not in buf:
             raise DaemonUnreachable(self.path, "the daemon closed the connection without answering")
         try:

@@ -96,6 +96,8 @@ def parse_request(line: bytes) -> dict[str, Any]:
         req = json.loads(text)
     except json.JSONDecodeError as err:
         raise RequestError(f"malformed JSON: {err.msg} at column {err.colno}") from None
+    except RecursionError:  # '[' * 60000: no request nests; not an internal error either
+        raise RequestError("malformed JSON: nested too deeply") from None
     if not isinstance(req, dict):
         raise RequestError(f"a request must be a JSON object, got {type(req).__name__}")
     if "op" not in req:
@@ -459,7 +461,7 @@ class RegistryServer:
         self._apply_permissions()
         st = os.stat(self.path)
         self._inode = (st.st_dev, st.st_ino)
-        sock.listen(32)
+        sock.listen(socket.SOMAXCONN)  # a burst of `hidvfs run`s waits, not fails
         sock.setblocking(False)
         return sock
 

@@ -31,6 +31,19 @@ def _denied(action: str, pid: int, err: BaseException) -> PermissionError:
     )
 
 
+def thread_group(pid: int) -> int | None:
+    """The process (thread group id, ``Tgid`` in ``/proc/PID/status``) that ``pid`` belongs
+    to: ``pid`` itself for a process, its process's pid for a thread; None when it is gone."""
+    try:
+        with open(f"/proc/{int(pid)}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class LiveProcessControl(ProcessControl):
     def _root(self, pid: int) -> psutil.Process:
         try:
@@ -221,6 +234,14 @@ class LiveProcessControl(ProcessControl):
             return None
 
     def unmanageable(self, pid: int) -> str | None:
+        # first: a thread id also has a /proc entry (hidden from listings), so the daemon's
+        # own thread, or init's, would pass every check below as a process of its own
+        tgid = thread_group(pid)
+        if tgid is not None and tgid != pid:
+            return (
+                f"pid {pid} is a thread of process {tgid}, not a process: register the "
+                f"process ({tgid}) instead"
+            )
         if pid == 1:
             return "pid 1 is init: steering it would steer every process it starts"
         me = os.getpid()
@@ -311,26 +332,179 @@ def raise_stack_limit() -> tuple[int, int]:
     return old
 
 
+#: prctl(2) option: the signal this process gets when the thread that forked it exits
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(unlimited_stack: bool):
+    """The function run in a benchmark's child between fork and exec, or None.
+
+    On Linux it asks for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``): the kernel runs
+    in its own session, so nothing else would stop it when the campaign is SIGKILLed, and a
+    resumed campaign would measure beside it. prctl is looked up here, in the parent, so the
+    child only calls it. The signal is sent when the parent *thread* that forked exits, so
+    spawn from a thread that lives as long as the job (the campaign spawns from its main
+    thread). It survives exec, except of a setuid/setgid or file-capability binary."""
+    import signal
+    import sys
+
+    prctl = _prctl() if sys.platform.startswith("linux") else None
+    parent = os.getpid()
+    if prctl is None and not unlimited_stack:
+        return None
+
+    def setup() -> None:
+        if prctl is not None and prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+            if os.getppid() != parent:  # the parent died before the request took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+        if unlimited_stack:
+            raise_stack_limit()
+
+    return setup
+
+
 def spawn_job(
-    argv: list[str], env: dict[str, str], stdout, *, unlimited_stack: bool = False
+    argv: list[str],
+    env: dict[str, str],
+    stdout,
+    *,
+    unlimited_stack: bool = False,
+    record_in: str | None = None,
 ) -> subprocess.Popen:
     """Launch a benchmark in its own session (so a timeout can kill its whole group).
 
     ``unlimited_stack`` raises the child's stack limit (:func:`raise_stack_limit`) between
-    fork and exec, so only the benchmark gets it, not this process."""
+    fork and exec, so only the benchmark gets it, not this process. On Linux the child is
+    killed when this process dies (see :func:`_child_setup`). ``record_in``: a campaign's
+    state dir, where the job's pid and start time are recorded (:func:`record_job`) so the
+    next campaign kills what a killed one left running (:func:`kill_orphaned_jobs`)."""
     if not argv:
         raise ValueError("no command given to run")
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             env=env,
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=raise_stack_limit if unlimited_stack else None,
+            preexec_fn=_child_setup(unlimited_stack),
         )
     except OSError as err:
         raise OSError(err.errno, f"cannot launch {argv[0]!r}: {err.strerror}") from None
+    if record_in is not None:
+        try:
+            record_job(record_in, proc.pid)
+        except OSError as err:  # the run goes on; only the clean-up after a crash is lost
+            import logging
+
+            logging.getLogger("hidvfs.native").warning(
+                "event=job_record_failed dir=%s detail=%r", record_in, str(err)
+            )
+    return proc
+
+
+# -- a record of the running benchmark, for the next campaign after a crash ------------------
+_JOB_RECORD = "kernel-{owner}.json"
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/PID/stat`` from field 3 (state) on; None when the pid is gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _started(pid: int) -> int | None:
+    f = _stat_fields(pid)
+    return None if f is None or f[0] == b"Z" else int(f[19])
+
+
+def record_job(state_dir: str, pid: int) -> str:
+    """Write ``STATE_DIR/kernel-<this pid>.json``: the job's pid and start time (clock ticks
+    since boot) and this process's, with the boot id. One file per campaign process, replaced
+    at each run, removed by :func:`forget_job`."""
+    import json
+
+    owner = os.getpid()
+    data = {
+        "pid": int(pid),
+        "start": _started(pid),
+        "owner": owner,
+        "owner_start": _started(owner),
+        "boot_id": _boot_id(),
+    }
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, _JOB_RECORD.format(owner=owner))
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:  # no fsync: a power cut kills the job too
+        json.dump(data, f)
+    os.replace(tmp, path)
+    return path
+
+
+def forget_job(state_dir: str) -> None:
+    """Remove this process's job record (the job is over and its group killed)."""
+    try:
+        os.unlink(os.path.join(state_dir, _JOB_RECORD.format(owner=os.getpid())))
+    except OSError:
+        pass
+
+
+def kill_orphaned_jobs(state_dir: str) -> list[int]:
+    """Kill what the campaigns that died left running, from their records in ``state_dir``,
+    and remove those records; returns the pids killed.
+
+    A record is acted on only when its campaign is gone (its pid absent or started at another
+    time) and it is of this boot. Killed: the processes of the job's session (the job is its
+    leader) started no earlier than the job, unless the job's pid now names another process
+    (then the record is stale and nothing is killed)."""
+    import glob
+    import json
+    import signal
+
+    killed: list[int] = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(state_dir), "kernel-*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                rec = json.load(f)
+            pid, start = int(rec["pid"]), rec.get("start")
+            owner, owner_start = int(rec["owner"]), rec.get("owner_start")
+        except (OSError, ValueError, KeyError, TypeError):
+            rec = None
+        if rec is not None:
+            if owner_start is not None and _started(owner) == owner_start:
+                continue  # its campaign is still running
+            leader = _stat_fields(pid)
+            same_boot = rec.get("boot_id") == _boot_id()
+            reused = leader is not None and start is not None and int(leader[19]) != start
+            if same_boot and start is not None and not reused:
+                for entry in os.listdir("/proc"):
+                    if not entry.isdigit():
+                        continue
+                    f = _stat_fields(int(entry))
+                    if f is None or f[0] == b"Z" or int(f[3]) != pid or int(f[19]) < start:
+                        continue
+                    try:
+                        os.kill(int(entry), signal.SIGKILL)
+                        killed.append(int(entry))
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return killed
 
 
 def kill_leftovers(proc: subprocess.Popen) -> bool:

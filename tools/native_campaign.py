@@ -165,6 +165,24 @@ def run_configs(
     return summary
 
 
+def campaign_records(store, keys) -> list[dict]:
+    """The stored records of a campaign's ``keys``, without their output and time series:
+    a table needs neither, and loading every run's blobs of a large results file took more
+    than a gigabyte. Narrowed in SQL to the campaign's kernels, policies, boards and
+    backends first, then to its exact keys."""
+    if not keys:
+        return []
+    filters = {
+        "bench": sorted({k.bench for k in keys}),
+        "class": sorted({k.cls for k in keys}),
+        "policy": sorted({k.policy for k in keys}),
+        "board": sorted({k.board for k in keys}),
+        "backend": sorted({k.backend for k in keys}),
+    }
+    rows = store.runs(filters, with_stdout=False, with_timeseries=False)
+    return [r for r in rows if store.key_for(r) in keys]
+
+
 def run_campaign_cli(
     *,
     backend,
@@ -224,7 +242,7 @@ def run_campaign_cli(
         profiles_path=profiles_path,
         retry_failed=retry_failed,
     )
-    records = [r for r in store.runs() if store.key_for(r) in summary.keys]
+    records = campaign_records(store, summary.keys)
     if as_json:
         emit_json(
             [

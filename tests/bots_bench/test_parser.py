@@ -373,3 +373,23 @@ def test_round_trip(program, threads, verification, tp, seq, nodes, fmt, header,
     assert r.nodes == src.nodes
     if nodes:
         assert r.nodes_per_s == pytest.approx(nodes / tp, rel=1e-2, abs=0.01)
+
+
+# -- a value that str.isdigit() takes but int() refuses used to lose the whole run ------
+@pytest.mark.parametrize(
+    "value", ["\u00b2", "\u2460", "\u0664", "\uff14"]
+)  # ², ①, Arabic 4, fullwidth 4
+def test_non_ascii_digits_are_a_parse_error_not_a_crash(value):
+    block = SAMPLE_O1.replace("# of Threads        = 4", f"# of Threads        = {value}")
+    assert value in block
+    with pytest.raises(BotsParseError, match="not an integer"):
+        parse_output(block)
+    row = f"SparseLU;S1=50x50;OpenMP;none;{value};successful;1.234567;n/a;n/a;0.00;0.00;"
+    with pytest.raises(BotsParseError):
+        parse_output(row)
+
+
+def test_non_ascii_digits_in_a_time_are_a_parse_error():
+    block = SAMPLE_O1.replace("1.234567 seconds", "\u0661.\u0665 seconds")  # Arabic 1.5
+    with pytest.raises(BotsParseError, match="not a number"):
+        parse_output(block)

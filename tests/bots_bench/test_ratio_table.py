@@ -45,7 +45,9 @@ def test_ratios_cover_time_board_and_cpu_energy():
     assert float(geo[4]) == pytest.approx(math.sqrt(1.25 * 0.75), abs=1e-3)
 
 
-def test_mean_over_seeds_before_the_ratio():
+def test_mean_over_seeds_and_ratios_over_the_seeds_both_ran():
+    """The ratio compared unpaired means (0.5 here): seed 1, which maxfreq never ran, weighed
+    on the hidvfs side only."""
     records = [
         rec("fib", "hidvfs", 1.0, 10.0, 4.0, seed=0),
         rec("fib", "hidvfs", 3.0, 30.0, 8.0, seed=1),
@@ -53,7 +55,7 @@ def test_mean_over_seeds_before_the_ratio():
     ]
     fib = cells(ratio_table(records, ["hidvfs", "maxfreq"]), "fib")
     assert fib[1:4] == ["2.000", "20.00", "6.00"]
-    assert fib[-3:] == ["0.500", "0.500", "0.500"]
+    assert fib[-3:] == ["1.000", "1.000", "0.750"]
 
 
 def test_missing_cpu_rail_and_failed_runs_are_marked_not_dropped():
@@ -80,3 +82,41 @@ def test_single_policy_has_no_ratio_block():
     table = ratio_table([rec("fib", "hidvfs", 1.0, 10.0, 4.0)], ["hidvfs"])
     assert "|" not in table and "geomean" not in table
     assert cells(table, "fib")[1:] == ["1.000", "10.00", "4.00"]
+
+
+# -- input classes are rows of their own; ratios are paired per seed ---------------------
+def crec(bench, cls, policy, t, seed=0, ok=True):
+    return {**rec(bench, policy, t, 10 * t, 2 * t, ok=ok, seed=seed), "class": cls}
+
+
+def test_input_classes_are_not_averaged_together():
+    """(bench, policy) grouping averaged test and large inputs into one number."""
+    records = [
+        crec("fib", "test", "hidvfs", 1.0),
+        crec("fib", "test", "maxfreq", 0.5),
+        crec("fib", "large", "hidvfs", 100.0),
+        crec("fib", "large", "maxfreq", 80.0),
+    ]
+    table = ratio_table(records, ["hidvfs", "maxfreq"])
+    test, large = cells(table, "fib/test"), cells(table, "fib/large")
+    assert test[1] == "1.000" and test[-3:] == ["0.500"] * 3
+    assert large[1] == "100.000" and large[-3:] == ["0.800"] * 3
+    geo = cells(table, "geomean")
+    assert float(geo[2]) == pytest.approx(math.sqrt(0.5 * 0.8), abs=1e-3)
+    lines = table.splitlines()
+    assert len({len(x) for x in lines[1:6]}) == 1  # a long row label keeps the columns aligned
+
+
+def test_a_seed_one_policy_failed_is_left_out_of_the_ratio():
+    records = [
+        crec("fib", "small", "hidvfs", 1.0, seed=0),
+        crec("fib", "small", "hidvfs", 2.0, seed=1),
+        crec("fib", "small", "hidvfs", 4.0, seed=2),
+        crec("fib", "small", "maxfreq", 2.0, seed=0),
+        crec("fib", "small", "maxfreq", 0.0, seed=1, ok=False),
+        crec("fib", "small", "maxfreq", 2.0, seed=2),
+    ]
+    fib = cells(ratio_table(records, ["hidvfs", "maxfreq"]), "fib/small")
+    # seeds 0 and 2: (2/1 + 2/4) / 2, not mean(2, 2) / mean(1, 2, 4)
+    assert fib[-3:] == ["1.250"] * 3
+    assert fib[1] == f"{7 / 3:.3f}"  # the policy's own mean keeps its every seed

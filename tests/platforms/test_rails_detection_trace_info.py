@@ -47,7 +47,7 @@ def _sample(spec, writer, readable_s: float, blank_s: float):
     return sampler.stop()
 
 
-def test_s31_energy_of_a_rail_never_read_is_unavailable_not_zero(orin):
+def test_energy_of_a_rail_never_read_is_unavailable_not_zero(orin):
     spec, writer = orin
     _blank_total(writer)
     res = _sample(spec, writer, 0.0, 0.5)
@@ -55,7 +55,7 @@ def test_s31_energy_of_a_rail_never_read_is_unavailable_not_zero(orin):
     assert res.cpu_energy_j is not None and res.cpu_energy_coverage > 0.9  # its rail reads
 
 
-def test_s31_energy_of_a_rail_read_half_the_run_says_its_coverage(orin):
+def test_energy_of_a_rail_read_half_the_run_says_its_coverage(orin):
     spec, writer = orin
     res = _sample(spec, writer, 0.5, 0.5)
     assert res.energy_j is not None
@@ -65,7 +65,7 @@ def test_s31_energy_of_a_rail_read_half_the_run_says_its_coverage(orin):
     assert res.energy_j == pytest.approx(5.0 * covered, rel=0.02)
 
 
-def test_s31_energy_of_a_rail_read_throughout_covers_the_run(orin):
+def test_energy_of_a_rail_read_throughout_covers_the_run(orin):
     spec, writer = orin
     sampler = RailSampler(spec, DirSysfs(writer.root), rate_hz=100).start()
     time.sleep(0.3)
@@ -82,7 +82,7 @@ def _tx2_data() -> dict:
 
 
 @pytest.mark.parametrize(("unit", "raw", "mw"), [("mW", "4200", 4200.0), ("W", "4", 4000.0)])
-def test_s31_rail_unit_scales_the_reading(tmp_path, unit, raw, mw):
+def test_rail_unit_scales_the_reading(tmp_path, unit, raw, mw):
     data = _tx2_data()
     data["power"]["rails"][0]["unit"] = unit
     spec = parse_board(data, "tx2-units.yaml")
@@ -94,7 +94,7 @@ def test_s31_rail_unit_scales_the_reading(tmp_path, unit, raw, mw):
     assert read_power_mw(DirSysfs(tmp_path), src) == pytest.approx(mw)
 
 
-def test_s31_rail_in_microwatts(tmp_path):
+def test_rail_in_microwatts(tmp_path):
     writer = write_fake_tree(load_board("tx2"), tmp_path)
     base = load_board("tx2").total_rail
     rail = dataclasses.replace(base, unit="uW")
@@ -107,7 +107,7 @@ def test_s31_rail_in_microwatts(tmp_path):
     ("board", "index", "unit"),
     [("tx2", 0, "kW"), ("tx2", 1, "mw"), ("orin-nx", 0, "W")],  # hwmon reads mV x mA: mW
 )
-def test_s31_rail_unit_that_cannot_be_read_is_refused(board, index, unit):
+def test_rail_unit_that_cannot_be_read_is_refused(board, index, unit):
     data = copy.deepcopy(load_yaml(BOARDS_DIR / f"{board}.yaml"))
     data["power"]["rails"][index]["unit"] = unit
     with pytest.raises(SpecError) as err:
@@ -116,7 +116,7 @@ def test_s31_rail_unit_that_cannot_be_read_is_refused(board, index, unit):
     assert err.value.key == f"power.rails[{index}].unit" and err.value.got == unit
 
 
-def test_s31_rail_spec_built_in_code_with_a_bad_unit_is_refused(tmp_path):
+def test_rail_spec_built_in_code_with_a_bad_unit_is_refused(tmp_path):
     write_fake_tree(load_board("tx2"), tmp_path)
     rail = RailSpec("VDD_IN", "total", "iio", "x/iio:device1", 0, unit="kW")
     with pytest.raises(SpecError):
@@ -143,16 +143,16 @@ def _dt(tmp_path, compatible, model):
         (["qcom,qcm6490"], None),
     ],
 )
-def test_s31_soc_compatible_alone_is_not_a_rubikpi3(tmp_path, compatible, model):
+def test_soc_compatible_alone_is_not_a_rubikpi3(tmp_path, compatible, model):
     assert detect_board(_dt(tmp_path, compatible, model)) is None
 
 
-def test_s31_soc_compatible_confirmed_by_the_model_is_a_rubikpi3(tmp_path):
+def test_soc_compatible_confirmed_by_the_model_is_a_rubikpi3(tmp_path):
     s = _dt(tmp_path, ["qcom,qcm6490-rb3gen2", "qcom,qcm6490"], "Thundercomm, Inc. RUBIK Pi 3")
     assert detect_board(s) == "rubikpi3"
 
 
-def test_s31_soc_compatible_needs_model_strings_and_stays_apart():
+def test_soc_compatible_needs_model_strings_and_stays_apart():
     data = copy.deepcopy(load_yaml(BOARDS_DIR / "rubikpi3.yaml"))
     assert "qcom,qcm6490" in parse_board(data, "r.yaml").soc_compatible
     no_model = copy.deepcopy(data)
@@ -181,12 +181,12 @@ def test_s31_soc_compatible_needs_model_strings_and_stays_apart():
         ("VDD_IN_2", "sub"),
     ],
 )
-def test_s31_guess_role_of_input_labels(label, role):
+def test_guess_role_of_input_labels(label, role):
     assert guess_role(label) == role
     assert is_total_label(label) == (role == "total")
 
 
-def test_s31_probe_finds_pom_5v_in_as_the_total_of_an_unknown_jetson(tmp_path):
+def test_probe_finds_pom_5v_in_as_the_total_of_an_unknown_jetson(tmp_path):
     base = load_board("tx2")
     stranger = dataclasses.replace(
         base, name="nano", compatible=("nvidia,p3450-0000",), model=("Jetson Nano",)
@@ -231,7 +231,7 @@ def _trace(tmp_path, board, zones: list[tuple[str, list[str | None]]]):
 
 
 @pytest.mark.parametrize("board", ["rubikpi3", "unknown"])  # by the spec, or by type alone
-def test_s31_trace_info_leaves_out_zones_that_are_not_temperatures(tmp_path, board):
+def test_trace_info_leaves_out_zones_that_are_not_temperatures(tmp_path, board):
     trace = _trace(
         tmp_path,
         board,
