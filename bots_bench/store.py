@@ -284,7 +284,24 @@ class Store:
         except sqlite3.DatabaseError as err:
             if db is not None:
                 db.close()
-            raise StoreError(f"{self.path}: not a usable SQLite results store ({err})") from None
+            raise StoreError(self._open_problem(err)) from None
+
+    def _open_problem(self, err: sqlite3.DatabaseError) -> str:
+        """Why the file did not open: a missing or unwritable folder is said as such (SQLite
+        only says "unable to open database file"), anything else is not a usable store."""
+        folder = self.path.absolute().parent
+        if not folder.is_dir():
+            if folder.exists():
+                return f"{self.path}: {folder} is a file, not a folder; choose another --db"
+            return (
+                f"{self.path}: its folder {folder} does not exist; create it or choose another --db"
+            )
+        if not self.readonly and not os.access(folder, os.W_OK | os.X_OK):
+            return (
+                f"{self.path}: its folder {folder} is not writable (SQLite keeps its journal "
+                "beside the file); choose a --db in a folder you can write"
+            )
+        return f"{self.path}: not a usable SQLite results store ({err})"
 
     # -- schema -------------------------------------------------------------------------
     def _open_schema(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,30 @@ class DaemonBusy(DaemonUnreachable):
             f"the hidvfs daemon at {path} is busy: {self.reason} (too many clients at once, "
             "or the daemon is stuck: systemctl status hidvfs); try again",
         )
+
+
+class NotASocket(DaemonUnreachable):
+    """The path is there but is a file or a folder: a wrong ``--socket``, not a daemon that
+    stopped ("is it running?" would send the user the wrong way)."""
+
+    def __init__(self, path: str, what: str):
+        self.path = path
+        self.reason = f"{path} is not a socket but {what}"
+        HidvfsError.__init__(
+            self,
+            f"{self.reason}: --socket names the daemon's Unix socket ({DEFAULT_SOCKET} by default)",
+        )
+
+
+def _not_a_socket(path: str) -> str | None:
+    """ "a file" / "a folder" when ``path`` exists and is not a socket, else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    return "a folder" if stat.S_ISDIR(mode) else "a file"
 
 
 class RegistryError(HidvfsError):
@@ -108,6 +133,9 @@ class RegistryClient:
             except FileNotFoundError:
                 raise DaemonUnreachable(self.path, "no such socket") from None
             except ConnectionRefusedError:
+                what = _not_a_socket(self.path)
+                if what is not None:  # a wrong --socket, not a stopped daemon
+                    raise NotASocket(self.path, what) from None
                 raise DaemonUnreachable(
                     self.path, "connection refused (a stale socket of a stopped daemon?)"
                 ) from None

@@ -48,7 +48,7 @@ from daemon.restore import (
 from daemon.statelock import StateLock
 from daemon.statusfile import write_status
 from daemon.stopsignals import StopOnSignals
-from platforms import cpufreq
+from platforms import cpufreq, paths
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
 from platforms.liveprocs import LiveProcessControl
@@ -75,6 +75,7 @@ def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
     if cfg.board:
         if cfg.board.endswith((".yaml", ".yml")):
             return load_board_file(cfg.board)
+        spec = load_board(cfg.board)  # an unknown name first: it lists the known boards
         detected = detect_board(sysfs)
         if detected and detected != cfg.board:
             raise DaemonError(
@@ -82,7 +83,7 @@ def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
                 f"detected as {detected!r}; leave the board out (it is detected) or run on a "
                 f"{cfg.board}"
             )
-        return load_board(cfg.board)
+        return spec
     name = detect_board(sysfs)
     if name:
         return load_board(name)
@@ -141,7 +142,7 @@ def _left_by_a_crash(state_dir: str) -> bool:
 
 
 #: run_live's keywords that only the run itself takes (the others are checked first)
-_SERVE_KEYS = ("duration_s", "status_file", "stop", "record")
+_SERVE_KEYS = ("duration_s", "status_file", "stop", "record", "plan_out")
 
 
 def run_live(
@@ -342,6 +343,74 @@ def deadline_margin(sysfs, configured: float) -> float:
     return margin
 
 
+class LimitsWatch:
+    """Logs a policy's ``scaling_min_freq``/``scaling_max_freq`` moved by someone else.
+
+    The drift check covers only the files the daemon wrote; with a ``userspace`` governor it
+    never writes the limits, yet the kernel clamps its setspeed to them, so a limit lowered by
+    nvpmodel (or an administrator, or the kernel's thermal cooling, which shows through
+    ``scaling_max_freq``) is obeyed silently. After each tick the limits are read and compared
+    with the last reading, the daemon's own writes of that tick folded in; a change is logged
+    once (warning), naming the cluster and the old and new kHz. A file the daemon wrote itself
+    is left to the drift check, which already reports it. A limit that keeps moving (thermal
+    cooling stepping it) is logged at most once per ``quiet_s`` per file, the next line
+    counting the changes in between."""
+
+    NAMES = ("scaling_min_freq", "scaling_max_freq")
+
+    def __init__(self, sysfs, spec: BoardSpec, quiet_s: float = 60.0):
+        self.sysfs = sysfs
+        self.clusters = [(c.name, c.policy) for c in spec.clusters]
+        self.seen: dict[str, int] = {}  # path -> kHz after the last tick
+        self.quiet_s = quiet_s
+        self.logged_at: dict[str, float] = {}  # path -> tick time of its last line
+        self.unlogged: dict[str, int] = {}  # path -> changes since its last line
+
+    def check(self, writes, owned: set[str] = frozenset(), t: float = 0.0) -> list[str]:
+        """Compare, log and remember; returns the changed paths. ``writes``: this tick's
+        (path, value) writes; ``owned``: paths the drift check watches; ``t``: the tick's
+        time (s)."""
+        written = dict(writes)
+        changed = []
+        for name, policy in self.clusters:
+            lo_hi = cpufreq.read_limits(self.sysfs, policy)
+            for file, now in zip(self.NAMES, lo_hi):
+                path = paths.policy_file(policy, file)
+                if now is None:  # unreadable or absent: the sensor log reports it
+                    continue
+                before = self.seen.get(path)
+                if path in written:
+                    try:
+                        before = int(written[path])
+                    except ValueError:
+                        pass
+                self.seen[path] = now
+                if before is None or before == now or path in owned:
+                    continue
+                changed.append(path)
+                last = self.logged_at.get(path)
+                if last is not None and t - last < self.quiet_s:
+                    self.unlogged[path] = self.unlogged.get(path, 0) + 1
+                    continue
+                self.logged_at[path] = t
+                more = self.unlogged.pop(path, 0)
+                log_event(
+                    log,
+                    "limit_changed",
+                    level=logging.WARNING,
+                    cluster=name,
+                    policy=policy,
+                    file=file,
+                    old_khz=before,
+                    new_khz=now,
+                    detail=f"{name} {file} {before} -> {now} kHz, set outside the daemon "
+                    "(nvpmodel, jetson_clocks, thermal cooling, another tool); decisions stay "
+                    "within it"
+                    + (f" ({more} more change(s) in the last {self.quiet_s:g} s)" if more else ""),
+                )
+        return changed
+
+
 def _serve(
     prepared: _Prepared,
     *,
@@ -349,9 +418,11 @@ def _serve(
     status_file: str | None = None,
     stop: threading.Event | None = None,
     record: str | None = None,
+    plan_out=None,
 ) -> dict:
     """The run itself, once :func:`_prepare` has accepted the start (and the state dir is
-    locked, unless nothing is written)."""
+    locked, unless nothing is written). A dry run prints its plan to ``plan_out`` (default
+    stdout; ``daemon --json`` keeps stdout for the status)."""
     cfg, sysfs, spec, kind = prepared.cfg, prepared.sysfs, prepared.spec, prepared.kind
     pol, stages, dry_run = prepared.policy, prepared.stages, prepared.dry_run
     procs = LiveProcessControl()
@@ -473,10 +544,15 @@ def _serve(
         last_status = [-1e18]
 
         sensor_log = SensorErrorLog(log)
+        limits_watch = LimitsWatch(sysfs, spec)
 
         def after_tick(res: TickResult) -> None:
             pinger.tick()
             sensor_log.update(res.obs.errors, cpu_temp=res.obs.max_cpu_temp_c is not None)
+            if cfg.recheck_each_tick:  # before detect_drift forgets what it reports
+                limits_watch.check(
+                    [] if dry_run else res.report.writes, set(loop.actuator.expected), res.t
+                )
             if cfg.recheck_each_tick and not dry_run:
                 for msg in detect_drift(sysfs, loop.actuator.expected):
                     log_event(log, "drift", level=logging.WARNING, detail=msg)
@@ -491,7 +567,7 @@ def _serve(
                 status_writer(loop.status())
             if dry_run and res.report.writes:
                 for path, value in res.report.writes:
-                    print(f"dry-run: would write {value} to {path}", flush=True)
+                    print(f"dry-run: would write {value} to {path}", file=plan_out, flush=True)
 
         if recorder is not None:  # first: drift checks after the tick go to the next sample
             loop.on_tick.append(lambda res: recorder.sample(res.t))

@@ -455,15 +455,18 @@ def evaluate(
     return records, summary, ratios
 
 
-def episode_options(f):
+def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     """The mix options eval and sweep share: jobs per mix, offered load, HI share and the
-    deadline slack (the defaults are the mixes the agents train and are measured on)."""
+    deadline slack (the defaults are the mixes the agents train and are measured on).
+    ``hi_note`` ends the --hi-fraction help (sweep has no --reserve)."""
+    if f is None:
+        return lambda g: episode_options(g, hi_note=hi_note)
     f = click.option(
         "--hi-fraction",
         type=FiniteFloatRange(0.0, 1.0),
         default=EpisodeSpec.hi_fraction,
         show_default=True,
-        help="share of the deadline jobs that are high-criticality (see --reserve)",
+        help="share of the deadline jobs that are high-criticality" + hi_note,
     )(f)
     f = click.option(
         "--load",
@@ -599,7 +602,7 @@ def eval_cmd(
 @click.option(
     "--seeds", type=click.IntRange(1), default=5, show_default=True, help="held-out mixes"
 )
-@episode_options
+@episode_options(hi_note=" (sweep runs without the daemon's cluster reservation)")
 @click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
 def sweep_cmd(boards, fractions, seeds, n_jobs, slack, load, hi_fraction, as_json) -> None:
     """What a frequency policy can save: fixed operating points against maxfreq, same mixes,

@@ -17,12 +17,41 @@ def bots() -> None:
     """
 
 
+def _check_class(backend: str, bench: str, cls: str) -> None:
+    """Refuse (exit 2) a --class that a selected kernel lacks on ``backend``, naming the
+    backend whose classes it lists: the simulator's DAG models and the BOTS binaries have
+    different classes (`bots list` shows both). Unknown kernels are left to the spec check
+    (a --spec file's classes too: bots_bench/spec.py says the same without the backend)."""
+    from bots_bench.dags import CLASSES as SIM_CLASSES
+    from bots_bench.registry import KERNEL_NAMES, KERNELS
+
+    names = KERNEL_NAMES if bench == "all" else [b.strip() for b in bench.split(",") if b.strip()]
+    if not names or any(n not in KERNELS for n in names):
+        return
+    sim = backend == "sim"
+    classes_of = {n: tuple(SIM_CLASSES.get(n, ()) if sim else KERNELS[n].classes) for n in names}
+    lacking = [n for n in names if cls not in classes_of[n]]
+    if not lacking:
+        return
+    k = lacking[0]
+    kind, other_kind = ("sim", "native") if sim else ("native", "sim")
+    other = KERNELS[k].classes if sim else SIM_CLASSES.get(k, ())
+    hint = f"; {cls} is a {other_kind}-only class of {k}" if cls in other else ""
+    # the spec check's wording (`<command line>: key 'classes'`), with the backend named
+    fail(
+        f"<command line>: key 'classes': expected a class every selected kernel has under "
+        f"--backend {backend} ({k}'s {kind} classes: {', '.join(classes_of[k])}{hint}; "
+        f"`hidvfs bots list` shows both backends' classes), got {cls!r}"
+    )
+
+
 def _check_selection(backend, bench, cls, policy="performance", board=None, bots_bin=None):
     """Refuse (exit 2) a bad --bench, --class or --policy before anything runs, with the
     checks and messages of `bots run` (its spec): a typo would otherwise end as a failed
     run per kernel, and an empty --bench as every kernel. Returns the checked spec."""
     from tools.native_campaign import build_spec
 
+    _check_class(backend, bench, cls)
     return build_spec(
         backend=backend,
         board=board or "tx2",
@@ -65,7 +94,8 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     "cls",
     default="small",
     show_default=True,
-    help="Input class (test, small, medium, ...).",
+    help="Input class (test, small, medium, ...): the sim classes with --backend sim, the "
+    "native ones with --backend native (`hidvfs bots list` shows both).",
 )
 @click.option(
     "--policy",
@@ -99,7 +129,10 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     "--db",
     default=None,
     type=click.Path(dir_okay=False),
-    help="SQLite results store; runs already done in it are skipped, failed ones run again.",
+    help="SQLite results store; runs already done in it are skipped, failed ones run again. "
+    "Default: a simulated campaign from flags keeps its runs in memory only (pass --db to "
+    "keep them for `hidvfs bots report`); --backend native and any --spec campaign write "
+    "results.sqlite in the current folder.",
 )
 @click.option(
     "--no-retry-failed",
@@ -171,6 +204,8 @@ def run_cmd(
     --json still apply; the flags the file replaces are ignored, with a note."""
     from tools.native_campaign import run_campaign_cli
 
+    if not spec_file:
+        _check_class(backend, bench, cls)
     if spec_file:
         ctx = click.get_current_context()
         given = [
@@ -238,17 +273,27 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = [["kernel", "binary (default)", "classes"]]
+    table = [["kernel", "binary (default)", "sim classes", "native classes"]]
     if bots_bin:
         table[0].append(f"found in {bots_bin}")
-    for r in rows:
-        cells = [r["kernel"], r["binary"], ",".join(r["classes"])]
+    for name, r in zip(KERNELS, rows):
+        # smallest first, as declared
+        cells = [
+            r["kernel"],
+            r["binary"],
+            ",".join(r["sim_classes"]),
+            ",".join(KERNELS[name].classes),
+        ]
         if bots_bin:
             cells.append(",".join(sorted(r["binaries_found"])) or "none")
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    click.echo(
+        "sim classes: what `bots run --backend sim` (the default) runs; native classes: the "
+        "BOTS binaries' inputs (`--backend native`)"
+    )
     if not bots_bin:
         click.echo("(pass --bots-bin DIR to look for built binaries)")
 

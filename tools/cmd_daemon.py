@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 
 import click
 
@@ -41,7 +42,10 @@ from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
 @click.option(
     "--policy",
     default=None,
-    help="Policy: hidvfs, geardvfs, ztt, performance, powersave, ondemand, conservative, schedutil, maxfreq.",
+    help="Policy: hidvfs, geardvfs, ztt, performance, powersave, ondemand, conservative, "
+    "schedutil, maxfreq. Default: the config's policy, hidvfs unless the config names another; "
+    "--sim without --config: hidvfs; --replay without --config: the policy of the daemon that "
+    "recorded the trace, else schedutil.",
 )
 @click.option(
     "--period-ms",
@@ -55,8 +59,9 @@ from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
     "duration_s",
     default=None,
     type=FiniteFloatRange(min=0.001),
-    help="Stop after S seconds (virtual seconds with --sim). Default: run until stopped; "
-    "60 virtual seconds with --sim, at most 86400 (one day: its workload is built up front).",
+    help="Stop after S seconds (virtual seconds with --sim, trace seconds from its first "
+    "sample with --replay). Default: run until stopped; 60 virtual seconds with --sim, at most "
+    "86400 (one day: its workload is built up front); the whole trace with --replay.",
 )
 @click.option(
     "--status-file",
@@ -81,14 +86,18 @@ from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
     "--dry-run", is_flag=True, help="Read and decide, but only print what would be written."
 )
 @click.option(
-    "--seed", default=0, show_default=True, type=int, help="Seed of the simulated workload (--sim)."
+    "--seed",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Seed of the simulated workload (--sim only).",
 )
 @click.option(
     "--load",
     default=0.6,
     show_default=True,
     type=FiniteFloatRange(0.05, 3.0),
-    help="Offered load of the simulated workload (--sim).",
+    help="Offered load of the simulated workload (--sim only).",
 )
 @click.option(
     "--record",
@@ -98,7 +107,13 @@ from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
     help="Record every file the daemon reads and writes, one sample per tick, to this trace "
     "(.jsonl or .jsonl.gz); `hidvfs trace replay --check` then checks its decisions.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the final status as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the final status as JSON on stdout (on a tree: when the run stops; --dry-run's "
+    "plan then goes to stderr).",
+)
 @guard_errors
 def daemon_cmd(
     config_path,
@@ -126,6 +141,20 @@ def daemon_cmd(
     chosen = [x for x in (sysfs_root, sim_board, replay_trace) if x]
     if len(chosen) > 1:
         fail("choose at most one of --sysfs-root, --sim, --replay")
+    if not sim_board:
+        ctx = click.get_current_context()
+        sim_only = [
+            flag
+            for flag, param in (("--seed", "seed"), ("--load", "load"))
+            if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
+        ]
+        if sim_only:
+            where = (
+                "--replay replays a recording, it has no workload of its own"
+                if replay_trace
+                else "a board or a --sysfs-root tree runs the jobs registered with it"
+            )
+            fail(f"{', '.join(sim_only)}: only for --sim (its simulated workload); {where}")
     cfg = None
     if sim_board or replay_trace:
         board_only = [
@@ -189,13 +218,15 @@ def daemon_cmd(
         from daemon.stopsignals import StopOnSignals
         from tools.replay import replay_trace as run_replay
 
+        replay_period = period_ms or (cfg.period_ms if cfg else None)
         # as --sim: a signal ends the replay with the summary of what ran, exit 0
         with StopOnSignals() as signals:
             result = run_replay(
                 replay_trace,
                 policy or (cfg.policy if cfg else None),
-                period_ms or (cfg.period_ms if cfg else None),
+                replay_period,
                 config=cfg,
+                duration_s=duration_s,
                 stop=signals.stop,
             )
         if signals.received:
@@ -214,7 +245,7 @@ def daemon_cmd(
         return
     from daemon.service import run_live
 
-    run_live(
+    status = run_live(
         config_path=config_path,
         sysfs_root=sysfs_root or "/",
         policy=policy,
@@ -225,7 +256,11 @@ def daemon_cmd(
         state_dir=state_dir,
         dry_run=dry_run,
         record=record_path,
+        # stdout is the JSON status alone: the dry run's plan goes to stderr
+        plan_out=sys.stderr if as_json else None,
     )
+    if as_json:
+        emit_json(status)
 
 
 def _print_status(s: dict) -> None:
@@ -239,6 +274,7 @@ def _print_status(s: dict) -> None:
         f"board {s['board']} ({s['backend']}), policy {s['policy']}: t={s['t']:.1f}s ticks={s['ticks']}\n"
         f"  frequencies: {freqs}\n"
         f"  hottest zone: {tmax if tmax is None else round(tmax, 1)} C; "
+        f"power: {_power_text(s.get('power_w'))}; "
         f"energy: {'unavailable' if energy is None else f'{energy:.1f} J'}\n"
         f"  jobs done {s['jobs_done']}, running {s['jobs_running']}, "
         f"deadline misses hi={s['deadline_misses']['hi']} lo={s['deadline_misses']['lo']}, "
@@ -266,6 +302,17 @@ def _print_status(s: dict) -> None:
             f"  adaptive shield: alpha {sh['alpha']:g} -> {sh['alpha_t']:.4f} after "
             f"{sh['updates']} bounds scored (miss rate {rate})"
         )
+
+
+def _power_text(power) -> str:
+    """``3.21 W (CPU 1.02 W)``: the board's total input rail and its CPU rail, each only when
+    it reads; ``unavailable`` when neither does (a board without a power monitor)."""
+    power = power if isinstance(power, dict) else {}
+    total, cpu = power.get("total"), power.get("cpu")
+    if total is None and cpu is None:
+        return "unavailable"
+    text = "total unavailable" if total is None else f"{total:.2f} W"
+    return text + (f" (CPU {cpu:.2f} W)" if cpu is not None else "")
 
 
 @click.command("status")

@@ -267,6 +267,40 @@ def measure_cmd(
     )
 
 
+class StoreUnwritable(ValueError):
+    """The profile store could not be saved: said before any run, not after the last."""
+
+
+def check_store_writable(store: str) -> None:
+    """Refuse a store the measurement could not save (:func:`agents.deadlines.update` makes
+    its folder, locks ``STORE.lock`` and replaces the file through a temporary one in the same
+    folder): the folder, or the nearest existing one it would be made in, must be writable,
+    and so must a lock file already there."""
+    full = os.path.abspath(store)
+    if os.path.isdir(full):
+        raise StoreUnwritable(f"profile store {store} is a folder; give a file (.json)")
+    folder = os.path.dirname(full)
+    there = folder
+    while not os.path.exists(there):  # update() makes the missing folders
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        raise StoreUnwritable(
+            f"cannot write profile store {store}: {there} is a file, not a folder"
+        )
+    if not os.access(there, os.W_OK | os.X_OK):
+        made = "" if there == folder else f" (it would be made in {there})"
+        raise StoreUnwritable(
+            f"cannot write profile store {store}: its folder {folder}{made} is not writable; "
+            "run as root (sudo) or give a --store you can write"
+        )
+    lock = full + ".lock"
+    if os.path.lexists(lock) and not os.access(lock, os.W_OK):
+        raise StoreUnwritable(
+            f"cannot write profile store {store}: its lock file {lock} is not writable; "
+            "run as root (sudo) or give a --store you can write"
+        )
+
+
 class MeasureSession:
     """What every measurement needs first: root (on a real tree), no daemon running (it would
     change the frequencies meanwhile), the board and the store; then one profile per call."""
@@ -290,6 +324,7 @@ class MeasureSession:
                 "during the measurement; stop it first (systemctl stop hidvfs)"
             )
         try:
+            check_store_writable(store)  # before minutes of timed runs, not after
             self.db = deadlines.load(store, missing_ok=True)
             self.sysfs = DirSysfs(sysfs_root)
             self.spec = resolve_board(Config(board=board), self.sysfs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from agents.factory import make_policy_stack
 from agents.mixed import daemon_stages
@@ -41,6 +42,7 @@ def replay_trace(
     *,
     allow_truncated: bool = False,
     stop: threading.Event | None = None,
+    duration_s: float | None = None,
 ) -> dict:
     """Run the control loop on a recorded trace; its writes are kept, never applied.
 
@@ -50,11 +52,18 @@ def replay_trace(
     Replay time is trace time (a read at t sees the latest sample at or before t). A trace the
     daemon recorded (``daemon --record``) is replayed tick by tick at its sample times with
     the daemon's policy stack, unless ``period_ms`` is given, so its writes compare one to one.
+
+    ``duration_s`` replays the first S seconds of trace time only: the samples before S, and
+    at a period the ticks over [0, S), as ``daemon --sim --duration S`` runs.
     """
     trace = read_trace(path, allow_truncated=allow_truncated)
     if not trace.samples:
         raise ReplayError(f"{path}: the trace has no samples: nothing to replay")
     t_first, t_last = trace.samples[0].t, trace.samples[-1].t
+    if duration_s is not None and t_last - t_first >= duration_s:
+        kept = [s for s in trace.samples if s.t - t_first < duration_s - 1e-9]
+        trace = replace(trace, samples=kept)
+        t_last = t_first + duration_s
     policy_name = policy_name or recorded_policy(trace) or "schedutil"
     lockstep = recorded_policy(trace) is not None and period_ms is None
     period = period_ms / 1000.0 if period_ms else trace.header.period_s
@@ -92,7 +101,9 @@ def replay_trace(
             clock.set(max(s.t, clock.now()))
             loop.tick()
     else:
-        loop.run(duration_s=max(duration, period), stop=stop)
+        loop.run(
+            duration_s=duration if duration_s is not None else max(duration, period), stop=stop
+        )
     recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]
     ours = list(sysfs.writes)
     mismatches = compare_writes(trace, ours) if recorded else []

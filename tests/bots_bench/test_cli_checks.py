@@ -134,9 +134,13 @@ def test_bots_list_columns_are_aligned_and_name_the_binaries(tmp_path):
         r = bots("list", *args)
         assert r.exit_code == 0, r.output
         lines = r.output.splitlines()
-        head, rows = lines[0], [x for x in lines[1:] if not x.startswith("(")]
+        # the legend of the class columns and the --bots-bin hint are not rows
+        legend = [x for x in lines if x.startswith("sim classes: ")]
+        assert len(legend) == 1
+        head = lines[0]
+        rows = [x for x in lines[1:] if not x.startswith("(") and x not in legend]
         assert len(rows) == 12
-        columns = ["kernel", "binary (default)", "classes"]
+        columns = ["kernel", "binary (default)", "sim classes", "native classes"]
         columns += [f"found in {tmp_path}"] if found else []
         starts = [head.index(c) for c in columns]
         by_kernel = {}
@@ -147,12 +151,15 @@ def test_bots_list_columns_are_aligned_and_name_the_binaries(tmp_path):
             by_kernel[cells[0]] = cells
         assert by_kernel["fib"][1] == "fib.gcc.omp-tasks"
         assert by_kernel["sparselu"][1] == "sparselu.gcc.single-omp-tasks"
-        assert "huge,large,medium,small,smoke,test" in by_kernel["nqueens"]
+        assert by_kernel["nqueens"][2:4] == [
+            "test,small,medium,large,huge",  # sim
+            "smoke,test,small,medium,large,huge",  # native
+        ]
         if found:
             assert by_kernel["fib"][-1] == "omp-tasks" and by_kernel["sort"][-1] == "none"
             assert not any(x.startswith("(") for x in lines)
         else:
-            assert len(by_kernel["fib"]) == 3  # no "found: -" column without a folder
+            assert len(by_kernel["fib"]) == 4  # no "found: -" column without a folder
             assert lines[-1] == "(pass --bots-bin DIR to look for built binaries)"
     r = bots("list", "--json")
     assert json.loads(r.stdout)[3]["binary"] == "fib.gcc.omp-tasks"
