@@ -7,8 +7,11 @@ BOTS ``Time Program``, the CPU-rail energy, EDP, timestamps, the full run config
 write the same rows, so one report reads both.
 
 Each run is committed on its own in WAL mode: Ctrl-C or a crash loses at most the run in
-flight, and :meth:`Store.done_keys` lets a re-run skip what is finished. The schema version
-is ``PRAGMA user_version``; a file from a newer hidvfs is refused rather than misread.
+flight, and :meth:`Store.done_keys` lets a re-run skip what is finished. Several campaigns may
+write one file at once (each commit takes SQLite's write lock), and several may create a new
+file at once: the schema is checked and made inside one ``BEGIN IMMEDIATE`` transaction, so
+it is made once. The schema version is ``PRAGMA user_version``; a file from a newer hidvfs is
+refused rather than misread.
 
 Time series JSON (``timeseries``): ``{"t": [s, ...], "freq_khz": {cluster: [...]},
 "temp_c": {zone: [...]}, "power_w": {rail: [...]}}``; every list as long as ``t``.
@@ -21,6 +24,7 @@ import json
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +34,9 @@ from platforms.errors import HidvfsError
 
 DEFAULT_DB = "results.sqlite"
 SCHEMA_VERSION = 1
+#: how long an open or a commit waits for another campaign's write lock on the same file
+_BUSY_TIMEOUT_S = 30.0
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_CANTOPEN = 5, 6, 8, 14
 
 
 class StoreError(HidvfsError):
@@ -96,6 +103,45 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_group ON runs (bench, "class", policy, seed);
 """
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of an SQL script, one by one (``executescript`` would commit the
+    transaction they must run in)."""
+    out, stmt = [], ""
+    for part in script.split(";"):
+        stmt += part + ";"
+        if sqlite3.complete_statement(stmt):
+            if stmt.strip().strip(";").strip():
+                out.append(stmt.strip())
+            stmt = ""
+    if stmt.strip().strip(";").strip():  # an unfinished tail: let SQLite say what is wrong
+        out.append(stmt.strip())
+    return out
+
+
+def _error_code(err: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of an error (from its message before Python 3.11)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF
+    msg = str(err)
+    for words, c in (
+        (("database is locked", "database is busy"), _SQLITE_BUSY),
+        (("table is locked", "database table is locked"), _SQLITE_LOCKED),
+        (("readonly database",), _SQLITE_READONLY),
+        (("unable to open",), _SQLITE_CANTOPEN),
+    ):
+        if any(w in msg for w in words):
+            return c
+    return None
+
+
+def _has_content(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
 
 
 def run_key(record: Mapping[str, Any]) -> RunKey:
@@ -264,20 +310,37 @@ def _row_to_record(row: sqlite3.Row, with_stdout: bool, with_timeseries: bool) -
 class Store:
     """A results file. Use as a context manager, or call :meth:`close`.
 
-    ``readonly`` opens an existing file for reading only (reports): nothing is created,
-    migrated or written, so a file given by mistake is left exactly as it was.
+    ``readonly`` opens an existing file for reading only (reports): nothing is migrated or
+    written, so a file given by mistake is left exactly as it was, and nothing is left beside
+    it. A WAL-mode file needs SQLite's ``-shm``/``-wal`` files beside it even to be read:
+
+    * in a folder the reader may write (and with no run left in a ``-wal``), the file is
+      opened with ``query_only`` rather than ``mode=ro``, so SQLite removes the ``-shm`` and
+      ``-wal`` it made when the report closes it (a read-only connection cannot); should a
+      campaign write the file and close it meanwhile, the report, last to close it, merges
+      that campaign's ``-wal`` into the file as the campaign would have;
+    * otherwise it is opened ``mode=ro``, which shares the files a running campaign keeps;
+    * when that cannot work either (a root-owned folder, as ``sudo hidvfs bots run`` leaves
+      it, read by a user, the campaign over), the file is read ``immutable``: as it is on
+      disk, without SQLite's locks. That is safe because every finished run is in the file
+      then (a campaign merges its ``-wal`` when it closes); should a ``-wal`` or rollback
+      journal beside the file still hold data (a campaign writing it, or one killed before
+      it closed the file), the file is refused with a message rather than read without it.
+      A campaign started on the file while such a report reads it is not seen, and its
+      writes may make the report fail or read a mix of old and new pages: run it again.
     """
 
     def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB, *, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
+        #: the read-only file is read as it is on disk, without SQLite's locks (see above)
+        self.immutable = False
         db = None
         try:
             if readonly:
-                uri = f"{self.path.resolve().as_uri()}?mode=ro"
-                db = sqlite3.connect(uri, uri=True, timeout=30.0)
+                db = self._connect_readonly()
             else:
-                db = sqlite3.connect(str(self.path), timeout=30.0)
+                db = sqlite3.connect(str(self.path), timeout=_BUSY_TIMEOUT_S)
             db.row_factory = sqlite3.Row
             self._db = db
             self._open_schema()
@@ -285,6 +348,56 @@ class Store:
             if db is not None:
                 db.close()
             raise StoreError(self._open_problem(err)) from None
+        except BaseException:
+            if db is not None:
+                db.close()
+            raise
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        """A connection that can read the file and cannot write it (see the class doc)."""
+        path = self.path.resolve()
+        uri = path.as_uri()
+        pending = [j for j in (f"{path}-wal", f"{path}-journal") if _has_content(j)]
+        modes = ["mode=ro"]
+        if (
+            not pending
+            and path.is_file()
+            and os.access(path, os.R_OK | os.W_OK)
+            and os.access(path.parent, os.W_OK | os.X_OK)
+        ):
+            modes.insert(0, "mode=rw")
+        for mode in modes:
+            db = None
+            try:
+                db = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=_BUSY_TIMEOUT_S)
+                db.execute("PRAGMA query_only = 1")
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens -shm/-wal
+                return db
+            except sqlite3.DatabaseError as err:
+                if db is not None:
+                    db.close()
+                if _error_code(err) not in (_SQLITE_READONLY, _SQLITE_CANTOPEN):
+                    raise
+                if not path.is_file() or not os.access(path, os.R_OK):
+                    raise
+        # SQLite cannot make the -shm a WAL-mode file needs: read the file as it is on disk
+        pending = [j for j in (f"{path}-wal", f"{path}-journal") if _has_content(j)]
+        if pending:
+            raise StoreError(
+                f"{self.path}: {Path(pending[0]).name} beside it still holds data SQLite must "
+                "merge into the file before it can be read (a campaign is writing the file, or "
+                f"one was stopped before it closed it), and {path.parent} is not writable for "
+                "you; read it once the campaign is over, as the user who ran it (e.g. with "
+                "sudo), or copy the file and its -wal to a folder you can write"
+            )
+        db = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except BaseException:
+            db.close()
+            raise
+        self.immutable = True
+        return db
 
     def _open_problem(self, err: sqlite3.DatabaseError) -> str:
         """Why the file did not open: a missing or unwritable folder is said as such (SQLite
@@ -297,52 +410,99 @@ class Store:
                 f"{self.path}: its folder {folder} does not exist; create it or choose another --db"
             )
         if not self.readonly and not os.access(folder, os.W_OK | os.X_OK):
-            return (
-                f"{self.path}: its folder {folder} is not writable (SQLite keeps its journal "
-                "beside the file); choose a --db in a folder you can write"
-            )
+            return self._folder_not_writable(folder)
+        if self.readonly and self.path.is_file() and not os.access(self.path, os.R_OK):
+            return f"{self.path}: you may not read this file ({err})"
         return f"{self.path}: not a usable SQLite results store ({err})"
 
+    def _folder_not_writable(self, folder: Path) -> str:
+        return (
+            f"{self.path}: its folder {folder} is not writable (SQLite keeps its journal "
+            "beside the file); choose a --db in a folder you can write"
+        )
+
+    def _cannot_store(self, err: sqlite3.Error) -> str:
+        folder = self.path.absolute().parent
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            return self._folder_not_writable(folder)
+        return f"{self.path}: cannot store runs in this file ({err})"
+
     # -- schema -------------------------------------------------------------------------
-    def _open_schema(self) -> None:
+    def _schema_state(self) -> tuple[int, set[str]]:
+        """The schema version and the table names, read in one transaction."""
         db = self._db
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if self.readonly:
-            self._check_readable(version)
-            return
+        begun = not db.in_transaction
+        if begun:
+            db.execute("BEGIN")  # one snapshot: a creator commits both at once
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            if begun:
+                db.rollback()
+        return version, tables
+
+    def _check_schema(self, version: int, tables: set[str]) -> None:
+        """Refuse a file from a newer hidvfs, or one that is not a results store."""
         if version > SCHEMA_VERSION:
-            db.close()
             raise StoreError(
                 f"{self.path}: written by a newer hidvfs (results schema {version}; this version "
                 f"reads up to {SCHEMA_VERSION}); upgrade hidvfs or choose another --db"
             )
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if version == 0:
-            if tables - {"sqlite_sequence"}:
-                db.close()
-                raise StoreError(
-                    f"{self.path}: an SQLite file that is not a hidvfs results store "
-                    f"(tables {sorted(tables)}, no schema version)"
-                )
-            db.execute("PRAGMA journal_mode=WAL")
-            # one transaction for the tables and the version (executescript commits what is
-            # pending and runs in autocommit): a kill between the two used to leave a file
-            # with tables and no version, refused by every later run as "not a store"
-            try:
-                db.executescript(
-                    f"BEGIN;\n{_SCHEMA}\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"
-                )
-            except sqlite3.Error:
-                if db.in_transaction:
-                    db.rollback()
-                raise
-        elif "runs" not in tables:
-            db.close()
+        if version == 0 and tables - {"sqlite_sequence"}:
+            raise StoreError(
+                f"{self.path}: an SQLite file that is not a hidvfs results store "
+                f"(tables {sorted(tables)}, no schema version)"
+            )
+        if version != 0 and "runs" not in tables:
             raise StoreError(f"{self.path}: results schema {version} but no 'runs' table")
-        db.execute("PRAGMA journal_mode=WAL")
+
+    def _open_schema(self) -> None:
+        db = self._db
+        if self.readonly:
+            self._check_readable(db.execute("PRAGMA user_version").fetchone()[0])
+            return
+        # The schema is read, checked, made or extended in one write transaction: campaigns
+        # started together on a new file used to see it empty, and all but one then failed
+        # ("table runs already exists", or tables without a version read as "not a store").
+        # Tables and version land together: a kill in between cannot leave a file with tables
+        # and no version, which every later run would refuse as "not a store".
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as err:
+            self._check_schema(*self._schema_state())  # a newer or foreign file says so first
+            raise StoreError(self._cannot_store(err)) from None
+        try:
+            version, tables = self._schema_state()
+            self._check_schema(version, tables)
+            if version == 0:
+                for stmt in _statements(_SCHEMA):
+                    db.execute(stmt)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._add_missing_columns()
+            db.commit()
+        except BaseException:
+            if db.in_transaction:
+                db.rollback()
+            raise
+        self._use_wal()
         db.execute("PRAGMA synchronous=FULL")
-        self._add_missing_columns()
         self._check_writable()
+
+    def _use_wal(self) -> None:
+        """Put the file in WAL mode (it stays so). Turning a file to WAL needs it alone for a
+        moment and SQLite does not wait for that, so while another campaign that opens the
+        same new file holds it, try again, for as long as a lock is waited for."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+                return
+            except sqlite3.OperationalError as err:
+                busy = _error_code(err) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _check_readable(self, version: int) -> None:
         tables = {
@@ -371,14 +531,12 @@ class Store:
         missing = self._missing_columns()
         required = [c for c, t in missing if "NOT NULL" in t]
         if required:
-            self._db.close()
             raise StoreError(
                 f"{self.path}: the runs table lacks the required column(s) {', '.join(required)}; "
                 "not a results store this hidvfs can extend (choose another --db)"
             )
-        with self._db:
-            for c, t in missing:
-                self._db.execute(f"ALTER TABLE runs ADD COLUMN {_q(c)} {t}")
+        for c, t in missing:  # inside the caller's write transaction
+            self._db.execute(f"ALTER TABLE runs ADD COLUMN {_q(c)} {t}")
 
     def _check_writable(self) -> None:
         """Fail now, before hours of runs, if no run could be stored: a write transaction that
@@ -389,8 +547,9 @@ class Store:
             db.execute("BEGIN IMMEDIATE")
             db.execute("UPDATE runs SET id = id WHERE 0")
         except sqlite3.Error as err:
-            db.close()
-            raise StoreError(f"{self.path}: cannot store runs in this file ({err})") from None
+            if db.in_transaction:
+                db.rollback()
+            raise StoreError(self._cannot_store(err)) from None
         db.execute("ROLLBACK")
 
     def close(self) -> None:

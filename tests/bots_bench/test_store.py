@@ -336,3 +336,80 @@ def test_metrics_survive_the_round_trip(tmp_path, makespan, energy, temp, met, o
         got = s.get(rid)
     assert (got["makespan_s"], got["energy_j"], got["peak_temp_c"]) == (makespan, energy, temp)
     assert (got["deadline_met"], got["ok"], got["error"], got["seed"]) == (met, ok, error, seed)
+
+
+def _open_fresh_files(paths, barrier, results):
+    """One of several processes opening the same new files at once (one file per round)."""
+    for p in paths:
+        barrier.wait()
+        try:
+            Store(p).close()
+            results.put("ok")
+        except Exception as err:  # noqa: BLE001 - the test reports what went wrong
+            results.put(f"{type(err).__name__}: {err}")
+
+
+def test_campaigns_started_together_on_a_new_file_all_open_it(tmp_path):
+    """Several campaigns given one new --db at once: the schema is made once, inside the
+    write lock, and every process opens the store (the check used to run outside the lock:
+    "table runs already exists", or tables without a version read as "not a store")."""
+    import collections
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    paths = [tmp_path / f"r{i}.sqlite" for i in range(15)]
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [
+        ctx.Process(target=_open_fresh_files, args=(paths, barrier, results)) for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    got = collections.Counter(results.get(timeout=120) for _ in range(4 * len(paths)))
+    for p in procs:
+        p.join(timeout=60)
+    assert got == {"ok": 4 * len(paths)}
+    for p in paths:
+        with Store(p) as s:
+            assert len(s) == 0
+        con = sqlite3.connect(p)
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        con.close()
+
+
+def _add_runs(path, policy, barrier, results):
+    try:
+        barrier.wait()
+        for seed in range(10):
+            with Store(path) as s:
+                s.add(record(policy=policy, seed=seed))
+        results.put("ok")
+    except Exception as err:  # noqa: BLE001
+        results.put(f"{type(err).__name__}: {err}")
+
+
+def test_campaigns_writing_one_new_file_together_keep_every_run(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    db = tmp_path / "r.sqlite"
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_add_runs, args=(db, f"p{i}", barrier, results)) for i in range(3)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert got == ["ok"] * 3
+    with Store(db, readonly=True) as s:
+        assert len(s) == 30
+
+
+def test_schema_statements_are_split_for_one_transaction():
+    from bots_bench.store import _SCHEMA, _statements
+
+    stmts = _statements(_SCHEMA)
+    assert [s.split()[:2] for s in stmts] == [["CREATE", "TABLE"], ["CREATE", "INDEX"]]
+    assert _statements("CREATE TABLE a (x TEXT DEFAULT ';');\n") == [
+        "CREATE TABLE a (x TEXT DEFAULT ';');"
+    ]

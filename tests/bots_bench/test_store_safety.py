@@ -131,3 +131,123 @@ def test_creating_a_store_is_one_transaction(tmp_path, monkeypatch):
     monkeypatch.undo()
     with st.Store(db) as s:  # the next run creates it
         assert len(s) == 0
+
+
+# -- reading a results file without writing beside it ------------------------------------------
+def test_a_read_only_open_leaves_nothing_beside_the_file(tmp_path):
+    """A report used to leave r.sqlite-shm and r.sqlite-wal beside a results file (a WAL file
+    needs them even to be read, and a read-only connection cannot remove them)."""
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add(_record())
+    before = db.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite"]
+    with Store(db, readonly=True) as s:
+        assert len(s.runs()) == 1 and not s.immutable
+        with pytest.raises(sqlite3.OperationalError, match="readonly|query_only"):
+            s._db.execute("DELETE FROM runs")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite"]
+    assert db.read_bytes() == before
+    with Store(db) as w, Store(db, readonly=True) as r:  # beside a campaign writing it
+        w.add(_record(seed=1))
+        assert [x["seed"] for x in r.runs()] == [0, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite"]
+
+
+def _as_nobody():
+    """The command prefix that runs a process as an unprivileged user (None when this cannot
+    be done here): as root, file permissions stop nothing, so only another user shows them."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None
+    cmd = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable]
+    probe = subprocess.run([*cmd, "-c", "import bots_bench.store"], cwd=_REPO, capture_output=True)
+    return cmd if probe.returncode == 0 else None
+
+
+from pathlib import Path  # noqa: E402
+
+_REPO = Path(__file__).resolve().parents[2]
+
+_READ = """
+import sys
+from bots_bench.store import Store, StoreError
+try:
+    with Store(sys.argv[1], readonly=True) as s:
+        print("runs", len(s.runs()), "immutable", s.immutable)
+except StoreError as err:
+    print("refused", err)
+"""
+
+
+def test_a_user_reads_a_results_file_in_a_folder_only_root_may_write():
+    """`sudo hidvfs bots run` leaves the file in a root-owned folder; a user's report could not
+    read it ("attempt to write a readonly database": SQLite wanted to make the -shm)."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    nobody = _as_nobody()
+    if nobody is None:
+        pytest.skip("needs root and setpriv, and a python an unprivileged user can run")
+    top = Path(tempfile.mkdtemp(prefix="hidvfs-store-"))  # tmp_path is private to root
+    try:
+        top.chmod(0o755)
+        folder = top / "rootonly"
+        folder.mkdir(mode=0o755)
+        out = top / "out"
+        out.mkdir()
+        out.chmod(0o777)
+        db = folder / "r.sqlite"
+        with Store(db) as s:
+            for seed in (0, 1):
+                s.add(_record(seed=seed))
+                s.add(_record(seed=seed, policy="schedutil", makespan_s=2.0))
+
+        def read():
+            p = subprocess.run(
+                [*nobody, "-c", _READ, str(db)], cwd=_REPO, capture_output=True, text=True
+            )
+            assert p.returncode == 0, p.stderr
+            return p.stdout.strip()
+
+        assert read() == "runs 4 immutable True"  # the campaign is over: read as it is
+        assert sorted(p.name for p in folder.iterdir()) == ["r.sqlite"]
+
+        env = dict(os.environ, MPLCONFIGDIR=str(out / "mpl"), HOME=str(out))
+        cli = [*nobody, "-c", "from tools.cli import main; main()"]
+        if subprocess.run([*cli, "--help"], cwd=_REPO, capture_output=True, env=env).returncode:
+            pass  # that user's python lacks the CLI's packages: the Store is what is tested
+        else:  # the whole `hidvfs bots report`
+            args = ["bots", "report", "--db", str(db), "--out", str(out / "rep")]
+            p = subprocess.run([*cli, *args], cwd=_REPO, capture_output=True, text=True, env=env)
+            assert p.returncode == 0, p.stdout + p.stderr
+            assert (out / "rep" / "summary.json").is_file()
+            assert sorted(p.name for p in folder.iterdir()) == ["r.sqlite"]
+
+        with Store(db) as w:  # a campaign writing it: read through its -shm, with its runs
+            w.add(_record(seed=2))
+            assert read() == "runs 5 immutable False"
+
+        # a campaign killed before it closed the file, its -shm not readable: its last runs
+        # are only in the -wal, so the file is refused rather than read without them
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            s = Store(db)
+            s.add(_record(seed=3))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert (folder / "r.sqlite-wal").stat().st_size > 0
+        (folder / "r.sqlite-shm").chmod(0o600)
+        got = read()
+        assert got.startswith("refused") and "r.sqlite-wal beside it still holds data" in got
+        assert f"{folder} is not writable for you" in got
+        with Store(db, readonly=True) as s:  # its owner still reads every run
+            assert len(s) == 6
+    finally:
+        shutil.rmtree(top)
