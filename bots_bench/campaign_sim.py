@@ -58,6 +58,26 @@ def makespan_bounds(dag: DAG, spec: BoardSpec) -> tuple[float, float]:
     return lower, upper
 
 
+def mix_lower_bound(jobs: list[tuple[float, DAG]], spec: BoardSpec) -> float:
+    """A makespan (first release to last finish) no schedule of the mix can beat, with every
+    core as fast as the fastest cluster at its top: the larger of each job's own lower bound
+    after its release, and, from each release on, the work released from then over all the
+    cores. ``jobs``: (release time s, executed DAG)."""
+    if not jobs:
+        return 0.0
+    m = spec.ncpus
+    fast = max(spec.clusters, key=lambda c: c.capacity * c.fmax_khz)
+    f_hz = fast.fmax_khz * 1e3
+    first = min(r for r, _ in jobs)
+    own = max(r + bounds.lower_bound(d, f_hz, fast.capacity, m) for r, d in jobs)
+    work = sorted((r, d.work_span(f_hz, fast.capacity)[0]) for r, d in jobs)
+    later, fill = 0.0, 0.0
+    for r, c in reversed(work):  # the work released at r or after, over m cores from r
+        later += c
+        fill = max(fill, r + later / m)
+    return max(own, fill) - first
+
+
 def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
     """One simulated run -> a run record (``ok`` False with ``error`` on failure)."""
     from bots_bench.dags import generate

@@ -342,3 +342,38 @@ def test_train_refuses_an_empty_policy_list_before_making_anything(tmp_path):
     )
     assert r.exit_code == 2 and "names no policy to train" in r.output
     assert not out.exists()
+
+
+def test_eval_miss_ratio_is_pooled_per_criticality_with_an_interval():
+    """A mix without deadline jobs has no miss ratio (it was 0.0, and a mean of per-mix
+    ratios then understated the pooled one); the summary pools the jobs per criticality."""
+    from tools.cmd_agents import miss_ratios
+
+    runs = [
+        {"misses": 2, "hi_misses": 1, "deadline_jobs": 4, "hi_jobs": 1},
+        {"misses": 0, "hi_misses": 0, "deadline_jobs": 0, "hi_jobs": 0},
+        {"misses": 1, "hi_misses": 0, "deadline_jobs": 2, "hi_jobs": 0},
+    ]
+    out = miss_ratios(runs)
+    assert out["miss_ratio"] == pytest.approx(3 / 6)
+    lo, hi = out["miss_ci95"]
+    assert 0 < lo < 0.5 < hi < 1
+    assert out["hi_miss"]["misses"] == 1 and out["hi_miss"]["jobs"] == 1
+    assert out["lo_miss"] == {
+        "misses": 2,
+        "jobs": 5,
+        "ratio": pytest.approx(0.4),
+        "ci95": pytest.approx(out["lo_miss"]["ci95"]),
+    }
+    assert miss_ratios(runs[1:2])["miss_ratio"] is None
+    assert miss_ratios(runs[1:2])["hi_miss"]["ci95"] is None
+
+
+def test_eval_records_carry_a_mix_lower_bound_no_policy_beats():
+    from tools.cmd_agents import EpisodeSpec, evaluate
+
+    records, _, _ = evaluate("orin-nx", ["maxfreq", "powersave"], 3, EpisodeSpec(n_jobs=3))
+    for r in records:
+        assert r["lower_bound_s"] is not None and 0 < r["lower_bound_s"] <= r["makespan_s"]
+    fast = [r for r in records if r["policy"] == "maxfreq"]
+    assert all(r["lower_bound_s"] > 0.5 * r["makespan_s"] for r in fast)  # not a trivial bound
