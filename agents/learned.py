@@ -16,7 +16,9 @@ Layout of a board's folder (written by ``hidvfs agents train``, checked by ``age
   conformal calibration scores.
 
 Every ONNX file is checked against this daemon's board and observation schema on load
-(:class:`agents.runtime.ModelMismatch`).
+(:class:`agents.runtime.ModelMismatch`), and its outputs on reference.npz's inputs against the
+training-time ones (:class:`ReferenceMismatch`: one small batch per file, as ``agents check``
+does), so a folder an interrupted training left half replaced is refused, never run.
 """
 
 from __future__ import annotations
@@ -75,6 +77,22 @@ class FolderOfAnotherBoard(ModelMismatch):
             f"{root} holds the models of board {other!r} only, not {board!r} (and has no "
             f"{board}/{MANIFEST}); give a folder of {board}'s models or one with a subfolder "
             "per board",
+        )
+
+
+class ReferenceMismatch(ModelMismatch):
+    """A network whose outputs are not the ones its folder's reference.npz recorded when it
+    was trained (or that reference.npz has none for): the folder mixes files of different
+    training runs, e.g. an interrupted or failed ``agents train`` that replaced some files
+    and not the rest. Its own message: the fix is the whole folder, not this file."""
+
+    def __init__(self, path: Path, ref_path: Path, detail: str):
+        self.path, self.key, self.expected, self.got = str(path), "reference outputs", ref_path, detail
+        ValueError.__init__(
+            self,
+            f"{path}: {detail}: the folder mixes files of different training runs (an "
+            "interrupted or failed `hidvfs agents train`?); restore the folder (git checkout "
+            "agents/models) or retrain",
         )
 
 
@@ -203,9 +221,44 @@ def _tolerance(y: np.ndarray) -> float:
     return TOLERANCE * max(1.0, float(np.max(np.abs(y))))
 
 
-def _agents(folder: Path, board: str, variant: str | None) -> tuple[OnnxModel, ...]:
+def verified(m: OnnxModel, ref: dict[str, np.ndarray], key: str, ref_path: Path) -> OnnxModel:
+    """``m``, once its outputs on reference.npz's ``key`` inputs (one small batch) are the
+    training-time ones within :func:`_tolerance`, else :class:`ReferenceMismatch`: what the
+    daemon's loaders run at start, so a folder an interrupted training left half replaced is
+    refused instead of running networks its shield and manifest were not made with."""
+    try:
+        x, y = ref[f"{key}_x"], ref[f"{key}_y"]
+    except KeyError:
+        raise ReferenceMismatch(
+            m.path, ref_path, f"{ref_path.name} holds no training-time outputs for it ({key}_y)"
+        ) from None
+    try:
+        diff = _max_diff(m, x, y)
+    except Exception as err:  # noqa: BLE001 - a reference batch of another network's shape
+        raise ReferenceMismatch(
+            m.path, ref_path, f"{ref_path.name}'s {key} inputs do not fit it ({type(err).__name__})"
+        ) from None
+    tol = _tolerance(y)
+    if not diff <= tol:
+        raise ReferenceMismatch(
+            m.path,
+            ref_path,
+            f"outputs differ from the training-time ones in {ref_path.name} by {diff:.3g} "
+            f"(> {tol:.3g})",
+        )
+    return m
+
+
+def _agents(
+    folder: Path, board: str, variant: str | None, ref: dict[str, np.ndarray]
+) -> tuple[OnnxModel, ...]:
     sub = folder / variant if variant else folder
-    return tuple(OnnxModel(sub / f"{n}.onnx", board, n) for n in AGENT_FILES)
+    prefix = f"{variant}_" if variant else ""
+    ref_path = folder / "reference.npz"
+    return tuple(
+        verified(OnnxModel(sub / f"{n}.onnx", board, n), ref, prefix + n, ref_path)
+        for n in AGENT_FILES
+    )
 
 
 def make_hidvfs(
@@ -227,11 +280,12 @@ def make_hidvfs(
     folder = model_dir(spec.name, models)
     man = load_manifest(folder, spec.name)
     check_action_space(folder, man, spec)
-    prof, therm, prio = _agents(folder, spec.name, variant)
+    rt = OnnxModel(folder / "response_time.onnx", spec.name, "response_time") if shield else None
+    # every network is compared with its training-time outputs (one batch each)
+    ref = load_reference(folder, spec.name, rt)
+    prof, therm, prio = _agents(folder, spec.name, variant, ref)
     stage = None
-    if shield:
-        rt = OnnxModel(folder / "response_time.onnx", spec.name, "response_time")
-        ref = load_reference(folder, spec.name, rt)
+    if rt is not None:
         if "cal_scores" not in ref:
             raise ValueError(f"{folder / 'reference.npz'}: no cal_scores (shield calibration)")
         if "shield" not in man:  # a folder trained without hidvfs
@@ -270,17 +324,17 @@ def make_learned_policy(name: str, spec: BoardSpec, **options) -> Policy:
     man = load_manifest(folder, spec.name)
     check_action_space(folder, man, spec)
     period = options.get("period_s") or float(man.get("period_s", 0.05))
+    if name not in ("geardvfs", "ztt"):
+        raise ValueError(f"unknown learned policy {name!r}; known: hidvfs, geardvfs, ztt")
+    q = OnnxModel(folder / f"{name}.onnx", spec.name, name)
+    verified(q, load_reference(folder, spec.name), name, folder / "reference.npz")
     if name == "geardvfs":
         from agents.geardvfs import GearDvfsPolicy
 
-        q = OnnxModel(folder / "geardvfs.onnx", spec.name, "geardvfs")
         return GearDvfsPolicy(spec, q, period_s=period)
-    if name == "ztt":
-        from agents.ztt import ZttPolicy
+    from agents.ztt import ZttPolicy
 
-        q = OnnxModel(folder / "ztt.onnx", spec.name, "ztt")
-        return ZttPolicy(spec, q, period_s=period)
-    raise ValueError(f"unknown learned policy {name!r}; known: hidvfs, geardvfs, ztt")
+    return ZttPolicy(spec, q, period_s=period)
 
 
 #: (file, role, reference key prefix, trained policy) of everything a board folder holds
@@ -368,7 +422,9 @@ __all__ = [
     "load_manifest",
     "check_action_space",
     "ManifestInvalid",
+    "ReferenceMismatch",
     "load_reference",
+    "verified",
     "make_hidvfs",
     "make_learned_policy",
 ]
