@@ -87,7 +87,12 @@ class ReferenceMismatch(ModelMismatch):
     and not the rest. Its own message: the fix is the whole folder, not this file."""
 
     def __init__(self, path: Path, ref_path: Path, detail: str):
-        self.path, self.key, self.expected, self.got = str(path), "reference outputs", ref_path, detail
+        self.path, self.key, self.expected, self.got = (
+            str(path),
+            "reference outputs",
+            ref_path,
+            detail,
+        )
         ValueError.__init__(
             self,
             f"{path}: {detail}: the folder mixes files of different training runs (an "

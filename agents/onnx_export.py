@@ -158,16 +158,23 @@ def save_mlp(
 def save_sklearn(
     estimator, n_features: int, path: str | os.PathLike[str], meta: Mapping[str, str]
 ) -> Path:
-    """A fitted scikit-learn regressor as ONNX (skl2onnx), input ``x`` [N, n_features]."""
+    """A fitted scikit-learn regressor as ONNX (skl2onnx), input ``x`` [N, n_features].
+
+    The graph is named ``hidvfs_<role>`` as the MLPs' are: skl2onnx would give it a random
+    UUID, so the same estimator exported twice would differ (the graph is byte-reproducible;
+    the metadata's ``date`` is the export's)."""
     import onnx
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import FloatTensorType
 
+    name = f"hidvfs_{meta.get('role', 'sklearn')}"
     model = convert_sklearn(
         estimator,
         initial_types=[("x", FloatTensorType([None, n_features]))],
         target_opset={"": OPSET, "ai.onnx.ml": 3},
+        name=name,
     )
+    model.graph.name = name  # whatever the skl2onnx version does with ``name``
     model.ir_version = min(model.ir_version, IR_VERSION)
     set_metadata(model, meta)
     path = Path(path)

@@ -52,9 +52,14 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import shutil
+import signal
+import threading
 import time
 import zipfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -909,8 +914,10 @@ def collect_rt_jobs(
     run_episode: RunEpisode,
     make_mix: MakeMix,
     seeds: list[int],
+    on_episode: Callable[[int], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
-    """:func:`collect_rt` and a job id per row (unique across the episodes)."""
+    """:func:`collect_rt` and a job id per row (unique across the episodes);
+    ``on_episode(k)`` is called after the k-th episode (1-based: progress)."""
     xs, ys, js, results = [], [], [], []
     for k, s in enumerate(seeds):
         coll = RtCollector()
@@ -921,6 +928,8 @@ def collect_rt_jobs(
         ys.append(y)
         js.append(pids + k * (1 << 32))
         results.append(res)
+        if on_episode is not None:
+            on_episode(k + 1)
     X = np.concatenate(xs) if xs else np.zeros((0, 8), np.float32)
     y = np.concatenate(ys) if ys else np.zeros(0)
     j = np.concatenate(js) if js else np.zeros(0, np.int64)
@@ -969,9 +978,45 @@ def _ref_inputs(n_in: int, seed: int, n: int = 8) -> np.ndarray:
     return np.random.default_rng([seed, 99]).uniform(-1.0, 2.0, size=(n, n_in)).astype(np.float32)
 
 
+def _same_net(a: MLP, b: MLP) -> bool:
+    return a.sizes == b.sizes and all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
+
+
+def untrained_warning(pol: str, board: str, tr, seed: int, cfg: TrainConfig) -> str | None:
+    """A warning when the networks ``tr`` exports are exactly their seeded initial ones: the
+    learner changed nothing (a DQN updates only once its replay holds ``start_samples``
+    transitions, zTT 200: a few episodes), so exporting them would ship a random or prior
+    network under a trained name. None when they are trained."""
+    from agents.geardvfs import BranchDQN
+
+    if pol in ("hidvfs", "noshaping"):
+        init = HidvfsNets.init(seed, cfg.hidden, cfg.prior)
+        nets = tr.nets
+        if not all(
+            _same_net(getattr(nets, k), getattr(init, k))
+            for k in ("profiler", "thermal", "priority")
+        ):
+            return None
+        why = "no PPO update changed them"
+    else:
+        dqn = tr.dqn
+        if not _same_net(dqn.q, BranchDQN(dqn.q.sizes[0], dqn.branches, dqn.cfg, seed).q):
+            return None
+        why = (
+            f"{dqn.updates} gradient updates; a DQN learns only once its replay holds "
+            f"{dqn.cfg.start_samples} transitions"
+        )
+    return (
+        f"[{pol} {board}] WARNING: the exported network is its untrained initial one after "
+        f"{cfg.episodes} episodes ({why}): it learned nothing; retrain with more --episodes"
+    )
+
+
 def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, commit) -> dict:
-    """Train one policy and write its ONNX files; returns its manifest entry and reference
-    input/output pairs (for ``agents check``). Runs in the caller or in a forked worker."""
+    """Train one policy and write its ONNX files into ``out`` (its staging folder, laid out
+    as the board folder); returns its manifest entry, reference input/output pairs (for
+    ``agents check`` and the loaders) and the files written, relative to ``out``. Runs in the
+    caller or in a forked worker."""
     from agents.geardvfs import GEAR_IN, DqnConfig, Selection, train_geardvfs
     from agents.onnx_export import provenance, save_mlp
     from agents.ztt import ZTT_IN, train_ztt, ztt_config
@@ -1035,27 +1080,54 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
         }
     else:
         raise ValueError(f"unknown policy {pol!r} to train; known: {', '.join(POLICIES)}")
+    warning = untrained_warning(pol, spec.name, tr, seed, cfg)
+    if warning is not None:
+        entry["untrained"] = True
+        entry["warning"] = warning
+        log(warning)
     log(f"[{pol} {spec.name}] trained and exported in {time.monotonic() - t0:.0f}s")
-    return {"policy": pol, "entry": entry, "ref": ref, "shield": shield}
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.onnx"))
+    return {"policy": pol, "entry": entry, "ref": ref, "shield": shield, "files": files}
 
 
-def _run_forked(jobs: list[Callable[[], dict]], workers: int) -> list[dict]:
-    """Run ``jobs`` in up to ``workers`` forked processes, results in job order.
+def _run_forked(
+    jobs: list[Callable[[], dict]],
+    workers: int,
+    on_result: Callable[[int, dict], None] | None = None,
+) -> list[dict]:
+    """Run ``jobs`` in up to ``workers`` forked processes, results in job order;
+    ``on_result(i, result)`` is called in this process as each job's result arrives (a crash
+    later keeps what it saved).
 
     Fork (not spawn): the jobs are closures over the caller's episode runner, which need not be
-    picklable; only the results travel back. A worker's exception is re-raised here.
+    picklable; only the results travel back. A worker's exception is re-raised here. Workers
+    die with this process: on an exception here (Ctrl-C, or SIGTERM/SIGHUP that the CLI turns
+    into one) they are killed, and on Linux the kernel kills them when it dies of anything
+    else (``PR_SET_PDEATHSIG``: ``daemon=True`` acts only on a clean interpreter exit).
     """
     import multiprocessing as mp
+
+    from platforms.liveprocs import _child_setup
 
     ctx = mp.get_context("fork")
     results: list[dict | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
     running: dict[int, tuple] = {}
+    die_with_parent = _child_setup(False)  # prctl looked up here, called in the worker
 
     def start(i: int) -> None:
         recv, send = ctx.Pipe(duplex=False)
 
         def target() -> None:
+            if die_with_parent is not None:
+                die_with_parent()
+            # the parent stops the workers; a signal to the whole group (Ctrl-C, a service
+            # stop) ends them quietly instead of as a worker error raced against the parent's
+            for sig in _STOP_SIGNALS:
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except ValueError:  # not the process's main thread: leave them
+                    break
             try:
                 send.send(("ok", jobs[i]()))
             except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -1087,10 +1159,103 @@ def _run_forked(jobs: list[Callable[[], dict]], workers: int) -> list[dict]:
                 if kind == "error":
                     raise RuntimeError(f"training job {i} failed: {value}")
                 results[i] = value
+                if on_result is not None:
+                    on_result(i, value)
     finally:
         for proc, _ in running.values():
             proc.kill()
+        for proc, _ in running.values():  # gone before the caller removes their folders
+            proc.join(5)
     return results  # type: ignore[return-value]
+
+
+_STOP_SIGNALS = tuple(
+    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
+)
+
+
+@contextmanager
+def _signals_deferred():
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then act on the first one
+    received as it would have acted (KeyboardInterrupt, the CLI's handler, or the default):
+    a few renames that must happen together are not cut in the middle. Only in the main
+    thread (where handlers live); elsewhere the block just runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {sig: signal.signal(sig, lambda n, _f: got.append(n)) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if got:
+            os.kill(os.getpid(), got[0])
+
+
+STAGING_PREFIX = ".staging-"
+
+
+def _remove_stale_staging(out) -> None:
+    """Staging folders of trainings that died without cleaning up (their pid is gone)."""
+    for d in out.glob(f"{STAGING_PREFIX}*"):
+        try:
+            pid = int(d.name[len(STAGING_PREFIX) :])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError, OSError):
+            continue
+
+
+def _fsync_file(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit_policy(out, staged, files: list[str], ref: dict, man: dict) -> None:
+    """Put one trained policy in place in the board folder ``out``: its ONNX files (written
+    under ``staged`` at their paths relative to ``out``), and the reference.npz and
+    manifest.json that describe them with every other policy (``ref``, ``man``).
+
+    Everything is written and fsynced beside the folder first, then renamed into place in one
+    short step that signals do not cut (:func:`_signals_deferred`), so the folder holds either
+    the policy's old files, reference outputs and manifest entry or its new ones. A crash in
+    between (SIGKILL, power) can still leave a mix, which the loaders refuse by comparing each
+    network with reference.npz."""
+    import json
+    from pathlib import Path
+
+    from platforms.atomicfile import fsync_dir, write_text_atomic
+
+    out, staged = Path(out), Path(staged)
+    for rel in files:
+        _fsync_file(staged / rel)
+    ref_tmp = staged.parent / f"{staged.name}.reference.npz"
+    with open(ref_tmp, "wb") as f:
+        np.savez(f, **ref)
+        f.flush()
+        os.fsync(f.fileno())
+    man_tmp = write_text_atomic(
+        staged.parent / f"{staged.name}.manifest.json",
+        json.dumps(man, indent=1, sort_keys=True) + "\n",
+        mode=0o644,
+    )
+    dirs = {out}
+    with _signals_deferred():
+        for rel in files:
+            dst = out / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged / rel, dst)
+            dirs.add(dst.parent)
+        os.replace(ref_tmp, out / "reference.npz")
+        os.replace(man_tmp, out / "manifest.json")
+    for d in dirs:
+        fsync_dir(d)
 
 
 def train_board(
@@ -1187,29 +1352,39 @@ def train_board(
         man["policies"][res["policy"]] = {**res["entry"], "provenance": prov}
         if res["shield"] is not None:
             man["shield"] = res["shield"]
-        np.savez(ref_path, **ref)
-        man_path.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
+        commit_policy(out, staging / res["policy"], res["files"], ref, man)
 
     commit = git_commit()  # the code that trains, before any output is written
 
     def job(pol: str) -> Callable[[], dict]:
         return lambda: _train_one(
-            pol, spec, run_episode, make_mix, seed, cfg, out, command, log, commit
+            pol, spec, run_episode, make_mix, seed, cfg, staging / pol, command, log, commit
         )
 
-    if workers <= 1 or len(policies) <= 1:
-        for pol in policies:  # export as each finishes: a crash keeps the finished ones
-            save(job(pol)())
-    else:
-        # the slowest first, so the pool drains evenly
-        order = sorted(policies, key=lambda p: -_COST.get(p, 1.0))
-        for res in _run_forked([job(p) for p in order], workers):
-            save(res)
+    # every policy is written into its own staging folder and moved into the board folder
+    # with its reference outputs and manifest entry once it is complete (commit_policy): an
+    # interrupted or failed run leaves the finished policies consistent and the rest as
+    # they were
+    _remove_stale_staging(out)
+    staging = out / f"{STAGING_PREFIX}{os.getpid()}"
+    staging.mkdir()
+    try:
+        if workers <= 1 or len(policies) <= 1:
+            for pol in policies:  # saved as each finishes: a crash keeps the finished ones
+                save(job(pol)())
+        else:
+            # the slowest first, so the pool drains evenly; each saved as it arrives
+            order = sorted(policies, key=lambda p: -_COST.get(p, 1.0))
+            _run_forked([job(p) for p in order], workers, lambda _i, res: save(res))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return man
 
 
 #: relative wall time of each trainer (measured), for ordering parallel work
 _COST = {"geardvfs": 2.4, "hidvfs": 2.2, "noshaping": 1.3, "ztt": 1.0}
+#: the shield's fit logs its progress every this many calibration / coverage episodes
+SHIELD_LOG_EVERY = 32
 
 
 def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, meta, ref, log):
@@ -1226,7 +1401,25 @@ def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, me
 
     ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
     cal_seeds = list(ranges["calibration"])
-    Xc, yc, jc, _ = collect_rt_jobs(greedy, run_episode, make_mix, cal_seeds)
+    ev_seeds = list(ranges["coverage"])
+    n_all = len(cal_seeds) + len(ev_seeds)
+    t0 = time.monotonic()
+
+    def progress(phase: str, n: int, before: int) -> Callable[[int], None]:
+        """Every SHIELD_LOG_EVERY episodes of a phase: where it is, and the shield's ETA."""
+
+        def tick(k: int) -> None:
+            if k % SHIELD_LOG_EVERY and k != n:
+                return
+            done = before + k
+            eta = (time.monotonic() - t0) / done * (n_all - done)
+            log(f"[shield {spec.name}] {phase} episode {k}/{n} ETA {eta:.0f}s")
+
+        return tick
+
+    Xc, yc, jc, _ = collect_rt_jobs(
+        greedy, run_episode, make_mix, cal_seeds, progress("calibration", len(cal_seeds), 0)
+    )
     # the predictor is fitted on the training episodes only: calibration rows stay disjoint;
     # the conformal scores are one per job (see fit_response_time)
     model = fit_response_time(tr.rt_X, tr.rt_y, Xc, yc, cfg.alpha, seed, jobs_cal=jc)
@@ -1250,8 +1443,13 @@ def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, me
     def shielded(coll):
         return greedy(coll, ShieldStage(pred, Shield(pred, cal)))
 
-    ev_seeds = list(ranges["coverage"])
-    Xe, ye, je, _ = collect_rt_jobs(shielded, run_episode, make_mix, ev_seeds)
+    Xe, ye, je, _ = collect_rt_jobs(
+        shielded,
+        run_episode,
+        make_mix,
+        ev_seeds,
+        progress("held-out coverage", len(ev_seeds), len(cal_seeds)),
+    )
     cov = coverage(model, Xe, ye)
     cov_jobs = coverage(model, Xe, ye, jobs=je)
     cov_train = coverage(model, Xc, yc, jobs=jc)

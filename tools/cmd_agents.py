@@ -244,20 +244,38 @@ def train_cmd(
         command += f" --val-mixes {val_mixes}"
     cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     t0 = time.monotonic()
-    man = train_board(
-        spec,
-        make_runner(board, ep),
-        lambda s: episode_items(board, s, ep),
-        seed,
-        out,
-        command,
-        episodes=episodes,
-        policies=pols,
-        cfg=cfg,
-        log=lambda s: click.echo(s, err=True),
-        workers=workers or os.cpu_count() or 1,
-    )
+    from daemon.stopsignals import InterruptOnSignals
+
+    signals = InterruptOnSignals()
+    try:
+        # SIGTERM and SIGHUP end training as Ctrl-C does: the workers killed, the policies
+        # finished so far saved whole, the others' files left as they were
+        with signals:
+            man = train_board(
+                spec,
+                make_runner(board, ep),
+                lambda s: episode_items(board, s, ep),
+                seed,
+                out,
+                command,
+                episodes=episodes,
+                policies=pols,
+                cfg=cfg,
+                log=lambda s: click.echo(s, err=True),
+                workers=workers or os.cpu_count() or 1,
+            )
+    except KeyboardInterrupt:
+        click.echo(
+            f"hidvfs: training interrupted ({signals.received or 'SIGINT'}): the policies "
+            f"finished before it are saved in {out}, the others keep their previous files",
+            err=True,
+        )
+        raise SystemExit(130) from None
     click.echo(f"trained {', '.join(pols)} for {board} in {time.monotonic() - t0:.0f}s -> {out}")
+    for p in pols:  # a network the learner never changed (too few episodes)
+        warning = ((man.get("policies") or {}).get(p) or {}).get("warning")
+        if warning:
+            click.echo(warning, err=True)
     if "hidvfs" in pols and "shield" in man:  # this run's calibration, not an earlier one
         sh = man["shield"]
         click.echo(

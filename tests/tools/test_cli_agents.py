@@ -377,3 +377,92 @@ def test_eval_records_carry_a_mix_lower_bound_no_policy_beats():
         assert r["lower_bound_s"] is not None and 0 < r["lower_bound_s"] <= r["makespan_s"]
     fast = [r for r in records if r["policy"] == "maxfreq"]
     assert all(r["lower_bound_s"] > 0.5 * r["makespan_s"] for r in fast)  # not a trivial bound
+
+
+def _cli_process(args, stderr):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", *args],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+
+
+def test_sigterm_stops_parallel_training_with_its_workers(tmp_path):
+    """SIGTERM killed `agents train --workers 2` and orphaned its workers, which went on
+    writing into the folder for minutes. Now it ends as Ctrl-C does: the workers killed,
+    exit 130 with one line, the folder as it was (nothing finished, nothing moved in)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from agents.learned import check_board
+
+    folder = tmp_path / "rubikpi3"
+    shutil.copytree(MODELS_DIR / "rubikpi3", folder)
+    err = tmp_path / "stderr"
+    args = ["agents", "train", "--board", "rubikpi3", "--policy", "ztt,geardvfs"]
+    args += ["--episodes", "400", "--jobs", "2", "--workers", "2", "--out", str(folder)]
+    with open(err, "w") as f:
+        proc = _cli_process(args, f)
+    kids: list = []
+    try:
+        t_end = time.monotonic() + 60
+        while "episode 8/400" not in err.read_text() and time.monotonic() < t_end:
+            time.sleep(0.1)
+        kids = psutil.Process(proc.pid).children()
+        assert len(kids) == 2, err.read_text()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 130
+        _, alive = psutil.wait_procs(kids, timeout=10)
+        assert alive == [], "workers outlived the command"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in kids:  # only this test's workers, by pid
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    lines = err.read_text().strip().splitlines()
+    assert lines[-1].startswith("hidvfs: training interrupted (SIGTERM): the policies finished")
+    assert "Traceback" not in err.read_text()
+    assert check_board("rubikpi3", folder)["ok"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".staging-")]
+
+
+def test_train_repeats_an_untrained_policy_s_warning_at_the_end(monkeypatch, tmp_path):
+    import agents.train as t
+
+    warning = "[ztt tx2] WARNING: the exported network is its untrained initial one"
+
+    def fake(spec, run_episode, make_mix, seed, out, command, **kw):
+        return {"policies": {"ztt": {"untrained": True, "warning": warning}}}
+
+    monkeypatch.setattr(t, "train_board", fake)
+    r = run("train", "--board", "tx2", "--episodes", "1", "--policy", "ztt", "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert r.output.strip().splitlines()[-1] == warning
+
+
+def test_train_interrupted_exits_130_with_one_line(monkeypatch, tmp_path):
+    import agents.train as t
+
+    def fake(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(t, "train_board", fake)
+    r = run("train", "--board", "tx2", "--episodes", "1", "--policy", "ztt", "--out", str(tmp_path))
+    assert r.exit_code == 130
+    assert r.output.strip().splitlines() == [
+        f"hidvfs: training interrupted (SIGINT): the policies finished before it are saved in "
+        f"{tmp_path}, the others keep their previous files"
+    ]
