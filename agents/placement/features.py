@@ -44,6 +44,8 @@ FEATURE_VERSION = 2
 DRAIN_QUIET = 8.0
 #: in the drain phase a chain is critical when it needs this share of the backlog's drain time
 DRAIN_SHARE = 0.7
+#: the node-size feature (cores / 8) is clipped to what the training nodes span
+CAP_CPU_MIN, CAP_CPU_MAX = 0.5, 1.0
 _EPS = 1e-9
 
 
@@ -193,8 +195,16 @@ class _ViewCache:
             if r.size > fb.max_tasks
             else np.zeros((0, r.size), np.int64)
         )
+        # node size: cores / 8, clipped to the span training saw (tx2 4 cores, orin-nx and
+        # rubikpi3 8: 0.5..1.0). In that span the value is unchanged; a larger or smaller node
+        # saturates at the nearest trained size instead of feeding the actor a value it never
+        # saw (a 64-core node gave 8.0 and the shipped model sent work to a node 4-18x slower)
         self.node_fixed = np.column_stack(
-            [v.speed / fb.max_speed_, v.cap_cpu / 8.0, np.log1p(self.next_rel)]
+            [
+                v.speed / fb.max_speed_,
+                np.clip(v.cap_cpu / 8.0, CAP_CPU_MIN, CAP_CPU_MAX),
+                np.log1p(self.next_rel),
+            ]
         )
         # horizon: the latest completion any active chain could reach at full speed
         tails = [v.t + w.rank_u[r] / fb.max_speed_]
@@ -398,6 +408,14 @@ class FeatureBuilder:
         ep.classes[key] = (elig, int(np.count_nonzero(elig & s.reserved)), out)
         return out
 
+    def _fitting_classes(self, s: LocalState, tpos: np.ndarray) -> np.ndarray:
+        """Nodes that can take at least one of the candidates ``tpos`` now, one per class
+        (capped as :meth:`_node_classes`). Only asked when the classes of that method fit no
+        candidate, so it changes no decision that method's classes lead to."""
+        ep = s.epoch
+        elig = ep.now[tpos].any(axis=0) & ~s.reserved
+        return self._class_reps(s, np.flatnonzero(elig[ep.class_order]))
+
     def _class_reps(self, s: LocalState, e: np.ndarray) -> np.ndarray:
         v, ep = s.view, s.epoch
         if e.size <= 1:
@@ -465,7 +483,11 @@ class FeatureBuilder:
         nodes = self._node_classes(s, float(c.min()), float(m.min()))
         ti, ni = np.nonzero(ep.now[tpos[:, None], nodes[None, :]])
         if ti.size == 0:
-            return empty
+            # the smallest core and memory demands came from different tasks and the capped
+            # classes that fit both fit no candidate: take the classes of the nodes that fit
+            # some candidate instead (never empty, every candidate fits a free node)
+            nodes = self._fitting_classes(s, tpos)
+            ti, ni = np.nonzero(ep.now[tpos[:, None], nodes[None, :]])
         eft = ep.eft[tpos]
         bnode = np.argmin(eft, axis=1)
         best = eft.min(axis=1)
