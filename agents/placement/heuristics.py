@@ -140,7 +140,12 @@ class RandomPlacer(OrderedPlacer):
 
 
 class HeftPlacer(OrderedPlacer):
-    """HEFT in rank_u order with earliest-finish node choice over free and busy nodes."""
+    """HEFT in rank_u order with earliest-finish node choice over free and busy nodes.
+
+    A task whose earliest finish is on a busy node holds that node (``hold``) until its start:
+    a lower-ranked task may still run there if it fits now and ends by then (an insertion
+    gap, as HEFT's EST allows), and the tasks placed earlier in the round count as released
+    at their expected finish in every later EST."""
 
     name = "heft"
 
@@ -166,15 +171,20 @@ class HeftPlacer(OrderedPlacer):
     def place(self, view: ClusterView) -> list[tuple[int, int]]:
         order = self.order(view)
         free_cpu, free_mem = view.free_cpu.copy(), view.free_mem.copy()
+        held_from = np.full(view.n_nodes, np.inf)  # a held node's start time for its task
         reserved = np.zeros(view.n_nodes, dtype=bool)
         rest_c = np.minimum.accumulate(view.cpu[order][::-1])[::-1]
+        commits: list[tuple[int, float, float, float]] = []
         out: list[tuple[int, int]] = []
         for i, task in enumerate(order.tolist()):
-            open_ = ~reserved
-            if not open_.any() or rest_c[i] > free_cpu[open_].max() + _EPS:
+            if rest_c[i] > free_cpu.max(initial=0.0) + _EPS:
                 break
-            eft, fits_now = self._eft(view, task, free_cpu, free_mem)
-            eft = np.where(reserved, np.inf, eft)
+            c, m = view.cpu[task], view.mem[task]
+            fits_now = (free_cpu >= c - _EPS) & (free_mem >= m - _EPS)
+            run = self.w.work[task] / view.speed
+            eft = view.earliest_start(c, m, free_cpu, free_mem, commits) + run
+            # a held node takes a task only in the gap before its held task starts
+            eft = np.where(reserved & ~(fits_now & (eft <= held_from + 1e-9)), np.inf, eft)
             if not self.hold:
                 eft = np.where(fits_now, eft, np.inf)
             if not np.isfinite(eft).any():
@@ -183,10 +193,12 @@ class HeftPlacer(OrderedPlacer):
             k = int(np.argmin(eft - 1e-9 * fits_now))
             if fits_now[k]:
                 out.append((task, k))
-                free_cpu[k] -= view.cpu[task]
-                free_mem[k] -= view.mem[task]
+                free_cpu[k] -= c
+                free_mem[k] -= m
+                commits.append((k, float(eft[k]), float(c), float(m)))
             else:
                 reserved[k] = True
+                held_from[k] = float(eft[k] - run[k])
         return out
 
 

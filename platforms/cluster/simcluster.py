@@ -89,8 +89,9 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class PiecewiseSpeed:
-    """A speed factor that is ``factors[k]`` from ``times[k]`` until ``times[k+1]``, and 1.0
-    before ``times[0]`` (a throttle from t=100 used to apply from t=0)."""
+    """A speed factor that is ``factors[k]`` (in (0, 1]: a throttle, never a boost past the
+    nominal speed) from ``times[k]`` until ``times[k+1]``, and 1.0 before ``times[0]`` (a
+    throttle from t=100 used to apply from t=0)."""
 
     times: tuple[float, ...]
     factors: tuple[float, ...]
@@ -105,8 +106,10 @@ class PiecewiseSpeed:
             raise SimError(f"PiecewiseSpeed: times must be finite numbers, got {times}")
         if any(b <= a for a, b in zip(times, times[1:])):
             raise SimError(f"PiecewiseSpeed: times must be strictly increasing, got {times}")
-        if not all(_positive(x) for x in factors):
-            raise SimError(f"PiecewiseSpeed: factors must be finite and > 0, got {factors}")
+        if not all(_positive(x) and x <= 1.0 for x in factors):
+            # a factor is the current over the nominal speed: above 1 the node would run
+            # faster than its spec, below what makespan_lower_bound takes as its best
+            raise SimError(f"PiecewiseSpeed: factors must be finite, > 0 and <= 1, got {factors}")
 
     def __call__(self, t: float) -> float:
         k = int(np.searchsorted(self.times, t, side="right")) - 1
@@ -469,11 +472,13 @@ class ClusterView:
         mem: float,
         free_cpu: np.ndarray | None = None,
         free_mem: np.ndarray | None = None,
+        commits: Sequence[tuple[int, float, float, float]] = (),
     ) -> np.ndarray:
         """``[N]`` earliest time each node has ``cpu`` cores and ``mem`` free (inf: never),
         assuming running tasks finish at their expected times. ``free_cpu``/``free_mem``:
-        the free capacity after the placements a policy already made in this round (those
-        keep their share, as their release is not in the profile)."""
+        the free capacity after the placements a policy already made in this round; without
+        ``commits`` those keep their share for good, with them (node, expected finish, cpu,
+        mem of each such placement) they give it back when they finish."""
         fc = self.free_cpu if free_cpu is None else free_cpu
         fm = self.free_mem if free_mem is None else free_mem
         fits_now = (fc >= cpu - _EPS) & (fm >= mem - _EPS)
@@ -483,7 +488,32 @@ class ClusterView:
         )
         idx = np.argmax(ok, axis=1)
         later = np.where(ok.any(axis=1), times[np.arange(self.n_nodes), idx], np.inf)
-        return np.where(fits_now, self.t, np.maximum(later, self.t))
+        est = np.where(fits_now, self.t, np.maximum(later, self.t))
+        for k in {c[0] for c in commits} if commits else ():
+            if not fits_now[k]:
+                est[k] = self._start_with(k, cpu, mem, fc[k], fm[k], commits)
+        return est
+
+    def _start_with(self, k, cpu, mem, fc, fm, commits) -> float:
+        """Node ``k``'s earliest start for (cpu, mem) with this round's placements on it
+        released at their finish (a few per round: a plain merge)."""
+        times, pc, pm = self.release_profile()
+        events = [
+            (
+                float(times[k, i]),
+                float(pc[k, i] - (pc[k, i - 1] if i else self.free_cpu[k])),
+                float(pm[k, i] - (pm[k, i - 1] if i else self.free_mem[k])),
+            )
+            for i in range(times.shape[1])
+            if np.isfinite(times[k, i])
+        ]
+        events += [(t, c, m) for node, t, c, m in commits if node == k]
+        for t, c, m in sorted(events):
+            fc += c
+            fm += m
+            if fc >= cpu - _EPS and fm >= mem - _EPS:
+                return max(t, self.t)
+        return np.inf
 
 
 class Placer(Protocol):

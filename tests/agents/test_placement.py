@@ -405,3 +405,30 @@ def test_every_placer_takes_a_view_without_nodes(policy):
     p.reset(w, [], 0)
     view = _view(w, [], [0], [])
     assert p.node_scores(view, 0).size == 0 and p.place(view) == []
+
+
+FAST_SLOW = [NodeSpec("F", "x", 4, 8, 2.0), NodeSpec("S", "x", 4, 8, 0.01)]
+
+
+def test_heft_fits_a_short_task_in_the_gap_before_a_held_task_starts():
+    """A 4-core task waits for the fast node (busy to t=10); a 2-core 1 s task fits there now
+    and ends long before: HEFT's insertion gap runs it there, not on a node 200x slower."""
+    w = _w(
+        [
+            "M1,1,a,1,Terminated,0,20,200,1",  # 2 cores on F until t=10
+            "M1,1,b,1,Terminated,1,201,400,1",  # 4 cores, work 200: held for F
+            "M2,1,b,1,Terminated,1,3,200,1",  # 2 cores, work 2
+        ]
+    )
+    r = simulate(w, FAST_SLOW, make_heuristic("heft"))
+    assert r.node.tolist() == [0, 0, 0]
+    assert r.makespan == pytest.approx(110.0)
+
+
+def test_heft_counts_a_task_placed_earlier_in_the_round_as_released_at_its_finish():
+    """Two 4-core tasks at once, one fast node: the second waits for the first (finish 15),
+    not for ever (it went to a node 200x slower: finish 1000)."""
+    w = _w(["M1,1,j,1,Terminated,0,20,400,1", "M2,1,j,1,Terminated,0,10,400,1"])
+    r = simulate(w, FAST_SLOW, make_heuristic("heft"))
+    assert r.node.tolist() == [0, 0]
+    assert r.makespan == pytest.approx(15.0)

@@ -265,9 +265,10 @@ def test_piecewise_speed_is_one_before_its_first_time():
         ((0.0, 0.0), (1.0, 0.5), "strictly increasing"),
         ((0.0,), (1.0, 0.5), "1 times but 2 factors"),
         ((float("nan"),), (1.0,), "times must be finite"),
-        ((0.0,), (0.0,), "factors must be finite and > 0"),
-        ((0.0,), (float("inf"),), "factors must be finite and > 0"),
-        ((0.0,), (-1.0,), "factors must be finite and > 0"),
+        ((0.0,), (0.0,), "factors must be finite, > 0 and <= 1"),
+        ((0.0,), (float("inf"),), "factors must be finite, > 0 and <= 1"),
+        ((0.0,), (-1.0,), "factors must be finite, > 0 and <= 1"),
+        ((0.0,), (2.0,), "factors must be finite, > 0 and <= 1"),  # beat the lower bound
     ],
 )
 def test_piecewise_speed_is_validated(times, factors, needle):
