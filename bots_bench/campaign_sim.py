@@ -134,6 +134,7 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
             peak_temp_c=res.peak_temp_c,
             deadline_s=deadline,
             deadline_met=jr.deadline_met,
+            criticality="lo" if deadline is not None else None,  # as the job ran
             lower_bound_s=lower,
             graham_bound_s=upper,
             ok=True,

@@ -302,6 +302,8 @@ def run_native(
         "peak_temp_c": None,
         "deadline_s": cfg.deadline_s,
         "deadline_met": None,
+        # the job registers as LO (one job at a time: nothing to reserve against)
+        "criticality": "lo" if cfg.deadline_s is not None else None,
         "lower_bound_s": None,
         "graham_bound_s": None,
         "ok": False,

@@ -796,13 +796,13 @@ def write_report(
     over time; ``None`` picks one run per policy of the first kernel with a time series.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if not Path(db_path).exists():
         raise ReportError(f"{db_path}: no such results database")
     with Store(db_path, readonly=True) as store:  # a report never writes into the file
         rows = store.runs(with_stdout=False, with_timeseries=False)
         if not rows:
             raise ReportError(f"{db_path}: the results database holds no runs")
+        out.mkdir(parents=True, exist_ok=True)  # only once there is something to report
         groups = compute_stats(rows, baseline)
         ts_ids = (
             _auto_timeseries(store, rows)

@@ -721,6 +721,11 @@ def _base_of(config: Any) -> dict[str, Any]:
     return dict(config)
 
 
+def _now_iso() -> str:
+    """Wall-clock time with its UTC offset, to the second (a run's ``started``/``ended``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
 def run_pending(
     configs: Iterable[Any],
     run_fn: Callable[[Any], Mapping[str, Any]],
@@ -753,10 +758,13 @@ def run_pending(
         if on_start:
             on_start(cfg)
         base = _base_of(cfg)
+        started = _now_iso()
         try:
             record = dict(run_fn(cfg))
         except Exception as err:  # a broken run is a result, not the end of the campaign
             record = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        record.setdefault("started", started)
+        record.setdefault("ended", _now_iso())
         for k, v in base.items():
             record.setdefault(k, v)
         if run_key(record) != key:

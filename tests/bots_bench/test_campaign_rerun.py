@@ -29,10 +29,12 @@ def test_a_new_deadline_slack_does_not_reuse_runs_without_deadlines(tmp_path):
     first = _sim(db)
     assert first.exit_code == 0, first.output
     assert all(r["deadline_s"] is None for r in json.loads(first.stdout))
+    assert all(r["criticality"] is None for r in json.loads(first.stdout))
     second = _sim(db, "--deadline-slack", "1.5")
     assert second.exit_code == 0, second.output
     recs = json.loads(second.stdout)
     assert len(recs) == 4 and all(r["deadline_s"] is not None for r in recs)
+    assert all(r["criticality"] == "lo" for r in recs)  # as the job ran: the report splits
     with Store(db) as s:
         assert len(s) == 8
     again = _sim(db, "--deadline-slack", "1.5")  # the same slack resumes: nothing new

@@ -287,10 +287,11 @@ def test_errors(report, tmp_path):
     with pytest.raises(ReportError, match="baseline policy 'geardvfs' has no runs"):
         write_report(db, tmp_path / "x", baseline="geardvfs")
     with pytest.raises(ReportError, match="no such results database"):
-        write_report(tmp_path / "missing.sqlite", tmp_path / "x")
+        write_report(tmp_path / "missing.sqlite", tmp_path / "y")
     Store(tmp_path / "empty.sqlite").close()
     with pytest.raises(ReportError, match="holds no runs"):
-        write_report(tmp_path / "empty.sqlite", tmp_path / "x")
+        write_report(tmp_path / "empty.sqlite", tmp_path / "y")
+    assert not (tmp_path / "y").exists()  # no empty report folder left behind
 
 
 def test_without_matplotlib(report, tmp_path, monkeypatch):

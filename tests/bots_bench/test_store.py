@@ -413,3 +413,28 @@ def test_schema_statements_are_split_for_one_transaction():
     assert _statements("CREATE TABLE a (x TEXT DEFAULT ';');\n") == [
         "CREATE TABLE a (x TEXT DEFAULT ';');"
     ]
+
+
+def test_run_pending_stamps_each_run_with_its_start_and_end(tmp_path):
+    """The store's started/ended columns were never filled."""
+    import re
+
+    with Store(tmp_path / "r.sqlite") as st:
+        run_pending(
+            [
+                {
+                    "bench": "fib",
+                    "class": "test",
+                    "policy": "maxfreq",
+                    "seed": 0,
+                    "board": "tx2",
+                    "backend": "sim",
+                }
+            ],
+            lambda cfg: {"ok": True, "makespan_s": 1.0},
+            st,
+        )
+        (rec,) = st.runs()
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}"
+    assert re.fullmatch(stamp, rec["started"]) and re.fullmatch(stamp, rec["ended"])
+    assert rec["started"] <= rec["ended"]
