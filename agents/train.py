@@ -1124,6 +1124,8 @@ def _run_forked(
             # the parent stops the workers; a signal to the whole group (Ctrl-C, a service
             # stop) ends them quietly instead of as a worker error raced against the parent's
             for sig in _STOP_SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored by the parent (nohup): ignored here too
                 try:
                     signal.signal(sig, signal.SIG_DFL)
                 except ValueError:  # not the process's main thread: leave them
@@ -1198,10 +1200,13 @@ STAGING_PREFIX = ".staging-"
 
 
 def _remove_stale_staging(out) -> None:
-    """Staging folders of trainings that died without cleaning up (their pid is gone)."""
+    """Staging folders of trainings that died without cleaning up (their pid is gone, or is
+    this process's: a pid reused, as PID 1 in a container restarted after a SIGKILL)."""
     for d in out.glob(f"{STAGING_PREFIX}*"):
         try:
             pid = int(d.name[len(STAGING_PREFIX) :])
+            if pid == os.getpid():
+                raise ProcessLookupError(pid)
             os.kill(pid, 0)
         except ProcessLookupError:
             shutil.rmtree(d, ignore_errors=True)

@@ -120,7 +120,9 @@ def native_state_dir(root: str) -> str:
     (a fake tree's onto the board, say)."""
     real = os.path.realpath(root)
     tag = hashlib.sha256(real.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"hidvfs-native-{tag}")
+    # one per user too: under /tmp another user's folder of the same name is refused
+    # (platforms.privatedir), not shared
+    return os.path.join(tempfile.gettempdir(), f"hidvfs-native-{os.geteuid()}-{tag}")
 
 
 def open_board(

@@ -88,7 +88,8 @@ def deadline_vs_maxfreq(
         for r in (ra, rb):
             if not r["ok"]:
                 res.problems.append(f"{k} {r['policy']} seed {s}: {r['error']}")
-        if ra["ok"] and rb["ok"] and rb["energy_j"]:
+        # a run's energy is None when its rail read too little of it (unavailable)
+        if ra["ok"] and rb["ok"] and rb["energy_j"] and ra.get("energy_j") is not None:
             savings.append(1.0 - ra["energy_j"] / rb["energy_j"])
         if ra["ok"] and rb["ok"] and rb.get("cpu_energy_j") and ra.get("cpu_energy_j") is not None:
             cpu_savings.append(1.0 - ra["cpu_energy_j"] / rb["cpu_energy_j"])

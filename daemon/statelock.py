@@ -14,6 +14,7 @@ import fcntl
 import os
 
 from platforms.errors import HidvfsError
+from platforms.privatedir import private_dir
 from platforms.treelock import HeldFlock
 
 LOCK_NAME = "lock"
@@ -33,8 +34,8 @@ class StateLock(HeldFlock):
 
     def acquire(self) -> StateLock:
         try:
-            os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            private_dir(self.state_dir)  # not another user's: root acts on what is in it
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as err:
             raise StateDirBusy(
                 f"state dir {self.state_dir}: cannot use it ({err.strerror}); give a writable "

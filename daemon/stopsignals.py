@@ -46,8 +46,12 @@ class StopOnSignals:
     SIGNALS: tuple[signal.Signals, ...] = STOP_SIGNALS
 
     def install(self) -> StopOnSignals:
+        """A hangup that is ignored (``nohup``) stays ignored: the user asked that a dropped
+        session not end the command."""
         if not self._previous and threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
+                if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                    continue
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Iterable
 
 from platforms import paths
-from platforms.spec import BoardSpec, ClusterSpec, RailSpec
+from platforms.spec import RAIL_UNITS_MW, BoardSpec, ClusterSpec, RailSpec
 from platforms.sysfs import DirSysfs
 
 MARKER = ".hidvfs-fake-tree"
@@ -347,7 +347,8 @@ class FakeWriter:
         ma = int(round(mw * 1000.0 / mv))
         if rail.driver == "iio":
             dev, ch = rail.device, rail.channel
-            self.files.put(paths.iio_power(dev, ch), str(int(round(mw))))
+            scale = RAIL_UNITS_MW[rail.unit]  # the file counts in the spec's unit
+            self.files.put(paths.iio_power(dev, ch), str(int(round(mw / scale))))
             self.files.put(f"{dev}/in_current{ch}_input", str(ma))
             self.files.put(f"{dev}/in_voltage{ch}_input", str(mv))
         else:

@@ -444,12 +444,23 @@ def record_job(state_dir: str, pid: int) -> str:
         "owner_start": _started(owner),
         "boot_id": _boot_id(),
     }
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    import tempfile
+
+    from platforms.privatedir import private_dir
+
+    private_dir(state_dir)  # another user's folder: root would write where it points
     path = os.path.join(state_dir, _JOB_RECORD.format(owner=owner))
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:  # no fsync: a power cut kills the job too
-        json.dump(data, f)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".kernel-", suffix=".tmp")  # O_EXCL
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # no fsync: a power cut kills it too
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 
@@ -472,10 +483,19 @@ def kill_orphaned_jobs(state_dir: str) -> list[int]:
     import glob
     import json
     import signal
+    import stat
 
+    from platforms.privatedir import check_private_dir
+
+    if not os.path.lexists(state_dir):
+        return []
+    check_private_dir(state_dir)  # records another user planted must not pick what we kill
     killed: list[int] = []
     for path in sorted(glob.glob(os.path.join(glob.escape(state_dir), "kernel-*.json"))):
         try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise ValueError(f"{path}: not a file of this user")
             with open(path, encoding="utf-8") as f:
                 rec = json.load(f)
             pid, start = int(rec["pid"]), rec.get("start")

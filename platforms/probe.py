@@ -307,7 +307,8 @@ def _discover_rails(sysfs: SysfsBackend, known: BoardSpec | None) -> list[RailSp
             role = "sub"
         has_total |= role == "total"
         has_cpu |= role == "cpu"
-        out.append(RailSpec(src.name, role, src.driver, src.device, src.channel, "mW"))
+        unit = ref.unit if ref else "mW"  # a known rail keeps its spec's unit
+        out.append(RailSpec(src.name, role, src.driver, src.device, src.channel, unit))
     order = list(known_rails)
     return sorted(out, key=lambda r: order.index(r.name) if r.name in order else len(order))
 

@@ -60,7 +60,8 @@ def replay_trace(
     if not trace.samples:
         raise ReplayError(f"{path}: the trace has no samples: nothing to replay")
     t_first, t_last = trace.samples[0].t, trace.samples[-1].t
-    if duration_s is not None and t_last - t_first >= duration_s:
+    cut = duration_s is not None and t_last - t_first >= duration_s
+    if cut:
         kept = [s for s in trace.samples if s.t - t_first < duration_s - 1e-9]
         trace = replace(trace, samples=kept)
         t_last = t_first + duration_s
@@ -101,9 +102,7 @@ def replay_trace(
             clock.set(max(s.t, clock.now()))
             loop.tick()
     else:
-        loop.run(
-            duration_s=duration if duration_s is not None else max(duration, period), stop=stop
-        )
+        loop.run(duration_s=duration if cut else max(duration, period), stop=stop)
     recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]
     ours = list(sysfs.writes)
     mismatches = compare_writes(trace, ours) if recorded else []

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from platforms import paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.sim.plant import Plant
+from platforms.spec import RAIL_UNITS_MW
 from platforms.sysfs import SysfsBackend, check_value
 
 USER_HZ = 100
@@ -152,7 +153,10 @@ class SimSysfs(SysfsBackend):
             if rail.driver == "iio":
                 dev, ch = rail.device, rail.channel
                 self._add(paths.iio_rail_name(dev, ch), lambda r=rail: r.name)
-                self._add(paths.iio_power(dev, ch), lambda r=rail: str(self._mw(r.name)))
+                self._add(  # in the spec's unit, as the reader scales it
+                    paths.iio_power(dev, ch),
+                    lambda r=rail: str(int(round(self._mw(r.name) / RAIL_UNITS_MW[r.unit]))),
+                )
                 self._add(f"{dev}/in_current{ch}_input", lambda r=rail: str(self._ma(r.name)))
                 self._add(f"{dev}/in_voltage{ch}_input", lambda r=rail: str(self._mv(r.name)))
             else:

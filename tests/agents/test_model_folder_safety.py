@@ -231,3 +231,18 @@ def test_a_signal_during_the_move_into_place_waits_for_it(tmp_path, monkeypatch)
     with np.load(out / "reference.npz") as z:
         assert z["k"].tolist() == [0, 1, 2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_staging_folder_left_under_this_pid_is_stale(tmp_path):
+    """A SIGKILLed training in a container restarts as the same pid (1): its leftover
+    staging folder made the next mkdir fail."""
+    import os
+
+    from agents.train import STAGING_PREFIX, _remove_stale_staging
+
+    mine = tmp_path / f"{STAGING_PREFIX}{os.getpid()}"
+    (mine / "hidvfs").mkdir(parents=True)
+    alive = tmp_path / f"{STAGING_PREFIX}1"  # init: alive, another process's
+    alive.mkdir()
+    _remove_stale_staging(tmp_path)
+    assert not mine.exists() and alive.exists()

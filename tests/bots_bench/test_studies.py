@@ -123,3 +123,12 @@ def test_no_power_monitor_prints_unavailable_not_nan():
     failed = _scripted(lambda seed, p: _rec(p, ok=False))
     text = format_study(vs_geardvfs("tx2", seeds=1, kernels=["fib"], runner=failed))
     assert "nan" not in text.lower() and "unavailable" in text
+
+
+def test_a_policy_run_without_energy_is_left_out_of_the_saving_not_a_crash():
+    """One native run whose rail read too little has energy None: the study crashed."""
+    runner = _scripted(
+        lambda seed, p: _rec(p, energy=None if (seed == 0 and p == "hidvfs") else 10.0)
+    )
+    r = deadline_vs_maxfreq("tx2", seeds=2, kernels=["fib"], runner=runner)
+    assert "energy saved" in format_study(r)

@@ -256,3 +256,26 @@ def test_trace_info_leaves_out_zones_that_are_not_temperatures(tmp_path, board):
     text = format_info(info)
     assert "pm7250b-ibat-lvl0  1.5" not in text and "PMIC-Die  100.0" not in text
     assert "not temperatures" in text and "3 implausible readings" in text
+
+
+def test_a_rail_in_microwatts_reads_back_its_power_from_the_fake_tree_and_probe(tmp_path):
+    """The reader scaled by the spec's unit, the fake tree still wrote mW: 1000x off."""
+    import dataclasses
+
+    from platforms import power
+    from platforms.faketree import write_fake_tree
+    from platforms.probe import probe
+    from platforms.spec import load_board
+    from platforms.sysfs import DirSysfs
+
+    tx2 = load_board("tx2")
+    rails = tuple(dataclasses.replace(r, unit="uW") for r in tx2.rails)
+    spec = dataclasses.replace(tx2, rails=rails)
+    w = write_fake_tree(spec, tmp_path)
+    rail = spec.rails[0]
+    w.set_power(rail.name, 4200.0)
+    sysfs = DirSysfs(tmp_path)
+    src = power.find_rail(sysfs, rail)
+    assert power.read_power_mw(sysfs, src) == pytest.approx(4200.0)
+    found = probe(sysfs, [spec]).spec
+    assert {r.unit for r in found.rails} == {"uW"}

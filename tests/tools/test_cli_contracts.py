@@ -119,6 +119,19 @@ def test_replay_honours_duration(tmp_path, lockstep):
     assert json.loads(longer.stdout)["ticks"] == n  # the whole trace, no more
 
 
+def test_a_duration_past_a_trace_shorter_than_a_period_still_replays_it(tmp_path):
+    """A one-sample trace replays one tick; with a longer --duration it ran none."""
+    spec = load_board("tx2")
+    root = tmp_path / "rtree"
+    write_fake_tree(spec, root)
+    out = tmp_path / "one.jsonl"
+    record(DirSysfs(root), VirtualClock(0.0), str(out), period_s=0.1, duration_s=0.05, board="tx2")
+    assert len(read_trace(out).samples) == 1
+    for extra in ([], ["--duration", "5"]):
+        r = hv("daemon", "--replay", str(out), "--json", *extra)
+        assert r.exit_code == 0 and json.loads(r.stdout)["ticks"] == 1, (extra, r.output)
+
+
 @pytest.mark.parametrize("flags", [["--load", "1.0"], ["--seed", "3"], ["--seed", "0"]])
 def test_sim_only_flags_are_refused_off_the_simulator(tmp_path, tree, flags):
     trace = _trace(tmp_path)
