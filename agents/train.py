@@ -1107,13 +1107,13 @@ def _run_forked(
     """
     import multiprocessing as mp
 
-    from platforms.liveprocs import _child_setup
+    from platforms.liveprocs import child_setup
 
     ctx = mp.get_context("fork")
     results: list[dict | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
     running: dict[int, tuple] = {}
-    die_with_parent = _child_setup(False)  # prctl looked up here, called in the worker
+    die_with_parent = child_setup(False)  # prctl looked up here, called in the worker
 
     def start(i: int) -> None:
         recv, send = ctx.Pipe(duplex=False)

@@ -71,6 +71,7 @@ class ControlLoop:
         self.guard = guard if guard is not None else ThermalGuard()
         self.actuator = actuator or Actuator(platform.sysfs, platform.procs)
         self.sensor = sensor or Sensor(platform.spec, platform.sysfs)
+        self.sensed: Observation | None = None
         self.progress = progress
         self.on_tick: list[Callable[[TickResult], None]] = []
         #: run at the start of every tick with the clock time (e.g. a workload registering jobs)
@@ -117,7 +118,9 @@ class ControlLoop:
     def observe(self) -> tuple[Observation, list[JobOutcome]]:
         clock, procs = self.platform.clock, self.platform.procs
         t = clock.now()
-        hw = self.guard.view(self.actuator.envelope(self.sensor.read(t)))
+        #: the tick's observation as read, before the envelope and the guard fold in limits
+        self.sensed = self.sensor.read(t)
+        hw = self.guard.view(self.actuator.envelope(self.sensed))
         finished = []
         jobs = []
         # jobs whose end was reported to the registry (`hidvfs run` unregisters its command

@@ -52,6 +52,7 @@ from platforms import cpufreq, paths
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
 from platforms.liveprocs import LiveProcessControl
+from platforms.observation import Observation
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
 from platforms.rtbandwidth import planning_margin, rt_share
@@ -349,43 +350,42 @@ class LimitsWatch:
     The drift check covers only the files the daemon wrote; with a ``userspace`` governor it
     never writes the limits, yet the kernel clamps its setspeed to them, so a limit lowered by
     nvpmodel (or an administrator, or the kernel's thermal cooling, which shows through
-    ``scaling_max_freq``) is obeyed silently. After each tick the limits are read and compared
-    with the last reading, the daemon's own writes of that tick folded in; a change is logged
-    once (warning), naming the cluster and the old and new kHz. A file the daemon wrote itself
-    is left to the drift check, which already reports it. A limit that keeps moving (thermal
-    cooling stepping it) is logged at most once per ``quiet_s`` per file, the next line
-    counting the changes in between."""
+    ``scaling_max_freq``) is obeyed silently. Each tick's sensed limits (the sensor reads them
+    anyway, before the tick writes) are compared with what the last tick left: its reading,
+    or its own write of that file; a change is logged once (warning), naming the cluster and
+    the old and new kHz. A file the daemon wrote itself is left to the drift check, which
+    already reports it. A limit that keeps moving (thermal cooling stepping it) is logged at
+    most once per ``quiet_s`` per file, the next line counting the changes in between."""
 
     NAMES = ("scaling_min_freq", "scaling_max_freq")
 
-    def __init__(self, sysfs, spec: BoardSpec, quiet_s: float = 60.0):
-        self.sysfs = sysfs
-        self.clusters = [(c.name, c.policy) for c in spec.clusters]
-        self.seen: dict[str, int] = {}  # path -> kHz after the last tick
+    def __init__(self, quiet_s: float = 60.0):
+        self.seen: dict[str, int] = {}  # path -> kHz the last tick left
         self.quiet_s = quiet_s
         self.logged_at: dict[str, float] = {}  # path -> tick time of its last line
         self.unlogged: dict[str, int] = {}  # path -> changes since its last line
 
-    def check(self, writes, owned: set[str] = frozenset(), t: float = 0.0) -> list[str]:
-        """Compare, log and remember; returns the changed paths. ``writes``: this tick's
-        (path, value) writes; ``owned``: paths the drift check watches; ``t``: the tick's
-        time (s)."""
+    def check(
+        self, sensed: Observation, writes, owned: set[str] = frozenset(), t: float = 0.0
+    ) -> list[str]:
+        """Compare, log and remember; returns the changed paths. ``sensed``: the tick's
+        observation as read (before any write); ``writes``: the tick's (path, value) writes;
+        ``owned``: paths the drift check watches; ``t``: the tick's time (s)."""
         written = dict(writes)
         changed = []
-        for name, policy in self.clusters:
-            lo_hi = cpufreq.read_limits(self.sysfs, policy)
-            for file, now in zip(self.NAMES, lo_hi):
-                path = paths.policy_file(policy, file)
-                if now is None:  # unreadable or absent: the sensor log reports it
-                    continue
+        for c in sensed.clusters:
+            for file, now in zip(self.NAMES, (c.min_khz, c.max_khz)):
+                path = paths.policy_file(c.policy, file)
                 before = self.seen.get(path)
+                left = now  # what this tick leaves: its own write, else its reading
                 if path in written:
                     try:
-                        before = int(written[path])
+                        left = int(written[path])
                     except ValueError:
                         pass
-                self.seen[path] = now
-                if before is None or before == now or path in owned:
+                if left is not None:  # unreadable: the sensor log reports it; keep the last
+                    self.seen[path] = left
+                if now is None or before is None or before == now or path in owned:
                     continue
                 changed.append(path)
                 last = self.logged_at.get(path)
@@ -398,12 +398,12 @@ class LimitsWatch:
                     log,
                     "limit_changed",
                     level=logging.WARNING,
-                    cluster=name,
-                    policy=policy,
+                    cluster=c.name,
+                    policy=c.policy,
                     file=file,
                     old_khz=before,
                     new_khz=now,
-                    detail=f"{name} {file} {before} -> {now} kHz, set outside the daemon "
+                    detail=f"{c.name} {file} {before} -> {now} kHz, set outside the daemon "
                     "(nvpmodel, jetson_clocks, thermal cooling, another tool); decisions stay "
                     "within it"
                     + (f" ({more} more change(s) in the last {self.quiet_s:g} s)" if more else ""),
@@ -544,14 +544,17 @@ def _serve(
         last_status = [-1e18]
 
         sensor_log = SensorErrorLog(log)
-        limits_watch = LimitsWatch(sysfs, spec)
+        limits_watch = LimitsWatch()
 
         def after_tick(res: TickResult) -> None:
             pinger.tick()
             sensor_log.update(res.obs.errors, cpu_temp=res.obs.max_cpu_temp_c is not None)
             if cfg.recheck_each_tick:  # before detect_drift forgets what it reports
                 limits_watch.check(
-                    [] if dry_run else res.report.writes, set(loop.actuator.expected), res.t
+                    loop.sensed,
+                    [] if dry_run else res.report.writes,
+                    set(loop.actuator.expected),
+                    res.t,
                 )
             if cfg.recheck_each_tick and not dry_run:
                 for msg in detect_drift(sysfs, loop.actuator.expected):

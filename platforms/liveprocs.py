@@ -204,13 +204,9 @@ class LiveProcessControl(ProcessControl):
         """Clock ticks since boot at which ``pid`` started (``/proc/PID/stat`` field 22): not
         psutil's create_time, which adds the boot time in wall-clock seconds and so moves
         when NTP steps the clock (every job would then look like a reused pid)."""
+        fields = _stat_fields(pid)
         try:
-            with open(f"/proc/{int(pid)}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return None
-        try:  # the command name (field 2) may hold spaces and parentheses: split after it
-            return float(stat[stat.rindex(b")") + 2 :].split()[19])
+            return None if fields is None else float(fields[19])
         except (ValueError, IndexError):
             return None
 
@@ -336,7 +332,7 @@ def raise_stack_limit() -> tuple[int, int]:
 PR_SET_PDEATHSIG = 1
 
 
-def _child_setup(unlimited_stack: bool):
+def child_setup(unlimited_stack: bool):
     """The function run in a benchmark's child between fork and exec, or None.
 
     On Linux it asks for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``): the kernel runs
@@ -375,7 +371,7 @@ def spawn_job(
 
     ``unlimited_stack`` raises the child's stack limit (:func:`raise_stack_limit`) between
     fork and exec, so only the benchmark gets it, not this process. On Linux the child is
-    killed when this process dies (see :func:`_child_setup`). ``record_in``: a campaign's
+    killed when this process dies (see :func:`child_setup`). ``record_in``: a campaign's
     state dir, where the job's pid and start time are recorded (:func:`record_job`) so the
     next campaign kills what a killed one left running (:func:`kill_orphaned_jobs`)."""
     if not argv:
@@ -387,7 +383,7 @@ def spawn_job(
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_child_setup(unlimited_stack),
+            preexec_fn=child_setup(unlimited_stack),
         )
     except OSError as err:
         raise OSError(err.errno, f"cannot launch {argv[0]!r}: {err.strerror}") from None
@@ -408,13 +404,17 @@ _JOB_RECORD = "kernel-{owner}.json"
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
-    """``/proc/PID/stat`` from field 3 (state) on; None when the pid is gone."""
+    """``/proc/PID/stat`` from field 3 (state) on; None when the pid is gone. The command
+    name (field 2) may hold spaces and parentheses: the split starts after its last ``)``."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rindex(b")") + 2 :].split()
+    try:
+        return stat[stat.rindex(b")") + 2 :].split()
+    except ValueError:
+        return None
 
 
 def _boot_id() -> str | None:
@@ -444,24 +444,14 @@ def record_job(state_dir: str, pid: int) -> str:
         "owner_start": _started(owner),
         "boot_id": _boot_id(),
     }
-    import tempfile
-
+    from platforms.atomicfile import write_text_atomic
     from platforms.privatedir import private_dir
 
     private_dir(state_dir)  # another user's folder: root would write where it points
-    path = os.path.join(state_dir, _JOB_RECORD.format(owner=owner))
-    fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".kernel-", suffix=".tmp")  # O_EXCL
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:  # no fsync: a power cut kills it too
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    # under a fresh mkstemp name (O_EXCL): a planted symlink is never followed
+    return write_text_atomic(
+        os.path.join(state_dir, _JOB_RECORD.format(owner=owner)), json.dumps(data)
+    )
 
 
 def forget_job(state_dir: str) -> None:

@@ -282,31 +282,23 @@ def _find_cycle(n: int, preds: list[list[int]]) -> list[int]:
 def _build_job(
     source: str, job: str, tasks: list[TraceTask]
 ) -> tuple[TraceJob | None, TraceIssue | None]:
-    by_id: dict[int, int] = {}
-    by_name: dict[str, int] = {}  # non-DAG tasks (task_*, MergeTask*): a repeat would run twice
+    # a DAG task by its id, a non-DAG one (task_*, MergeTask*) by its name: a repeat of
+    # either would run twice
+    seen: dict[int | str, int] = {}
     for i, t in enumerate(tasks):
-        if t.tid < 0:
-            if t.name in by_name:
-                first = tasks[by_name[t.name]]
-                return None, TraceIssue(
-                    source,
-                    t.line,
-                    job,
-                    "duplicate-task",
-                    f"task {t.name!r} already in the job (line {first.line})",
-                )
-            by_name[t.name] = i
-            continue
-        if t.tid in by_id:
-            first = tasks[by_id[t.tid]]
-            return None, TraceIssue(
-                source,
-                t.line,
-                job,
-                "duplicate-task",
-                f"task id {t.tid} in {t.name!r} already used by {first.name!r} (line {first.line})",
+        key = t.name if t.tid < 0 else t.tid
+        if key in seen:
+            first = tasks[seen[key]]
+            what = (
+                f"task {t.name!r} already in the job"
+                if t.tid < 0
+                else f"task id {t.tid} in {t.name!r} already used by {first.name!r}"
             )
-        by_id[t.tid] = i
+            return None, TraceIssue(
+                source, t.line, job, "duplicate-task", f"{what} (line {first.line})"
+            )
+        seen[key] = i
+    by_id = {k: i for k, i in seen.items() if isinstance(k, int)}
     fresh = max(by_id, default=0) + 1
     numbered = []
     for t in tasks:

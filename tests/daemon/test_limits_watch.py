@@ -10,6 +10,7 @@ import signal
 from daemon.service import LimitsWatch
 from platforms import paths
 from platforms.faketree import write_fake_tree
+from platforms.sense import Sensor
 from platforms.spec import load_board
 from platforms.sysfs import DirSysfs
 from tests.daemon.test_daemon_process import board, start_daemon, wait_for  # noqa: F401
@@ -18,11 +19,22 @@ MAX0 = paths.policy_file(0, "scaling_max_freq")
 MIN0 = paths.policy_file(0, "scaling_min_freq")
 
 
+class _Ticks:
+    """A LimitsWatch fed as the daemon feeds it: each check is one tick, whose sensor reads
+    the tree before the tick's writes."""
+
+    def __init__(self, spec, sysfs):
+        self.sensor, self.watch = Sensor(spec, sysfs), LimitsWatch()
+
+    def check(self, writes, owned=frozenset(), t=0.0):
+        return self.watch.check(self.sensor.read(t), writes, owned, t)
+
+
 def _watch(tmp_path):
     spec = load_board("tx2")
     write_fake_tree(spec, tmp_path / "tree")
     sysfs = DirSysfs(tmp_path / "tree")
-    return spec, sysfs, LimitsWatch(sysfs, spec)
+    return spec, sysfs, _Ticks(spec, sysfs)
 
 
 def _limit_lines(caplog):
@@ -50,8 +62,9 @@ def test_the_daemons_own_limit_writes_and_drift_watched_files_are_not_reported(t
     cluster = next(c for c in spec.clusters if c.policy == 0)
     watch.check([])
     low = cluster.freqs_khz[-2]
-    (tmp_path / "tree" / MAX0).write_text(f"{low}\n")
     assert watch.check([(MAX0, str(low))]) == []  # written by the daemon this tick
+    (tmp_path / "tree" / MAX0).write_text(f"{low}\n")  # ... after the tick's reads
+    assert watch.check([]) == []  # the next tick reads what the daemon wrote
     (tmp_path / "tree" / MIN0).write_text(f"{cluster.freqs_khz[1]}\n")
     assert watch.check([], owned={MIN0}) == []  # the drift check reports it
     (tmp_path / "tree" / MIN0).write_text(f"{cluster.freqs_khz[2]}\n")
