@@ -991,12 +991,26 @@ def untrained_warning(pol: str, board: str, tr, seed: int, cfg: TrainConfig) -> 
 
     if pol in ("hidvfs", "noshaping"):
         init = HidvfsNets.init(seed, cfg.hidden, cfg.prior)
-        nets = tr.nets
-        if not all(
-            _same_net(getattr(nets, k), getattr(init, k))
+        same = [
+            k
             for k in ("profiler", "thermal", "priority")
-        ):
+            if _same_net(getattr(tr.nets, k), getattr(init, k))
+        ]
+        if not same:
             return None
+        if len(same) < 3:  # one agent never had a choice: its head was masked to one action
+            hint = (
+                " (the thermal agent chooses only between 0.7 x a zone's passive trip and 3 C "
+                "below it: train with --hot-fraction above 0)"
+                if "thermal" in same
+                else ""
+            )
+            return (
+                f"[{pol} {board}] WARNING: the {' and '.join(same)} "
+                f"{'network is' if len(same) == 1 else 'networks are'} as initialised after "
+                f"{cfg.episodes} episodes: no episode gave {'it' if len(same) == 1 else 'them'} "
+                f"a choice{hint}"
+            )
         why = "no PPO update changed them"
     else:
         dqn = tr.dqn

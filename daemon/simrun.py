@@ -69,6 +69,8 @@ class SimRunResult:
     #: up to one period long and so depends on the policy's period, not on its decisions
     jobs_energy_j: float | None = None
     jobs_cpu_energy_j: float | None = None
+    #: time some cluster ran under the kernel's thermal cap (the plant's throttling)
+    throttled_s: float = 0.0
 
     @property
     def makespan_s(self) -> float | None:
@@ -112,18 +114,24 @@ def run_sim(
     on_tick: Callable[[TickResult], None] | None = None,
     history_every_s: float | None = None,
     ambient_c: float | None = None,
+    start_c: float | None = None,
     status_cb: Callable[[dict], None] | None = None,
     status_every_s: float = 1.0,
     stop: threading.Event | None = None,
 ) -> SimRunResult:
     """Run ``policy`` on a fresh simulated ``board`` until the workload is done (or
-    ``duration_s``, or until ``stop`` is set: the result is then the run so far)."""
+    ``duration_s``, or until ``stop`` is set: the result is then the run so far).
+
+    ``ambient_c`` and ``start_c`` set the board's thermal start: the air around it, and the
+    temperature it is soaked at (default: idle at the board's ambient)."""
     from platforms.spec import load_board
 
     spec = load_board(board)
     # Simulated boards run with every core online (the TX2's MAXN mode, Orin NX MAXN): the
     # default power modes take cores offline, which would hide half of the DVFS problem.
-    platform = make_sim_platform(spec, seed=seed, ambient_c=ambient_c, online=spec.cpus)
+    platform = make_sim_platform(
+        spec, seed=seed, ambient_c=ambient_c, start_c=start_c, online=spec.cpus
+    )
     plant = platform.sysfs.plant
     table = JobTable()
     feeder = SimFeeder(plant, table, items)
@@ -206,4 +214,5 @@ def run_sim(
         executed_dags={pid: plant.job_dag(pid) for pid in plant.jobs},
         jobs_energy_j=meter[1] if done_all else None,
         jobs_cpu_energy_j=meter[2] if done_all else None,
+        throttled_s=plant.throttled_s,
     )

@@ -36,6 +36,40 @@ class EpisodeSpec:
     deadline_fraction: float = 0.7
     hi_fraction: float = 0.2
     period_s: float = 0.05
+    #: share of the mixes that start on a hot board (:func:`thermal_start`); eval's default
+    #: is 0 (every board idle at 25 C), training's :data:`TRAIN_HOT_FRACTION`
+    hot_fraction: float = 0.0
+
+
+#: training mixes on a hot board: without them no CPU zone passed 0.4 x its trip (C), the
+#: thermal agent's choice was never free, and its network kept its initial weights
+TRAIN_HOT_FRACTION = 0.25
+#: a hot mix: ambient drawn from this range (C), and the board soaked at a temperature drawn
+#: from [HOT_START_LO x trip, trip - 1 C] (trip: the lowest passive trip of the CPU zones), the
+#: band where the thermal agent's "take work / must cool" is its own choice and just above it
+HOT_AMBIENT_C = (25.0, 45.0)
+HOT_START_LO = 0.65
+#: the thermal draw's own stream: a mix's jobs are the same whether it starts hot or not
+_HOT_STREAM = 0x7E4A1
+
+
+def thermal_start(board: str, seed: int, hot_fraction: float) -> tuple[float, float] | None:
+    """(ambient C, start C) of mix ``seed`` when it starts on a hot board, None when it starts
+    idle at the board's ambient. Seeded: the same mix starts the same way every time."""
+    import numpy as np
+
+    from agents.features import BoardScale
+    from platforms.spec import load_board
+
+    if hot_fraction <= 0.0:
+        return None
+    rng = np.random.default_rng([seed, _HOT_STREAM])
+    if rng.random() >= hot_fraction:
+        return None
+    trip = min(BoardScale.of(load_board(board)).trips_c)
+    ambient = float(rng.uniform(*HOT_AMBIENT_C))
+    start = float(rng.uniform(max(ambient, HOT_START_LO * trip), trip - 1.0))
+    return ambient, start
 
 
 def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
@@ -61,12 +95,14 @@ def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
 
 def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False):
     """Runs one mix under a policy with its own stages; with ``reserve``, with the stages the
-    daemon runs (the policy's planned around the mixed-criticality reservation, then it)."""
+    daemon runs (the policy's planned around the mixed-criticality reservation, then it). The
+    plant's seed is the mix's, and so is its thermal start (:func:`thermal_start`)."""
     from agents.mixed import daemon_stages
     from daemon.simrun import run_sim
 
     def run_episode(policy, items, seed):
         stages = list(getattr(policy, "stages", []) or [])
+        hot = thermal_start(board, seed, ep.hot_fraction)
         return run_sim(
             board,
             policy,
@@ -74,6 +110,8 @@ def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False):
             seed=seed,
             period_s=ep.period_s,
             stages=daemon_stages(stages) if reserve else stages,
+            ambient_c=None if hot is None else hot[0],
+            start_c=None if hot is None else hot[1],
         )
 
     return run_episode
@@ -150,6 +188,14 @@ def train_modules(policies) -> tuple[str, ...]:
     show_default=True,
     help="jobs per episode",
 )
+@click.option(
+    "--hot-fraction",
+    type=FiniteFloatRange(0.0, 1.0),
+    default=TRAIN_HOT_FRACTION,
+    show_default=True,
+    help="share of the training mixes that start on a hot board (soaked near its passive "
+    "trip), so the thermal agent learns when to cool (agents/TRAINING.md)",
+)
 @click.option("--out", "out_dir", default=None, help="output folder (default agents/models/BOARD)")
 @click.option(
     "--workers",
@@ -198,6 +244,7 @@ def train_cmd(
     policies,
     episodes,
     n_jobs,
+    hot_fraction,
     out_dir,
     workers,
     lambda_e,
@@ -220,11 +267,11 @@ def train_cmd(
             fail(f"unknown policy {p!r} to train; known: {', '.join(TRAINABLE)}")
     # checked before any training: the export at the end imports them (minutes in)
     require_extra("hidvfs agents train", "train", train_modules(pols))
-    ep = EpisodeSpec(n_jobs=n_jobs)
+    ep = EpisodeSpec(n_jobs=n_jobs, hot_fraction=hot_fraction)
     out = Path(out_dir) if out_dir else model_dir(board)
     command = (
         f"hidvfs agents train --board {board} --seed {seed} --policy {','.join(pols)} "
-        f"--episodes {episodes} --jobs {n_jobs}"
+        f"--episodes {episodes} --jobs {n_jobs} --hot-fraction {hot_fraction:g}"
     )
     overrides = {}
     if lambda_e is not None:
@@ -324,7 +371,8 @@ BASE_EVAL = ("hidvfs", "geardvfs", "ztt", "schedutil", "maxfreq")
 ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
 #: energy_j is the whole board (the plant's VDD_IN); cpu_energy_j the CPU rail alone (what DVFS
 #: controls; on the RUBIK Pi 3, which has no monitor, the plant's CPU energy)
-METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c")
+#: throttled_s: time some cluster ran under the kernel's thermal cap (hot starts)
+METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c", "throttled_s")
 
 
 def _build(name: str, spec, models):
@@ -367,6 +415,7 @@ def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
         "cpu_energy_j": cpu_energy,
         "edp": None if ms is None else energy * ms,
         "peak_temp_c": res.peak_temp_c,
+        "throttled_s": res.throttled_s,
         "deadline_s": None,
         "deadline_met": miss == 0 if dl else None,
         "deadline_jobs": len(dl),
@@ -478,6 +527,7 @@ def evaluate(
             "seeds": seeds,
             "mixes": mixes,
             "reserve": reserve,
+            "hot_fraction": ep.hot_fraction,
         }
         for m in METRICS:
             row[m] = _mean_std([r[m] for r in by[n]])
@@ -515,6 +565,14 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     ``hi_note`` ends the --hi-fraction help (sweep has no --reserve)."""
     if f is None:
         return lambda g: episode_options(g, hi_note=hi_note)
+    f = click.option(
+        "--hot-fraction",
+        type=FiniteFloatRange(0.0, 1.0),
+        default=EpisodeSpec.hot_fraction,
+        show_default=True,
+        help="share of the mixes that start on a hot board (ambient 25-45 C, soaked between "
+        f"{HOT_START_LO:g} x and 1 C below its passive trip); 0: idle at 25 C",
+    )(f)
     f = click.option(
         "--hi-fraction",
         type=FiniteFloatRange(0.0, 1.0),
@@ -600,6 +658,7 @@ def eval_cmd(
     slack,
     load,
     hi_fraction,
+    hot_fraction,
     models,
     as_json,
 ) -> None:
@@ -628,7 +687,9 @@ def eval_cmd(
             f"--mixes tuning has {MAX_TUNING_MIXES} mixes ({TUNING_SEEDS}-{last}, the rest of "
             f"seed 0's validation block); --seeds {seeds} asks for more"
         )
-    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction)
+    ep = EpisodeSpec(
+        n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction, hot_fraction=hot_fraction
+    )
     todo = _boards(boards)
     if models:  # every board's models first: no board's table before another's refusal
         from platforms.spec import load_board
@@ -666,7 +727,9 @@ def eval_cmd(
 )
 @episode_options(hi_note=" (sweep runs without the daemon's cluster reservation)")
 @click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
-def sweep_cmd(boards, fractions, seeds, n_jobs, slack, load, hi_fraction, as_json) -> None:
+def sweep_cmd(
+    boards, fractions, seeds, n_jobs, slack, load, hi_fraction, hot_fraction, as_json
+) -> None:
     """What a frequency policy can save: fixed operating points against maxfreq, same mixes,
     and the floor no policy that meets every deadline can go below
     (platforms/sim/energy_floor.py; per mix, from maxfreq's executed jobs)."""
@@ -685,7 +748,9 @@ def sweep_cmd(boards, fractions, seeds, n_jobs, slack, load, hi_fraction, as_jso
                 pols.append(p)
     except ValueError as exc:
         fail(f"bad --fractions {fractions!r}: {exc}")
-    ep = EpisodeSpec(n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction)
+    ep = EpisodeSpec(
+        n_jobs=n_jobs, slack=slack, load=load, hi_fraction=hi_fraction, hot_fraction=hot_fraction
+    )
     rows = []
     for b in _boards(boards):
         run = make_runner(b, ep)
@@ -799,7 +864,8 @@ def _print_table(board, summary, ratios) -> None:
     click.echo(
         f"{'policy':18s} {'makespan s':>14s} {'energy J':>14s} {'CPU energy J':>14s} "
         f"{'EDP J·s':>14s} "
-        f"{'misses':>9s} {'miss ratio [95% CI]':>22s} {'HI misses':>10s} {'peak C':>12s}"
+        f"{'misses':>9s} {'miss ratio [95% CI]':>22s} {'HI misses':>10s} {'peak C':>12s} "
+        f"{'throttled s':>13s}"
     )
     for r in summary:
         misses = f"{r['misses_total']}/{r['deadline_jobs_total']}"
@@ -808,10 +874,14 @@ def _print_table(board, summary, ratios) -> None:
             f"{r['policy']:18s} {_fmt(r['makespan_s']):>14s} {_fmt(r['energy_j'], 2):>14s} "
             f"{_fmt(r['cpu_energy_j'], 2):>14s} {_fmt(r['edp'], 2):>14s} "
             f"{misses:>9s} {_ratio_ci(r['miss_ratio'], r['miss_ci95']):>22s} {hi:>10s} "
-            f"{_fmt(r['peak_temp_c'], 1):>12s}"
+            f"{_fmt(r['peak_temp_c'], 1):>12s} {_fmt(r['throttled_s'], 2):>13s}"
         )
     if summary and summary[0].get("reserve"):
         click.echo("with the daemon's mixed-criticality reservation (--reserve)")
+    if summary and summary[0].get("hot_fraction"):
+        click.echo(
+            f"{summary[0]['hot_fraction']:.0%} of the mixes start on a hot board (--hot-fraction)"
+        )
     if summary and summary[0]["infeasible_mixes"]:
         k, n = summary[0]["infeasible_mixes"], summary[0]["seeds"]
         avoidable = ", ".join(

@@ -26,8 +26,8 @@ __all__ = [
 
 def make_sim_platform(board: str | BoardSpec, seed: int = 0, **plant_kwargs) -> Platform:
     """A simulated board; the clock's ``sleep`` advances the plant and returns early at a job
-    release or completion. ``plant_kwargs`` go to :class:`Plant` (ambient_c, governor, online,
-    params)."""
+    release or completion. ``plant_kwargs`` go to :class:`Plant` (ambient_c, start_c, governor,
+    online, params)."""
     spec = load_board(board) if isinstance(board, str) else board
     plant = Plant(spec, seed=seed, **plant_kwargs)
     clock = VirtualClock(plant.t, on_advance=plant.advance)

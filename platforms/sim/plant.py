@@ -9,7 +9,8 @@ the integral of each core's switching activity and its busy time, and the plant 
 whenever a coefficient changes (a frequency or online change, or the thermal step). Leakage is
 exponential in the die temperature; it is held constant over each thermal step at the value of a
 fixed-point iteration on the step's mean temperature (predictor: the previous step's dynamic
-power), so the power the plant reports is the power it integrates. The network is stepped with
+power), and follows a frequency change's voltage at once, so the power the plant reports is the
+power it integrates. The network is stepped with
 the exact zero-order hold of the step's average node powers (``platforms.sim.thermal``).
 
 Idle cores: an online core with no thread is in WFI (clock-gated: activity ``idle_activity``,
@@ -165,6 +166,7 @@ class Plant:
         governor: str | None = None,
         params: SimParams | None = None,
         online: tuple[int, ...] | None = None,
+        start_c: float | None = None,
     ):
         self.spec = spec
         self.params = p = params or parse_sim(spec)
@@ -280,15 +282,24 @@ class Plant:
         self._ticks = 0
         self._next_tick = self._dt
 
-        # start from the idle steady state of a board that has been on for a while
+        # start from the idle steady state of a board that has been on for a while, or, with
+        # ``start_c``, soaked at that temperature (a board that was just busy, or sat in a hot
+        # enclosure): every node at start_c, heat sink and board included
         self._pg = [a + b for a, b in zip(self._phi, self._gamma)]  # rows of [Φ | Γ]
         self._pg_cl = [self._pg[cl.node] for cl in self._cl_list]
         self._g_cc = [[self._gamma[a.node][b.node] for b in self._cl_list] for a in self._cl_list]
-        self._rise = self._idle_steady_rise()
+        if start_c is None:
+            self._rise = self._idle_steady_rise()
+        else:
+            if not math.isfinite(start_c) or not -40.0 <= start_c <= 150.0:
+                raise ValueError(f"start_c {start_c!r}: a temperature in -40..150 C")
+            self._rise = [float(start_c) - self.ambient_c] * nn
         self._set_leakage(self._rise)
         self._zone_t: list[float] = []
         self._zone_tick = -1
         self.peak_temp_c = -INF
+        #: time some cluster ran under the kernel's thermal cap (at its polling period)
+        self.throttled_s = 0.0
         self._sample_peak()
 
         # jobs
@@ -526,7 +537,11 @@ class Plant:
     def _apply_cluster(self, cl: ClusterState, t: float) -> None:
         self._flush(t)
         cl.cur_khz = cl.pend_khz
-        cl.k = cl.table.index(cl.cur_khz)
+        k_old, cl.k = cl.k, cl.table.index(cl.cur_khz)
+        if cl.k != k_old and cl.table.leak_ref_w[k_old] > 0.0:
+            # leakage follows the new voltage at once (it is V x exp(kT T): the temperature
+            # factor of the held value stays until the next thermal step)
+            cl.leak_core_w *= cl.table.leak_ref_w[cl.k] / cl.table.leak_ref_w[k_old]
         cl.pend_khz, cl.pend_t = None, INF
         self._exe.set_speed(cl.cores, self._inv_speed(cl), t)
 
@@ -856,6 +871,8 @@ class Plant:
                 st.peak_temp_c = peak
 
     def _throttle(self) -> None:
+        if any(cl.cap_state for cl in self._cl_list):  # the period just ended ran capped
+            self.throttled_s += self._throttle_every * self._dt
         zt = self._zone_temps()
         for cl in self._cl_list:
             if not cl.trips:

@@ -84,4 +84,11 @@ def test_a_trained_network_is_not_flagged():
     tr = SimpleNamespace(nets=nets)
     assert "no PPO update" in untrained_warning("hidvfs", "rubikpi3", tr, 3, cfg)
     nets.priority.params[-1][0] += np.float32(0.01)
+    both = untrained_warning("hidvfs", "rubikpi3", tr, 3, cfg)
+    assert "the profiler and thermal networks are as initialised" in both
+    nets.profiler.params[-1][0] += np.float32(0.01)
+    # the shipped models of 2026-12-06 had this: the thermal head was never free in training
+    thermal = untrained_warning("hidvfs", "rubikpi3", tr, 3, cfg)
+    assert "the thermal network is as initialised" in thermal and "--hot-fraction" in thermal
+    nets.thermal.params[0][0, 0] += np.float32(0.01)
     assert untrained_warning("hidvfs", "rubikpi3", tr, 3, cfg) is None

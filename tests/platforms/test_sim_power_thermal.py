@@ -375,3 +375,77 @@ def test_spec_errors_name_the_sim_key():
     assert "VDD_SYS_DDR" in str(_bad(missing_subrail))
     with pytest.raises(SpecError, match="'sim'"):
         parse_sim(dataclasses.replace(TX2, sim={}))
+
+
+# -- a board soaked hot at the start, time under the cap, leakage at a frequency switch ----------
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_a_soaked_board_starts_at_its_temperature_and_cools_to_its_ambient(board):
+    spec = load_board(board)
+    plant = Plant(spec, ambient_c=30.0, start_c=80.0)
+    zones = [z for z in spec.zones if z.role == "cpu"]
+    offsets = {z.type: z.offset_c for z in parse_sim(spec).zones}
+    for z in zones:
+        assert plant.temps_c()[z.type] == pytest.approx(80.0 + offsets.get(z.type, 0.0), abs=1e-9)
+    assert list(plant.node_temps_c().values()) == pytest.approx([80.0] * plant.net.n)
+    if board != "tx2":  # one board cools the whole way (some seconds of simulation)
+        return
+    run_to(plant, 4000.0)  # > 5 time constants of the slowest node
+    idle = Plant(spec, ambient_c=30.0)  # the idle steady state at that ambient
+    for z in zones:
+        assert plant.temps_c()[z.type] == pytest.approx(idle.temps_c()[z.type], abs=0.5)
+
+
+def test_a_soaked_board_leaks_as_its_temperature_says():
+    leak = parse_sim(TX2).cluster("a57")
+    cold, hot = Plant(TX2, ambient_c=25.0, start_c=25.0), Plant(TX2, ambient_c=25.0, start_c=75.0)
+    a, b = cold.clusters["a57"].leak_core_w, hot.clusters["a57"].leak_core_w
+    assert b / a == pytest.approx(np.exp(leak.leak_kt * 50.0), rel=1e-9)
+
+
+@pytest.mark.parametrize("start_c", [float("nan"), float("inf"), -41.0, 151.0])
+def test_an_implausible_start_temperature_is_refused(start_c):
+    with pytest.raises(ValueError, match="start_c"):
+        Plant(TX2, start_c=start_c)
+
+
+def test_throttled_time_counts_the_periods_under_the_kernel_cap():
+    cyc = 5.0 * FMAX * 1e3
+    six = make_dag("six", [cyc] * 6, [0.0] * 6, [], [])
+    cool = Plant(TX2, governor="userspace", online=TX2.cpus)
+    cool.submit(SimJob(six, "six"))
+    cool.run_until_idle()
+    assert cool.throttled_s == 0.0
+    trip = TX2.zone("BCPU-therm").passive_trip_mc / 1000
+    hot = Plant(TX2, ambient_c=40.0, start_c=trip + 2.0, governor="userspace", online=TX2.cpus)
+    hot.submit(SimJob(six, "six"))
+    period = parse_sim(TX2).throttle_period_s
+    capped = 0
+    while hot.jobs and any(js.finish_t is None for js in hot.jobs.values()):
+        hot.advance(hot.t + period / 4)
+        capped += hot.throttled("a57") or hot.throttled("denver")
+    assert hot.throttled_s > 0.0
+    # counted per polling period: within a period of the time a cap was seen in force
+    assert hot.throttled_s == pytest.approx(capped * period / 4, abs=2 * period)
+
+
+def test_leakage_follows_a_frequency_switch_at_once():
+    """The leakage held over a thermal step takes the new OPP's voltage when the switch lands,
+    not at the next step (it had lagged by up to one step: 0.2-0.4 % of CPU energy)."""
+    plant = Plant(TX2, governor="userspace", online=TX2.cpus)
+    cl = plant.clusters["a57"]
+    table = cl.table
+    low = cl.freqs[0]
+    plant.set_freq("a57", low)
+    run_to(plant, 1.0)
+    assert cl.k == 0
+    before = cl.leak_core_w
+    plant.set_freq("a57", cl.freqs[-1])
+    t_switch = plant.t + cl.latency_s
+    run_to(plant, t_switch + 1e-6)
+    assert cl.k == len(cl.freqs) - 1
+    assert plant._ticks * plant._dt < t_switch + plant._dt  # still inside the same thermal step
+    assert cl.leak_core_w == pytest.approx(
+        before * table.leak_ref_w[-1] / table.leak_ref_w[0], rel=1e-12
+    )

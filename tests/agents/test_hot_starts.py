@@ -1,0 +1,78 @@
+"""Mixes that start on a hot board: the only episodes in which the thermal agent chooses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import agents.hidvfs as hidvfs_mod
+from agents.features import BoardScale
+from platforms.spec import load_board
+from tools.cmd_agents import (
+    HOT_AMBIENT_C,
+    HOT_START_LO,
+    EpisodeSpec,
+    episode_items,
+    make_runner,
+    thermal_start,
+)
+
+BOARDS = ("tx2", "orin-nx", "rubikpi3")
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_hot_starts_lie_in_the_thermal_agents_band_and_are_seeded(board):
+    trip = min(BoardScale.of(load_board(board)).trips_c)
+    draws = [thermal_start(board, s, 1.0) for s in range(300)]
+    assert all(d is not None for d in draws)
+    amb = np.array([d[0] for d in draws])
+    start = np.array([d[1] for d in draws])
+    assert amb.min() >= HOT_AMBIENT_C[0] and amb.max() <= HOT_AMBIENT_C[1]
+    assert start.min() >= HOT_START_LO * trip and start.max() <= trip - 1.0
+    assert np.all(start >= amb)
+    assert start.std() > 3.0  # spread over the band, not one point
+    assert draws == [thermal_start(board, s, 1.0) for s in range(300)]  # reproducible
+
+
+def test_the_hot_share_is_the_fraction_asked_and_none_by_default():
+    assert all(thermal_start("tx2", s, 0.0) is None for s in range(200))
+    hot = sum(thermal_start("tx2", s, 0.25) is not None for s in range(4000))
+    assert 0.22 < hot / 4000 < 0.28
+    # a mix hot at a lower fraction stays hot, at the same temperatures, at a higher one
+    for s in range(200):
+        lo = thermal_start("tx2", s, 0.25)
+        if lo is not None:
+            assert thermal_start("tx2", s, 0.5) == lo
+
+
+def test_a_hot_start_changes_the_board_not_the_jobs():
+    cold, hot = EpisodeSpec(), EpisodeSpec(hot_fraction=1.0)
+    a, b = episode_items("orin-nx", 900003, cold), episode_items("orin-nx", 900003, hot)
+    assert [(j.name, j.release_t, j.deadline_s) for j, _ in a] == [
+        (j.name, j.release_t, j.deadline_s) for j, _ in b
+    ]
+
+
+def test_the_thermal_head_is_free_on_a_hot_start_and_never_on_a_cold_one(monkeypatch):
+    """Cold, no CPU zone comes within 0.7 x its trip, so "must cool" is masked out on every
+    tick and the thermal network gets no gradient; on a hot start both choices are open."""
+    from agents.factory import make_policy
+
+    free = {"cold": 0, "hot": 0}
+    phase = ["cold"]
+    build = hidvfs_mod.build_inputs
+
+    def counting(feats, obs, space):
+        inp = build(feats, obs, space)
+        free[phase[0]] += int(inp.therm_mask.all(axis=1).sum())
+        return inp
+
+    monkeypatch.setattr(hidvfs_mod, "build_inputs", counting)
+    spec = load_board("tx2")
+    for name, frac in (("cold", 0.0), ("hot", 1.0)):
+        phase[0] = name
+        ep = EpisodeSpec(hot_fraction=frac)
+        pol = make_policy("hidvfs", spec)
+        make_runner("tx2", ep)(pol, episode_items("tx2", 5, ep), 5)
+    assert free["cold"] == 0
+    assert free["hot"] > 10
