@@ -5,7 +5,9 @@ is versioned: a model exported under one version refuses to load under another
 (:mod:`agents.runtime`). Every field is documented in :data:`CLUSTER_FIELDS`,
 :data:`GLOBAL_FIELDS` and :data:`JOB_FIELDS`; every value is clipped to [-1, 4] so that an odd
 reading can never blow up a network. Unavailable readings (``None``) map to a neutral value and
-are never read as zero power or zero temperature where that would look "safe".
+are never read as zero power or zero temperature where that would look "safe"; a cluster
+temperature that stops reading keeps its last reading (as the thermal guard keeps its cap), so
+a failing sensor on a hot cluster does not make it the coolest one.
 
 Three vectors per tick:
 
@@ -175,6 +177,8 @@ class FeatureTracker:
         self.scale = BoardScale.of(spec)
         self.names = tuple(c.name for c in spec.clusters)[:MAX_CLUSTERS]
         self._hist: deque[tuple[float, tuple[float | None, ...]]] = deque()
+        #: each cluster's last temperature read, kept while its zones read nothing
+        self._last_temps: tuple[float | None, ...] = (None,) * len(self.names)
         #: ``ClusterObs.level`` per (table, current kHz): a scan of the table per cluster and
         #: tick otherwise; bounded (a board has a few tables and OPPs)
         self._levels: dict[tuple[tuple[int, ...], int | None], int | None] = {}
@@ -190,6 +194,7 @@ class FeatureTracker:
 
     def reset(self) -> None:
         self._hist.clear()
+        self._last_temps = (None,) * len(self.names)
 
     def _trend(self, t: float, temps: tuple[float | None, ...]) -> tuple[float, ...]:
         h = self._hist
@@ -211,6 +216,9 @@ class FeatureTracker:
         sc = self.scale
         byname = {c.name: c for c in obs.clusters}
         temps = _cluster_temps(obs, self.names)
+        if None in temps:
+            temps = tuple(t if t is not None else k for t, k in zip(temps, self._last_temps))
+        self._last_temps = temps
         trends = self._trend(obs.t, temps)
         rows = [_ZERO_ROW] * MAX_CLUSTERS
         cap_online = 0.0

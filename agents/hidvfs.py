@@ -191,7 +191,7 @@ def build_inputs(feats, obs: Observation, space: ActionSpace) -> TickInputs:
         if cl is None or not cl.online:
             continue
         headroom_c = headrooms[ci] * 30.0
-        if headroom_c <= HOT_MARGIN_C:
+        if headroom_c <= HOT_MARGIN_C + 1e-4:  # float32 features: 3 C reads 3.00000004
             tm[ci] = (False, True)
         elif trip_ratios[ci] >= COOL_FLOOR:
             tm[ci] = (True, True)

@@ -3,7 +3,8 @@
 The learner never imports the simulator or the workloads: ``run_episode(policy, items, seed)``
 runs one episode of the real control loop and returns its result (``jobs`` with ``pid``,
 ``release_t``, ``finish_t``, ``deadline_s``, ``criticality``; ``t_end``, ``energy_j``,
-``makespan_s``, ``peak_temp_c``), and ``make_mix(seed)`` returns that episode's items. The CLI
+``makespan_s``, ``peak_temp_c``; ``cold=True`` starts the board idle at its ambient whatever
+the mix draws), and ``make_mix(seed)`` returns that episode's items. The CLI
 (:mod:`tools.cmd_agents`) wires :func:`daemon.simrun.run_sim` and :mod:`bots_bench.workload`.
 
 Reward, per decision tick i (from the observations the policy recorded, Delta t to the next
@@ -644,11 +645,13 @@ def reference_power(
     over: str = "episode",
 ) -> float:
     """Mean power (W) of ``rail`` ("total" or "cpu") over one ``maxfreq`` episode on the first
-    training mix: over the whole episode, or (``over="busy"``) while a job was pending."""
+    training mix, on a cold board: over the whole episode, or (``over="busy"``) while a job was
+    pending. Cold whatever the mix draws: a hot start's leakage had scaled the energy weight
+    down by 3-10 % for the seeds whose first mix starts hot."""
     from agents.governors import make_governor
 
     s = seed_ranges(seed, 1)["train"][0]
-    res = run_episode(make_governor("maxfreq"), make_mix(s), s)
+    res = run_episode(make_governor("maxfreq"), make_mix(s), s, cold=True)
     if over == "busy":
         p = busy_power(res, rail)
         return p if p else BoardScale.of(spec).power_w

@@ -1,6 +1,7 @@
 """Thermal guard: hard frequency caps from trip points, independent of the agents.
 
-When a cluster's hottest zone reaches (passive trip - margin) the cap drops one OPP per tick;
+When a cluster's hottest zone reaches (passive trip - margin) the cap drops one OPP per tick,
+from the cap in force (a static ceiling included), as the kernel's step_wise governor steps;
 it rises one OPP per tick once the zone is below (trip - margin - hysteresis). Zones without a
 trip (or unavailable readings) never relax a cap, so a failing sensor keeps the last cap.
 Static ceilings (config ``thermal.cap_khz``) hold at all times, whatever the temperature. The
@@ -94,12 +95,17 @@ class ThermalGuard:
             temp, trip = hot.get(c.name, (None, None))
             top = len(c.freqs_khz) - 1
             level = self.levels.get(c.name, top)
+            fixed = self.static_khz.get(c.name)
+            ceiling = top if fixed is None else _floor_level(c.freqs_khz, fixed)
             if temp is not None and trip is not None:
                 limit = trip - self.margin_c
                 if temp >= limit:
-                    current = c.level if c.level is not None else top
+                    # one OPP below the cap in force, as the kernel's step_wise governor steps
+                    # its cooling state; not below the current frequency: a cluster idling at
+                    # its lowest OPP would be capped there at once, and stay so until the zone
+                    # is below limit - hysteresis, whatever it is asked to run next
                     before = level
-                    level = max(0, min(level, current) - 1)
+                    level = max(0, min(level, ceiling) - 1)
                     if level < before:  # at the floor already: nothing new to report each tick
                         out.events.append(
                             f"thermal_cap cluster={c.name} temp_c={temp:.1f} "
@@ -111,9 +117,7 @@ class ThermalGuard:
                 self.levels.pop(c.name, None)
             else:
                 self.levels[c.name] = level
-            fixed = self.static_khz.get(c.name)
-            if fixed is not None:
-                level = min(level, _floor_level(c.freqs_khz, fixed))
+            level = min(level, ceiling)
             if level >= top:
                 continue
             cap = c.freqs_khz[level]

@@ -71,6 +71,9 @@ class SimRunResult:
     jobs_cpu_energy_j: float | None = None
     #: time some cluster ran under the kernel's thermal cap (the plant's throttling)
     throttled_s: float = 0.0
+    #: time some cluster's frequency was capped for temperature, by the daemon's thermal guard
+    #: or the kernel (from tick to tick)
+    capped_s: float = 0.0
 
     @property
     def makespan_s(self) -> float | None:
@@ -152,6 +155,15 @@ def run_sim(
     history: list[dict] = []
     trace: list[tuple[float, float, float]] = []
     loop.on_tick.append(lambda res: trace.append((res.t, plant.energy_j, plant.cpu_energy_j)))
+    capped = [0.0, 0.0, False]  # seconds capped, and the last tick's (t, capped)
+
+    def count_caps(res: TickResult) -> None:
+        if capped[2]:
+            capped[0] += res.t - capped[1]
+        capped[1] = res.t
+        capped[2] = bool(loop.guard.levels) or any(map(plant.throttled, plant.clusters))
+
+    loop.on_tick.append(count_caps)
     if on_tick is not None:
         loop.on_tick.append(on_tick)
     if history_every_s:
@@ -215,4 +227,5 @@ def run_sim(
         jobs_energy_j=meter[1] if done_all else None,
         jobs_cpu_energy_j=meter[2] if done_all else None,
         throttled_s=plant.throttled_s,
+        capped_s=capped[0] + (plant.t - capped[1] if capped[2] else 0.0),
     )

@@ -45,10 +45,14 @@ class EpisodeSpec:
 #: thermal agent's choice was never free, and its network kept its initial weights
 TRAIN_HOT_FRACTION = 0.25
 #: a hot mix: ambient drawn from this range (C), and the board soaked at a temperature drawn
-#: from [HOT_START_LO x trip, trip - 1 C] (trip: the lowest passive trip of the CPU zones), the
-#: band where the thermal agent's "take work / must cool" is its own choice and just above it
+#: from [HOT_START_LO x trip, trip - HOT_START_BELOW_TRIP_C] (trip: the lowest passive trip of
+#: the CPU zones), where the thermal agent's "take work / must cool" is its own choice (from
+#: 0.7 x trip). The top stays 1 C below the thermal guard's default limit (trip - 5 C): a board
+#: soaked above it stays there for the whole episode (its heat sink's time constant is minutes),
+#: and the guard caps every policy alike to its lowest OPP, which teaches nothing
 HOT_AMBIENT_C = (25.0, 45.0)
 HOT_START_LO = 0.65
+HOT_START_BELOW_TRIP_C = 6.0
 #: the thermal draw's own stream: a mix's jobs are the same whether it starts hot or not
 _HOT_STREAM = 0x7E4A1
 
@@ -68,7 +72,7 @@ def thermal_start(board: str, seed: int, hot_fraction: float) -> tuple[float, fl
         return None
     trip = min(BoardScale.of(load_board(board)).trips_c)
     ambient = float(rng.uniform(*HOT_AMBIENT_C))
-    start = float(rng.uniform(max(ambient, HOT_START_LO * trip), trip - 1.0))
+    start = float(rng.uniform(max(ambient, HOT_START_LO * trip), trip - HOT_START_BELOW_TRIP_C))
     return ambient, start
 
 
@@ -96,13 +100,14 @@ def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
 def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False):
     """Runs one mix under a policy with its own stages; with ``reserve``, with the stages the
     daemon runs (the policy's planned around the mixed-criticality reservation, then it). The
-    plant's seed is the mix's, and so is its thermal start (:func:`thermal_start`)."""
+    plant's seed is the mix's, and so is its thermal start (:func:`thermal_start`; ``cold``:
+    idle at the board's ambient whatever the mix draws)."""
     from agents.mixed import daemon_stages
     from daemon.simrun import run_sim
 
-    def run_episode(policy, items, seed):
+    def run_episode(policy, items, seed, cold: bool = False):
         stages = list(getattr(policy, "stages", []) or [])
-        hot = thermal_start(board, seed, ep.hot_fraction)
+        hot = None if cold else thermal_start(board, seed, ep.hot_fraction)
         return run_sim(
             board,
             policy,
@@ -371,8 +376,9 @@ BASE_EVAL = ("hidvfs", "geardvfs", "ztt", "schedutil", "maxfreq")
 ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
 #: energy_j is the whole board (the plant's VDD_IN); cpu_energy_j the CPU rail alone (what DVFS
 #: controls; on the RUBIK Pi 3, which has no monitor, the plant's CPU energy)
-#: throttled_s: time some cluster ran under the kernel's thermal cap (hot starts)
-METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c", "throttled_s")
+#: capped_s: time some cluster's frequency was capped for temperature, by the daemon's thermal
+#: guard or the kernel's throttling (hot starts)
+METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c", "capped_s")
 
 
 def _build(name: str, spec, models):
@@ -415,7 +421,7 @@ def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
         "cpu_energy_j": cpu_energy,
         "edp": None if ms is None else energy * ms,
         "peak_temp_c": res.peak_temp_c,
-        "throttled_s": res.throttled_s,
+        "capped_s": res.capped_s,
         "deadline_s": None,
         "deadline_met": miss == 0 if dl else None,
         "deadline_jobs": len(dl),
@@ -571,7 +577,8 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
         default=EpisodeSpec.hot_fraction,
         show_default=True,
         help="share of the mixes that start on a hot board (ambient 25-45 C, soaked between "
-        f"{HOT_START_LO:g} x and 1 C below its passive trip); 0: idle at 25 C",
+        f"{HOT_START_LO:g} x and {HOT_START_BELOW_TRIP_C:g} C below its passive trip); 0: idle "
+        "at 25 C",
     )(f)
     f = click.option(
         "--hi-fraction",
@@ -865,7 +872,7 @@ def _print_table(board, summary, ratios) -> None:
         f"{'policy':18s} {'makespan s':>14s} {'energy J':>14s} {'CPU energy J':>14s} "
         f"{'EDP J·s':>14s} "
         f"{'misses':>9s} {'miss ratio [95% CI]':>22s} {'HI misses':>10s} {'peak C':>12s} "
-        f"{'throttled s':>13s}"
+        f"{'capped s':>10s}"
     )
     for r in summary:
         misses = f"{r['misses_total']}/{r['deadline_jobs_total']}"
@@ -874,7 +881,7 @@ def _print_table(board, summary, ratios) -> None:
             f"{r['policy']:18s} {_fmt(r['makespan_s']):>14s} {_fmt(r['energy_j'], 2):>14s} "
             f"{_fmt(r['cpu_energy_j'], 2):>14s} {_fmt(r['edp'], 2):>14s} "
             f"{misses:>9s} {_ratio_ci(r['miss_ratio'], r['miss_ci95']):>22s} {hi:>10s} "
-            f"{_fmt(r['peak_temp_c'], 1):>12s} {_fmt(r['throttled_s'], 2):>13s}"
+            f"{_fmt(r['peak_temp_c'], 1):>12s} {_fmt(r['capped_s'], 2):>10s}"
         )
     if summary and summary[0].get("reserve"):
         click.echo("with the daemon's mixed-criticality reservation (--reserve)")

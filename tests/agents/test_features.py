@@ -97,6 +97,18 @@ def test_unavailable_readings_are_neutral_not_zero():
     assert glob[GLOBAL_FIELDS.index("power")] == 0.5
 
 
+def test_a_sensor_that_stops_reading_keeps_its_last_temperature():
+    """A hot cluster whose zone stops reading must not look cool (it would be chosen as the
+    coolest to take the work the thermal agent sends away from the others)."""
+    ft = FeatureTracker(load_board("tx2"))
+    i, h = CLUSTER_FIELDS.index("temp_ratio"), CLUSTER_FIELDS.index("headroom")
+    hot = ft(make_obs("tx2", 0.0, 84.0, 0.5, 0.5))[0]
+    failed = ft(make_obs("tx2", 0.05, None, 0.5, 0.5))[0]
+    assert failed[0, i] == hot[0, i] and failed[0, h] == hot[0, h]
+    ft.reset()  # a new run knows no earlier reading: neutral
+    assert ft(make_obs("tx2", 0.0, None, 0.5, 0.5))[0][0, i] == np.float32(0.6)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     temp=st.one_of(st.none(), st.floats(-40, 150)),

@@ -7,9 +7,11 @@ import pytest
 
 import agents.hidvfs as hidvfs_mod
 from agents.features import BoardScale
+from daemon.guard import ThermalGuard
 from platforms.spec import load_board
 from tools.cmd_agents import (
     HOT_AMBIENT_C,
+    HOT_START_BELOW_TRIP_C,
     HOT_START_LO,
     EpisodeSpec,
     episode_items,
@@ -28,7 +30,8 @@ def test_hot_starts_lie_in_the_thermal_agents_band_and_are_seeded(board):
     amb = np.array([d[0] for d in draws])
     start = np.array([d[1] for d in draws])
     assert amb.min() >= HOT_AMBIENT_C[0] and amb.max() <= HOT_AMBIENT_C[1]
-    assert start.min() >= HOT_START_LO * trip and start.max() <= trip - 1.0
+    assert start.min() >= HOT_START_LO * trip
+    assert start.max() <= trip - HOT_START_BELOW_TRIP_C < trip - ThermalGuard().margin_c
     assert np.all(start >= amb)
     assert start.std() > 3.0  # spread over the band, not one point
     assert draws == [thermal_start(board, s, 1.0) for s in range(300)]  # reproducible
@@ -76,3 +79,59 @@ def test_the_thermal_head_is_free_on_a_hot_start_and_never_on_a_cold_one(monkeyp
         make_runner("tx2", ep)(pol, episode_items("tx2", 5, ep), 5)
     assert free["cold"] == 0
     assert free["hot"] > 10
+
+
+@pytest.mark.parametrize(("temp", "forced"), [(81.5, False), (82.0, True), (82.5, True)])
+def test_must_cool_is_forced_from_exactly_hot_margin_below_the_trip(temp, forced):
+    """tx2 reads in 0.5 C steps and its trip is 85 C: 82.0 C is 3 C below, and must cool
+    (through float32 features the headroom had read 3.00000004 C, and was left free)."""
+    from agents.features import FeatureTracker
+    from agents.hidvfs import HOT_MARGIN_C, ActionSpace, build_inputs
+    from tests.agents.test_features import make_obs
+
+    assert HOT_MARGIN_C == 3.0
+    spec = load_board("tx2")
+    obs = make_obs("tx2", 0.0, temp, 0.5, 0.5)
+    inp = build_inputs(FeatureTracker(spec)(obs), obs, ActionSpace.of(spec))
+    assert inp.therm_mask[0].tolist() == ([False, True] if forced else [True, True])
+
+
+def test_the_reward_reference_power_is_measured_on_a_cold_board():
+    """tx2 seed 0's first training mix starts hot: its leakage had raised P_ref by 7.6 % and
+    scaled the energy weight down by as much."""
+    from agents.train import reference_power, seed_ranges
+
+    spec = load_board("tx2")
+    first = seed_ranges(0, 1)["train"][0]
+    assert thermal_start("tx2", first, 0.25) is not None  # the case this guards
+
+    def ref(ep):
+        return reference_power(
+            spec, make_runner("tx2", ep), lambda s: episode_items("tx2", s, ep), 0, "total", "busy"
+        )
+
+    hot_ep = EpisodeSpec(hot_fraction=1.0)
+    assert ref(hot_ep) == ref(EpisodeSpec())
+    # and the hot start would have moved it
+    from agents.governors import make_governor
+    from agents.train import busy_power
+
+    items = episode_items("tx2", first, hot_ep)
+    hot = busy_power(make_runner("tx2", hot_ep)(make_governor("maxfreq"), items, first), "total")
+    assert hot > 1.02 * ref(EpisodeSpec())
+
+
+def test_capped_time_counts_the_guards_caps():
+    """On a board soaked above the guard's limit every tick runs capped; cold, none does."""
+    from agents.governors import make_governor
+    from daemon.simrun import run_sim
+
+    items = episode_items("tx2", 11, EpisodeSpec())
+    trip = min(BoardScale.of(load_board("tx2")).trips_c)
+    cold = run_sim("tx2", make_governor("maxfreq"), items, seed=11, period_s=0.05)
+    assert cold.capped_s == 0.0
+    hot = run_sim(
+        "tx2", make_governor("maxfreq"), items, seed=11, period_s=0.05, start_c=trip - 2.0
+    )
+    assert hot.capped_s == pytest.approx(hot.t_end, abs=0.06)  # from the first tick on
+    assert hot.makespan_s > 1.2 * cold.makespan_s  # and the caps bound

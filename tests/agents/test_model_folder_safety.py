@@ -128,10 +128,10 @@ def test_an_interrupted_training_leaves_the_folder_as_it_was(tmp_path):
     ep = EpisodeSpec(n_jobs=2)
     run = make_runner("rubikpi3", ep)
 
-    def run_episode(policy, items, seed):
+    def run_episode(policy, items, seed, **kw):
         if CALIB_SEEDS <= seed < CALIB_SEEDS + 100_000:
             raise Interrupted("SIGTERM")  # as InterruptOnSignals raises it
-        return run(policy, items, seed)
+        return run(policy, items, seed, **kw)
 
     with pytest.raises(Interrupted):
         train_board(
@@ -167,13 +167,13 @@ def test_parallel_training_saves_each_policy_as_it_arrives(tmp_path):
             return False
         return man["policies"]["ztt"]["provenance"]["seed"] == 1
 
-    def run_episode(policy, items, seed):
+    def run_episode(policy, items, seed, **kw):
         if isinstance(policy, GearDvfsPolicy):  # fails once zTT's result is in (or 60 s on)
             t_end = time.monotonic() + 60
             while not ztt_saved() and time.monotonic() < t_end:
                 time.sleep(0.1)
             raise RuntimeError("geardvfs worker failed")
-        return run(policy, items, seed)
+        return run(policy, items, seed, **kw)
 
     with pytest.raises(RuntimeError, match="geardvfs worker failed"):
         train_board(

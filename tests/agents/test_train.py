@@ -59,7 +59,7 @@ def _obs(t: float, f: int, progress: float, power_w: float, cpus) -> Observation
     return Observation(t, "tx2", cl, zones, rails, jobs)
 
 
-def toy_episode(policy, items, seed, dt: float = 0.05):
+def toy_episode(policy, items, seed, dt: float = 0.05, cold: bool = False):
     """One job on the A57 cluster: rate = cores x f / f_max, power = 1 + 2 n (f / f_max)^3."""
     policy.reset(seed)
     t, prog, energy, f, n, cpus = 0.0, 0.0, 0.0, A57.fmin_khz, 4, A57.cpus

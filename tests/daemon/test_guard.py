@@ -67,3 +67,16 @@ def test_a_cap_held_at_the_floor_is_reported_once_not_every_tick():
         events += out.events
     assert cur == 500
     assert [e.split("cap_khz=")[1] for e in events] == ["1500", "1000", "500"]
+
+
+def test_an_idle_cluster_is_capped_one_opp_at_a_time_not_at_its_floor():
+    """The cap steps down from the cap in force, not from the current frequency: a cluster
+    parked at its lowest OPP when the zone crossed the limit had been capped there at once,
+    and stayed so, whatever it was asked to run, until the zone cooled below the band."""
+    g = ThermalGuard(margin_c=5.0, hysteresis_c=3.0)
+    out = g.apply(Decision({"big": 500}), obs(81.0, cur=500))
+    assert out.cap_khz["big"] == 1500
+    out = g.apply(Decision({"big": 2000}), obs(79.0, cur=500))  # inside the band: held
+    assert out.freq_khz["big"] == 1500
+    out = g.apply(Decision({"big": 2000}), obs(81.0, cur=1500))
+    assert out.freq_khz["big"] == 1000  # hot again: one more OPP down

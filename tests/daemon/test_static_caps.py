@@ -37,7 +37,7 @@ def test_static_cap_holds_when_cool_and_the_hotter_cap_wins():
     out = g.apply(Decision({"big": 2000}), obs(40.0))
     assert out.freq_khz["big"] == 1000 and out.cap_khz["big"] == 1000
     assert not g.levels  # a static ceiling is not throttling
-    g.apply(Decision({"big": 2000}), obs(82.0, cur=1000))  # hot: one OPP below the current
+    g.apply(Decision({"big": 2000}), obs(82.0, cur=1000))  # hot: one OPP below the ceiling
     assert g.apply(Decision({"big": 2000}), obs(82.0, cur=1000)).cap_khz["big"] < 1000
 
 
