@@ -335,7 +335,13 @@ def test_captured_data_exercises_the_repair_paths(board):
     assert any("no feasible assignment" in e for e in gate_events)
     assert any("moved to another cluster" in e for e in gate_events)
     assert any("shield:" in e for t in ticks for e in t["stages"][-1]["events"])
-    assert any(any(t["inputs"]["therm_mask"][0]) and t["choice"]["therm"][0] == 1 for t in ticks)
+    # some cluster sent to cool (on orin-nx one zone covers both clusters: when both must
+    # cool, the first takes the work as the coolest, so it is the second that cools)
+    assert any(
+        any(m) and t["choice"]["therm"][ci] == 1
+        for t in ticks
+        for ci, m in enumerate(t["inputs"]["therm_mask"])
+    )
     assert max(len(t["stages"][0]["jobs"]) for t in ticks) >= 6
 
 

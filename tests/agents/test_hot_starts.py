@@ -135,3 +135,24 @@ def test_capped_time_counts_the_guards_caps():
     )
     assert hot.capped_s == pytest.approx(hot.t_end, abs=0.06)  # from the first tick on
     assert hot.makespan_s > 1.2 * cold.makespan_s  # and the caps bound
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_no_shipped_hidvfs_network_is_its_initial_one(board):
+    """Until stop 32 every board's thermal.onnx was its seeded initial network: its head had
+    never been free in a training mix. The reference outputs recorded at training time must
+    differ from the initial network's on the same inputs, for each of the three agents."""
+    import json
+
+    from agents.learned import MODELS_DIR
+    from agents.train import HidvfsNets, TrainConfig
+
+    folder = MODELS_DIR / board
+    man = json.loads((folder / "manifest.json").read_text())
+    seed = man["policies"]["hidvfs"]["provenance"]["seed"]
+    cfg = TrainConfig()
+    init = HidvfsNets.init(seed, cfg.hidden, cfg.prior)
+    with np.load(folder / "reference.npz") as ref:
+        for role in ("profiler", "thermal", "priority"):
+            x, y = ref[f"{role}_x"], ref[f"{role}_y"]
+            assert not np.allclose(getattr(init, role).forward(x), y, atol=1e-5), role
