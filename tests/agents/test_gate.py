@@ -31,6 +31,7 @@ from agents.gate import (
     requirement,
     requirements,
 )
+from agents.deadlines import work_at
 from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 from platforms.spec import load_board
@@ -400,8 +401,37 @@ def check_priorities(jobs, decision):
             assert st[b].rt_priority > st[a].rt_priority >= 1, (a, b, st)
 
 
+def check_demand_bound(clusters, jobs, decision):
+    """An independent necessary condition on an admitted point (not the gate's analysis):
+    within one cluster, for every union U of the deadline jobs' core sets and every deadline
+    d, the jobs confined to U that are due by d need at most |U| x d core-seconds of their
+    remaining work at the cluster's frequency. No scheduler can beat it."""
+    kof = {c: k for k in clusters for c in k.cpus}
+    due = []
+    for j in jobs:
+        cpus = frozenset(decision.jobs[j.pid].cpus) if j.pid in decision.jobs else frozenset()
+        assert cpus, f"pid {j.pid}: a deadline job without cores was admitted"
+        k = kof[next(iter(cpus))]
+        f = decision.freq_khz[k.name]
+        due.append(
+            (cpus, k.name, j.remaining_s, work_at(j.profile, f, k.capacity, j.remaining_work))
+        )
+    for k in clusters:
+        mine = [x for x in due if x[1] == k.name]
+        for r in range(1, len(mine) + 1):
+            for combo in itertools.combinations(mine, r):
+                u = frozenset().union(*(x[0] for x in combo))
+                for d in {x[2] for x in mine}:
+                    need = sum(c for cpus, _, dl, c in mine if cpus <= u and dl <= d)
+                    assert need <= len(u) * d * (1 + 1e-9) + 1e-12, (
+                        f"{k.name}: {need:.4g} core-s due by {d:.4g} s on {len(u)} cores"
+                    )
+
+
 def check_invariants(clusters, jobs, proposal, r, others=()):
     check_priorities(jobs, r.decision)
+    if r.feasible:
+        check_demand_bound(clusters, jobs, r.decision)
     tables = {k.name: k.freqs_khz for k in clusters}
     for name, f in r.decision.freq_khz.items():
         assert f in tables[name], (name, f)
@@ -559,6 +589,23 @@ def test_repaired_decision_is_a_fixed_point(inst):
     again = gate.repair(r.decision, jobs)
     if r.feasible:
         assert again.decision is r.decision and again.feasible
+
+
+def test_light_jobs_on_overlapping_core_sets_are_not_admitted():
+    """Three chains (C 0.9 s, D 1 s) on a two-core cluster, on cores (0,), (0, 1) and (1,):
+    2.7 core-seconds due in 1 s on 2 cores. The gate's tests of pools alone passed it when
+    the check of overlapping but different core sets was off; the demand bound catches it."""
+    k = cl("c", (0, 1), (GHZ,))
+    jobs = tuple(GateJob(100 + i, prof(0.9, 0.9, name=f"j{i}"), 1.0) for i in range(3))
+    sets = {100: (0,), 101: (0, 1), 102: (1,)}
+    proposal = Decision({"c": GHZ}, {p: JobSetting(c) for p, c in sets.items()})
+    reasons, _ = analyse(Assignment((k,), jobs, proposal.freq_khz, sets))
+    assert any("overlapping but different core sets" in r for r in reasons)
+    with pytest.raises(AssertionError, match="core-s due by 1 s on 2 cores"):
+        check_demand_bound((k,), jobs, proposal)
+    r = FederatedGate((k,)).repair(proposal, jobs)
+    assert not r.feasible
+    check_invariants((k,), jobs, proposal, r)
 
 
 def test_violations_name_the_cause():

@@ -3,11 +3,14 @@ see the limits the daemon found, or it could never change the frequency again.""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from agents.governors import make_governor
 from daemon.actuator import Actuator
 from platforms import paths
+from platforms.errors import SysfsWriteError
 from platforms.faketree import write_fake_tree
 from platforms.procs import NoProcesses
 from platforms.sense import Sensor
@@ -15,11 +18,35 @@ from platforms.spec import load_board
 from platforms.sysfs import DirSysfs
 
 
+class KernelLimits(DirSysfs):
+    """A fake tree that refuses, as cpufreq does (EINVAL), a limit write that would leave
+    scaling_min_freq above scaling_max_freq: a write order that passes through an inverted
+    pair then leaves the wrong limits, which the tests see."""
+
+    def write(self, path: str, value: str) -> None:
+        name = path.rsplit("/", 1)[-1]
+        if name in ("scaling_min_freq", "scaling_max_freq"):
+            base = path.rsplit("/", 1)[0]
+            lo = (
+                int(value)
+                if name == "scaling_min_freq"
+                else self.read_int(f"{base}/scaling_min_freq")
+            )
+            hi = (
+                int(value)
+                if name == "scaling_max_freq"
+                else self.read_int(f"{base}/scaling_max_freq")
+            )
+            if lo > hi:
+                raise SysfsWriteError(path, value, errno.EINVAL, f"min {lo} > max {hi}")
+        super().write(path, value)
+
+
 @pytest.fixture
 def no_userspace(tmp_path):
     spec = load_board("tx2")
     write_fake_tree(spec, tmp_path)
-    sysfs = DirSysfs(tmp_path)
+    sysfs = KernelLimits(tmp_path)
     for c in spec.clusters:
         f = tmp_path / paths.policy_file(c.policy, "scaling_available_governors")
         f.write_text(" ".join(g for g in f.read_text().split() if g != "userspace") + "\n")
