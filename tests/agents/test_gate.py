@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from agents.deadlines import work_at
 from agents.gate import (
     Assignment,
     FederatedGate,
@@ -31,7 +32,6 @@ from agents.gate import (
     requirement,
     requirements,
 )
-from agents.deadlines import work_at
 from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 from platforms.spec import load_board
