@@ -29,6 +29,7 @@ class Timed:
         self.per_task: list[float] = []
         self.wall_task: list[float] = []
         self.per_call: list[float] = []
+        self.placed: list[int] = []
 
     def reset(self, workload, nodes, seed):
         self.inner.reset(workload, nodes, seed)
@@ -38,6 +39,7 @@ class Timed:
         out = self.inner.place(view)
         dt, wall = time.thread_time() - c0, time.perf_counter() - w0
         self.per_call.append(dt)
+        self.placed.extend(t for t, _ in out)
         if out:
             self.per_task.append(dt / len(out))
             self.wall_task.append(wall / len(out))
@@ -52,14 +54,16 @@ def big_cluster():
 
 
 @pytest.mark.parametrize("policy", ["higfrl", "heft", "tetris", "sjf"])
-def test_decision_p99_under_5ms_on_100_nodes(benchmark, big_cluster, policy):
+def test_decision_p99_on_100_nodes(benchmark, big_cluster, policy):
+    """Reports the p99 CPU time per placed task (the issue's budget: 5 ms); asserts only that
+    every task was placed once."""
     w, nodes = big_cluster
     timed = Timed(HigfrlPlacer() if policy == "higfrl" else make_heuristic(policy))
     benchmark.pedantic(lambda: simulate(w, nodes, timed), rounds=1, iterations=1)
     p99_task = float(np.percentile(timed.per_task, 99)) * 1e3
     p99_call = float(np.percentile(timed.per_call, 99)) * 1e3
     benchmark.extra_info["p99_ms_cpu"] = round(p99_task, 3)
-    assert len(timed.per_task) == w.n_tasks or len(timed.per_task) > 0
+    assert sorted(timed.placed) == list(range(w.n_tasks))
     p99_wall = float(np.percentile(timed.wall_task, 99)) * 1e3
     print(
         f"\n{policy}: {len(nodes)} nodes, {w.n_tasks} tasks, decision p99 {p99_task:.2f} ms cpu "
@@ -67,7 +71,7 @@ def test_decision_p99_under_5ms_on_100_nodes(benchmark, big_cluster, policy):
     )
 
 
-def test_replay_10k_tasks_under_30s(benchmark):
+def test_replay_10k_tasks(benchmark):
     nodes = parse_nodes_spec("tx2:8,orin-nx:8,rubikpi3:8")
     cfg = SyntheticConfig(n_jobs=1000, seed=5, load=0.9, capacity=capacity(nodes))
     w = Workload.from_jobs(synthetic_trace(cfg).jobs)

@@ -169,3 +169,43 @@ def test_the_daemon_runs_its_loop_frozen(tmp_path, monkeypatch):
     )
     assert seen and min(seen) > 1000
     assert gc.get_freeze_count() == 0  # given back when the run ended
+
+
+def test_an_exception_inside_the_loop_still_gives_the_tree_back(tmp_path, monkeypatch):
+    """Restore is tested for signals and for kill -9 and a restart; an error raised by a tick
+    must also leave every setting as it was, and no snapshot behind."""
+    import daemon.service
+    from daemon.service import run_live
+    from platforms import paths
+
+    monkeypatch.setattr(daemon.service, "setup_logging", lambda *a, **k: None)
+    spec = load_board("tx2")
+    tree = tmp_path / "tree"
+    write_fake_tree(spec, tree)
+    (tmp_path / "state").mkdir()
+    # scaling_setspeed is not a setting: the kernel shows <unsupported> again once the governor
+    # is no longer userspace, which a fake tree does not emulate
+    names = ("scaling_governor", "scaling_min_freq", "scaling_max_freq")
+    files = [tree / paths.policy_file(c.policy, n) for c in spec.clusters for n in names]
+    before = {f: f.read_text().strip() for f in files if f.exists()}
+    calls = []
+    tick = ControlLoop.tick
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a tick failed")
+        return tick(self)
+
+    monkeypatch.setattr(ControlLoop, "tick", failing)
+    with pytest.raises(RuntimeError, match="a tick failed"):
+        run_live(
+            sysfs_root=str(tree),
+            policy="powersave",
+            state_dir=str(tmp_path / "state"),
+            duration_s=5.0,
+            socket_path=str(tmp_path / "state" / "s.sock"),
+        )
+    assert len(calls) == 3
+    assert {f: f.read_text().strip() for f in before} == before
+    assert not (tmp_path / "state" / "restore.json").exists()

@@ -80,3 +80,48 @@ def test_an_idle_cluster_is_capped_one_opp_at_a_time_not_at_its_floor():
     assert out.freq_khz["big"] == 1500
     out = g.apply(Decision({"big": 2000}), obs(81.0, cur=1500))
     assert out.freq_khz["big"] == 1000  # hot again: one more OPP down
+
+
+def obs_zones(zones, cur=2000):
+    """One cluster watched by several zones: (temperature, passive trip) each."""
+    c = ClusterObs("big", 0, (0, 1), (0, 1), TABLE, 1.0, cur, 500, 2000, "userspace")
+    zs = tuple(
+        ZoneObs(f"cpu{i}-therm", "cpu", t, ("big",), passive_trip_c=trip)
+        for i, (t, trip) in enumerate(zones)
+    )
+    return Observation(0.0, "toy", (c,), zs, ())
+
+
+def test_the_hottest_zone_and_the_lowest_trip_set_the_cap():
+    d = Decision({"big": 2000})
+    # one zone hot against its own trip, another cool: the hot one caps
+    assert ThermalGuard().apply(d, obs_zones([(60.0, 95.0), (81.0, 85.0)])).cap_khz == {
+        "big": 1500
+    }
+    assert ThermalGuard().apply(d, obs_zones([(81.0, 85.0), (60.0, 95.0)])).cap_khz == {
+        "big": 1500
+    }
+    # the hottest reading against the lowest trip, even from different zones (conservative)
+    assert ThermalGuard().apply(d, obs_zones([(81.0, 95.0), (40.0, 85.0)])).cap_khz == {
+        "big": 1500
+    }
+    assert not ThermalGuard().apply(d, obs_zones([(79.0, 95.0), (40.0, 85.0)])).cap_khz
+
+
+@given(st.lists(st.floats(20.0, 110.0), min_size=1, max_size=40), st.sampled_from(TABLE))
+def test_the_cap_follows_one_opp_per_tick_down_and_up(temps, want):
+    """At or above trip - margin the cap drops one OPP a tick; below trip - margin -
+    hysteresis it rises one; in between it holds: the level is tracked independently."""
+    g = ThermalGuard(margin_c=5.0, hysteresis_c=3.0)
+    top = len(TABLE) - 1
+    level = top
+    cur = want
+    for t in temps:
+        if t >= 80.0:
+            level = max(0, level - 1)
+        elif t < 77.0 and level < top:
+            level += 1
+        out = g.apply(Decision({"big": want}), obs(t, cur=cur))
+        assert out.cap_khz.get("big", TABLE[top]) == TABLE[level]
+        assert out.freq_khz["big"] == min(want, TABLE[level])
+        cur = out.freq_khz["big"]
