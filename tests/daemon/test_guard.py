@@ -95,16 +95,10 @@ def obs_zones(zones, cur=2000):
 def test_the_hottest_zone_and_the_lowest_trip_set_the_cap():
     d = Decision({"big": 2000})
     # one zone hot against its own trip, another cool: the hot one caps
-    assert ThermalGuard().apply(d, obs_zones([(60.0, 95.0), (81.0, 85.0)])).cap_khz == {
-        "big": 1500
-    }
-    assert ThermalGuard().apply(d, obs_zones([(81.0, 85.0), (60.0, 95.0)])).cap_khz == {
-        "big": 1500
-    }
+    assert ThermalGuard().apply(d, obs_zones([(60.0, 95.0), (81.0, 85.0)])).cap_khz == {"big": 1500}
+    assert ThermalGuard().apply(d, obs_zones([(81.0, 85.0), (60.0, 95.0)])).cap_khz == {"big": 1500}
     # the hottest reading against the lowest trip, even from different zones (conservative)
-    assert ThermalGuard().apply(d, obs_zones([(81.0, 95.0), (40.0, 85.0)])).cap_khz == {
-        "big": 1500
-    }
+    assert ThermalGuard().apply(d, obs_zones([(81.0, 95.0), (40.0, 85.0)])).cap_khz == {"big": 1500}
     assert not ThermalGuard().apply(d, obs_zones([(79.0, 95.0), (40.0, 85.0)])).cap_khz
 
 
