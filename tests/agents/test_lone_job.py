@@ -10,7 +10,6 @@ import pytest
 from bots_bench.campaign_sim import SimRunConfig, run_one
 from tools.policies import build_policy_stack
 
-
 ORIN_SLOWER = pytest.mark.xfail(
     strict=True,
     reason="the orin-nx agents retrained at stop 32 run a lone job up to 50 % slower than "
