@@ -41,6 +41,7 @@ import numpy as np
 
 from agents.deadlines import greedy_bound, span_at, work_at
 from agents.features import (
+    CLUSTER_FIELDS,
     MAX_CLUSTERS,
     N_CLUSTER,
     N_GLOBAL,
@@ -163,6 +164,8 @@ def _limit_masks(
 
 
 _NO_COOL = (True, False)
+#: the cluster row's online-core fraction (features.CLUSTER_FIELDS)
+_ONLINE = CLUSTER_FIELDS.index("online_frac")
 _LOWEST_LEVEL = (True,) + (False,) * (N_LEVELS - 1)
 _ALL_CORES = (False,) * (N_CORES - 1) + (True,)
 
@@ -231,7 +234,9 @@ def _must_cool(inp: TickInputs, therm: np.ndarray, n_present: int) -> None:
     """
     rows = inp.therm_mask.tolist()
     th = therm.tolist()
-    present = [ci for ci in range(n_present) if any(rows[ci])]
+    # clusters with an online core: an offline one (the TX2's Denver in its default power
+    # mode) cannot take the work, so it must not stop the coolest online one from taking it
+    present = [ci for ci in range(n_present) if any(rows[ci]) and inp.therm_x[ci, _ONLINE] > 0]
     if present and all(th[ci] == 1 for ci in present):
         coolest = min(present, key=lambda ci: float(inp.therm_x[ci, 4]))
         therm[coolest] = 0

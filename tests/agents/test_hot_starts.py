@@ -156,3 +156,30 @@ def test_no_shipped_hidvfs_network_is_its_initial_one(board):
         for role in ("profiler", "thermal", "priority"):
             x, y = ref[f"{role}_x"], ref[f"{role}_y"]
             assert not np.allclose(getattr(init, role).forward(x), y, atol=1e-5), role
+
+
+def test_the_coolest_online_cluster_takes_the_work_when_the_others_are_offline():
+    """TX2's default power mode takes Denver offline. With the A57s past the trip, "must cool"
+    is forced on them; the offline Denver counted as a cluster that takes work, so no online
+    cluster was left to take it (the decision then fell back to all A57s at the lowest OPP)."""
+    from dataclasses import replace
+
+    from agents.features import FeatureTracker
+    from agents.hidvfs import ActionSpace, build_inputs, choose
+    from agents.learned import make_hidvfs
+    from tests.agents.test_features import make_obs
+
+    spec = load_board("tx2")
+    obs = make_obs("tx2", 0.0, 84.0, 0.5, 0.5)
+    obs = replace(
+        obs,
+        clusters=tuple(replace(c, online=()) if c.name == "denver" else c for c in obs.clusters),
+    )
+    space = ActionSpace.of(spec)
+    inp = build_inputs(FeatureTracker(spec)(obs), obs, space)
+    a57, denver = space.clusters.index("a57"), space.clusters.index("denver")
+    assert inp.therm_mask[a57].tolist() == [False, True]  # forced to cool
+    nets = make_hidvfs(spec).nets
+    ch = choose(inp, nets, None, len(space.clusters))
+    assert ch.therm[a57] == 0  # the only online cluster takes the work
+    assert ch.therm[denver] == 0

@@ -261,7 +261,9 @@ def _reference_choice(inp, nets):
     profiler, thermal, priority = nets
     tz = thermal(inp.therm_x)
     therm = [_pick(tz[ci], inp.therm_mask[ci], None)[0] for ci in range(MAX_CLUSTERS)]
-    present = [ci for ci in range(MAX_CLUSTERS) if inp.therm_mask[ci].any()]
+    present = [
+        ci for ci in range(MAX_CLUSTERS) if inp.therm_mask[ci].any() and inp.therm_x[ci, 7] > 0
+    ]
     if present and all(therm[ci] == 1 for ci in present):
         therm[min(present, key=lambda ci: float(inp.therm_x[ci, 4]))] = 0
     for ci in range(MAX_CLUSTERS):
