@@ -10,14 +10,7 @@ import pytest
 from bots_bench.campaign_sim import SimRunConfig, run_one
 from tools.policies import build_policy_stack
 
-ORIN_SLOWER = pytest.mark.xfail(
-    strict=True,
-    reason="the orin-nx agents retrained at stop 32 run a lone job up to 50 % slower than "
-    "maxfreq (agents/TRAINING.md, stop 32); strict, so a retrain that mends it is reported",
-)
-
-
-@pytest.mark.parametrize("board", ["tx2", pytest.param("orin-nx", marks=ORIN_SLOWER)])
+@pytest.mark.parametrize("board", ["tx2", "orin-nx"])
 @pytest.mark.parametrize("bench", ["fib", "health"])
 def test_the_jetson_agents_run_a_lone_job_like_maxfreq(board, bench):
     recs = {
