@@ -67,8 +67,10 @@ import numpy as np
 
 from agents.features import MAX_CLUSTERS, BoardScale, remaining_bound_s
 from agents.hidvfs import (
+    COOL_FLOOR,
     CORE_FRACTIONS,
     HEAD,
+    HOT_MARGIN_C,
     N_CORES,
     N_LEVELS,
     PRIORITY_IN,
@@ -1003,8 +1005,8 @@ def untrained_warning(pol: str, board: str, tr, seed: int, cfg: TrainConfig) -> 
             return None
         if len(same) < 3:  # one agent never had a choice: its head was masked to one action
             hint = (
-                " (the thermal agent chooses only between 0.7 x a zone's passive trip and 3 C "
-                "below it: train with --hot-fraction above 0)"
+                f" (the thermal agent chooses only between {COOL_FLOOR:g} x a zone's passive "
+                f"trip and {HOT_MARGIN_C:g} C below it: train with --hot-fraction above 0)"
                 if "thermal" in same
                 else ""
             )
