@@ -630,8 +630,15 @@ class Store:
             else:
                 where.append(f'"{col}" IN ({", ".join("?" for _ in values)})')
                 params += values
+        # the blobs left out are not read at all (a campaign's time series run to megabytes);
+        # only the columns the file has (an older read-only file may lack the newer ones)
+        skip = {
+            c for c, want in (("stdout", with_stdout), ("timeseries", with_timeseries)) if not want
+        }
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+        cols = ", ".join(["id", *(_q(c) for c in COLUMNS if c in have and c not in skip)])
         sql = (
-            "SELECT * FROM runs"
+            f"SELECT {cols} FROM runs"
             + (f" WHERE {' AND '.join(where)}" if where else "")
             + " ORDER BY id"
         )

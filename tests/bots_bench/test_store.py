@@ -84,6 +84,28 @@ def test_round_trip(tmp_path):
     assert other["timeseries"] is None
 
 
+def test_runs_without_blobs_do_not_read_them(tmp_path):
+    """A report over a campaign asks for no time series: they are not read from the file."""
+    ts = {"t": [0.0, 0.1], "freq_khz": {"a57": [345600, 2035200]}}
+    with Store(tmp_path / "r.sqlite") as s:
+        s.add(record(stdout="Program = Fibonacci\n", timeseries=ts, config={"threads": 4}))
+    with Store(tmp_path / "r.sqlite") as s:
+        statements: list[str] = []
+        s._db.set_trace_callback(statements.append)
+        lean = s.runs(with_stdout=False, with_timeseries=False)[0]
+        selects = [q for q in statements if q.lstrip().upper().startswith("SELECT")]
+        s._db.set_trace_callback(None)
+        full = s.runs()[0]
+    runs_select = [q for q in selects if "FROM runs" in q]
+    assert runs_select and all(
+        '"timeseries"' not in q and '"stdout"' not in q and "*" not in q for q in runs_select
+    )
+    assert "timeseries" not in lean and "stdout" not in lean
+    assert lean["config"] == {"threads": 4} and lean["makespan_s"] == 1.5
+    assert full["timeseries"] == ts and full["stdout"].startswith("Program")
+    assert {k: v for k, v in full.items() if k not in ("timeseries", "stdout")} == lean
+
+
 def test_wal_mode_and_version(tmp_path):
     Store(tmp_path / "r.sqlite").close()
     db = sqlite3.connect(tmp_path / "r.sqlite")
