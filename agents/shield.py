@@ -139,7 +139,7 @@ class AdaptiveConformal:
     * :meth:`update`: one bound, one err, one score y - yhat (a pool of per-point scores).
     * :meth:`update_job`: all the bounds issued for one job, scored when it ends: ONE err
       (did any of its bounds miss?) and ONE score (its largest residual). This is the unit
-      when the pool holds one score per job (the shipped shield: ``agents.train.job_scores``,
+      when the pool holds one score per job (the shipped shield: ``agents.rtmodel.job_scores``,
       TRAINING.md "stop 30"): q(alpha) of that pool bounds every decision of a job at once,
       so its miss event is "some bound of the job missed". Counting one err per bound
       instead would see a per-bound miss rate well below alpha at q(alpha) (a job's largest

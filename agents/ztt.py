@@ -21,7 +21,7 @@ Published design (reference/baselines.md section 3) and what the port does with 
   samples, epsilon x 0.95 per training step, samples with r < 0 or r > 1 stored 3 times.
   Before 200 samples nothing is learned: a run of a few episodes (``--episodes`` below ~3-5,
   by the mix) would export the initial network, which ``agents train`` flags
-  (:func:`agents.train.untrained_warning`, ``untrained`` in the manifest entry).
+  (:func:`agents.trainboard.untrained_warning`, ``untrained`` in the manifest entry).
   Adam at lr 1e-2 instead of Keras' 0.05 (0.05 diverged in this numpy port). One training step
   per decision, as zTT trains every step; the step is the shared decision period (zTT's 1 s
   step would give it fewer decisions than the other policies).

@@ -262,7 +262,8 @@ def train_cmd(
 ) -> None:
     """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
     from agents.learned import model_dir
-    from agents.train import TrainConfig, train_board
+    from agents.train import TrainConfig
+    from agents.trainboard import train_board
     from platforms.spec import load_board
 
     spec = load_board(board)

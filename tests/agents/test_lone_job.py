@@ -10,6 +10,7 @@ import pytest
 from bots_bench.campaign_sim import SimRunConfig, run_one
 from tools.policies import build_policy_stack
 
+
 @pytest.mark.parametrize("board", ["tx2", "orin-nx"])
 @pytest.mark.parametrize("bench", ["fib", "health"])
 def test_the_jetson_agents_run_a_lone_job_like_maxfreq(board, bench):

@@ -26,7 +26,8 @@ from agents.learned import (
     make_learned_policy,
 )
 from agents.runtime import ModelMismatch
-from agents.train import CALIB_SEEDS, TrainConfig, train_board
+from agents.train import CALIB_SEEDS, TrainConfig
+from agents.trainboard import train_board
 from platforms.spec import load_board
 
 TX2 = load_board("tx2")
@@ -202,7 +203,7 @@ def test_a_signal_during_the_move_into_place_waits_for_it(tmp_path, monkeypatch)
     KeyboardInterrupt, as the CLI's handlers raise) once the folder is consistent again."""
     import signal
 
-    import agents.train as t
+    import agents.trainboard as t
 
     out, staged = tmp_path / "out", tmp_path / "stage"
     (staged / "sub").mkdir(parents=True)
@@ -238,7 +239,7 @@ def test_a_staging_folder_left_under_this_pid_is_stale(tmp_path):
     staging folder made the next mkdir fail."""
     import os
 
-    from agents.train import STAGING_PREFIX, _remove_stale_staging
+    from agents.trainboard import STAGING_PREFIX, _remove_stale_staging
 
     mine = tmp_path / f"{STAGING_PREFIX}{os.getpid()}"
     (mine / "hidvfs").mkdir(parents=True)

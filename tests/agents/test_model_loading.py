@@ -119,7 +119,8 @@ def test_reference_naming_another_board_is_refused(tx2_copy):
 
 
 def test_training_refuses_a_folder_of_another_board(tx2_copy):
-    from agents.train import TrainConfig, train_board
+    from agents.train import TrainConfig
+    from agents.trainboard import train_board
 
     with pytest.raises(ValueError, match="holds models of board 'tx2', not 'rubikpi3'"):
         train_board(
@@ -135,7 +136,8 @@ def test_training_refuses_a_folder_of_another_board(tx2_copy):
 
 
 def test_retraining_one_policy_records_its_own_provenance(tmp_path):
-    from agents.train import TrainConfig, train_board
+    from agents.train import TrainConfig
+    from agents.trainboard import train_board
     from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
 
     folder = tmp_path / "rubikpi3"

@@ -216,7 +216,7 @@ def test_busy_power_is_the_rail_mean_over_the_busy_time_only():
 
 
 def test_forked_jobs_return_in_order_and_report_failures():
-    from agents.train import _run_forked
+    from agents.trainboard import _run_forked
 
     base = 10
     jobs = [lambda i=i: {"i": i, "x": base + i} for i in range(5)]  # closures: not picklable
@@ -230,7 +230,7 @@ def test_forked_jobs_return_in_order_and_report_failures():
 
 
 def test_parallel_board_training_matches_serial(tmp_path):
-    from agents.train import train_board
+    from agents.trainboard import train_board
     from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
 
     spec = load_board("rubikpi3")
@@ -361,7 +361,8 @@ def test_train_cli_bounds_are_the_disjoint_range():
 
 
 def test_train_board_refuses_seeds_outside_the_disjoint_range(tmp_path):
-    from agents.train import MAX_SEED, train_board
+    from agents.train import MAX_SEED
+    from agents.trainboard import train_board
 
     for seed, cfg in ((MAX_SEED + 1, TrainConfig(episodes=1)), (0, TrainConfig(episodes=0))):
         with pytest.raises(ValueError, match="overlap"):
@@ -381,7 +382,7 @@ def test_the_untrained_prior_is_scored_but_never_exported():
 def test_the_shield_is_calibrated_per_job_on_its_largest_residual():
     """One conformal score per job, its worst decision: a job's bound then holds at every
     tick at once, and jobs, not a job's correlated ticks, are the exchangeable draws."""
-    from agents.train import coverage, fit_response_time, job_scores
+    from agents.rtmodel import coverage, fit_response_time, job_scores
 
     s = np.array([0.1, 0.5, -0.2, 0.3, 0.0, 0.2])
     j = np.array([7, 7, 3, 3, 3, 9])

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from agents.learned import check_board, make_hidvfs
-from agents.train import TrainConfig, train_board, untrained_warning
+from agents.train import TrainConfig
+from agents.trainboard import train_board, untrained_warning
 from platforms.spec import load_board
 
 RUBIK = load_board("rubikpi3")

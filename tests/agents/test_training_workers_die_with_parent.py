@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import time
-from agents.train import _run_forked
+from agents.trainboard import _run_forked
 _run_forked([lambda: time.sleep(120) or {}, lambda: time.sleep(120) or {}], 2)
 """
 
@@ -59,6 +59,6 @@ def test_workers_die_when_the_trainer_is_killed():
 
 
 def test_a_worker_whose_parent_is_alive_keeps_running():
-    from agents.train import _run_forked
+    from agents.trainboard import _run_forked
 
     assert _run_forked([lambda: {"pid": os.getpid()}], 1)[0]["pid"] != os.getpid()

@@ -206,8 +206,8 @@ def test_sweep_counts_a_repeated_fraction_once():
 
 @pytest.fixture
 def no_training(monkeypatch):
-    """Replaces agents.train.train_board: records the policies it was asked to train."""
-    import agents.train as t
+    """Replaces agents.trainboard.train_board: records the policies it was asked to train."""
+    import agents.trainboard as t
 
     calls = []
 
@@ -440,7 +440,7 @@ def test_sigterm_stops_parallel_training_with_its_workers(tmp_path):
 
 
 def test_train_repeats_an_untrained_policy_s_warning_at_the_end(monkeypatch, tmp_path):
-    import agents.train as t
+    import agents.trainboard as t
 
     warning = "[ztt tx2] WARNING: the exported network is its untrained initial one"
 
@@ -454,7 +454,7 @@ def test_train_repeats_an_untrained_policy_s_warning_at_the_end(monkeypatch, tmp
 
 
 def test_train_interrupted_exits_130_with_one_line(monkeypatch, tmp_path):
-    import agents.train as t
+    import agents.trainboard as t
 
     def fake(*a, **kw):
         raise KeyboardInterrupt
