@@ -28,7 +28,7 @@ from bots_bench.spec import RunConfig
 from daemon.actuator import Actuator
 from daemon.jobs import JobEntry, JobTable
 from daemon.loop import ControlLoop
-from daemon.restore import begin_session, restore_snapshot
+from daemon.restore import Session, begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
@@ -61,7 +61,8 @@ class NativeBoard:
     platform: Platform
     can_set_frequency: bool
     state_dir: str
-    snapshot: object | None = None
+    #: the board's originals while the campaign drives it (daemon.restore.Session)
+    session: Session | None = None
     notes: list[str] = field(default_factory=list)
     sample_hz: float = 200.0
     #: (bench, class, variant, label, threads) -> the failure of its untimed ``-c`` run, or
@@ -74,18 +75,18 @@ class NativeBoard:
         """Give the board its own settings back between runs, keeping the snapshot (and
         ``restore.json``) for the rest of the campaign: the cool-down and the next run's
         check start from the board's state, not from the last policy's pins."""
-        if self.snapshot is not None:
-            report = restore_snapshot(self.platform.sysfs, self.snapshot, log)
+        if self.session is not None:
+            report = restore_snapshot(self.platform.sysfs, self.session.snapshot, log)
             if not report.ok:
                 log.warning("event=settle_failed detail=%r", report.summary())
 
     def close(self) -> None:
-        if self.snapshot is not None:
+        if self.session is not None:
             report = restore_snapshot(
-                self.platform.sysfs, self.snapshot, log, state_dir=self.state_dir
+                self.platform.sysfs, self.session.snapshot, log, state_dir=self.state_dir
             )
             log.info("event=restored ok=%s detail=%r", report.ok, report.summary())
-            self.snapshot = None
+            self.session = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -174,7 +175,9 @@ def open_board(
     else:
         nb.lock = TreeLock(sysfs).acquire()  # a running daemon would undo the campaign's pins
         try:
-            nb.snapshot = begin_session(sysfs, spec, state_dir, log)
+            nb.session = Session(
+                sysfs, begin_session(sysfs, spec, state_dir, log), state_dir, log, spec
+            )
         except BaseException:
             nb.close()
             raise
@@ -336,13 +339,16 @@ def run_native(
     policy, stages = build_policy(cfg.policy, spec)
     table = JobTable()
     procs = nb.platform.procs
+    actuator = Actuator(nb.platform.sysfs, procs)
+    if nb.session is not None:  # only what the campaign writes is given back
+        nb.session.attach(actuator)
     loop = ControlLoop(
         nb.platform,
         policy,
         period_s=max(getattr(policy, "period_s", 0.1), 0.01),
         jobs=table,
         stages=stages,
-        actuator=Actuator(nb.platform.sysfs, procs),
+        actuator=actuator,
     )
     stop = threading.Event()
     sampler = RailSampler(spec, nb.platform.sysfs, rate_hz=nb.sample_hz)

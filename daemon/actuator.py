@@ -169,6 +169,14 @@ class Actuator:
         self._dry_limits: dict[int, tuple[int, int]] = {}  # dry-run: limits after the plan
         #: real path -> value we last wrote, so the loop can notice changes made behind our back
         self.expected: dict[str, str] = {}
+        #: called as ``before_write(policy, file names)`` before any cpufreq write, which it
+        #: may refuse by raising (:meth:`daemon.restore.Session.cover`: the originals are on
+        #: disk before the first write to a file)
+        self.before_write = None
+
+    def _may_write(self, policy: int, *names: str) -> None:
+        if self.before_write is not None and not self.dry_run:
+            self.before_write(policy, names)
 
     # -- frequency ---------------------------------------------------------------------------
     def _record(self, report: ActuationReport, writes: list[tuple[str, str]]) -> None:
@@ -179,6 +187,7 @@ class Actuator:
             self.expected.update(writes)
 
     def _set_governor(self, policy: int, gov: str, report: ActuationReport) -> None:
+        self._may_write(policy, "scaling_governor")
         if not self.dry_run:
             cpufreq.set_governor(self.sysfs, policy, gov)
             for name in ("scaling_setspeed", "scaling_min_freq", "scaling_max_freq"):
@@ -186,6 +195,7 @@ class Actuator:
         self._record(report, [(paths.policy_file(policy, "scaling_governor"), gov)])
 
     def _set_speed(self, policy: int, khz: int, report: ActuationReport) -> None:
+        self._may_write(policy, "scaling_setspeed")
         if not self.dry_run:
             # We selected userspace ourselves; a change behind our back shows up as drift.
             cpufreq.set_setspeed(self.sysfs, policy, khz, check_governor=False)
@@ -200,6 +210,7 @@ class Actuator:
             writes = [(paths.policy_file(policy, n), str(v)) for n, v in order]
             self._dry_limits[policy] = (lo, hi)
         else:
+            self._may_write(policy, "scaling_min_freq", "scaling_max_freq")
             writes = cpufreq.set_limits(self.sysfs, policy, lo, hi)
         self._record(report, list(writes))
         if not self.dry_run:

@@ -6,11 +6,20 @@ The snapshot holds, per cpufreq policy, ``scaling_governor``, ``scaling_min_freq
 changes anything, and deleted only after a complete restore, so after a crash or a watchdog kill
 the next start finds it and restores the true originals first (daemons.md section 10).
 
+Only what hidvfs changed is given back. A running session (:class:`Session`) records, before
+the first write to each file, that the file is the daemon's (``touched``), and takes a
+policy's originals then if it had none: a policy whose CPUs were all offline at the start
+(the TX2's Denver in its default nvpmodel mode) gets its snapshot when they come online and
+before hidvfs writes it. ``cpuN/online`` is never the daemon's: an nvpmodel mode change during
+a run stays as the operator made it (boards.md 5.1).
+
 Restore undoes the changes in reverse order (limits and setspeed, then the governor), each
-write on its own: a failure is logged and reported, and the rest still runs. CPUs that have to
-come back online are onlined first, because an offline CPU has no cpufreq files
-(boards.md 1.1); CPUs that were offline originally are offlined last. ``scaling_min_freq`` and
+write on its own: a failure is logged and reported, and the rest still runs. A policy whose
+CPUs are all offline when it is restored has no cpufreq files (boards.md 1.1): one of its CPUs
+is brought online for the writes and taken offline again after them. ``scaling_min_freq`` and
 ``scaling_max_freq`` are written in the order that keeps min <= max after every single write.
+A snapshot without ``touched`` (an earlier hidvfs's file, or one taken outside a session)
+gives back every policy file it holds.
 """
 
 from __future__ import annotations
@@ -20,11 +29,11 @@ import logging
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 from daemon.statusfile import write_json_atomic
-from platforms import paths
+from platforms import cpufreq, paths
 from platforms.atomicfile import fsync_dir
 from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
 from platforms.spec import BoardSpec
@@ -56,6 +65,18 @@ class PolicySnapshot:
     min_khz: str | None
     max_khz: str | None
     setspeed_khz: str | None = None  # only when the governor was ``userspace``
+    #: the policy's CPUs (``related_cpus``) when the snapshot was taken: what to bring online
+    #: to restore it when they are all offline (empty: unknown)
+    cpus: tuple[int, ...] = ()
+    #: the policy files hidvfs wrote (names, e.g. ``scaling_governor``): only they are given
+    #: back. None: every file (a snapshot of an earlier hidvfs, or taken outside a session)
+    touched: tuple[str, ...] | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Every original hidvfs may have to give back is known."""
+        known = None not in (self.governor, self.min_khz, self.max_khz)
+        return known and (self.governor != "userspace" or self.setspeed_khz is not None)
 
 
 @dataclass(frozen=True)
@@ -75,7 +96,7 @@ class Snapshot:
             "version": VERSION,
             "taken": self.taken,
             "pid": self.pid,
-            "policies": [asdict(p) for p in self.policies],
+            "policies": [_policy_json(p) for p in self.policies],
             "online": {str(k): v for k, v in sorted(self.online.items())},
         }
         if self.root is not None:
@@ -101,6 +122,10 @@ class Snapshot:
                     min_khz=_opt_str(p.get("min_khz")),
                     max_khz=_opt_str(p.get("max_khz")),
                     setspeed_khz=_opt_str(p.get("setspeed_khz")),
+                    cpus=tuple(int(c) for c in p.get("cpus") or ()),
+                    touched=None
+                    if p.get("touched") is None
+                    else tuple(_touched_name(n) for n in p["touched"]),
                 )
                 for p in data["policies"]
             )
@@ -122,6 +147,26 @@ class Snapshot:
 
 def _opt_str(v: object) -> str | None:
     return None if v is None else str(v)
+
+
+#: the policy files hidvfs writes (and so may give back)
+POLICY_FILES = ("scaling_governor", "scaling_min_freq", "scaling_max_freq", "scaling_setspeed")
+
+
+def _touched_name(name: object) -> str:
+    if name not in POLICY_FILES:
+        raise ValueError(f"touched file {name!r} is not one of {', '.join(POLICY_FILES)}")
+    return str(name)
+
+
+def _policy_json(p: PolicySnapshot) -> dict:
+    out = asdict(p)
+    out["cpus"] = list(p.cpus)
+    if p.touched is None:
+        del out["touched"]
+    else:
+        out["touched"] = list(p.touched)
+    return out
 
 
 @dataclass(frozen=True)
@@ -186,27 +231,56 @@ def _read_original(sysfs: SysfsBackend, path: str) -> str | None:
     return None
 
 
+def _policy_cpus(
+    sysfs: SysfsBackend, policy: int, spec_or_policies: BoardSpec | Iterable[int] | None = None
+) -> tuple[int, ...]:
+    """The policy's CPUs: ``related_cpus`` (online and offline ones), else the spec's."""
+    text = sysfs.read_or(paths.policy_file(policy, "related_cpus"))
+    try:
+        if text:
+            return tuple(sorted(int(c) for c in text.split()))
+    except ValueError:
+        pass
+    if isinstance(spec_or_policies, BoardSpec):
+        for c in spec_or_policies.clusters:
+            if c.policy == policy:
+                return tuple(c.cpus)
+    return ()
+
+
+def read_policy_originals(
+    sysfs: SysfsBackend, policy: int, spec_or_policies: BoardSpec | Iterable[int] | None = None
+) -> PolicySnapshot:
+    """One policy's current settings (unreadable values ``None``), nothing marked touched."""
+    gov = _read_original(sysfs, paths.policy_file(policy, "scaling_governor"))
+    setspeed = (
+        _read_original(sysfs, paths.policy_file(policy, "scaling_setspeed"))
+        if gov == "userspace"
+        else None
+    )
+    return PolicySnapshot(
+        policy=policy,
+        governor=gov,
+        min_khz=_read_original(sysfs, paths.policy_file(policy, "scaling_min_freq")),
+        max_khz=_read_original(sysfs, paths.policy_file(policy, "scaling_max_freq")),
+        setspeed_khz=setspeed,
+        cpus=_policy_cpus(sysfs, policy, spec_or_policies),
+    )
+
+
 def take_snapshot(
-    sysfs: SysfsBackend, spec_or_policies: BoardSpec | Iterable[int] | None = None
+    sysfs: SysfsBackend,
+    spec_or_policies: BoardSpec | Iterable[int] | None = None,
+    *,
+    touched: tuple[str, ...] | None = None,
 ) -> Snapshot:
-    """Read the current (original) settings; unreadable values are recorded as ``None``."""
-    policies = []
-    for p in _policies_of(sysfs, spec_or_policies):
-        gov = _read_original(sysfs, paths.policy_file(p, "scaling_governor"))
-        setspeed = (
-            _read_original(sysfs, paths.policy_file(p, "scaling_setspeed"))
-            if gov == "userspace"
-            else None
-        )
-        policies.append(
-            PolicySnapshot(
-                policy=p,
-                governor=gov,
-                min_khz=_read_original(sysfs, paths.policy_file(p, "scaling_min_freq")),
-                max_khz=_read_original(sysfs, paths.policy_file(p, "scaling_max_freq")),
-                setspeed_khz=setspeed,
-            )
-        )
+    """Read the current (original) settings; unreadable values are recorded as ``None``.
+    ``touched=()`` starts a session's snapshot (files are marked as hidvfs writes them);
+    the default None gives back every file (:class:`PolicySnapshot`)."""
+    policies = [
+        replace(read_policy_originals(sysfs, p, spec_or_policies), touched=touched)
+        for p in _policies_of(sysfs, spec_or_policies)
+    ]
     online = {}
     for cpu in discover_online_files(sysfs):
         v = sysfs.read_or(paths.cpu_online(cpu))
@@ -222,14 +296,25 @@ def tree_root(sysfs: SysfsBackend) -> str | None:
     return os.path.realpath(root) if isinstance(root, str) else None
 
 
+def _inactive(sysfs: SysfsBackend, p: PolicySnapshot) -> bool:
+    """Every CPU of the policy is offline: the daemon does not write it (it has no online CPU
+    to run), and its folder may stay visible with unreadable files (boards.md 1.1)."""
+    if not p.cpus:
+        return False
+    online = set(cpufreq.online_cpus(sysfs))
+    return not online.intersection(p.cpus)
+
+
 def unrestorable(sysfs: SysfsBackend, snapshot: Snapshot) -> list[str]:
     """Files the daemon may write whose original value the snapshot lacks: a policy that is
     there (its folder exists) with an unreadable governor, minimum or maximum, or a userspace
     governor without a readable setspeed. Writing one of them would leave a setting nobody
-    can give back. A policy the tree does not show is not listed: nothing writes it."""
+    can give back. A policy the tree does not show, or whose CPUs are all offline, is not
+    listed: nothing writes it now, and a :class:`Session` reads its originals when its CPUs
+    come online, before the first write."""
     out = []
     for p in snapshot.policies:
-        if not sysfs.exists(paths.policy_dir(p.policy)):
+        if not sysfs.exists(paths.policy_dir(p.policy)) or _inactive(sysfs, p):
             continue
         values = {
             "scaling_governor": p.governor,
@@ -318,29 +403,38 @@ def _limit_writes(sysfs: SysfsBackend, p: PolicySnapshot) -> list[Write]:
     ]
 
 
+def _policy_writes(sysfs: SysfsBackend, p: PolicySnapshot) -> list[Write]:
+    """Last changed first: setspeed/limits, then the governor, then the original setspeed
+    (only writable under userspace, so after the governor); only the files hidvfs wrote."""
+    writes = _limit_writes(sysfs, p)
+    if p.governor is not None:
+        writes.append(Write(paths.policy_file(p.policy, "scaling_governor"), p.governor))
+    if p.governor == "userspace" and p.setspeed_khz is not None:
+        writes.append(Write(paths.policy_file(p.policy, "scaling_setspeed"), p.setspeed_khz))
+    if p.touched is not None:
+        mine = {paths.policy_file(p.policy, n) for n in p.touched}
+        writes = [w for w in writes if w.path in mine]
+    return writes
+
+
 def restore_plan(sysfs: SysfsBackend, snapshot: Snapshot) -> list[Write]:
     """The writes that bring the tree back to ``snapshot``, in the order they must happen.
 
     The order is computed against the current values, so call it right before restoring.
+    ``cpuN/online`` is written only around a policy whose CPUs are all offline now: one of
+    them comes online before its writes and goes offline again after them.
     """
     plan: list[Write] = []
-    current_online = {c: sysfs.read_or(paths.cpu_online(c)) for c in snapshot.online}
-    # 1. CPUs that must come back online first: their cpufreq files exist only while online.
-    for cpu, value in sorted(snapshot.online.items()):
-        if value == "1" and current_online.get(cpu) != "1":
-            plan.append(Write(paths.cpu_online(cpu), "1"))
-    # 2. Per policy, last changed first: setspeed/limits, then the governor, then the
-    #    original setspeed (only writable under userspace, so after the governor).
+    woken: list[int] = []
     for p in sorted(snapshot.policies, key=lambda x: x.policy, reverse=True):
-        plan.extend(_limit_writes(sysfs, p))
-        if p.governor is not None:
-            plan.append(Write(paths.policy_file(p.policy, "scaling_governor"), p.governor))
-        if p.governor == "userspace" and p.setspeed_khz is not None:
-            plan.append(Write(paths.policy_file(p.policy, "scaling_setspeed"), p.setspeed_khz))
-    # 3. CPUs that were offline originally go offline last.
-    for cpu, value in sorted(snapshot.online.items(), reverse=True):
-        if value == "0" and current_online.get(cpu) != "0":
-            plan.append(Write(paths.cpu_online(cpu), "0"))
+        writes = _policy_writes(sysfs, p)
+        if writes and _inactive(sysfs, p):
+            cpu = next((c for c in p.cpus if c != 0), None)
+            if cpu is not None:
+                plan.append(Write(paths.cpu_online(cpu), "1"))
+                woken.append(cpu)
+        plan.extend(writes)
+    plan.extend(Write(paths.cpu_online(cpu), "0") for cpu in woken)
     return plan
 
 
@@ -466,6 +560,106 @@ def begin_session(
         snapshot_path(state_dir),
     )
     return snap
+
+
+class Session:
+    """A running daemon's snapshot, kept on disk as the daemon writes (module docstring).
+
+    :meth:`attach` routes an :class:`~daemon.actuator.Actuator`'s cpufreq writes through
+    :meth:`cover` first. Until something is attached the snapshot gives back every file it
+    holds, as a snapshot of an earlier hidvfs does, so a caller that forgets to attach loses
+    nothing. An adopted snapshot (a crashed run's, whose restore failed: its ``pid`` is not
+    ours) keeps what it records: its files are given back whatever this run writes.
+    """
+
+    def __init__(
+        self,
+        sysfs: SysfsBackend,
+        snapshot: Snapshot,
+        state_dir: str | os.PathLike[str],
+        log: logging.Logger,
+        spec: BoardSpec | Iterable[int] | None = None,
+    ):
+        self.sysfs = sysfs
+        self.state_dir = state_dir
+        self.log = log
+        self.spec = spec
+        self._snapshot = snapshot
+        self._entries = {p.policy: p for p in snapshot.policies}
+        #: policy -> the file names already covered (None: every file is given back anyway)
+        self._covered: dict[int, frozenset[str] | None] = {}
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def attach(self, actuator) -> None:
+        """From now on only what ``actuator`` writes is given back (recorded before each
+        first write); a fresh snapshot is saved marking nothing written yet."""
+        actuator.before_write = self.cover
+        if self._snapshot.pid != os.getpid() or all(
+            p.touched is not None for p in self._snapshot.policies
+        ):
+            return
+        self._entries = {
+            k: p if p.touched is not None else replace(p, touched=())
+            for k, p in self._entries.items()
+        }
+        self._save()
+
+    def cover(self, policy: int, names: Iterable[str]) -> None:
+        """Call before writing ``names`` of ``policy``: marks them as hidvfs's and, when the
+        snapshot lacks the policy's originals (its CPUs were offline at the start), reads
+        them now; both are on disk before this returns. Raises :class:`SysfsUnavailable`
+        (the write must not happen) when an original cannot be read."""
+        names = frozenset(names)
+        done = self._covered.get(policy, frozenset())
+        if done is None or names <= done:
+            return
+        entry = self._entries.get(policy)
+        fresh = entry is None or not entry.complete
+        if fresh:
+            read = read_policy_originals(self.sysfs, policy, self.spec)
+            missing = [
+                n
+                for n, v in (
+                    ("scaling_governor", read.governor),
+                    ("scaling_min_freq", read.min_khz),
+                    ("scaling_max_freq", read.max_khz),
+                    ("scaling_setspeed", read.setspeed_khz if read.governor == "userspace" else ""),
+                )
+                if v is None
+            ]
+            if missing:
+                raise SysfsUnavailable(
+                    paths.policy_file(policy, missing[0]),
+                    f"its original value cannot be read ({ORIGINAL_READS} tries), so hidvfs "
+                    "does not write this policy: it could not give it back",
+                )
+            entry = replace(read, touched=() if entry is None else entry.touched)
+        if entry.touched is None:
+            self._entries[policy] = entry
+            self._covered[policy] = None
+        else:
+            names = names | frozenset(entry.touched)
+            self._entries[policy] = replace(entry, touched=tuple(sorted(names)))
+            self._covered[policy] = names
+        if fresh or entry.touched is not None:
+            self._save()
+        if fresh:
+            self.log.info(
+                "event=snapshot_extended policy=%d governor=%s min_khz=%s max_khz=%s",
+                policy,
+                entry.governor,
+                entry.min_khz,
+                entry.max_khz,
+            )
+
+    def _save(self) -> None:
+        self._snapshot = replace(
+            self._snapshot, policies=tuple(self._entries[k] for k in sorted(self._entries))
+        )
+        save_snapshot(self._snapshot, self.state_dir)
 
 
 # --------------------------------------------------------------------------------------------

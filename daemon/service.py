@@ -4,7 +4,7 @@ Order of a run: config -> logging -> board -> safety checks (root, a cpufreq pol
 tree, policy) -> lock the state dir -> restore a stale snapshot and save the originals (before
 the first write) -> job registry socket -> optional metrics/telemetry -> READY -> control loop
 (watchdog, drift check, status) -> on SIGTERM/SIGINT/SIGHUP/exit: STOPPING, stop servers,
-restore every saved setting. When a crashed run left its snapshot, the lock and its restore
+restore every setting it changed. When a crashed run left its snapshot, the lock and its restore
 come first instead, so that a refused start still gives the board its settings back.
 """
 
@@ -38,6 +38,7 @@ from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
 from daemon.profiles import ProfileLookup
 from daemon.restore import (
+    Session,
     SnapshotError,
     begin_session,
     detect_drift,
@@ -476,7 +477,7 @@ def _serve(
         raise
     notifier = Notifier()
     servers = []
-    snapshot = None
+    session = None
     restore = None
     status_writer = _StatusWriter(status_file) if status_file else None
     # SIGTERM, SIGINT and SIGHUP stop the loop (SIGHUP's default would kill the daemon
@@ -490,6 +491,10 @@ def _serve(
                 snapshot = begin_session(sysfs, spec, cfg.state_dir, log)
             except SnapshotError as err:
                 raise DaemonError(str(err)) from None
+            # only what the daemon writes is given back, and a policy that comes online
+            # during the run has its originals saved before its first write
+            session = Session(sysfs, snapshot, cfg.state_dir, log, spec)
+            session.attach(loop.actuator)
         from daemon.registry import JobRegistry, RegistryServer
 
         registry = JobRegistry(
@@ -604,8 +609,8 @@ def _serve(
             loop.actuator.release_all()
         except Exception as err:  # noqa: BLE001 - the cpufreq restore must still run
             log_event(log, "job_release_failed", level=logging.WARNING, detail=str(err))
-        if snapshot is not None:
-            restore = restore_snapshot(sysfs, snapshot, log, state_dir=cfg.state_dir)
+        if session is not None:
+            restore = restore_snapshot(sysfs, session.snapshot, log, state_dir=cfg.state_dir)
             log_event(
                 log,
                 "restored",

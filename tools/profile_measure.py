@@ -20,7 +20,7 @@ from agents.deadlines import profile_from_runs
 from agents.policy import Decision, nearest_freq
 from bots_bench.reference import reference_cluster
 from daemon.actuator import Actuator
-from daemon.restore import begin_session, restore_snapshot
+from daemon.restore import Session, begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
 from platforms.liveprocs import LiveProcessControl, kill_job
@@ -146,8 +146,9 @@ def measure(
     runs = plan_runs(cluster, cpus)
     # the board's lock for the timed runs: a running daemon would move the pins under them
     with TreeLock(sysfs):
-        snapshot = begin_session(sysfs, spec, state_dir, log)
+        session = Session(sysfs, begin_session(sysfs, spec, state_dir, log), state_dir, log, spec)
         act = Actuator(sysfs, LiveProcessControl())
+        session.attach(act)
         sensor = Sensor(spec, sysfs)
         times: dict[str, float] = {}
         try:
@@ -162,7 +163,7 @@ def measure(
                     verify(run.cpus)
                 times[run.label] = min(timer(argv, run.cpus, timeout_s) for _ in range(repeat))
         finally:
-            restore_snapshot(sysfs, snapshot, log, state_dir=state_dir)
+            restore_snapshot(sysfs, session.snapshot, log, state_dir=state_dir)
     profile = profile_from_runs(
         name,
         ref_khz=runs[0].khz,

@@ -237,13 +237,14 @@ def test_kill9_then_restart_restores_old_snapshot_first(board):
 def test_a_restart_that_is_refused_still_restores_the_crashed_runs_snapshot(board, why):
     """After a crash the next start may refuse (a config typo, a file the crash left
     missing); it puts the dead run's snapshot back first, or under Restart=on-failure the
-    board would keep the dead run's settings for good."""
+    board would keep the dead run's settings for good. The file that goes missing is one
+    the dead run wrote (its governor): the snapshot gives back only those."""
     spec, tree, state = board
     original = tree_state(tree, spec)
     crash_after_first_write(tree, state)
     assert tree_state(tree, spec) != original
     extra: tuple[str, ...] = ("--duration", "0.5")
-    gone = tree / paths.policy_file(1, "scaling_max_freq")
+    gone = tree / paths.policy_file(0, "scaling_governor")
     if why == "config typo":
         cfg = state / "bad.yaml"
         cfg.write_text("perod_ms: 100\n")
@@ -255,13 +256,15 @@ def test_a_restart_that_is_refused_still_restores_the_crashed_runs_snapshot(boar
     _, err = proc2.communicate(timeout=60)
     assert proc2.returncode != 0
     text = log2.read_text()
-    assert "perod_ms" in text if why == "config typo" else "scaling_max_freq" in text
+    assert "perod_ms" in text if why == "config typo" else "scaling_governor" in text
     if why == "file gone":
         gone.write_text(kept)
         assert (state / "restore.json").exists()  # partly restored: the originals are kept
         original.pop(str(gone.relative_to(tree)))
         now = tree_state(tree, spec)
         now.pop(str(gone.relative_to(tree)))
+        # the governor put back by hand reads userspace, which shows its setspeed file
+        now.pop(paths.policy_file(0, "scaling_setspeed"), None)
         assert now == original
     else:
         assert tree_state(tree, spec) == original
@@ -362,12 +365,12 @@ def test_a_restore_that_fails_at_stop_exits_non_zero_and_keeps_the_originals(boa
     proc, log = start_daemon(tree, state, "--duration", "3")
     gov = tree / paths.policy_file(1, "scaling_governor")
     wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
-    gone = tree / paths.policy_file(1, "scaling_max_freq")
+    gone = tree / paths.policy_file(0, "scaling_governor")
     gone.unlink()
     proc.communicate(timeout=60)
     assert proc.returncode != 0
     text = log.read_text()
-    assert "could not give back devices/system/cpu/cpufreq/policy1/scaling_max_freq" in text
+    assert "could not give back devices/system/cpu/cpufreq/policy0/scaling_governor" in text
     assert "event=restored level=error" in text
     assert (state / "restore.json").exists()
 
@@ -767,3 +770,60 @@ def test_job_originals_left_by_a_crash_are_restored_before_a_refusal(board, monk
     with pytest.raises(HidvfsError, match="perod_ms"):
         run_live(config_path=str(bad), sysfs_root=str(tree), state_dir=str(state))
     assert not (state / "jobs.json").exists()  # restored (nothing to do) and removed
+
+
+# -- what nvpmodel changes during a run (boards.md 1.1, 5.1) ---------------------------------
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
+def test_a_policy_that_comes_online_mid_run_gets_its_originals_back(tmp_path):
+    """TX2 in its default mode starts with Denver offline (no policy1); `nvpmodel -m 0`
+    brings it online while hidvfs runs. Its originals are saved before the daemon's first
+    write to it, and given back at the stop (it was left on userspace, pinned)."""
+    spec = load_board("tx2")
+    tree, state = tmp_path / "tree", tmp_path / "state"
+    state.mkdir()
+    fake = write_fake_tree(spec, tree, mode="default")
+    assert not (tree / paths.policy_dir(1)).exists()
+    proc, log = start_daemon(tree, state, policy="maxfreq")
+    gov0 = tree / paths.policy_file(0, "scaling_governor")
+    wait_for(lambda: read_settled(gov0) == "userspace", what="the first write")
+    for cpu in (1, 2):
+        fake.set_cpu_online(cpu, True)
+    gov1 = tree / paths.policy_file(1, "scaling_governor")
+    original = read_settled(gov1)
+    assert original != "userspace"
+    wait_for(lambda: read_settled(gov1) == "userspace", what="policy1 taken")
+    saved = json.loads((state / "restore.json").read_text())
+    p1 = next(p for p in saved["policies"] if p["policy"] == 1)
+    assert p1["governor"] == original and "scaling_governor" in p1["touched"]
+    _stop(proc)
+    assert read_settled(gov1) == original
+    assert any(
+        "event=snapshot_extended" in line and "policy=1" in line
+        for line in log.read_text().splitlines()
+    )
+
+
+def test_what_nvpmodel_changes_mid_run_is_left_as_it_made_it(board):
+    """A lower ceiling (a max the daemon never wrote: it drives setspeed) and cores taken
+    offline during the run are nvpmodel's: the stop gives back only the daemon's writes."""
+    spec, tree, state = board
+    proc, log = start_daemon(tree, state, policy="maxfreq")
+    gov0 = tree / paths.policy_file(0, "scaling_governor")
+    wait_for(lambda: read_settled(gov0) == "userspace", what="the first write")
+    mx = tree / paths.policy_file(0, "scaling_max_freq")
+    mx.write_text("1420800\n")
+    cpu = tree / paths.CPU
+    (cpu / "cpu4/online").write_text("0\n")
+    (cpu / "online").write_text("0-3,5\n")
+    wait_for(lambda: "event=limit_changed" in log.read_text(), what="the new limit seen")
+    _stop(proc)
+    assert read_settled(mx) == "1420800"
+    assert read_settled(cpu / "cpu4/online") == "0"
+    assert read_settled(gov0) == "schedutil"

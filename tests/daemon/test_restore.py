@@ -90,7 +90,9 @@ def read_all(root) -> dict[str, str]:
 
 
 def mutate(fs: DirSysfs) -> None:
-    """What a run does: userspace + setspeed on policy0, narrowed limits on policy1, cpu3 off."""
+    """What a run does: userspace + setspeed and narrowed limits on policy0, a governor and
+    narrowed limits on policy1. (It never takes a CPU offline: ``cpuN/online`` is not the
+    daemon's.)"""
     fs.write(paths.policy_file(0, "scaling_governor"), "userspace")
     fs.write(paths.policy_file(0, "scaling_setspeed"), "960000")
     fs.write(paths.policy_file(0, "scaling_min_freq"), "652800")
@@ -98,7 +100,6 @@ def mutate(fs: DirSysfs) -> None:
     fs.write(paths.policy_file(1, "scaling_governor"), "performance")
     fs.write(paths.policy_file(1, "scaling_max_freq"), "960000")
     fs.write(paths.policy_file(1, "scaling_min_freq"), "960000")
-    fs.write(paths.cpu_online(3), "0")
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,21 +210,40 @@ def test_one_failing_item_does_not_stop_the_others(tmp_path, breakage):
     assert load_snapshot(state) == snap
 
 
-def test_order_online_first_offline_last(tmp_path):
+def test_online_state_is_not_the_daemon_s_to_give_back(tmp_path):
+    """nvpmodel takes cores offline and brings them back (boards.md 5.1); the daemon never
+    writes ``cpuN/online``, so a restore leaves the online set as it finds it."""
     fs = make_tree(tmp_path)
-    fs.write(paths.cpu_online(2), "0")  # originally offline
     snap = take_snapshot(fs, LAYOUT)
-    fs.write(paths.cpu_online(2), "1")  # the run onlined cpu2 ...
-    fs.write(paths.cpu_online(3), "0")  # ... and something offlined cpu3
+    fs.write(paths.cpu_online(3), "0")  # an nvpmodel mode change during the run
     fs.write(paths.policy_file(0, "scaling_governor"), "userspace")
     fs.write(paths.policy_file(1, "scaling_governor"), "userspace")
     plan = [w.path for w in restore_plan(fs, snap)]
-    assert plan[0] == paths.cpu_online(3)
-    assert plan[-1] == paths.cpu_online(2)
+    assert paths.cpu_online(3) not in plan
+    assert restore_snapshot(fs, snap, LOG).ok
+    assert fs.read(paths.cpu_online(3)) == "0"
+    assert fs.read(paths.policy_file(0, "scaling_governor")) == "schedutil"
     # policies in reverse order: the last one changed is undone first
     assert plan.index(paths.policy_file(1, "scaling_governor")) < plan.index(
         paths.policy_file(0, "scaling_governor")
     )
+
+
+def test_a_policy_whose_cpus_are_all_offline_is_woken_for_its_writes_only(tmp_path):
+    """An offline policy has no cpufreq files (boards.md 1.1): one of its CPUs comes online
+    for the writes, and goes offline again after them."""
+    fs = make_tree(tmp_path)
+    snap = take_snapshot(fs, LAYOUT)
+    assert snap.policies[1].cpus == (1, 2)
+    fs.write(paths.policy_file(1, "scaling_governor"), "userspace")
+    for cpu in (1, 2):  # nvpmodel takes policy1's cores offline after hidvfs wrote it
+        fs.write(paths.cpu_online(cpu), "0")
+    fs.write(f"{paths.CPU}/online", "0,3")
+    plan = [(w.path, w.value) for w in restore_plan(fs, snap)]
+    gov = paths.policy_file(1, "scaling_governor")
+    assert plan[0] == (paths.cpu_online(1), "1")
+    assert plan[-1] == (paths.cpu_online(1), "0")
+    assert (gov, "schedutil") in plan and paths.cpu_online(2) not in dict(plan)
 
 
 # -- min <= max at every step -------------------------------------------------------------

@@ -1,0 +1,167 @@
+"""A running daemon's snapshot (daemon.restore.Session): only what hidvfs writes is given
+back, and a policy that comes online during the run has its originals on disk before hidvfs
+first writes it (boards.md 1.1, 5.1; daemons.md 10)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from agents.policy import Decision
+from daemon.actuator import Actuator
+from daemon.restore import (
+    Session,
+    begin_session,
+    load_snapshot,
+    restore_snapshot,
+    snapshot_path,
+)
+from platforms import paths
+from platforms.errors import SysfsUnavailable
+from platforms.faketree import write_fake_tree
+from platforms.sense import Sensor
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs
+
+LOG = logging.getLogger("test.restore.session")
+TX2 = load_board("tx2")
+
+
+class NoProcs:
+    def machine_cpus(self):
+        return None
+
+
+def started(tmp_path, mode="all-online"):
+    """A fake TX2, a session on it (attached to an actuator) and a way to run one decision."""
+    fake = write_fake_tree(TX2, tmp_path / "tree", mode=mode)
+    fs, state = fake.sysfs, tmp_path / "state"
+    session = Session(fs, begin_session(fs, TX2, state, LOG), state, LOG, TX2)
+    act = Actuator(fs, NoProcs())
+    session.attach(act)
+
+    def decide(**freqs):
+        return act.apply(Decision(dict(freqs)), Sensor(TX2, fs).read(0.0))
+
+    return fake, fs, state, session, decide
+
+
+def on_disk(state, policy: int) -> dict:
+    saved = json.loads(open(snapshot_path(state)).read())
+    return next(p for p in saved["policies"] if p["policy"] == policy)
+
+
+def test_attached_the_snapshot_marks_each_file_before_the_first_write(tmp_path):
+    fake, fs, state, session, decide = started(tmp_path)
+    assert on_disk(state, 0)["touched"] == []  # nothing written yet
+    report = decide(a57=960000)
+    assert not report.errors
+    assert set(on_disk(state, 0)["touched"]) == {"scaling_governor", "scaling_setspeed"}
+    assert on_disk(state, 1)["touched"] == []  # Denver: not decided, not written
+
+
+def test_a_file_hidvfs_never_wrote_is_left_as_another_tool_set_it(tmp_path):
+    fake, fs, state, session, decide = started(tmp_path)
+    decide(a57=960000)
+    mx = paths.policy_file(0, "scaling_max_freq")
+    fs.write(mx, "1420800")  # nvpmodel's new ceiling
+    report = restore_snapshot(fs, session.snapshot, LOG, state_dir=state)
+    assert report.ok and fs.read(mx) == "1420800"
+    assert fs.read(paths.policy_file(0, "scaling_governor")) == "schedutil"
+    assert not os.path.exists(snapshot_path(state))
+
+
+def test_a_policy_that_appears_mid_run_is_snapshotted_before_its_first_write(tmp_path):
+    fake, fs, state, session, decide = started(tmp_path, mode="default")
+    assert on_disk(state, 1)["governor"] is None  # Denver offline at the start
+    fake.set_cpu_online(1, True)
+    fake.set_cpu_online(2, True)
+    original = fs.read(paths.policy_file(1, "scaling_governor"))
+    seen: list[dict] = []
+    real_write = fs.write
+
+    def write(path, value):  # the originals must be on disk when the first write happens
+        if path.startswith(paths.policy_dir(1) + "/"):
+            seen.append(on_disk(state, 1))
+        real_write(path, value)
+
+    fs.write = write
+    assert not decide(a57=960000, denver=960000).errors
+    assert seen and seen[0]["governor"] == original and seen[0]["touched"]
+    report = restore_snapshot(fs, session.snapshot, LOG, state_dir=state)
+    assert report.ok
+    assert fs.read(paths.policy_file(1, "scaling_governor")) == original
+
+
+def test_a_policy_whose_originals_cannot_be_read_is_not_written(tmp_path):
+    fake, fs, state, session, decide = started(tmp_path, mode="default")
+    fake.set_cpu_online(1, True)
+    gov1 = paths.policy_file(1, "scaling_governor")
+    before = fs.read(gov1)
+    real_read = fs.read
+
+    def read(path):
+        if path == gov1:
+            raise SysfsUnavailable(path, "EAGAIN")
+        return real_read(path)
+
+    fs.read = read
+    report = decide(a57=960000, denver=960000)
+    assert any("cannot be read" in e and "policy1" in e for e in report.errors)
+    fs.read = real_read
+    assert fs.read(gov1) == before  # never written
+    assert fs.read(paths.policy_file(0, "scaling_governor")) == "userspace"
+
+
+def test_a_start_with_an_inactive_policy_folder_left_visible(tmp_path):
+    """Some kernels keep ``policyN/`` of a policy whose CPUs are all offline, with files that
+    do not read (boards.md 1.1, "verify on board"): the daemon writes nothing there, so the
+    start goes on; the originals are read once the CPUs come online."""
+    root = tmp_path / "tree"
+    fake = write_fake_tree(TX2, root, mode="default")
+    fake._write_policy(TX2.cluster("denver"), [], fake._rng)  # policy1/, no CPU online
+
+    class Kernel(DirSysfs):
+        def read(self, path):
+            if path.startswith(paths.policy_dir(1) + "/"):
+                raise SysfsUnavailable(path, "EBUSY")
+            return super().read(path)
+
+    snap = begin_session(Kernel(str(root)), TX2, tmp_path / "state", LOG)
+    assert snap.policies[1].governor is None and snap.policies[1].cpus == (1, 2)
+
+
+def test_an_adopted_snapshot_keeps_giving_back_every_file(tmp_path):
+    """A crashed run's snapshot whose restore failed is adopted (it holds the true originals):
+    attaching does not narrow it to what this run writes."""
+    fake = write_fake_tree(TX2, tmp_path / "tree")
+    state = tmp_path / "state"
+    snap = begin_session(fake.sysfs, TX2, state, LOG)
+    adopted = type(snap)(snap.policies, snap.online, snap.taken, snap.pid + 1, snap.root)
+    session = Session(fake.sysfs, adopted, state, LOG, TX2)
+    act = Actuator(fake.sysfs, NoProcs())
+    session.attach(act)
+    act.apply(Decision({"a57": 960000}), Sensor(TX2, fake.sysfs).read(0.0))
+    assert all(p.touched is None for p in session.snapshot.policies)
+
+
+@pytest.mark.parametrize("touched", [None, ["scaling_governor"]])
+def test_touched_round_trips_and_bad_names_are_refused(tmp_path, touched):
+    fake = write_fake_tree(TX2, tmp_path / "tree")
+    state = tmp_path / "state"
+    begin_session(fake.sysfs, TX2, state, LOG)
+    data = json.loads(open(snapshot_path(state)).read())
+    if touched is None:
+        data["policies"][0].pop("touched", None)
+    else:
+        data["policies"][0]["touched"] = touched
+    open(snapshot_path(state), "w").write(json.dumps(data))
+    got = load_snapshot(state).policies[0].touched
+    assert got == (None if touched is None else tuple(touched))
+    data["policies"][0]["touched"] = ["cpu1/online"]
+    open(snapshot_path(state), "w").write(json.dumps(data))
+    with pytest.raises(Exception, match="touched file"):
+        load_snapshot(state)
