@@ -36,6 +36,7 @@ from daemon.statusfile import write_json_atomic
 from platforms import cpufreq, paths
 from platforms.atomicfile import fsync_dir
 from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
+from platforms.liveprocs import boot_id
 from platforms.spec import BoardSpec
 from platforms.sysfs import SysfsBackend
 
@@ -89,6 +90,9 @@ class Snapshot:
     #: the tree the settings were read from (its real path; None: not a folder, or a file
     #: written before this was recorded): they are put back on that tree only
     root: str | None = None
+    #: the boot they were read in, on the live tree only: the kernel forgets cpufreq settings
+    #: at a reboot, so after one the snapshot describes nothing on the board any more
+    boot_id: str | None = None
 
     def to_json(self) -> dict:
         out = {
@@ -101,6 +105,8 @@ class Snapshot:
         }
         if self.root is not None:
             out["root"] = self.root
+        if self.boot_id is not None:
+            out["boot_id"] = self.boot_id
         return out
 
     @classmethod
@@ -142,7 +148,17 @@ class Snapshot:
         root = data.get("root")
         if root is not None and not isinstance(root, str):
             raise SnapshotError(f"{file}: malformed snapshot (root {root!r} is not a path)")
-        return cls(policies, online, str(data.get("taken", "")), int(data.get("pid", 0) or 0), root)
+        boot = data.get("boot_id")
+        if boot is not None and not isinstance(boot, str):
+            raise SnapshotError(f"{file}: malformed snapshot (boot_id {boot!r} is not a string)")
+        return cls(
+            policies,
+            online,
+            str(data.get("taken", "")),
+            int(data.get("pid", 0) or 0),
+            root,
+            boot,
+        )
 
 
 def _opt_str(v: object) -> str | None:
@@ -287,7 +303,13 @@ def take_snapshot(
         if v in ("0", "1"):
             online[cpu] = v
     taken = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return Snapshot(tuple(policies), online, taken, os.getpid(), tree_root(sysfs))
+    root = tree_root(sysfs)
+    boot = boot_id() if root == LIVE_ROOT else None
+    return Snapshot(tuple(policies), online, taken, os.getpid(), root, boot)
+
+
+#: the real path of the board's own tree (a fake tree's settings outlive a reboot)
+LIVE_ROOT = "/"
 
 
 def tree_root(sysfs: SysfsBackend) -> str | None:
@@ -487,7 +509,8 @@ def recover_stale(
     A corrupt file is moved aside (``restore.json.corrupt``) so it cannot block every start
     (it is written atomically, so only a damaged disk or a hand edit makes one). A file of
     another version is refused (SnapshotVersionError): that version can still read it.
-    A partial restore keeps the file: it still holds the true originals.
+    A partial restore keeps the file: it still holds the true originals. A live tree's
+    snapshot from an earlier boot is dropped unrestored: the reboot reset what it describes.
     """
     try:
         snap = load_snapshot(state_dir)
@@ -504,6 +527,18 @@ def recover_stale(
     if snap is None:
         return None
     here = tree_root(sysfs)
+    now_boot = boot_id() if here == LIVE_ROOT else None
+    if snap.boot_id is not None and now_boot is not None and snap.boot_id != now_boot:
+        # the reboot reset every cpufreq setting, and the boot's own services (nvpmodel)
+        # have set theirs since: writing the last boot's values would undo them
+        log.warning(
+            "event=restore_stale_other_boot taken=%s pid=%d detail=%r",
+            snap.taken or "?",
+            snap.pid,
+            "the snapshot is from an earlier boot, whose settings the reboot reset; dropped",
+        )
+        discard_snapshot(state_dir)
+        return None
     if snap.root is not None and here is not None and snap.root != here:
         # another tree's originals (a fake tree's, say) must never land on this one; the
         # file stays for a start on its own tree

@@ -417,7 +417,8 @@ def _stat_fields(pid: int) -> list[bytes] | None:
         return None
 
 
-def _boot_id() -> str | None:
+def boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``); None where it does not read."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             return f.read().strip()
@@ -442,7 +443,7 @@ def record_job(state_dir: str, pid: int) -> str:
         "start": _started(pid),
         "owner": owner,
         "owner_start": _started(owner),
-        "boot_id": _boot_id(),
+        "boot_id": boot_id(),
     }
     from platforms.atomicfile import write_text_atomic
     from platforms.privatedir import private_dir
@@ -496,7 +497,7 @@ def kill_orphaned_jobs(state_dir: str) -> list[int]:
             if owner_start is not None and _started(owner) == owner_start:
                 continue  # its campaign is still running
             leader = _stat_fields(pid)
-            same_boot = rec.get("boot_id") == _boot_id()
+            same_boot = rec.get("boot_id") == boot_id()
             reused = leader is not None and start is not None and int(leader[19]) != start
             if same_boot and start is not None and not reused:
                 for entry in os.listdir("/proc"):

@@ -165,3 +165,27 @@ def test_touched_round_trips_and_bad_names_are_refused(tmp_path, touched):
     open(snapshot_path(state), "w").write(json.dumps(data))
     with pytest.raises(Exception, match="touched file"):
         load_snapshot(state)
+
+
+def test_a_live_snapshot_from_an_earlier_boot_is_dropped_not_restored(tmp_path, monkeypatch):
+    """A power cut leaves restore.json behind; the reboot reset cpufreq and nvpmodel.service
+    set the new boot's mode. Writing the last boot's values would undo it."""
+    from daemon import restore
+
+    fake = write_fake_tree(TX2, tmp_path / "tree")
+    fs, state = fake.sysfs, tmp_path / "state"
+    monkeypatch.setattr(restore, "tree_root", lambda sysfs: restore.LIVE_ROOT)
+    boot = ["boot-a"]
+    monkeypatch.setattr(restore, "boot_id", lambda: boot[0])
+    snap = begin_session(fs, TX2, state, LOG)
+    assert snap.boot_id == "boot-a" and load_snapshot(state).boot_id == "boot-a"
+    gov = paths.policy_file(0, "scaling_governor")
+    fs.write(gov, "performance")  # the new boot's own setting
+    boot[0] = "boot-b"
+    assert restore.recover_stale(fs, state, LOG) is None
+    assert fs.read(gov) == "performance" and not os.path.exists(snapshot_path(state))
+    # the same boot (a crash, a watchdog kill): restored as before
+    begin_session(fs, TX2, state, LOG)
+    fs.write(gov, "userspace")
+    report = restore.recover_stale(fs, state, LOG)
+    assert report is not None and report.ok and fs.read(gov) == "performance"
