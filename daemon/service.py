@@ -52,7 +52,7 @@ from daemon.stopsignals import StopOnSignals
 from platforms import cpufreq, paths
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
-from platforms.liveprocs import LiveProcessControl
+from platforms.liveprocs import LiveProcessControl, rival_daemons
 from platforms.observation import Observation
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
@@ -259,6 +259,28 @@ def _prepare(
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
 
 
+def warn_rivals(log: logging.Logger, find=rival_daemons) -> list[tuple[int, str]]:
+    """Name every running rival cpufreq daemon (daemons.md 8): the unit's Conflicts= stops
+    them only when systemd starts hidvfs, and two daemons writing the same files undo each
+    other silently until the drift warnings start."""
+    try:
+        found = find()
+    except Exception as err:  # noqa: BLE001 - a look at /proc must not stop the start
+        log_event(log, "rival_check_failed", level=logging.DEBUG, detail=str(err))
+        return []
+    for pid, name in found:
+        log_event(
+            log,
+            "rival_daemon",
+            level=logging.WARNING,
+            pid=pid,
+            name=name,
+            detail=f"{name} writes the same cpufreq files; stop it (systemctl stop {name}) "
+            "or the two undo each other's settings",
+        )
+    return found
+
+
 def _check_listen_host(listen: str, key: str) -> None:
     """A listen host that is a name must resolve now: an IP address binds even before the
     network is up (IP_FREEBIND), a name that does not resolve failed the start after the
@@ -427,6 +449,8 @@ def _serve(
     cfg, sysfs, spec, kind = prepared.cfg, prepared.sysfs, prepared.spec, prepared.kind
     pol, stages, dry_run = prepared.policy, prepared.stages, prepared.dry_run
     procs = LiveProcessControl()
+    if kind == "live":
+        warn_rivals(log)
     clock = MonotonicClock()
     root = sysfs.root
     # last before the run: a start refused earlier must not truncate an earlier recording

@@ -417,6 +417,38 @@ def _stat_fields(pid: int) -> list[bytes] | None:
         return None
 
 
+#: daemons that write the same cpufreq files (daemons.md 8; the unit's Conflicts= stops the
+#: first three when systemd starts hidvfs, but not when they run outside systemd or hidvfs does)
+RIVAL_DAEMONS = ("auto-cpufreq", "power-profiles-daemon", "tuned", "system76-power")
+_INTERPRETERS = ("python", "python3", "perl", "sh", "bash")
+
+
+def program_name(name: str, cmdline: list[str] | tuple[str, ...]) -> str:
+    """The program a process runs: its script for an interpreter (``python3 /usr/sbin/tuned``
+    is tuned), else its executable; ``name`` (``comm``, cut at 15 characters) when the
+    command line does not read."""
+    args = [a for a in cmdline if a]
+    if not args:
+        return name
+    exe = os.path.basename(args[0])
+    if exe.rstrip("0123456789.") in _INTERPRETERS:
+        script = next((a for a in args[1:] if not a.startswith("-")), None)
+        if script:
+            return os.path.basename(script)
+    return exe
+
+
+def rival_daemons(rivals: tuple[str, ...] = RIVAL_DAEMONS) -> list[tuple[int, str]]:
+    """(pid, name) of the running processes that are rival cpufreq daemons."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        info = proc.info
+        prog = program_name(info.get("name") or "", info.get("cmdline") or ())
+        if prog in rivals:
+            found.append((int(info["pid"]), prog))
+    return sorted(found)
+
+
 def boot_id() -> str | None:
     """This boot's id (``/proc/sys/kernel/random/boot_id``); None where it does not read."""
     try:
