@@ -3,6 +3,7 @@
 Under systemd, stdout/stderr go to the journal, which stamps the time itself and reads the
 priority from a ``<N>`` prefix (``SyslogLevelPrefix=yes``, the default), so in that case the
 line carries neither a timestamp nor a level word. Elsewhere it gets ``ts=`` and ``level=``.
+``logging.format: json`` follows the same rule (under the journal: the prefix, no ``ts``).
 Values with spaces, quotes, ``=`` or control characters are double-quoted with escapes, so every
 line stays machine-splittable; tracebacks are folded into one ``exc=`` field.
 
@@ -132,7 +133,13 @@ class KeyValueFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line, ``event`` first."""
+    """``[<N>]{"event": ...}``: one JSON object per line, ``event`` first; ``journal=True``
+    prefixes the priority and drops ``ts`` (the journal stamps the time). ``level`` stays: the
+    journal strips the prefix, and a reader of the bare objects still wants it."""
+
+    def __init__(self, journal: bool = False):
+        super().__init__()
+        self.journal = journal
 
     def format(self, record: logging.LogRecord) -> str:
         if hasattr(record, _EVENT):
@@ -140,13 +147,15 @@ class JsonFormatter(logging.Formatter):
         else:
             obj = {"event": "log", "msg": record.getMessage()}
         obj["level"] = record.levelname.lower()
-        obj["ts"] = datetime.fromtimestamp(record.created, timezone.utc).isoformat(
-            timespec="milliseconds"
-        )
+        if not self.journal:
+            obj["ts"] = datetime.fromtimestamp(record.created, timezone.utc).isoformat(
+                timespec="milliseconds"
+            )
         obj["logger"] = record.name
         if record.exc_info:
             obj["exc"] = self.formatException(record.exc_info)
-        return json.dumps(obj, default=str)
+        line = json.dumps(obj, default=str)
+        return f"<{_priority(record.levelno)}>{line}" if self.journal else line
 
 
 def _priority(levelno: int) -> int:
@@ -190,7 +199,7 @@ def setup_logging(
     if fmt == "keyvalue":
         handler.setFormatter(KeyValueFormatter(journal=journal))
     elif fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(journal=journal))
     else:
         raise ValueError(f"unknown log format {fmt!r}; expected keyvalue or json")
     handler._hidvfs = True  # type: ignore[attr-defined]

@@ -19,6 +19,10 @@ log = logging.getLogger("hidvfs.notify")
 
 
 class Notifier:
+    #: ``READY=1`` announcements made in this process (delivered or not, with or without
+    #: ``$NOTIFY_SOCKET``): a failure after one is not a refused start
+    readies = 0
+
     def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         self.address = env.get("NOTIFY_SOCKET") or None
@@ -52,6 +56,7 @@ class Notifier:
         return True
 
     def ready(self, status: str | None = None) -> bool:
+        Notifier.readies += 1
         lines = ["READY=1", f"MAINPID={os.getpid()}"]
         if status:
             lines.append(f"STATUS={_one_line(status)}")

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 
 import click
 
-from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
+from tools.common import Failed, FiniteFloatRange, emit_json, fail, guard_errors
+
+
+def _tell_systemd_why(fn):
+    """A daemon that exits with an error says why in ``STATUS=`` when ``$NOTIFY_SOCKET`` is
+    set (systemd shows it in ``systemctl status``): ``start refused: <reason>`` before it was
+    ready (a malformed config, a busy state dir, a board it cannot control), ``failed:
+    <reason>`` after (a restore that failed at stop). Nothing here claims readiness.
+
+    Outside :func:`guard_errors`, which turns the expected errors into :func:`fail`: every
+    refusal then arrives as a :class:`Failed` carrying the one line printed on stderr."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from daemon.notify import Notifier
+
+        readies = Notifier.readies
+        try:
+            return fn(*args, **kwargs)
+        except (Failed, Exception) as err:
+            if isinstance(err, Failed):
+                why = err.message if err.code else None
+            else:  # a bug: its traceback follows on stderr
+                why = f"{type(err).__name__}: {err}"
+            if why is not None:
+                what = "start refused" if Notifier.readies == readies else "failed"
+                Notifier().status(f"{what}: {why}")
+            raise
+
+    return wrapper
 
 
 @click.command("daemon")
@@ -114,6 +144,7 @@ from tools.common import FiniteFloatRange, emit_json, fail, guard_errors
     help="Print the final status as JSON on stdout (on a tree: when the run stops; --dry-run's "
     "plan then goes to stderr).",
 )
+@_tell_systemd_why
 @guard_errors
 def daemon_cmd(
     config_path,

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from daemon.logs import under_journal
 from platforms.errors import HidvfsError
 
 
@@ -104,9 +105,23 @@ def require_extra(command: str, extra: str, needed) -> None:
         fail(message)
 
 
+class Failed(SystemExit):
+    """What :func:`fail` raises: the exit ``code`` of a SystemExit that keeps its ``message``,
+    so that a command can pass the reason on (the daemon: to systemd, as ``STATUS=``)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(code)
+        self.message = message
+
+
 def fail(message: str, code: int = 2) -> None:
-    click.echo(f"hidvfs: error: {message}", err=True)
-    sys.exit(code)
+    """``hidvfs: error: <message>`` on stderr, then exit ``code``. When stderr is the journal,
+    each line gets the ``<3>`` prefix, so that ``journalctl -p err`` shows it."""
+    text = f"hidvfs: error: {message}"
+    if under_journal():
+        text = "\n".join(f"<3>{line}" for line in text.splitlines())
+    click.echo(text, err=True)
+    raise Failed(message, code)
 
 
 class Friendly(click.Group):

@@ -96,6 +96,36 @@ def test_json_format():
     logger.handlers.clear()
 
 
+def test_json_under_the_journal_prefixes_the_priority_and_drops_the_time():
+    """``logging.format: json`` under systemd: ``journalctl -p err`` must find its errors, so
+    each object gets the ``<N>`` prefix of its level, and no ``ts`` (the journal stamps it)."""
+    stream = io.StringIO()
+    logger = setup_logging("info", "json", stream=stream, journal=True, logger_name="hidvfs.jj")
+    log_event(logger, "restore_failed", logging.ERROR, path="policy0/scaling_max_freq")
+    log_event(logger, "drift", logging.WARNING, n=2)
+    logger.info("plain\nmessage")
+    logger.debug("hidden")  # below the level
+    lines = stream.getvalue().splitlines()
+    assert [line[:3] for line in lines] == ["<3>", "<4>", "<6>"]
+    objs = [json.loads(line[3:]) for line in lines]
+    assert all("ts" not in o for o in objs), lines
+    assert objs[0] == {
+        "event": "restore_failed",
+        "path": "policy0/scaling_max_freq",
+        "level": "error",  # kept: the journal strips the prefix from the message it stores
+        "logger": "hidvfs.jj",
+    }
+    assert objs[2]["msg"] == "plain\nmessage"
+    logger.handlers.clear()
+    # on a terminal (or a file): no prefix, and the time is in the object
+    stream = io.StringIO()
+    logger = setup_logging("info", "json", stream=stream, journal=False, logger_name="hidvfs.jj")
+    log_event(logger, "restore_failed", logging.ERROR)
+    line = stream.getvalue().strip()
+    assert line.startswith("{") and "ts" in json.loads(line)
+    logger.handlers.clear()
+
+
 def test_setup_is_idempotent_and_validates():
     s1, s2 = io.StringIO(), io.StringIO()
     setup_logging("info", stream=s1, logger_name="hidvfs.idem")

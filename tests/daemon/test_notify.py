@@ -168,3 +168,15 @@ def test_the_loop_still_wakes_when_a_simulated_clock_stops_early():
         loop.on_tick.append(lambda res, ticks=ticks: ticks.append(round(res.t, 6)))
         loop.run(duration_s=2.0)
         assert ticks[:2] == [0.0, 0.35], (idle, ticks)
+
+
+def test_readies_counts_every_ready_announcement_even_outside_systemd(receiver):
+    """The CLI tells a refused start from a failure after the start by this count."""
+    path, s = receiver
+    before = Notifier.readies
+    Notifier({}).ready()  # no socket: nothing sent, still the daemon's readiness
+    assert Notifier.readies == before + 1
+    Notifier({"NOTIFY_SOCKET": path}).status("starting")
+    assert Notifier.readies == before + 1
+    Notifier({"NOTIFY_SOCKET": path}).ready("controlling tx2")
+    assert Notifier.readies == before + 2
