@@ -309,8 +309,16 @@ def test_a_second_daemon_on_the_same_board_with_its_own_state_dir_is_refused(boa
     original = tree_state(tree, spec)
     proc, log = start_daemon(tree, state, "--duration", "20")
     try:
-        gov = tree / paths.policy_file(0, "scaling_governor")
-        wait_for(lambda: gov.read_text().strip() == "userspace", what="the first write")
+        top = {
+            tree / paths.policy_file(c.policy, "scaling_setspeed"): str(c.freqs_khz[-1])
+            for c in spec.clusters
+            if (tree / paths.policy_dir(c.policy)).exists()
+        }
+        # every policy pinned at its top (maxfreq): nothing moves after this
+        wait_for(
+            lambda: all(p.read_text().strip() == khz for p, khz in top.items()),
+            what="every policy's first writes",
+        )
         held = tree_state(tree, spec)
         other = tmp_path / "other-state"
         second = second_daemon(tree, other, other / "s.sock")
