@@ -215,7 +215,7 @@ def _optional_sensor(file: str) -> bool:
     """A thermal zone or a power rail: some are normally unreadable at start (gated, probing
     late); a cpufreq file, ``/proc/stat`` or the CPU list never are."""
     return file.startswith("class/thermal") or any(
-        mark in file for mark in ("hwmon", "iio:device", "channel labelled")
+        mark in file for mark in ("hwmon", "iio:device", "iio_device", "channel labelled")
     )
 
 

@@ -3,7 +3,8 @@
 Two drivers (``boards.md`` sections 1.3 and 2.7):
 
 - legacy IIO ``ina3221x`` (L4T <= 32, TX2): ``iio:deviceN/rail_name_K`` + ``in_powerK_input``
-  (mW, or the spec's ``unit``); ``iio:deviceN`` numbering varies, so every ``iio:device*`` folder is scanned;
+  (mW, or the spec's ``unit``); ``iio:deviceN`` numbering varies and L4T 28 names the folder
+  ``iio_device`` (section 2.7), so every folder of either name is scanned;
 - mainline hwmon ``ina3221`` (JetPack 5+, Orin): ``<dev>/hwmon/hwmonN`` with ``name`` ==
   ``ina3221`` (N varies), rails by ``inK_label``, mW = mV * mA / 1000. Labels containing an
   ``NC`` (not connected) token and the ``in7`` shunt-sum channel are not rails.
@@ -29,7 +30,9 @@ HWMON_NAME = "ina3221"
 #: hwmon ina3221 channel 7 is the sum of the shunt voltages, not a rail
 HWMON_SUM_CHANNEL = 7
 
-_IIO_DEV_RE = re.compile(r"^iio:device\d+$")
+#: an ina3221x channel folder: ``iio:deviceN`` (L4T 32, N varies per boot), or ``iio_device``
+#: (L4T 28: what zTT's PowerLogger reads, boards.md section 2.7)
+IIO_FOLDER_RE = re.compile(r"^iio(?::device\d+|_device)$")
 _HWMON_RE = re.compile(r"^hwmon\d+$")
 _RAIL_NAME_RE = re.compile(r"^rail_name_(\d+)$")
 _LABEL_RE = re.compile(r"^in(\d+)_label$")
@@ -37,13 +40,14 @@ _LABEL_RE = re.compile(r"^in(\d+)_label$")
 
 @dataclass(frozen=True)
 class RailSource:
-    """Where one rail is read. ``folder`` is the ``iio:deviceN`` or ``hwmonN`` folder."""
+    """Where one rail is read. ``folder`` is the iio channel folder (``iio:deviceN`` or
+    ``iio_device``) or the ``hwmonN`` folder."""
 
     name: str
     driver: str  # "iio" | "hwmon"
     folder: str
     channel: int
-    #: the sensor folder in :class:`RailSpec` terms (iio: the iio:device folder; hwmon: the
+    #: the sensor folder in :class:`RailSpec` terms (iio: the channel folder; hwmon: the
     #: folder that holds ``hwmon/hwmonN``)
     device: str
     #: the unit of an iio ``in_powerN_input`` (the spec's; hwmon is always mV x mA = mW)
@@ -81,12 +85,19 @@ def _iio_channels(sysfs: SysfsBackend, folder: str, device: str) -> list[RailSou
     return sorted(out, key=lambda r: r.channel)
 
 
+def is_iio_folder(name: str) -> bool:
+    """Whether a folder name is an ina3221x channel folder (``iio:deviceN`` or L4T 28's
+    ``iio_device``): scanners must not hard-code one spelling."""
+    return IIO_FOLDER_RE.match(name) is not None
+
+
 def iio_folders(sysfs: SysfsBackend, parent: str) -> list[str]:
-    return [f"{parent}/{n}" for n in sysfs.list(parent) if _IIO_DEV_RE.match(n)]
+    return [f"{parent}/{n}" for n in sysfs.list(parent) if is_iio_folder(n)]
 
 
 def discover_iio_rails(sysfs: SysfsBackend) -> list[RailSource]:
-    """Every ina3221x rail: ``bus/i2c/drivers/ina3221x/<addr>/iio:device*``, else the IIO bus."""
+    """Every ina3221x rail: ``bus/i2c/drivers/ina3221x/<addr>/<iio folder>``, else the IIO
+    bus (:func:`is_iio_folder` names both spellings)."""
     out = []
     for addr in sysfs.list(IIO_DRIVER_DIR):
         for folder in iio_folders(sysfs, f"{IIO_DRIVER_DIR}/{addr}"):

@@ -142,6 +142,7 @@ def spec_to_dict(spec: BoardSpec) -> dict[str, Any]:
                     "clusters": list(z.clusters),
                     "trips": trips(z.trips),
                     **({"quirk": z.quirk} if z.quirk else {}),
+                    **({"aliases": list(z.aliases)} if z.aliases else {}),
                 }
                 for z in spec.zones
             ]
@@ -269,10 +270,12 @@ def _zone_quirk(sysfs: SysfsBackend, info: thermal.ZoneInfo) -> str | None:
 def _discover_zones(
     sysfs: SysfsBackend, known: BoardSpec | None, clusters: tuple[str, ...] = ()
 ) -> list[ZoneSpec]:
-    """The tree's zones; a zone the known spec does not describe takes a role from its
-    type, and a CPU zone among them watches every discovered cluster: which cores a sensor
-    sits by is not in sysfs, and a guard that links it to none never caps anything."""
-    known_zones = {z.type: z for z in known.zones} if known is not None else {}
+    """The tree's zones; a zone the known spec does not describe (by type or alias) takes a
+    role from its type, and a CPU zone among them watches every discovered cluster: which
+    cores a sensor sits by is not in sysfs, and a guard that links it to none never caps
+    anything. Zones keep the tree's type and no aliases: the spec describes this tree."""
+    zones = known.zones if known is not None else ()
+    known_zones = {a: z for z in zones for a in z.aliases} | {z.type: z for z in zones}
     cluster_names = {c.name for c in known.clusters} if known is not None else set()
     out, seen = [], set()
     for info in thermal.discover_zones(sysfs):

@@ -7,18 +7,27 @@ or two files per rail. Discovery runs again when the online CPU set changes, whe
 vanishes (a zone re-registered, a policy went away with its CPUs), and every ``refresh_s`` of
 the caller's clock (a ``modprobe``'d governor, a late sensor). A failed read becomes ``None``
 plus a line in ``Observation.errors`` naming the file; nothing here raises on a bad reading.
+
+A spec zone is found by its ``type``, then by its ``aliases`` (the names other BSPs give the
+same sensor). When a cluster that the spec watches with a CPU zone is left without any zone
+found, the board's unnamed CPU-looking zones (:func:`fallback_cpu_zones`) watch it instead,
+logged once: a guard without a temperature never caps.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from platforms import cpufreq, paths, power, thermal
 from platforms.errors import SysfsUnavailable
 from platforms.observation import ClusterObs, Observation, RailObs, ZoneObs
+from platforms.probe import guess_zone_role
 from platforms.procstat import UtilTracker, parse_proc_stat
 from platforms.spec import BoardSpec, ClusterSpec, RailSpec, ZoneSpec
 from platforms.sysfs import SysfsBackend
+
+log = logging.getLogger("hidvfs.sense")
 
 
 @dataclass
@@ -41,10 +50,52 @@ class _ZonePlan:
     passive_c: float | None
     critical_c: float | None
     index: int | None = None  # the zone's thermal_zoneN, to re-read its trips
+    #: found under another name (alias, fallback): the spec's trips bound the live ones
+    by_alias: bool = False
 
     def set_trips(self, trips) -> None:
         self.passive_c = thermal.trip_c(trips, "passive")
         self.critical_c = thermal.trip_c(trips, "critical")
+        if self.by_alias:
+            self.passive_c = _lower(self.passive_c, thermal.trip_c(self.spec.trips, "passive"))
+            self.critical_c = _lower(self.critical_c, thermal.trip_c(self.spec.trips, "critical"))
+
+
+def find_zone(found: dict[str, thermal.ZoneInfo], spec: ZoneSpec) -> thermal.ZoneInfo | None:
+    """The live zone of a spec zone: its ``type`` first, then its ``aliases`` in order (a
+    JetPack 5 Orin calls ``cpu-thermal`` ``CPU-therm``, boards.md section 3.6)."""
+    return next((found[n] for n in spec.names if n in found), None)
+
+
+def uncovered_clusters(plans: list[_ZonePlan]) -> tuple[str, ...]:
+    """Clusters that a spec CPU zone watches but no zone found on the board does: the guard
+    has no temperature for them."""
+    covered = {c for p in plans if p.path is not None for c in p.spec.clusters}
+    watched = (c for p in plans if p.spec.role == "cpu" for c in p.spec.clusters)
+    return tuple(dict.fromkeys(c for c in watched if c not in covered))
+
+
+def fallback_cpu_zones(
+    live: list[thermal.ZoneInfo], spec: BoardSpec, clusters: tuple[str, ...]
+) -> list[tuple[thermal.ZoneInfo, ZoneSpec]]:
+    """Live zones that no spec zone names and whose type reads as a CPU sensor
+    (:func:`platforms.probe.guess_zone_role`), each made a CPU zone watching ``clusters``:
+    which cores it sits by is not in sysfs, and capping every uncovered cluster on it errs on
+    the safe side. A zone the spec names (even as ``ignore``) is never taken. Their trips are
+    read from the zone; the spec's CPU zones of those clusters give the estimate for a zone
+    without readable trips (a temperature without a trip never caps)."""
+    named = {n for z in spec.zones for n in z.names}
+    estimate = tuple(
+        t
+        for z in spec.zones
+        if z.role == "cpu" and set(z.clusters) & set(clusters)
+        for t in z.trips
+    )
+    return [
+        (info, ZoneSpec(type=info.type, role="cpu", clusters=clusters, trips=estimate))
+        for info in thermal.zones_by_type(live).values()
+        if info.type not in named and guess_zone_role(info.type) == "cpu"
+    ]
 
 
 def _plausible_khz(khz, freqs: tuple[int, ...]) -> bool:
@@ -68,6 +119,15 @@ class _RailPlan:
     files: tuple[str, ...]
 
 
+def _lower(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _missing_zone(z: ZoneSpec) -> str:
+    also = f" (nor {', '.join(repr(a) for a in z.aliases)})" if z.aliases else ""
+    return f"no thermal zone of type '{z.type}'{also}"
+
+
 class Sensor:
     """Builds observations for ``spec`` from ``sysfs`` (any :class:`SysfsBackend`)."""
 
@@ -83,6 +143,8 @@ class Sensor:
         self._last_refresh: float | None = None
         self._last_retry: float | None = None
         self._last_trips: float | None = None
+        #: the fallback zones last logged (type -> clusters), so a rediscovery logs no repeat
+        self._fallback_logged: tuple[tuple[str, tuple[str, ...]], ...] = ()
         #: how many discoveries ran (tests and logs use it to see caching work)
         self.discoveries = 0
         self.rediscover()
@@ -137,26 +199,56 @@ class Sensor:
 
     def _discover_zones(self) -> None:
         wanted = [z for z in self.spec.zones if thermal.skip_reason(z.type, z) is None]
-        found = (
-            thermal.zones_by_type(thermal.discover_zones(self.sysfs, trips=False)) if wanted else {}
-        )
+        live = thermal.discover_zones(self.sysfs, trips=False) if wanted else []
+        found = thermal.zones_by_type(live)
         plans = []
         for z in wanted:
-            info = found.get(z.type)
-            trips = z.trips
-            if info is not None:
-                live = thermal.read_trips(self.sysfs, info.index)
-                trips = live or trips  # trips on the board win over the spec's estimates
+            info = find_zone(found, z)
             plans.append(
-                _ZonePlan(
-                    spec=z,
-                    path=info.temp_path if info is not None else None,
-                    passive_c=thermal.trip_c(trips, "passive"),
-                    critical_c=thermal.trip_c(trips, "critical"),
-                    index=info.index if info is not None else None,
-                )
+                self._zone_plan(z, info, by_alias=info is not None and info.type != z.type)
             )
+        uncovered = uncovered_clusters(plans)
+        extra = fallback_cpu_zones(live, self.spec, uncovered) if uncovered else []
+        plans += [self._zone_plan(z, info, by_alias=True) for info, z in extra]
+        self._log_fallback([z for _, z in extra])
         self._zones = plans
+
+    def _zone_plan(
+        self, z: ZoneSpec, info: thermal.ZoneInfo | None, by_alias: bool = False
+    ) -> _ZonePlan:
+        """Trips are read from the zone found; the spec's are only estimates for a zone that
+        has none readable. A zone found under another BSP's name (an alias, or a fallback)
+        may carry trips for another thermal scheme (downstream ``-usr`` zones trip at 115 C
+        for a userspace governor): the lower of its trips and the spec's is kept."""
+        trips = z.trips
+        if info is not None:
+            trips = thermal.read_trips(self.sysfs, info.index) or trips
+        plan = _ZonePlan(
+            spec=z,
+            path=info.temp_path if info is not None else None,
+            passive_c=None,
+            critical_c=None,
+            index=info.index if info is not None else None,
+            by_alias=by_alias,
+        )
+        plan.set_trips(trips)
+        return plan
+
+    def _log_fallback(self, zones: list[ZoneSpec]) -> None:
+        """One line when the fallback zones start (or change), not one per rediscovery."""
+        key = tuple((z.type, z.clusters) for z in zones)
+        if not key or key == self._fallback_logged:
+            return
+        self._fallback_logged = key
+        log.warning(
+            "event=cpu_zone_fallback board=%s zones=%s clusters=%s detail=%r",
+            self.spec.name,
+            ",".join(z.type for z in zones),
+            ",".join(zones[0].clusters),
+            "no thermal zone of the spec watches these clusters on this board; zones whose "
+            "type reads as a CPU sensor watch them instead (add their types as the spec "
+            "zones' aliases)",
+        )
 
     def _discover_rails(self) -> None:
         plans = []
@@ -276,7 +368,7 @@ class Sensor:
         for z in self._zones:
             temp = None
             if z.path is None:
-                errors.append(f"{paths.THERMAL}: no thermal zone of type '{z.spec.type}'")
+                errors.append(f"{paths.THERMAL}: {_missing_zone(z.spec)}")
             else:
                 temp, err_text = thermal.read_temp_c(s, z.path)
                 if err_text is not None:

@@ -80,6 +80,14 @@ class ZoneSpec:
     clusters: tuple[str, ...] = ()
     trips: tuple[Trip, ...] = ()
     quirk: str | None = None
+    #: other ``type`` strings of the same sensor on other BSPs (JetPack 5's ``CPU-therm`` for
+    #: mainline ``cpu-thermal``): the zone is matched by ``type`` first, then by these in order
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every ``type`` this zone may carry on a board, in the order they are tried."""
+        return (self.type, *self.aliases)
 
     @property
     def is_temperature(self) -> bool:
@@ -95,8 +103,10 @@ class ZoneSpec:
 class RailSpec:
     """A power rail. ``device`` is the sensor's folder relative to the root.
 
-    ``iio``: ``device`` is the ``iio:deviceN`` folder, values are ``in_powerN_input`` in
-    ``unit`` (one of :data:`RAIL_UNITS_MW`; L4T's ina3221x reports mW).
+    ``iio``: ``device`` is the channel folder looked in first (``iio:deviceN``; N varies and L4T
+    28 names it ``iio_device``, so its siblings and every ina3221x monitor are scanned next),
+    values are ``in_powerN_input`` in ``unit`` (one of :data:`RAIL_UNITS_MW`; L4T's ina3221x
+    reports mW).
     ``hwmon``: ``device`` is the folder holding ``hwmon/hwmonN`` (N varies), the rail is found by
     its ``inN_label``; mW = mV * mA / 1000 (the hwmon ABI fixes the units: ``unit`` is mW).
     """
@@ -145,8 +155,12 @@ class BoardSpec:
         raise KeyError(f"board {self.name} has no cpu {cpu}")
 
     def zone(self, type_: str) -> ZoneSpec:
+        """The zone of this ``type``, else the one that lists it among its ``aliases``."""
         for z in self.zones:
             if z.type == type_:
+                return z
+        for z in self.zones:
+            if type_ in z.aliases:
                 return z
         raise KeyError(f"board {self.name} has no thermal zone {type_!r}")
 
@@ -227,6 +241,41 @@ class _Reader:
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise SpecError(self.file, path, desc, v)
         return tuple(v)
+
+
+_ALIASES_DESC = "a list of other type strings of this zone (non-empty, no surrounding spaces)"
+
+
+def _zone_aliases(r: _Reader, z: dict, where: str, ztype: str) -> tuple[str, ...]:
+    """A zone's ``aliases``: distinct type strings other than its ``type``. A blank or padded
+    one could never equal a ``type`` file's content, so it is refused, not silently unused."""
+    aliases = r.str_list(z, "aliases", where, _ALIASES_DESC, required=False)
+    for j, a in enumerate(aliases):
+        if not a.strip() or a != a.strip():
+            raise SpecError(r.file, f"{where}.aliases[{j}]", _ALIASES_DESC, a)
+        if a == ztype or a in aliases[:j]:
+            raise SpecError(
+                r.file, f"{where}.aliases[{j}]", f"a type other than {ztype!r} and not repeated", a
+            )
+    return aliases
+
+
+def _check_alias_clashes(file: str, zones: list[ZoneSpec]) -> None:
+    """An alias must name one zone only: one that is another zone's type or alias would make
+    a live zone match two specs (two types alike stay allowed, as before aliases)."""
+    owner: dict[str, int] = {}
+    for i, z in enumerate(zones):
+        owner.setdefault(z.type, i)
+    for i, z in enumerate(zones):
+        for j, a in enumerate(z.aliases):
+            other = owner.setdefault(a, i)
+            if other != i:
+                raise SpecError(
+                    file,
+                    f"thermal.zones[{i}].aliases[{j}]",
+                    f"a type no other zone uses (thermal.zones[{other}], {zones[other].type!r}, has it)",
+                    a,
+                )
 
 
 def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
@@ -346,15 +395,18 @@ def parse_board(data: Any, file: str = "<spec>") -> BoardSpec:
                     hyst_mc=r.opt(t, "hyst_mc", tw, int, "m°C (int)", 0),
                 )
             )
+        ztype = r.req(z, "type", w, str, "the zone's type string")
         zones.append(
             ZoneSpec(
-                type=r.req(z, "type", w, str, "the zone's type string"),
+                type=ztype,
                 role=role,
                 clusters=zcl,
                 trips=tuple(trips),
                 quirk=quirk,
+                aliases=_zone_aliases(r, z, w, ztype),
             )
         )
+    _check_alias_clashes(file, zones)
 
     power = r.opt(data, "power", "", dict, "a mapping with a 'rails' list", {})
     rails = []

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from platforms import paths, thermal
+from platforms import paths, power, thermal
 from platforms.clock import Clock
 from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
 from platforms.spec import BoardSpec, ZoneSpec, load_board
@@ -285,7 +285,8 @@ class TickRecorder:
 _POLICY_RE = re.compile(r"policy\d+")
 _CPU_RE = re.compile(r"cpu\d+")
 _ZONE_RE = re.compile(r"thermal_zone\d+")
-_IIO_RE = re.compile(r"iio:device\d+")
+#: ina3221x channel folders (iio:deviceN, L4T 28's iio_device): the rule of power.is_iio_folder
+_IIO_RE = power.IIO_FOLDER_RE
 _HWMON_RE = re.compile(r"hwmon\d+")
 _RAIL_PATTERNS = ("name", "*_label", "in*_input", "curr*_input", "in_power*", "rail_name_*")
 IIO_DRIVER = "bus/i2c/drivers/ina3221x"

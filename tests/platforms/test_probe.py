@@ -10,7 +10,7 @@ import pytest
 
 from platforms import cpufreq, paths
 from platforms.faketree import write_fake_tree
-from platforms.probe import detect_board, format_probe, guess_zone_role, probe
+from platforms.probe import detect_board, format_probe, guess_zone_role, probe, spec_to_dict
 from platforms.spec import board_names, load_board, parse_board
 from platforms.sysfs import DirSysfs
 
@@ -401,3 +401,25 @@ def test_unknown_board_cpu_zones_watch_every_cluster_and_the_guard_caps_them(tmp
         top = Decision(freq_khz={c.name: c.freqs_khz[-1] for c in obs.clusters})
         out = guard.apply(top, obs)
     assert all(out.freq_khz[c.name] < c.freqs_khz[-1] for c in obs.clusters)
+
+
+def test_probe_matches_the_other_bsp_names_through_the_aliases(tmp_path):
+    """A downstream RUBIK Pi zone takes the role and the cluster of the spec zone it is an
+    alias of (a zone the spec does not know would watch every cluster), under its own type."""
+    spec = load_board("rubikpi3")
+    w = write_fake_tree(spec, tmp_path)
+    for i, z in enumerate(spec.zones):
+        if z.type in ("cpu4-thermal", "cpuss0-thermal"):
+            w.put(paths.zone_file(i, "type"), z.aliases[0], 0o444)
+    found = probe(DirSysfs(tmp_path)).spec
+    assert found.zone("cpu-1-0-usr").role == "cpu"
+    assert found.zone("cpu-1-0-usr").clusters == ("gold",)
+    assert found.zone("cpuss-0-usr").role == "soc"
+    assert all(not z.aliases for z in found.zones)
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_spec_to_dict_keeps_the_aliases(board):
+    spec = load_board(board)
+    again = parse_board(json.loads(json.dumps(spec_to_dict(spec))), "dumped.json")
+    assert again.zones == spec.zones

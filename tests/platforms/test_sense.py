@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import shutil
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -128,8 +131,6 @@ def test_policy_vanishing_under_the_sensor(tx2, tmp_path):
     """A policy folder disappears while its CPUs still look online (a racing hotplug)."""
     w, sensor = tx2
     sensor.read(0.0)
-    import shutil
-
     shutil.rmtree(tmp_path / paths.policy_dir(1))
     obs = sensor.read(1.0)
     assert obs.cluster("denver").cur_khz is None
@@ -336,3 +337,148 @@ def test_a_frequency_no_policy_can_run_at_is_unavailable(tmp_path, raw):
     obs = Sensor(TX2, DirSysfs(tmp_path)).read(0.0)
     assert obs.cluster("a57").cur_khz is None
     assert any("scaling_cur_freq: unavailable (implausible" in e for e in obs.errors)
+
+
+# -- the other BSPs' names (boards.md sections 2.7, 3.6 and 4.5) -------------------------------
+
+
+def test_tx2_rails_in_l4t28_iio_device_folders(tmp_path):
+    """L4T 28 names the ina3221x channel folder ``iio_device`` (what zTT reads), and the IIO
+    bus view may be absent: the rails are still found by ``rail_name_N``."""
+    w = write_fake_tree(TX2, tmp_path)
+    w.set_power("VDD_IN", 5000)
+    w.set_power("VDD_SYS_CPU", 1200)
+    drv = tmp_path / "bus/i2c/drivers/ina3221x"
+    for addr, dev in (("0-0041", "iio:device1"), ("0-0040", "iio:device0")):
+        os.rename(drv / addr / dev, drv / addr / "iio_device")
+    shutil.rmtree(tmp_path / "bus/iio")
+    sensor = Sensor(TX2, DirSysfs(tmp_path))
+    obs = sensor.read(0.0)
+    assert obs.total_power_w == 5.0 and obs.cpu_power_w == 1.2
+    assert all(src is not None for src in sensor.rail_sources.values())
+    assert sensor.rail_sources["VDD_IN"].folder == "bus/i2c/drivers/ina3221x/0-0041/iio_device"
+    assert not any("channel labelled" in e for e in obs.errors)
+
+
+def _rename_zones(w, spec, names: dict[str, str]) -> None:
+    """Give the fake tree's zones another BSP's ``type`` (the faketree writes spec order)."""
+    for i, z in enumerate(spec.zones):
+        if z.type in names:
+            w.put(paths.zone_file(i, "type"), names[z.type], 0o444)
+
+
+def _set_trip(w, zone_type: str, k: int, temp_mc: int) -> None:
+    w.put(paths.zone_file(w.zone_index(zone_type), f"trip_point_{k}_temp"), str(temp_mc))
+
+
+_JP5_ORIN = {"cpu-thermal": "CPU-therm", "gpu-thermal": "GPU-therm", "soc0-thermal": "SOC0-therm"}
+#: downstream Qualcomm names; cpu-1-0..3-usr are the ones boards.md section 4.5 lists
+_DOWNSTREAM_RUBIK = {f"cpu{i}-thermal": f"cpu-1-{i - 4}-usr" for i in range(4, 8)}
+
+
+@pytest.mark.parametrize(
+    "spec, names, hot, cluster",
+    [
+        (ORIN, _JP5_ORIN, "CPU-therm", "a78ae_1"),
+        (RUBIK, _DOWNSTREAM_RUBIK, "cpu-1-2-usr", "gold"),
+    ],
+    ids=["orin-nx-jetpack5", "rubikpi3-downstream"],
+)
+def test_cpu_temperature_under_the_other_bsp_zone_names(tmp_path, spec, names, hot, cluster):
+    """A spec zone is found by its ``aliases`` when the BSP names it otherwise; its trips are
+    the found zone's, not the spec's estimates."""
+    w = write_fake_tree(spec, tmp_path)
+    _rename_zones(w, spec, names)
+    w.set_temp(hot, 93.0)
+    _set_trip(w, hot, 0, 81000)  # trip 0 is passive on both boards
+    obs = Sensor(spec, w.sysfs).read(0.0)
+    assert obs.max_cpu_temp_c == 93.0
+    assert obs.cluster_temp_c(cluster) == 93.0
+    zone = next(z for z in obs.zones if z.temp_c == 93.0)
+    assert zone.role == "cpu" and zone.passive_trip_c == 81.0
+    assert not any("no thermal zone" in e for e in obs.errors)
+
+
+def test_a_zone_found_by_its_alias_never_trips_later_than_the_spec_says(tmp_path):
+    """Downstream ``-usr`` zones carry trips for a userspace thermal governor (115 C): the
+    guard caps from the lower of those and the spec's, also after the trips are re-read."""
+    w = write_fake_tree(RUBIK, tmp_path)
+    _rename_zones(w, RUBIK, _DOWNSTREAM_RUBIK)
+    _set_trip(w, "cpu-1-2-usr", 0, 115000)
+    spec_trip = RUBIK.zone("cpu6-thermal").trips[0].temp_mc / 1000
+    assert spec_trip < 115.0
+    sensor = Sensor(RUBIK, w.sysfs)
+    for t in (0.0, 60.0):  # the discovery, then a later re-read of the trips
+        zone = next(z for z in sensor.read(t).zones if z.type == "cpu6-thermal")
+        assert zone.passive_trip_c == spec_trip
+
+
+def test_a_missing_zone_names_its_aliases(tmp_path):
+    write_fake_tree(ORIN, tmp_path)
+    os.rename(tmp_path / paths.zone_dir(0), tmp_path / "gone")  # cpu-thermal
+    obs = Sensor(ORIN, DirSysfs(tmp_path)).read(0.0)
+    assert "class/thermal: no thermal zone of type 'cpu-thermal' (nor 'CPU-therm')" in obs.errors
+
+
+def _without_aliases(spec):
+    """The spec as a board file written before ``aliases`` existed."""
+    return replace(spec, zones=tuple(replace(z, aliases=()) for z in spec.zones))
+
+
+def test_unnamed_cpu_zones_watch_the_clusters_left_without_one(tmp_path, caplog):
+    """A spec that does not know the BSP's names (a user file without aliases): the zones
+    whose type reads as a CPU sensor watch every uncovered cluster, with their own trips,
+    logged once however often zones are rediscovered."""
+    spec = _without_aliases(ORIN)
+    w = write_fake_tree(spec, tmp_path)
+    _rename_zones(w, spec, _JP5_ORIN)
+    w.set_temp("CPU-therm", 91.0)
+    _set_trip(w, "CPU-therm", 0, 82000)
+    sensor = Sensor(spec, w.sysfs, refresh_s=30.0)
+    with caplog.at_level(logging.WARNING, logger="hidvfs.sense"):
+        for t in (0.0, 1.0, 2.0, 31.0):  # missing-zone retries and a full refresh
+            obs = sensor.read(t)
+    assert obs.max_cpu_temp_c == 91.0
+    assert obs.cluster_temp_c("a78ae_0") == obs.cluster_temp_c("a78ae_1") == 91.0
+    fallback = next(z for z in obs.zones if z.type == "CPU-therm")
+    assert fallback.role == "cpu" and fallback.passive_trip_c == 82.0
+    assert fallback.clusters == ("a78ae_0", "a78ae_1")
+    logged = [r for r in caplog.records if "cpu_zone_fallback" in r.getMessage()]
+    assert len(logged) == 1 and "CPU-therm" in logged[0].getMessage()
+
+
+def test_the_fallback_watches_only_the_uncovered_clusters(tmp_path):
+    """RUBIK Pi with the gold and prime zones found and the silver ones under names the spec
+    does not list: only silver is watched by the stand-ins."""
+    w = write_fake_tree(RUBIK, tmp_path)
+    _rename_zones(w, RUBIK, {f"cpu{i}-thermal": f"cpu-0-{i}-step" for i in range(4)})
+    w.set_temp("cpu-0-1-step", 92.0)
+    obs = Sensor(RUBIK, w.sysfs).read(0.0)
+    stand_ins = [z for z in obs.zones if z.type.endswith("-step")]
+    assert [z.type for z in stand_ins] == [f"cpu-0-{i}-step" for i in range(4)]
+    assert all(z.clusters == ("silver",) for z in stand_ins)
+    assert obs.cluster_temp_c("silver") == 92.0
+    assert obs.cluster_temp_c("gold") != 92.0
+
+
+def test_no_fallback_when_the_spec_zones_are_found(tmp_path, caplog):
+    w = write_fake_tree(RUBIK, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="hidvfs.sense"):
+        obs = Sensor(RUBIK, w.sysfs).read(0.0)
+    assert [z.type for z in obs.zones] == [
+        z.type for z in RUBIK.zones if z.is_temperature and z.quirk != "stuck100"
+    ]
+    assert not caplog.records
+
+
+def test_a_stand_in_without_trips_takes_the_spec_estimate(tmp_path):
+    """A zone with no readable trip would never cap: the uncovered clusters' spec CPU zones
+    give the estimate (Orin: 99 C passive)."""
+    spec = _without_aliases(ORIN)
+    w = write_fake_tree(spec, tmp_path)
+    _rename_zones(w, spec, {"cpu-thermal": "CPU-therm"})
+    idx = w.zone_index("CPU-therm")
+    for f in (tmp_path / paths.zone_dir(idx)).glob("trip_point_*"):
+        f.unlink()
+    zone = next(z for z in Sensor(spec, w.sysfs).read(0.0).zones if z.type == "CPU-therm")
+    assert zone.passive_trip_c == 99.0 and zone.critical_trip_c == 104.5

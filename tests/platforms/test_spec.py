@@ -172,3 +172,63 @@ def test_a_board_file_that_is_not_utf8_is_named(tmp_path):
     bad.write_bytes(b"name: caf\xe9\n")
     with pytest.raises(SpecError, match=r"latin1.yaml: key '<file>': expected a UTF-8 text file"):
         load_board_file(bad)
+
+
+# -- zone aliases (boards.md sections 3.6 and 4.5) ---------------------------------------------
+
+
+def test_shipped_aliases_name_the_other_bsps_zones():
+    orin, rubik = load_board("orin-nx"), load_board("rubikpi3")
+    assert orin.zone("cpu-thermal").names == ("cpu-thermal", "CPU-therm")
+    assert orin.zone("CPU-therm") is orin.zone("cpu-thermal")
+    assert orin.zone("SOC0-therm").type == "soc0-thermal"
+    assert [rubik.zone(f"cpu-1-{i}-usr").clusters for i in range(4)] == [("gold",)] * 4
+    assert load_board("tx2").zone("BCPU-therm").aliases == ()
+
+
+def _with_zones(zones):
+    data = _raw("orin-nx")
+    data["thermal"]["zones"] = zones
+    return data
+
+
+def test_aliases_are_optional_and_a_bare_string_is_one(tmp_path):
+    zones = [
+        {"type": "cpu-thermal", "role": "cpu", "aliases": "CPU-therm"},
+        {"type": "gpu-thermal", "role": "gpu"},
+        # two zones of one type stay allowed (what files without aliases may hold)
+        {"type": "gpu-thermal", "role": "gpu"},
+    ]
+    spec = parse_board(_with_zones(zones), "user.yaml")
+    assert spec.zones[0].aliases == ("CPU-therm",)
+    assert spec.zones[1].aliases == spec.zones[2].aliases == ()
+
+
+@pytest.mark.parametrize(
+    "aliases, key, words",
+    [
+        (5, "thermal.zones[0].aliases", "a list of other type strings"),
+        ([["CPU-therm"]], "thermal.zones[0].aliases", "a list of other type strings"),
+        ([""], "thermal.zones[0].aliases[0]", "non-empty"),
+        (["CPU-therm "], "thermal.zones[0].aliases[0]", "no surrounding spaces"),
+        (["cpu-thermal"], "thermal.zones[0].aliases[0]", "a type other than 'cpu-thermal'"),
+        (["CPU-therm", "CPU-therm"], "thermal.zones[0].aliases[1]", "not repeated"),
+        (["gpu-thermal"], "thermal.zones[0].aliases[0]", "thermal.zones[1], 'gpu-thermal'"),
+    ],
+)
+def test_bad_aliases_name_the_file_and_key(tmp_path, aliases, key, words):
+    zones = [
+        {"type": "cpu-thermal", "role": "cpu", "aliases": aliases},
+        {"type": "gpu-thermal", "role": "gpu"},
+    ]
+    err = _fails(tmp_path, _with_zones(zones), key)
+    assert words in str(err), str(err)
+
+
+def test_an_alias_names_one_zone_only(tmp_path):
+    zones = [
+        {"type": "cpu-thermal", "role": "cpu", "aliases": ["CPU-therm"]},
+        {"type": "gpu-thermal", "role": "gpu", "aliases": ["CPU-therm"]},
+    ]
+    err = _fails(tmp_path, _with_zones(zones), "thermal.zones[1].aliases[0]")
+    assert "thermal.zones[0], 'cpu-thermal'" in str(err)

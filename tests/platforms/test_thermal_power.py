@@ -415,3 +415,33 @@ def test_a_trip_type_the_kernel_does_not_define_is_left_out_and_an_unreadable_on
     assert [t.type for t in thermal.read_trips(s, 0)] == ["passive", "critical"]
     (zone / "trip_point_2_type").write_text("\n")
     assert thermal.read_trips(s, 0)[2] == Trip(45000, "passive", 0)
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("iio:device0", True),
+        ("iio:device12", True),
+        ("iio_device", True),  # L4T 28 (boards.md section 2.7)
+        ("iio:device", False),
+        ("iio_device0", False),
+        ("iio:devices", False),
+        ("hwmon3", False),
+        ("name", False),
+    ],
+)
+def test_iio_folder_names(name, ok):
+    assert power.is_iio_folder(name) is ok
+
+
+def test_l4t28_iio_device_folders_are_discovered(tx2, tmp_path):
+    w, s = tx2
+    w.set_power("VDD_SYS_GPU", 777)
+    drv = tmp_path / "bus/i2c/drivers/ina3221x"
+    for addr, dev in (("0-0041", "iio:device1"), ("0-0040", "iio:device0")):
+        os.rename(drv / addr / dev, drv / addr / "iio_device")
+    rails = {r.name: r for r in power.discover_iio_rails(s)}
+    assert set(rails) == {r.name for r in TX2.rails}
+    assert all(r.folder.endswith("/iio_device") for r in rails.values())
+    src = power.find_rail(s, next(r for r in TX2.rails if r.name == "VDD_SYS_GPU"))
+    assert src is not None and power.read_power_mw(s, src) == 777.0

@@ -747,3 +747,14 @@ def test_record_stops_when_told_with_a_complete_gz_trace(tree, tmp_path):
         == 0
     )
     assert read_trace(out).samples == []
+
+
+def test_relevant_files_finds_l4t28_rails_in_an_iio_device_folder(tree):
+    """L4T 28 names the ina3221x channel folder ``iio_device`` (boards.md 2.7): a trace
+    recorded there keeps the rails."""
+    old = tree / IIO
+    new = old.parent / "iio_device"
+    os.rename(old, new)
+    files = relevant_files(DirSysfs(tree))
+    rel = str(new.relative_to(tree))
+    assert all(f"{rel}/in_power{ch}_input" in files for ch in range(3))
