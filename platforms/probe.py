@@ -237,25 +237,6 @@ def _discover_clusters(
     return sorted(clusters, key=lambda c: c.policy), states
 
 
-_ROLE_HINTS = (
-    ("ignore", ("pmic",)),
-    ("cpu", ("cpu", "bcpu", "mcpu")),
-    ("gpu", ("gpu",)),
-    ("board", ("board", "skin", "xo-", "quiet", "fan", "tdiode", "diode", "ambient")),
-    ("soc", ("soc", "cv", "pll", "tj", "ddr", "aoss", "mdm", "nsp", "video", "camera", "ao-")),
-)
-
-
-def guess_zone_role(zone_type: str) -> str:
-    low = zone_type.lower()
-    if thermal.skip_reason(zone_type) is not None:
-        return "ignore"
-    for role, hints in _ROLE_HINTS:
-        if any(h in low for h in hints):
-            return role
-    return "other"
-
-
 def _zone_quirk(sysfs: SysfsBackend, info: thermal.ZoneInfo) -> str | None:
     reason = thermal.skip_reason(info.type)
     if reason is not None:
@@ -283,7 +264,7 @@ def _discover_zones(
             continue
         seen.add(info.type)
         ref = known_zones.get(info.type)
-        role = ref.role if ref else guess_zone_role(info.type)
+        role = ref.role if ref else thermal.guess_zone_role(info.type)
         if ref:
             linked = tuple(c for c in ref.clusters if c in cluster_names)
         else:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from platforms import cpufreq, paths, power, thermal
 from platforms.errors import SysfsUnavailable
 from platforms.observation import ClusterObs, Observation, RailObs, ZoneObs
-from platforms.probe import guess_zone_role
 from platforms.procstat import UtilTracker, parse_proc_stat
 from platforms.spec import BoardSpec, ClusterSpec, RailSpec, ZoneSpec
 from platforms.sysfs import SysfsBackend
@@ -79,7 +78,7 @@ def fallback_cpu_zones(
     live: list[thermal.ZoneInfo], spec: BoardSpec, clusters: tuple[str, ...]
 ) -> list[tuple[thermal.ZoneInfo, ZoneSpec]]:
     """Live zones that no spec zone names and whose type reads as a CPU sensor
-    (:func:`platforms.probe.guess_zone_role`), each made a CPU zone watching ``clusters``:
+    (:func:`platforms.thermal.guess_zone_role`), each made a CPU zone watching ``clusters``:
     which cores it sits by is not in sysfs, and capping every uncovered cluster on it errs on
     the safe side. A zone the spec names (even as ``ignore``) is never taken. Their trips are
     read from the zone; the spec's CPU zones of those clusters give the estimate for a zone
@@ -94,7 +93,7 @@ def fallback_cpu_zones(
     return [
         (info, ZoneSpec(type=info.type, role="cpu", clusters=clusters, trips=estimate))
         for info in thermal.zones_by_type(live).values()
-        if info.type not in named and guess_zone_role(info.type) == "cpu"
+        if info.type not in named and thermal.guess_zone_role(info.type) == "cpu"
     ]
 
 

@@ -157,3 +157,24 @@ def trip_c(trips: tuple[Trip, ...], type_: str) -> float | None:
     """Lowest trip of ``type_`` in °C."""
     temps = [t.temp_mc for t in trips if t.type == type_]
     return min(temps) / 1000.0 if temps else None
+
+
+_ROLE_HINTS = (
+    ("ignore", ("pmic",)),
+    ("cpu", ("cpu", "bcpu", "mcpu")),
+    ("gpu", ("gpu",)),
+    ("board", ("board", "skin", "xo-", "quiet", "fan", "tdiode", "diode", "ambient")),
+    ("soc", ("soc", "cv", "pll", "tj", "ddr", "aoss", "mdm", "nsp", "video", "camera", "ao-")),
+)
+
+
+def guess_zone_role(zone_type: str) -> str:
+    """A zone's role from its type alone (for a board no spec describes, or a zone the spec
+    does not name): cpu, gpu, board, soc, ignore or other."""
+    low = zone_type.lower()
+    if skip_reason(zone_type) is not None:
+        return "ignore"
+    for role, hints in _ROLE_HINTS:
+        if any(h in low for h in hints):
+            return role
+    return "other"

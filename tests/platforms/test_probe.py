@@ -10,9 +10,10 @@ import pytest
 
 from platforms import cpufreq, paths
 from platforms.faketree import write_fake_tree
-from platforms.probe import detect_board, format_probe, guess_zone_role, probe, spec_to_dict
+from platforms.probe import detect_board, format_probe, probe, spec_to_dict
 from platforms.spec import board_names, load_board, parse_board
 from platforms.sysfs import DirSysfs
+from platforms.thermal import guess_zone_role
 
 BOARDS = ["tx2", "orin-nx", "rubikpi3"]
 
