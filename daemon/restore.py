@@ -496,7 +496,16 @@ def restore_snapshot(
     level = logging.INFO if report.ok else logging.ERROR
     log.log(level, "event=restore_done %s", report.summary())
     if state_dir is not None and report.ok:
-        discard_snapshot(state_dir)
+        try:
+            discard_snapshot(state_dir)
+        except OSError as err:  # a read-only state dir: the board is back all the same
+            log.warning(
+                "event=restore_file_kept path=%s error=%r detail=%r",
+                snapshot_path(state_dir),
+                err.strerror,
+                "restored, but the file could not be deleted; the next start restores it again "
+                "(no change then)",
+            )
     return report
 
 
@@ -587,7 +596,14 @@ def begin_session(
             f"({ORIGINAL_READS} tries): hidvfs takes control only of settings it can give back; "
             "check that the file is readable (cat it) and start again"
         )
-    save_snapshot(snap, state_dir)
+    try:
+        save_snapshot(snap, state_dir)
+    except OSError as err:  # a full or read-only disk: refused before any write
+        raise SnapshotError(
+            f"cannot save the original settings to {snapshot_path(state_dir)} "
+            f"({err.strerror or err}): hidvfs takes no control it could not give back after a "
+            "crash; free the disk or give a writable --state-dir"
+        ) from None
     log.info(
         "event=snapshot_saved policies=%d cpus_online_files=%d path=%s",
         len(snap.policies),

@@ -33,14 +33,18 @@ class StateLock(HeldFlock):
         self._fd: int | None = None
 
     def acquire(self) -> StateLock:
+        writable = True
         try:
             private_dir(self.state_dir)  # not another user's: root acts on what is in it
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as err:
-            raise StateDirBusy(
-                f"state dir {self.state_dir}: cannot use it ({err.strerror}); give a writable "
-                "folder with --state-dir or the config's state_dir"
-            ) from None
+            fd = self._read_only(err)
+            if fd is None:
+                raise StateDirBusy(
+                    f"state dir {self.state_dir}: cannot use it ({err.strerror}); give a "
+                    "writable folder with --state-dir or the config's state_dir"
+                ) from None
+            writable = False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -54,6 +58,9 @@ class StateLock(HeldFlock):
                     "--state-dir"
                 ) from None
             raise StateDirBusy(f"{self.path}: cannot lock ({err.strerror})") from None
+        if not writable:  # locked all the same: a crash's snapshot can still be given back
+            self._fd = fd
+            return self
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -64,6 +71,18 @@ class StateLock(HeldFlock):
             ) from None
         self._fd = fd
         return self
+
+    def _read_only(self, err: OSError) -> int | None:
+        """The lock file opened read-only when the state dir's file system is (a disk
+        remounted read-only after errors): ``flock`` works on it, so the next start can
+        still lock the dir and give back what a crashed run left in ``restore.json``
+        before it is refused for want of a writable dir. None when that cannot help."""
+        if err.errno != errno.EROFS or not os.path.isfile(self.path):
+            return None
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return None
 
 
 def _read_pid(fd: int) -> int | None:

@@ -189,3 +189,48 @@ def test_a_live_snapshot_from_an_earlier_boot_is_dropped_not_restored(tmp_path, 
     fs.write(gov, "userspace")
     report = restore.recover_stale(fs, state, LOG)
     assert report is not None and report.ok and fs.read(gov) == "performance"
+
+
+def test_a_read_only_state_dir_after_a_crash_still_gives_the_board_back(tmp_path, monkeypatch):
+    """A disk remounted read-only after errors: the next start still locks the dir (a
+    read-only flock), restores the crashed run's snapshot, and is then refused with a clear
+    reason instead of leaving the dead run's settings on the board."""
+    import errno
+
+    from daemon.restore import SnapshotError
+    from daemon.statelock import StateDirBusy, StateLock
+
+    fake = write_fake_tree(TX2, tmp_path / "tree")
+    fs, state = fake.sysfs, tmp_path / "state"
+    lock = StateLock(state).acquire()
+    begin_session(fs, TX2, state, LOG)  # the crashed run's originals ...
+    gov = paths.policy_file(0, "scaling_governor")
+    fs.write(gov, "userspace")  # ... and its leftovers
+    lock.release()
+
+    real_open = os.open
+
+    def ro_open(path, flags, *a):
+        if str(path).startswith(str(state)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *a)
+
+    real_unlink = os.unlink
+
+    def ro_unlink(path, *a, **k):
+        if str(path).startswith(str(state)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", ro_open)  # the state dir's file system only
+    monkeypatch.setattr(os, "unlink", ro_unlink)
+    lock = StateLock(state).acquire()
+    try:
+        with pytest.raises(StateDirBusy):  # the read-only lock is a real lock
+            StateLock(state).acquire()
+        with pytest.raises(SnapshotError, match="cannot save the original settings"):
+            begin_session(fs, TX2, state, LOG)
+    finally:
+        lock.release()
+    assert fs.read(gov) == "schedutil"  # given back before the refusal
+    assert os.path.exists(snapshot_path(state))  # kept: the next start restores it again
