@@ -13,6 +13,15 @@ whose status cannot be read (wrong types, non-finite numbers), is never failed b
 ``filter`` for its telemetry and gets the neutral score in ``prioritize``; the reason is
 logged (the extender fails open, like ``ignorable: true``).
 
+The scheduler calls the extender only after its own filters, so every node it sends already
+fits the pod by its allocatable. ``filter`` therefore fails a node only on what is known of
+that node: its size when it is known (allocatable seen in a whole Node, a ``--nodes`` board,
+a board label), its free cores and speed when they come from its own daemon. Telemetry is
+read only from a node's own daemon: its ``--nodes`` URL, or the default URL when no node has
+one (the single-board case); a node without a URL among nodes with one is not read (neutral
+score). A failure no eviction can fix (the pod is larger than the node, speed factor 0) is
+``Unresolvable`` (``FailedAndUnresolvableNodes``); too few cores free now is not.
+
 Status keys read (case-insensitive; every one optional): ``speed_factor`` (0..1) or
 ``clusters: [{max_khz | freqs_khz, limit_khz, cur_khz, capacity, cpus, online, util}]``
 (``limit_khz``: the current frequency ceiling; without it a ``throttled`` board is taken at
@@ -39,7 +48,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from daemon.deadlineio import DeadlineReader
-from daemon.extender import ExtenderArgs, NodeInfo, Verbs, ci_get, make_server
+from daemon.extender import (
+    ExtenderArgs,
+    NodeInfo,
+    PodRequest,
+    Unresolvable,
+    Verbs,
+    ci_get,
+    make_server,
+)
 from platforms.clock import Clock, MonotonicClock
 from platforms.cluster.simcluster import ClusterView, NodeSpec, board_node, single_task_workload
 
@@ -413,13 +430,31 @@ def scale_scores(scores: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class _Sized:
+    """A node as the fit test and the policy see it: ``spec`` (a guessed size when unknown)
+    and which of its size is known rather than guessed."""
+
+    spec: NodeSpec
+    cpu_known: bool
+    mem_known: bool
+
+
 class Coordinator:
     """Scores and filters nodes for one pod with a placement policy and live telemetry.
 
     ``boards`` maps node names to board types (else the node's ``hidvfs.io/board`` label,
-    seen in this request or remembered from an earlier one that sent whole nodes, else
-    ``default_board`` with a warning once per node); the board gives the speed, and the
-    cores and memory unless the node's allocatable says otherwise.
+    seen in this request or remembered from an earlier one that sent whole nodes); the board
+    gives the speed, and the cores and memory unless the node's allocatable says otherwise.
+    A node of no known board (no ``boards`` entry, no label naming a shipped board) is
+    scored as ``default_board`` (warned once per node), its size at least the pod's request
+    (the scheduler's own filters found it fits), and never failed on that guess: ``filter``
+    fails a node on its size only when the size is known (allocatable, board).
+
+    Telemetry is read from a node's own daemon only: its URL in ``telemetry.urls``, or the
+    default URL when no node has a URL (the single-board case). A node without a URL among
+    nodes with one is not read (the default URL is the coordinator host's daemon, not its):
+    it is never failed on telemetry and gets the neutral score, warned once per node.
 
     A scheduler with ``nodeCacheCapable: true`` sends node names only; a node named so is
     taken as the last whole Node seen for that name (its labels and allocatable cores and
@@ -451,6 +486,14 @@ class Coordinator:
         self.max_remembered = MAX_REMEMBERED_NODES
         self._warned: set[tuple[str, str]] = set()
         self._default_url_nodes: set[str] = set()
+        self._board_specs: dict[str, NodeSpec] = {}  # shipped boards read (a few)
+
+    def _board_spec(self, board: str) -> NodeSpec:
+        """The nominal node of a shipped board (raises for any other name)."""
+        spec = self._board_specs.get(board)
+        if spec is None:
+            spec = self._board_specs[board] = board_node(board)
+        return spec
 
     def _warn_once(self, node: str, what: str, msg: str, *a) -> None:
         if (node, what) not in self._warned:
@@ -459,35 +502,67 @@ class Coordinator:
             self._warned.add((node, what))
             log.warning(msg, *a)
 
-    def _board(self, node) -> str:
+    def _board(self, node) -> str | None:
+        """``node``'s board type: its ``boards`` entry, else its board label when that names
+        a shipped board; None (warned once) when unknown."""
         if node.name in self.boards:
             return self.boards[node.name]
         labels = node.labels
         for key in BOARD_LABELS:
             if labels.get(key):
-                return str(labels[key])
+                board = str(labels[key])
+                try:
+                    self._board_spec(board)
+                except Exception as err:  # a label naming no shipped board
+                    self._warn_once(
+                        node.name,
+                        "label",
+                        "node %s: label %s: %s; board unknown: scored as %s, "
+                        "failed on size only by its allocatable",
+                        node.name,
+                        key,
+                        err,
+                        self.default_board,
+                    )
+                    return None
+                return board
         self._warn_once(
             node.name,
             "board",
-            "node %s: board unknown (no --nodes entry, no %s label seen); sized as %s",
+            "node %s: board unknown (no --nodes board, no %s label seen); scored as %s, "
+            "failed on size only by its allocatable",
             node.name,
             BOARD_LABELS[0],
             self.default_board,
         )
-        return self.default_board
+        return None
 
-    def _spec(self, n) -> NodeSpec:
+    def _size(self, n: NodeInfo, pod: PodRequest) -> _Sized:
         board = self._board(n)
-        try:
-            base = board_node(board, n.name)
-        except Exception as err:  # a label naming no shipped board
-            self._warn_once(
-                n.name, "label", "node %s: %s; sized as %s", n.name, err, self.default_board
-            )
-            base = board_node(self.default_board, n.name)
+        base = self._board_spec(board or self.default_board)
+        cpu_known = n.cpu is not None or board is not None
+        mem_known = n.mem_gb is not None or board is not None
         cpus = n.cpu if n.cpu is not None else base.cpus
         mem = n.mem_gb if n.mem_gb is not None else base.mem
-        return NodeSpec(n.name, base.board, max(cpus, 1e-3), max(mem, 1e-3), base.speed)
+        # a guessed size holds the pod at least: the scheduler's own filters found it fits
+        cpus = cpus if cpu_known else max(cpus, pod.cpu)
+        mem = mem if mem_known else max(mem, pod.mem_gb)
+        spec = NodeSpec(n.name, base.board, max(cpus, 1e-3), max(mem, 1e-3), base.speed)
+        return _Sized(spec, cpu_known, mem_known)
+
+    def own_telemetry(self, node: str) -> bool:
+        """Whether ``node``'s own daemon can be read: its URL is configured, or no node's is
+        (the default URL then is the one board's daemon)."""
+        return node in self.telemetry.urls or not self.telemetry.urls
+
+    def _telemetry(self, names: list[str]) -> dict[str, NodeTelemetry]:
+        """Each node's telemetry from its own daemon; a node with none is not read."""
+        own = [n for n in names if self.own_telemetry(n)]
+        tel = self.telemetry.fetch_many(own) if own else {}
+        return {
+            n: tel[n] if n in tel else NodeTelemetry(n, False, "no --nodes URL; not read")
+            for n in names
+        }
 
     def _remember(self, args: ExtenderArgs) -> ExtenderArgs:
         """Remember the whole nodes of ``args``, or fill a NodeNames-only request in from
@@ -501,63 +576,84 @@ class Coordinator:
                     self._seen.popitem(last=False)
             else:
                 args = replace(args, nodes=[self._seen.get(n.name, n) for n in args.nodes])
+        self._warn_urls(args)
+        return args
+
+    def _warn_urls(self, args: ExtenderArgs) -> None:
+        urls = self.telemetry.urls
         for n in args.nodes:
-            if (
-                n.name not in self.telemetry.urls
-                and n.name not in self._default_url_nodes
-                and len(self._default_url_nodes) < 2  # all the warning below needs
-            ):
-                self._default_url_nodes.add(n.name)
+            if n.name in urls:
+                continue
+            if urls:  # others have URLs: the default one is not this node's daemon
+                self._warn_once(
+                    n.name,
+                    "url",
+                    "node %s has no --nodes URL (other nodes have one): its telemetry is not "
+                    "read (neutral score, never failed on it); give --nodes %s=board@url "
+                    "(%s for this host's own board)",
+                    n.name,
+                    n.name,
+                    self.telemetry.default_url,
+                )
+            elif n.name not in self._default_url_nodes and len(self._default_url_nodes) < 2:
+                self._default_url_nodes.add(n.name)  # all the warning below needs
                 if len(self._default_url_nodes) == 2:
                     log.warning(
-                        "nodes %s have no --nodes URL and all read %s (one board's daemon); "
+                        "nodes %s have no --nodes URL and all read %s (one board's daemon): "
+                        "its free cores and speed filter and score each of them; "
                         "give --nodes name=board@url for each node",
                         ", ".join(sorted(self._default_url_nodes)),
                         self.telemetry.default_url,
                     )
-        return args
 
     def _nodes(
         self, args: ExtenderArgs, tel: dict[str, NodeTelemetry]
-    ) -> tuple[list[NodeSpec], np.ndarray, np.ndarray]:
-        specs, free_cpu, speed = [], [], []
+    ) -> tuple[list[_Sized], np.ndarray, np.ndarray]:
+        sized, free_cpu, speed = [], [], []
         for n in args.nodes:
-            spec = self._spec(n)
+            s = self._size(n, args.pod)
             t = tel[n.name]
-            specs.append(spec)
+            sized.append(s)
             free_cpu.append(
-                min(t.free_cpus, spec.cpus) if t.ok and t.free_cpus is not None else spec.cpus
+                min(t.free_cpus, s.spec.cpus) if t.ok and t.free_cpus is not None else s.spec.cpus
             )
             factor = t.speed_factor if t.ok and t.speed_factor is not None else 1.0
-            speed.append(spec.speed * max(factor, 1e-3))
-        return specs, np.array(free_cpu), np.array(speed)
+            speed.append(s.spec.speed * max(factor, 1e-3))
+        return sized, np.array(free_cpu), np.array(speed)
 
     def _unfit(
         self,
         args: ExtenderArgs,
-        specs: list[NodeSpec],
+        sized: list[_Sized],
         free_cpu: np.ndarray,
         tel: dict[str, NodeTelemetry],
     ) -> dict[str, str]:
         """Why each node that cannot take the pod cannot: the one test filter and
-        prioritize share (size from allocatable or the board; free cores and speed from
-        telemetry)."""
+        prioritize share. Size (allocatable or board) only when known, free cores and speed
+        only from the node's own telemetry (``tel`` has no other); a failure no eviction can
+        fix (larger than the node, speed 0) is :class:`Unresolvable` and reported before one
+        that can."""
         p, out = args.pod, {}
-        for n, spec, free in zip(args.nodes, specs, free_cpu.tolist()):
-            src = "allocatable" if n.cpu is not None else f"board {spec.board}"
+        for n, s, free in zip(args.nodes, sized, free_cpu.tolist()):
+            spec = s.spec
             t = tel[n.name]
             if t.ok and t.speed_factor is not None and t.speed_factor <= 0:
-                out[n.name] = "telemetry shows speed factor 0 (no core can run work)"
-            elif p.cpu > spec.cpus + 1e-9:
-                out[n.name] = f"pod requests {p.cpu:g} cores, node {src} {spec.cpus:g}"
-            elif p.cpu > free + 1e-9:
-                out[n.name] = f"pod requests {p.cpu:g} cores, telemetry shows {free:.2f} free"
-            elif p.mem_gb > spec.mem + 1e-9:
+                out[n.name] = Unresolvable("telemetry shows speed factor 0 (no core can run work)")
+            elif s.cpu_known and p.cpu > spec.cpus + 1e-9:
+                src = "allocatable" if n.cpu is not None else f"board {spec.board}"
+                out[n.name] = Unresolvable(
+                    f"pod requests {p.cpu:g} cores, node {src} {spec.cpus:g}"
+                )
+            elif s.mem_known and p.mem_gb > spec.mem + 1e-9:
                 src = "allocatable" if n.mem_gb is not None else f"board {spec.board}"
-                out[n.name] = f"pod requests {p.mem_gb:g} GB memory, node {src} {spec.mem:g} GB"
+                out[n.name] = Unresolvable(
+                    f"pod requests {p.mem_gb:g} GB memory, node {src} {spec.mem:g} GB"
+                )
+            elif t.ok and p.cpu > free + 1e-9:
+                out[n.name] = f"pod requests {p.cpu:g} cores, telemetry shows {free:.2f} free"
         return out
 
-    def _view(self, args: ExtenderArgs, specs, free_cpu, speed) -> ClusterView:
+    def _view(self, args: ExtenderArgs, specs: list[NodeSpec], free_cpu, speed) -> ClusterView:
         p = args.pod
         w = single_task_workload(p.name, p.work_s, p.cpu, p.mem_gb, p.rank_s)
         self.placer.reset(w, specs, 0)
@@ -576,20 +672,20 @@ class Coordinator:
         if not args.nodes:  # nothing to fail (an empty list is a valid request)
             return {}
         args = self._remember(args)
-        tel = self.telemetry.fetch_many([n.name for n in args.nodes])
-        specs, free_cpu, _ = self._nodes(args, tel)
-        return self._unfit(args, specs, free_cpu, tel)
+        tel = self._telemetry([n.name for n in args.nodes])
+        sized, free_cpu, _ = self._nodes(args, tel)
+        return self._unfit(args, sized, free_cpu, tel)
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
         if not args.nodes:  # nothing to score; the placers are not built for no nodes
             return {}
         args = self._remember(args)
         names = [n.name for n in args.nodes]
-        tel = self.telemetry.fetch_many(names)
-        specs, free_cpu, speed = self._nodes(args, tel)
-        unfit = self._unfit(args, specs, free_cpu, tel)
+        tel = self._telemetry(names)
+        sized, free_cpu, speed = self._nodes(args, tel)
+        unfit = self._unfit(args, sized, free_cpu, tel)
         with self._lock:  # the placer keeps the workload of the current pod
-            view = self._view(args, specs, free_cpu, speed)
+            view = self._view(args, [s.spec for s in sized], free_cpu, speed)
             raw = np.asarray(self.placer.node_scores(view, 0), dtype=float)
         fits = np.array([n not in unfit for n in names], dtype=bool)
         reachable = np.array([tel[n].ok for n in names], dtype=bool) & fits
@@ -670,12 +766,14 @@ def build_server(
     token: str | None = None,
     timeout_s: float = 0.5,
     model_path=None,
+    default_url: str = DEFAULT_STATUS_URL,
 ):
-    """The extender HTTP server, ready for ``serve_forever()`` (port 0 = ephemeral)."""
+    """The extender HTTP server, ready for ``serve_forever()`` (port 0 = ephemeral).
+    ``default_url``: the status URL of a node without one in ``nodes`` (the local daemon)."""
     urls, boards = parse_nodes_arg(nodes)
     coord = Coordinator(
         policy,
-        TelemetryClient(urls, token=token, timeout_s=timeout_s),
+        TelemetryClient(urls, token=token, timeout_s=timeout_s, default_url=default_url),
         boards,
         model_path=model_path,
     )

@@ -3,9 +3,11 @@
 The scheduler POSTs ``ExtenderArgs`` ({Pod, Nodes | NodeNames}) to ``<urlPrefix>/<verb>``.
 Current kube-scheduler sends Go field names (``Pod``, ``NodeNames``); v1.7-v1.14 sent lower
 case (``pod``, ``nodenames``). Keys are therefore read case-insensitively and the reply uses
-the casing of the request. Replies: ``ExtenderFilterResult`` for filter, a
-``HostPriorityList`` ([{Host, Score 0..10}]) for prioritize. Anything but 200 is an error to
-the scheduler, so malformed requests get 400 with a message naming the key.
+the casing of the request. Replies: ``ExtenderFilterResult`` for filter (a failure that
+no eviction can fix, an :class:`Unresolvable` reason, goes to ``FailedAndUnresolvableNodes``,
+any other to ``FailedNodes``), a ``HostPriorityList`` ([{Host, Score 0..10}]) for
+prioritize. Anything but 200 is an error to the scheduler, so malformed requests get 400
+with a message naming the key.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ MAX_ANNOTATION_S = 1e9
 
 class BadRequest(ValueError):
     pass
+
+
+class Unresolvable(str):
+    """A filter failure that no eviction can fix (the pod is larger than the node, the node
+    can run no work): the reply puts it in ``FailedAndUnresolvableNodes``, which tells the
+    scheduler that preempting pods there cannot help. Any other reason (a plain ``str``,
+    such as too few cores free now) goes to ``FailedNodes``."""
+
+    __slots__ = ()
 
 
 def ci_get(d: object, key: str, default=None):
@@ -250,12 +261,19 @@ def _key(name: str, lower: bool) -> str:
 
 
 def filter_reply(args: ExtenderArgs, failed: dict[str, str], error: str = "") -> dict:
+    """The ExtenderFilterResult: the nodes of ``args`` not in ``failed`` kept; each failed
+    node in ``FailedAndUnresolvableNodes`` when its reason is :class:`Unresolvable`, else in
+    ``FailedNodes`` (never in both); keys in the request's casing."""
     keep = [n.name for n in args.nodes if n.name not in failed]
     out = {
         _key("Nodes", args.lower): None,
         _key("NodeNames", args.lower): None,
-        _key("FailedNodes", args.lower): failed,
-        _key("FailedAndUnresolvableNodes", args.lower): {},
+        _key("FailedNodes", args.lower): {
+            n: str(r) for n, r in failed.items() if not isinstance(r, Unresolvable)
+        },
+        _key("FailedAndUnresolvableNodes", args.lower): {
+            n: str(r) for n, r in failed.items() if isinstance(r, Unresolvable)
+        },
         _key("Error", args.lower): error,
     }
     if args.raw_nodes is not None:
@@ -278,7 +296,8 @@ def prioritize_reply(args: ExtenderArgs, scores: dict[str, int]) -> list[dict]:
 
 @dataclass
 class Verbs:
-    """What the server calls: ``filter(args) -> {node: reason}`` for the nodes that fail,
+    """What the server calls: ``filter(args) -> {node: reason}`` for the nodes that fail
+    (an :class:`Unresolvable` reason when preemption cannot help),
     ``prioritize(args) -> {node: score 0..10}``."""
 
     filter: Callable[[ExtenderArgs], dict[str, str]]

@@ -56,11 +56,25 @@ def node_daemon():
         s.server_close()
 
 
+#: sockets bound and never listened on, held until the module's tests end
+_HELD: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_dead_ports():
+    yield
+    while _HELD:
+        _HELD.pop().close()
+
+
 def _dead_url() -> str:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/status"
+    """A status URL nobody answers: its port is bound here and never listened on, so a
+    connection is refused at once and no other process on the machine can take the port
+    while the tests run (a closed port could be reused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return f"http://127.0.0.1:{s.getsockname()[1]}/status"
 
 
 @pytest.fixture
@@ -87,7 +101,8 @@ def extender(node_daemon):
         "tx2-dead": {"board": "tx2", "url": _dead_url()},
         "orin-dead": {"board": "orin-nx", "url": _dead_url()},
     }
-    srv = build_server("127.0.0.1", 0, "heft", nodes, timeout_s=0.3)
+    # default_url: whatever listens on the machine's 127.0.0.1:9130 must not matter
+    srv = build_server("127.0.0.1", 0, "heft", nodes, timeout_s=0.3, default_url=_dead_url())
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
@@ -156,8 +171,10 @@ def test_filter_both_casings_and_node_lists(extender):
     assert code == 200 and out["Error"] == ""
     # hot node has 4 cores free; a dead node fails open on telemetry, not on its board's size
     assert out["NodeNames"] == ["orin-a", "orin-dead"]
-    assert "orin-hot" in out["FailedNodes"] and "cores" in out["FailedNodes"]["orin-hot"]
-    assert "board tx2 4" in out["FailedNodes"]["tx2-dead"]
+    assert set(out["FailedNodes"]) == {"orin-hot"} and "cores" in out["FailedNodes"]["orin-hot"]
+    # larger than the node: no eviction helps
+    assert set(out["FailedAndUnresolvableNodes"]) == {"tx2-dead"}
+    assert "board tx2 4" in out["FailedAndUnresolvableNodes"]["tx2-dead"]
     items = [
         {
             "metadata": {"name": "orin-a", "labels": {"hidvfs.io/board": "orin-nx"}},
@@ -171,7 +188,8 @@ def test_filter_both_casings_and_node_lists(extender):
     code, out = _post(extender + "/filter", {"pod": big, "nodes": {"items": items}})
     assert code == 200
     assert [i["metadata"]["name"] for i in out["nodes"]["items"]] == ["orin-a"]
-    assert "allocatable" in out["failednodes"]["tx2-dead"]
+    assert out["failednodes"] == {}
+    assert "allocatable" in out["failedandunresolvablenodes"]["tx2-dead"]
 
 
 def test_bad_requests_get_400_with_the_cause(extender):
@@ -186,7 +204,9 @@ def test_bad_requests_get_400_with_the_cause(extender):
 
 def test_higfrl_policy_over_http(node_daemon):
     url, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 4})
-    srv = build_server("127.0.0.1", 0, "higfrl", f"a=orin-nx@{url},b=tx2@{url}")
+    srv = build_server(
+        "127.0.0.1", 0, "higfrl", f"a=orin-nx@{url},b=tx2@{url}", default_url=_dead_url()
+    )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         code, out = _post(
@@ -269,7 +289,7 @@ def test_status_parsing_and_helpers():
     import numpy as np
 
     assert scale_scores(np.array([-np.inf, 1.0, 3.0])).tolist() == [0, 1, 10]
-    assert isinstance(Coordinator("fifo", TelemetryClient()).status(), dict)
+    assert isinstance(Coordinator("fifo", TelemetryClient(default_url=_dead_url())).status(), dict)
 
 
 class _Raw(BaseHTTPRequestHandler):
@@ -315,8 +335,12 @@ def raw_daemon():
     srv.server_close()
 
 
-def _serve(nodes, policy="heft", timeout_s=0.5):
-    srv = build_server("127.0.0.1", 0, policy, nodes, timeout_s=timeout_s)
+def _serve(nodes, policy="heft", timeout_s=0.5, default_url=None):
+    """An extender on an ephemeral port; a node without a URL in ``nodes`` reads
+    ``default_url`` (default: a port nobody answers, never the machine's 127.0.0.1:9130)."""
+    srv = build_server(
+        "127.0.0.1", 0, policy, nodes, timeout_s=timeout_s, default_url=default_url or _dead_url()
+    )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
@@ -457,7 +481,9 @@ def test_filter_and_prioritize_share_one_fit_test(extender):
     }
     names = ["orin-a", "orin-hot", "tx2-dead"]
     _, out = _post(extender + "/filter", {"Pod": huge, "NodeNames": names})
-    assert out["NodeNames"] == [] and all("memory" in r for r in out["FailedNodes"].values())
+    assert out["NodeNames"] == [] and out["FailedNodes"] == {}
+    failed = out["FailedAndUnresolvableNodes"]
+    assert set(failed) == set(names) and all("memory" in r for r in failed.values())
     _, out = _post(extender + "/prioritize", {"Pod": huge, "NodeNames": names})
     assert [e["Score"] for e in out] == [0, 0, 0]
 
@@ -480,7 +506,8 @@ def test_labels_from_whole_nodes_are_remembered_for_node_names(caplog):
         assert [i["metadata"]["name"] for i in out["Nodes"]["items"]] == ["t"]
         for _ in range(2):  # nodeCacheCapable: names only from now on
             _, out = _post(base + "/filter", {"Pod": six, "NodeNames": ["t", "u"]})
-            assert "board tx2" in out["FailedNodes"]["t"] and out["NodeNames"] == ["u"]
+            assert "board tx2" in out["FailedAndUnresolvableNodes"]["t"]
+            assert out["NodeNames"] == ["u"] and out["FailedNodes"] == {}
         assert caplog.text.count("node u: board unknown") == 1
         assert "node t: board unknown" not in caplog.text
         assert "have no --nodes URL" in caplog.text
@@ -505,19 +532,23 @@ def test_allocatable_from_whole_nodes_is_remembered_for_node_names():
     try:
         items = [_node("t", cpu="2", memory="1Gi"), _node("u")]  # u: no allocatable
         _, out = _post(base + "/filter", {"Pod": three, "Nodes": {"items": items}})
-        assert set(out["FailedNodes"]) == {"t"}
+        assert set(out["FailedAndUnresolvableNodes"]) == {"t"} and out["FailedNodes"] == {}
         for _ in range(2):  # names only from now on
             _, out = _post(base + "/filter", {"Pod": three, "NodeNames": ["t", "u"]})
-            assert out["NodeNames"] == ["u"]
-            assert out["FailedNodes"] == {"t": "pod requests 3 cores, node allocatable 2"}
+            assert out["NodeNames"] == ["u"] and out["FailedNodes"] == {}
+            assert out["FailedAndUnresolvableNodes"] == {
+                "t": "pod requests 3 cores, node allocatable 2"
+            }
             _, out = _post(base + "/filter", {"Pod": big, "NodeNames": ["t", "u"]})
-            assert out["NodeNames"] == ["u"] and "allocatable 1.07374 GB" in out["FailedNodes"]["t"]
+            assert out["NodeNames"] == ["u"]
+            assert "allocatable 1.07374 GB" in out["FailedAndUnresolvableNodes"]["t"]
             _, out = _post(base + "/prioritize", {"Pod": three, "NodeNames": ["t", "u"]})
             assert [(e["Host"], e["Score"] > 0) for e in out] == [("t", False), ("u", True)]
         # the last whole node wins: t now reports 4 cores, and a NodeNames request follows it
         _post(base + "/filter", {"Pod": three, "Nodes": {"items": [_node("t", cpu="4")]}})
         _, out = _post(base + "/filter", {"Pod": three, "NodeNames": ["t"]})
         assert out["NodeNames"] == ["t"] and out["FailedNodes"] == {}
+        assert out["FailedAndUnresolvableNodes"] == {}
     finally:
         _stop(srv)
 
@@ -532,8 +563,9 @@ def test_remembered_nodes_are_bounded(caplog):
         _post(base + "/filter", {"Pod": three, "Nodes": {"items": items}})
         assert len(srv.coordinator._seen) == 2
         _, out = _post(base + "/filter", {"Pod": three, "NodeNames": ["a", "b", "c"]})
-        # a, the oldest, is forgotten: sized as the default board (8 cores), its label too
-        assert out["NodeNames"] == ["a"] and set(out["FailedNodes"]) == {"b", "c"}
+        # a, the oldest, is forgotten with its label and allocatable: its size is unknown,
+        # so it is kept (the scheduler's own filters checked it)
+        assert out["NodeNames"] == ["a"] and set(out["FailedAndUnresolvableNodes"]) == {"b", "c"}
         assert "node a: board unknown" in caplog.text
     finally:
         _stop(srv)
@@ -657,7 +689,7 @@ def test_serves_on_ipv6_loopback():
             s.bind(("::1", 0))
     except OSError as err:
         pytest.skip(f"no IPv6 loopback ({err})")
-    srv = build_server("::1", 0, "fifo", None, timeout_s=0.1)
+    srv = build_server("::1", 0, "fifo", None, timeout_s=0.1, default_url=_dead_url())
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with urllib.request.urlopen(
@@ -671,14 +703,10 @@ def test_serves_on_ipv6_loopback():
 def test_a_node_that_stays_down_is_logged_once_and_again_when_back(caplog):
     """Every cache miss of a down node logged a warning (about once a second per node)."""
     import logging
-    import socket as socket_mod
 
     from daemon.coordinator import NodeTelemetry, TelemetryClient
 
-    with socket_mod.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = TelemetryClient({"n": f"http://127.0.0.1:{port}/status"}, cache_s=0.0)
+    client = TelemetryClient({"n": _dead_url()}, cache_s=0.0)
     try:
         with caplog.at_level(logging.INFO, logger="hidvfs.coordinator"):
             for _ in range(4):
@@ -766,7 +794,7 @@ def test_nodes_queued_behind_slow_ones_are_not_called_down_nor_cached(monkeypatc
         return NodeTelemetry(node, True, speed_factor=1.0, free_cpus=4.0)
 
     monkeypatch.setattr(TelemetryClient, "_fetch", fake_fetch)
-    client = TelemetryClient(timeout_s=0.2, cache_s=60.0, max_workers=2)
+    client = TelemetryClient(timeout_s=0.2, cache_s=60.0, max_workers=2, default_url=_dead_url())
     try:
         caplog.set_level("INFO", logger="hidvfs")
         first = client.fetch_many(["slow1", "slow2", "fast"])
@@ -790,7 +818,7 @@ def test_made_up_node_names_do_not_grow_the_telemetry_memory(monkeypatch):
         "_fetch",
         lambda self, node, deadline: co.NodeTelemetry(node, False, "x"),
     )
-    client = co.TelemetryClient(timeout_s=0.2, cache_s=60.0)
+    client = co.TelemetryClient(timeout_s=0.2, cache_s=60.0, default_url=_dead_url())
     try:
         for i in range(50):
             client.fetch(f"made-up-{i}")
@@ -817,16 +845,165 @@ def test_a_node_at_speed_zero_is_filtered_out_and_scores_zero(node_daemon):
     pod: filter names it, prioritize gives it 0, not a score among the live ones."""
     live, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 4})
     stalled, _ = node_daemon({"speed_factor": 0.0, "free_cpus": 4})
-    srv = build_server("127.0.0.1", 0, "heft", f"a=orin-nx@{live},z=orin-nx@{stalled}")
+    srv = build_server(
+        "127.0.0.1", 0, "heft", f"a=orin-nx@{live},z=orin-nx@{stalled}", default_url=_dead_url()
+    )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
         code, out = _post(base + "/filter", {"Pod": POD, "NodeNames": ["a", "z"]})
-        assert code == 200 and out["NodeNames"] == ["a"]
-        assert "speed factor 0" in out["FailedNodes"]["z"]
+        assert code == 200 and out["NodeNames"] == ["a"] and out["FailedNodes"] == {}
+        assert "speed factor 0" in out["FailedAndUnresolvableNodes"]["z"]
         code, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["a", "z"]})
         assert {e["Host"]: e["Score"] for e in out} == {"a": 10, "z": 0}
     finally:
         srv.shutdown()
         srv.server_close()
         srv.coordinator.telemetry.close()
+
+
+#: what a busy, stalled coordinator host's daemon serves on the default URL
+STALLED_HOST = {"speed_factor": 0.0, "free_cpus": 0}
+
+
+def _filter_split(out: dict) -> tuple[list, dict, dict]:
+    """(kept names, FailedNodes, FailedAndUnresolvableNodes) of a filter reply in either
+    casing, checking every key has the request's casing."""
+    key = {k.lower(): k for k in out}
+    kept = out[key["nodenames"]]
+    if kept is None:
+        kept = [i["metadata"]["name"] for i in out[key["nodes"]]["items"]]
+    return kept, out[key["failednodes"]], out[key["failedandunresolvablenodes"]]
+
+
+def test_a_node_the_coordinator_knows_nothing_about_is_not_failed(node_daemon, caplog):
+    """cluster.md 5.1: the scheduler calls the extender after its own filters, so a node it
+    sends already fits the pod by its allocatable. A node the coordinator knows nothing of
+    (no --nodes entry, no whole Node seen, or a label naming no shipped board) was failed on
+    guesses: sized as an orin-nx (8 cores) and read from the default URL, the coordinator
+    host's own daemon (here stalled: speed 0, no core free)."""
+    caplog.set_level(logging.WARNING, logger="hidvfs.coordinator")
+    own, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 8})
+    host, _ = node_daemon(STALLED_HOST)
+    srv, base = _serve(f"a=orin-nx@{own}", default_url=host)
+    twelve = _pod({"cpu": "12", "memory": "20Gi"})  # over an orin-nx's 8 cores and 16 GB
+    try:
+        for pod in (POD, twelve):
+            _, out = _post(base + "/filter", {"Pod": pod, "NodeNames": ["new", "a"]})
+            kept, failed, never = _filter_split(out)
+            assert "new" in kept and "new" not in failed and "new" not in never, out
+        assert never == {"a": "pod requests 12 cores, node board orin-nx 8"}
+        # a label naming no shipped board (a cloud instance type) says nothing of the size
+        odd = [{"metadata": {"name": "m5", "labels": {"node.kubernetes.io/instance-type": "m5"}}}]
+        _, out = _post(base + "/filter", {"pod": twelve, "nodes": {"items": odd}})
+        assert _filter_split(out) == (["m5"], {}, {}), out
+        # prioritize does not zero what filter kept: the host's daemon is not new's, so new
+        # is scored as a node without telemetry (neutral)
+        _, out = _post(base + "/prioritize", {"Pod": twelve, "NodeNames": ["new", "a"]})
+        assert {e["Host"]: e["Score"] for e in out} == {"new": 5, "a": 0}
+        _, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["new", "a"]})
+        assert {e["Host"]: e["Score"] for e in out} == {"new": 5, "a": 10}
+        assert "node new: board unknown" in caplog.text
+        assert "node new has no --nodes URL" in caplog.text
+        assert "label node.kubernetes.io/instance-type" in caplog.text
+    finally:
+        _stop(srv)
+
+
+def test_a_size_seen_in_a_whole_node_still_fails_it_without_a_board(node_daemon):
+    """Known size without a known board: the allocatable of a whole Node is the node's."""
+    host, _ = node_daemon(STALLED_HOST)
+    # a: a board, no URL; b's URL makes the default one the host's daemon, not a's
+    srv, base = _serve(f"a=orin-nx,b=tx2@{_dead_url()}", default_url=host)
+    try:
+        items = [_node("bare", cpu="2", memory="1Gi", board="")]  # no board label
+        _, out = _post(base + "/filter", {"Pod": _pod({"cpu": "3"}), "Nodes": {"items": items}})
+        assert _filter_split(out) == ([], {}, {"bare": "pod requests 3 cores, node allocatable 2"})
+        _, out = _post(base + "/filter", {"Pod": _pod({"memory": "2Gi"}), "NodeNames": ["bare"]})
+        kept, failed, never = _filter_split(out)
+        assert kept == [] and failed == {} and "allocatable 1.07374 GB" in never["bare"]
+        # a --nodes board without a URL: sized by the board, the host's telemetry not its own
+        _, out = _post(base + "/filter", {"Pod": _pod({"cpu": "9"}), "NodeNames": ["a"]})
+        assert _filter_split(out) == ([], {}, {"a": "pod requests 9 cores, node board orin-nx 8"})
+        _, out = _post(base + "/filter", {"Pod": POD, "NodeNames": ["a"]})
+        assert _filter_split(out) == (["a"], {}, {})
+    finally:
+        _stop(srv)
+
+
+def test_the_single_board_case_filters_on_the_default_url(node_daemon):
+    """No --nodes URL at all: the default URL is the one board's own daemon, read for its
+    free cores and speed (and the URL the coordinator was given is the one read)."""
+    busy, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 0.5})
+    srv, base = _serve(None, default_url=busy)
+    try:
+        _, out = _post(base + "/filter", {"Pod": POD, "NodeNames": ["only"]})
+        assert _filter_split(out) == (
+            [],
+            {"only": "pod requests 1 cores, telemetry shows 0.50 free"},
+            {},
+        )
+    finally:
+        _stop(srv)
+    stalled, _ = node_daemon(STALLED_HOST)
+    srv, base = _serve("only=tx2", default_url=stalled)  # a board, still no URL anywhere
+    try:
+        _, out = _post(base + "/filter", {"pod": POD, "nodenames": ["only"]})
+        kept, failed, never = _filter_split(out)
+        assert kept == [] and failed == {} and "speed factor 0" in never["only"]
+    finally:
+        _stop(srv)
+
+
+@pytest.mark.parametrize("lower", [False, True])
+@pytest.mark.parametrize("whole", [False, True])
+def test_failures_no_eviction_can_fix_are_unresolvable(node_daemon, lower, whole):
+    """cluster.md 5.2: FailedAndUnresolvableNodes ("preemption cannot help; takes
+    precedence") was always {}: a pod larger than the node in cores or memory, or a node
+    at speed 0, went to FailedNodes, where the scheduler may evict pods for nothing. Too
+    few cores free now stays in FailedNodes. Both casings; neither map's nodes are kept."""
+    free8, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 8})
+    free1, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 1})
+    stalled, _ = node_daemon({"speed_factor": 0.0, "free_cpus": 8})
+    srv, base = _serve(
+        f"ok=orin-nx@{free8},busy=orin-nx@{free1},stalled=orin-nx@{stalled},small=tx2@{free1}",
+        default_url=_dead_url(),
+    )
+    names = ["ok", "busy", "stalled", "small"]
+    pods = {  # pod -> nodes failed (resolvable, unresolvable)
+        "cpu": (_pod({"cpu": "6"}), {"busy"}, {"stalled", "small"}),
+        "mem": (_pod({"cpu": "2", "memory": "12Gi"}), {"busy"}, {"stalled", "small"}),
+    }
+    try:
+        for what, (pod, resolvable, unresolvable) in pods.items():
+            if whole:
+                body = {"Pod": pod, "Nodes": {"items": [_node(n, board="") for n in names]}}
+            else:
+                body = {"Pod": pod, "NodeNames": names}
+            if lower:
+                body = {k.lower(): v for k, v in body.items()}
+            _, out = _post(base + "/filter", body)
+            assert all(k.islower() == lower for k in out), out
+            kept, failed, never = _filter_split(out)
+            assert set(failed) == resolvable and set(never) == unresolvable, (what, out)
+            assert kept == [n for n in names if n not in resolvable | unresolvable]
+            assert out["error" if lower else "Error"] == ""
+        # small has too little memory and too few cores free: the failure no eviction fixes
+        # is the one given
+        assert never["small"] == "pod requests 12.8849 GB memory, node board tx2 8 GB"
+        assert "speed factor 0" in never["stalled"]
+    finally:
+        _stop(srv)
+
+
+def test_filter_reply_splits_unresolvable_reasons():
+    from daemon.extender import Unresolvable, filter_reply, parse_args
+
+    for lower in (False, True):
+        body = {"Pod": POD, "NodeNames": ["a", "b", "c"]}
+        if lower:
+            body = {k.lower(): v for k, v in body.items()}
+        args = parse_args(json.dumps(body).encode())
+        out = filter_reply(args, {"a": "busy", "b": Unresolvable("too small")})
+        assert _filter_split(out) == (["c"], {"a": "busy"}, {"b": "too small"})
+        assert json.loads(json.dumps(out)) == out
