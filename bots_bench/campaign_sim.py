@@ -29,6 +29,9 @@ class SimRunConfig:
     deadline_slack: float | None = None
     rep: int = 0
     deadline_s: float | None = None  # absolute deadline (a spec's deadline_s); slack wins
+    #: the BOTS build the run stands for (a registry name: omp-tasks, for-omp-tasks, serial
+    #: ...); its DAG model is ``bots_bench.dags.model_variant``
+    variant: str = "omp-tasks"
 
     @property
     def key(self) -> tuple:
@@ -41,6 +44,7 @@ class SimRunConfig:
             "sim",
             self.rep,
             self.deadline_slack,
+            self.variant,
         )
 
 
@@ -79,8 +83,9 @@ def mix_lower_bound(jobs: list[tuple[float, DAG]], spec: BoardSpec) -> float:
 
 
 def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
-    """One simulated run -> a run record (``ok`` False with ``error`` on failure)."""
-    from bots_bench.dags import generate
+    """One simulated run -> a run record (``ok`` False with ``error`` on failure). The job
+    is the DAG model of ``cfg.variant``'s build, and so is its reference profile."""
+    from bots_bench.dags import generate, model_variant
 
     spec = load_board(cfg.board)
     rec = {
@@ -105,8 +110,9 @@ def run_one(cfg: SimRunConfig, build_policy: Callable) -> dict:
     }
     t0 = time.perf_counter()
     try:
-        dag = generate(cfg.bench, cfg.cls, seed=cfg.seed)
-        profile = measure_reference(cfg.board, cfg.bench, cfg.cls, cfg.seed)
+        model = model_variant(cfg.bench, cfg.variant)
+        dag = generate(cfg.bench, cfg.cls, seed=cfg.seed, variant=model)
+        profile = measure_reference(cfg.board, cfg.bench, cfg.cls, cfg.seed, model)
         deadline = (
             cfg.deadline_slack * profile.ref_makespan_s if cfg.deadline_slack else cfg.deadline_s
         )

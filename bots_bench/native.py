@@ -70,6 +70,8 @@ class NativeBoard:
     verified: dict[tuple, str | None] = field(default_factory=dict)
     #: the board's lock while the campaign drives its frequencies (no daemon at the same time)
     lock: TreeLock | None = None
+    #: the caller's OpenMP variables a run left out, already warned about (once each)
+    ignored_env: set[str] = field(default_factory=set)
 
     def settle(self) -> None:
         """Give the board its own settings back between runs, keeping the snapshot (and
@@ -202,8 +204,10 @@ def cool_down(
 def needs_separate_check(cfg: RunConfig) -> bool:
     """Whether the timed runs go without ``-c`` although the kernel can verify itself: for
     the kernels whose check also runs the sequential version in the same process, ``-c``
-    would put that time into the measured makespan (an explicit ``check`` decides alone)."""
-    return cfg.check is None and not registry.default_check(cfg.bench)
+    would put that time into the measured makespan (an explicit ``check`` decides alone).
+    Not for a serial build: it is the sequential version, and those kernels' serial builds
+    cannot check (they print ``Verification = n/a``)."""
+    return cfg.check is None and registry.needs_separate_check(cfg.bench, cfg.variant)
 
 
 #: the untimed ``-c`` run also runs the sequential version: it gets this many timeouts
@@ -327,6 +331,20 @@ def run_native(
     except (registry.RegistryError, OSError) as err:
         rec["error"] = str(err)
         return rec
+    # the OpenMP variables the kernel is launched with, exactly (bots.md section 8): the
+    # caller's own OMP_*, GOMP_* and KMP_* never reach it, and are named when left out or
+    # replaced
+    rec["omp_env"] = registry.openmp_env(cmd.env)
+    ignored = [k for k, v in registry.openmp_env(os.environ).items() if rec["omp_env"].get(k) != v]
+    if ignored:
+        rec["omp_env_ignored"] = ignored
+        if set(ignored) - nb.ignored_env:
+            nb.ignored_env.update(ignored)
+            log.warning(
+                "event=openmp_env_ignored names=%s detail=%r",
+                ",".join(ignored),
+                "the campaign sets the kernels' OpenMP environment; these are not passed on",
+            )
     if needs_separate_check(cfg):
         problem = verify_once(cfg, nb, build_policy)
         rec["verified_separately"] = problem is None

@@ -2,8 +2,8 @@
 
 A job's reference makespan is measured once: the job alone on the board, every core of the
 reference cluster at its top frequency (the ``maxfreq`` point). Deadlines are then
-``slack x reference`` (agents.deadlines). Results are memoised per (board, kernel, class, seed)
-and carry a version so a changed model invalidates them.
+``slack x reference`` (agents.deadlines). Results are memoised per (board, kernel, class, seed,
+variant) and carry a version so a changed model invalidates them.
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ def reference_cluster(spec: BoardSpec):
 
 
 @lru_cache(maxsize=512)
-def measure_reference(board: str, kernel: str, cls: str, seed: int = 0) -> JobProfile:
+def measure_reference(
+    board: str, kernel: str, cls: str, seed: int = 0, variant: str | None = None
+) -> JobProfile:
+    """``variant``: the DAG model's (``bots_bench.dags.generate``), None for the default."""
     from bots_bench.dags import generate
     from platforms.sim.plant import Plant, SimJob
 
     spec = load_board(board)
-    dag = generate(kernel, cls, seed=seed)
+    dag = generate(kernel, cls, seed=seed, variant=variant)
     ref = reference_cluster(spec)
     plant = Plant(spec, seed=seed, online=spec.cpus, governor="userspace")
     for c in spec.clusters:

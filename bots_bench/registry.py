@@ -1,11 +1,13 @@
 """The 12 BOTS kernels: binary names, input classes, environment and the command line.
 
 BOTS itself is GPL and is never vendored: the user builds it (``./configure --compiler gcc``
-then a serial ``make``) into a tree whose ``bin/`` holds binaries named
-``<kernel>.<label>.[<sub>-]omp-tasks[-manual|-if_clause|-final][-tied]`` and whose ``inputs/``
-holds the input files. This module only knows those names and the flags of each input class
-(``config/classes/<kernel>`` of bsc-pm/bots and the HiDVFS run scripts), so the runner can
-build an ``argv`` and an environment and check that the binary is there.
+then a serial ``make``, plus ``make -C omp-tasks/knapsack`` and ``make -C omp-tasks/concom``,
+which the top-level make leaves out) into a tree whose ``bin/`` holds binaries named
+``<kernel>.<label>.[<sub>-]omp-tasks[-manual|-if_clause|-final][-tied]`` (and
+``<kernel>.<label>.serial`` for the serial versions, ``make -C serial/<kernel>``) and whose
+``inputs/`` holds the input files. This module only knows those names and the flags of each
+input class (``config/classes/<kernel>`` of bsc-pm/bots and the HiDVFS run scripts), so the
+runner can build an ``argv`` and an environment and check that the binary is there.
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ from typing import NamedTuple
 
 DEFAULT_LABEL = "gcc"
 DEFAULT_VARIANT = "omp-tasks"
+#: the sequential build (``serial/<kernel>``): one thread, no cut-off, no ``for``/``single``
+SERIAL_VARIANT = "serial"
 #: BOTS flags every run gets: no progress chatter, abridged list output (bots.md section 8)
 BASE_FLAGS = ("-v", "0", "-o", "3")
 
 _VARIANT_RE = re.compile(r"^omp-tasks(?:-(?:manual|if_clause|final))?(?:-tied)?$")
 _BINARY_RE = re.compile(
     r"^(?P<kernel>[a-z]+)\.(?P<label>[A-Za-z0-9_+-]+?)\."
-    r"(?P<variant>(?:(?:for|single)-)?omp-tasks(?:-(?:manual|if_clause|final))?(?:-tied)?)$"
+    r"(?P<variant>(?:(?:for|single)-)?omp-tasks(?:-(?:manual|if_clause|final))?(?:-tied)?"
+    r"|serial)$"
 )
+#: the kernels the top-level ``make`` of BOTS does not build (not in ``omp-tasks/Makefile``'s
+#: DIRS, bots.md section 2): each is built in its own folder
+_OWN_MAKE = ("knapsack", "concom")
+#: the variables the OpenMP runtimes read (libgomp ``OMP_*``/``GOMP_*``, the LLVM and Intel
+#: runtimes' ``KMP_*``): a run gets only those the campaign sets, never the caller's shell's
+OPENMP_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_")
 
 
 class RegistryError(ValueError):
@@ -65,6 +76,8 @@ class Kernel:
     default_sub: str | None = None
     #: the kernel prints ``Nodes`` / ``Nodes/Sec`` (task count > 0)
     reports_nodes: bool = False
+    #: the serial build's ``-c`` checks the result (the others print ``Verification = n/a``)
+    serial_checks: bool = False
     notes: str = ""
     description: str = field(default="", compare=False)
 
@@ -84,7 +97,12 @@ def _file_classes(flag: str, mapping: Mapping[str, str], stacks: Mapping[str, st
 _KERNELS: tuple[Kernel, ...] = (
     Kernel(
         "alignment",
-        ("Protein alignment (For version)", "Protein alignment (Single version)"),
+        # the serial build prints no version
+        (
+            "Protein alignment (For version)",
+            "Protein alignment (Single version)",
+            "Protein alignment",
+        ),
         _file_classes(
             "-f",
             {
@@ -147,6 +165,7 @@ _KERNELS: tuple[Kernel, ...] = (
             "-f", {"smoke": "input.5", "test": "input.5", "small": "input.15", "medium": "input.20"}
         ),
         reports_nodes=True,
+        serial_checks=True,
         description="branch and bound placement",
     ),
     Kernel(
@@ -162,6 +181,7 @@ _KERNELS: tuple[Kernel, ...] = (
                 "large": "large.input",
             },
         ),
+        serial_checks=True,
         description="tree of villages, a task per child at every step",
     ),
     Kernel(
@@ -193,6 +213,7 @@ _KERNELS: tuple[Kernel, ...] = (
             "large": _cls("large", "-n", "15"),
             "huge": _cls("huge", "-n", "16", stacksize="16M"),
         },
+        serial_checks=True,
         description="backtracking, a task per column candidate",
     ),
     Kernel(
@@ -205,11 +226,12 @@ _KERNELS: tuple[Kernel, ...] = (
             "medium": _cls("medium", "-n", "134217728"),
             "large": _cls("large", "-n", "536870912"),
         },
+        serial_checks=True,
         description="cilksort: 4-way recursive split and task-parallel merges",
     ),
     Kernel(
         "sparselu",
-        ("SparseLU (Single version)", "SparseLU (For version)"),
+        ("SparseLU (Single version)", "SparseLU (For version)", "SparseLU"),
         {
             "smoke": _cls("smoke", "-n", "10", "-m", "25"),
             "test": _cls("test", "-n", "25", "-m", "25"),
@@ -260,6 +282,7 @@ _KERNELS: tuple[Kernel, ...] = (
             },
         ),
         reports_nodes=True,
+        serial_checks=True,
         notes="prints its 'completed!' without a trailing newline at -v 1",
         description="unbalanced tree search, a task per child",
     ),
@@ -310,6 +333,8 @@ def kernel_for_program(program: str) -> str | None:
 
 
 def _split_variant(k: Kernel, variant: str) -> tuple[str | None, str]:
+    if variant == SERIAL_VARIANT:  # serial/<kernel>: one build, without for/single
+        return None, variant
     sub, rest = None, variant
     head, _, tail = variant.partition("-")
     if head in ("single", "for"):
@@ -319,6 +344,7 @@ def _split_variant(k: Kernel, variant: str) -> tuple[str | None, str]:
             f"bad BOTS variant {variant!r} for {k.name}: expected "
             "omp-tasks[-manual|-if_clause|-final][-tied]"
             + (f", optionally prefixed by {'/'.join(k.subs)}-" if k.subs else "")
+            + f", or {SERIAL_VARIANT}"
         )
     if sub is not None and not k.subs:
         raise RegistryError(f"kernel {k.name!r} has no {sub!r} version (variant {variant!r})")
@@ -330,7 +356,8 @@ def _split_variant(k: Kernel, variant: str) -> tuple[str | None, str]:
 def binary_name(
     kernel_name: str, variant: str = DEFAULT_VARIANT, label: str = DEFAULT_LABEL
 ) -> str:
-    """``fib.gcc.omp-tasks``; ``sparselu.gcc.single-omp-tasks`` (default sub added)."""
+    """``fib.gcc.omp-tasks``; ``sparselu.gcc.single-omp-tasks`` (default sub added);
+    ``sparselu.gcc.serial``."""
     k = kernel(kernel_name)
     sub, rest = _split_variant(k, variant)
     return f"{k.name}.{label}.{sub + '-' if sub else ''}{rest}"
@@ -378,21 +405,55 @@ def binary_path(
     path = Path(bots_bin) / name
     if not path.is_file():
         raise RegistryError(
-            f"binary {name} not found under {bots_bin}; build BOTS there (see README)"
+            f"binary {name} not found under {bots_bin}; {build_hint(kernel_name, variant)}"
         )
     if not os.access(path, os.X_OK):
         raise RegistryError(f"binary {path} is not executable (chmod +x, or rebuild BOTS)")
     return path
 
 
-def default_check(kernel_name: str) -> bool:
-    """Ask for ``-c`` only where the check is cheap.
+def build_hint(kernel_name: str, variant: str = DEFAULT_VARIANT) -> str:
+    """How to build a missing binary: the top-level ``make`` of BOTS builds neither the serial
+    versions nor knapsack and concom (bots.md section 2)."""
+    if variant == SERIAL_VARIANT:
+        return f"build it in the BOTS tree with make -C serial/{kernel_name} (see README)"
+    if kernel_name in _OWN_MAKE:
+        return (
+            f"the top-level make of BOTS does not build {kernel_name}: build it in the BOTS "
+            f"tree with make -C omp-tasks/{kernel_name} (see README)"
+        )
+    return "build BOTS there (see README)"
+
+
+def default_check(kernel_name: str, variant: str = DEFAULT_VARIANT) -> bool:
+    """Ask for ``-c`` only where the check is cheap and the build can check.
 
     For the kernels in :data:`CHECK_USES_SEQ_RESULT` ``-c`` also runs the sequential version
     inside the same process, which would inflate the externally measured makespan; their
-    verification is left to an explicit ``check=True`` run.
+    verification is left to an explicit ``check=True`` run. A serial build gets ``-c`` only
+    where its check is real (most print ``Verification = n/a``, which ``-c`` makes a failure).
     """
-    return not kernel(kernel_name).check_runs_sequential
+    k = kernel(kernel_name)
+    if variant == SERIAL_VARIANT:
+        return k.serial_checks
+    return not k.check_runs_sequential
+
+
+def needs_separate_check(kernel_name: str, variant: str = DEFAULT_VARIANT) -> bool:
+    """Whether a run timed without ``-c`` by default is verified by a separate ``-c`` run:
+    the omp-tasks builds of :data:`CHECK_USES_SEQ_RESULT` (a serial build is the sequential
+    version, and those kernels' serial builds cannot check)."""
+    return variant != SERIAL_VARIANT and kernel(kernel_name).check_runs_sequential
+
+
+def is_openmp_var(name: str) -> bool:
+    """An environment variable an OpenMP runtime reads (:data:`OPENMP_ENV_PREFIXES`)."""
+    return name.startswith(OPENMP_ENV_PREFIXES)
+
+
+def openmp_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The OpenMP runtime variables of ``env``, sorted by name (what a run record stores)."""
+    return {k: env[k] for k in sorted(env) if is_openmp_var(k)}
 
 
 def omp_env(kernel_name: str, cls: str, threads: int) -> dict[str, str]:
@@ -429,7 +490,10 @@ def command_for(
     ``argv`` ends with ``-v 0 -o 3`` (plus ``-c`` when ``check``; ``None`` means
     :func:`default_check`). Input files are looked up in ``inputs_dir`` (default: the
     ``inputs/`` folder beside ``bots_bin``), under ``<kernel>/``. ``env`` is ``base_env``
-    (default ``os.environ``) with the ``OMP_*`` variables of :func:`omp_env` set.
+    (default ``os.environ``) without its OpenMP variables (``OMP_*``, ``GOMP_*``, ``KMP_*``:
+    an ``OMP_THREAD_LIMIT`` or ``GOMP_SPINCOUNT`` left in the caller's shell would change
+    the run unrecorded) and with those of :func:`omp_env` set, so
+    ``openmp_env(env) == omp_env(...)``. A serial build ignores ``OMP_NUM_THREADS``.
     """
     ic = input_class(kernel_name, cls)
     omp = omp_env(kernel_name, cls, threads)
@@ -450,8 +514,9 @@ def command_for(
         args += ["-x", str(ic.cutoff)]
     args += list(extra_args)
     args += list(BASE_FLAGS)
-    if default_check(kernel_name) if check is None else check:
+    if default_check(kernel_name, variant) if check is None else check:
         args.append("-c")
-    env = dict(os.environ if base_env is None else base_env)
+    base = os.environ if base_env is None else base_env
+    env = {k: v for k, v in base.items() if not is_openmp_var(k)}
     env.update(omp)
     return Command([str(binary), *args], env)

@@ -12,13 +12,16 @@ A YAML file such as::
     cooldown: {start_temp_c: 45, max_wait_s: 120}   # or null to skip cooling down
     timeout_s: 600
     bots_bin: /opt/bots/bin       # required for native; relative: to this file
-    threads: 4                    # optional; default: every online core of the board
-    variant: omp-tasks            # optional; BOTS build variant
+    threads: 4                    # optional (native); default: every online core of the board
+    variant: omp-tasks            # optional; BOTS build variant (or serial)
     deadline_s: null              # optional per-run deadline
 
 is parsed into a :class:`CampaignSpec` (errors name the key and the expected value) and
 :func:`expand` turns it into the run matrix. Policies are innermost, so the runs compared
-with each other are measured side by side under the same thermal and load history.
+with each other are measured side by side under the same thermal and load history. A
+simulated campaign runs the DAG model of its variant (``omp-tasks``, ``for-``/``single-``
+``omp-tasks``, ``serial``): a variant without one (the tied and cut-off builds) is refused,
+and so is ``threads``, which the simulator does not model.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 from bots_bench import registry
 from bots_bench.dags import CLASSES as SIM_CLASSES
+from bots_bench.dags import UnknownDagModel, model_variant, modelled_builds
 from bots_bench.store import RunKey
 from platforms.errors import SpecError
 from platforms.spec import board_names
@@ -394,6 +398,17 @@ def parse_spec(
     threads = data.get("threads")
     if threads is not None:
         threads = _positive_int(source, "threads", threads)
+        if backend == "sim":
+            # a simulated job runs a worker on every core its policy gives it: a thread count
+            # would be stored with the runs (and in their spec hash) but not simulated
+            raise _err(
+                source,
+                "threads",
+                "no thread count with backend sim (the simulator runs a job on every core its "
+                "policy gives it and does not model OMP_NUM_THREADS); leave threads out, or "
+                "use backend native",
+                threads,
+            )
 
     variant = data.get("variant", registry.DEFAULT_VARIANT)
     label = data.get("label", registry.DEFAULT_LABEL)
@@ -406,6 +421,18 @@ def parse_spec(
             registry.binary_name(k, variant, label)
         except registry.RegistryError as err:
             raise _err(source, "variant", str(err), variant) from None
+        if backend == "sim":  # the run must be the model of the build it is stored as
+            try:
+                model_variant(k, variant)
+            except UnknownDagModel:
+                raise _err(
+                    source,
+                    "variant",
+                    f"a variant the simulator has a DAG model of for every selected kernel "
+                    f"({k}: {', '.join(modelled_builds(k))}; tied and cut-off builds are "
+                    "native only)",
+                    variant,
+                ) from None
 
     deadline_s = data.get("deadline_s")
     if deadline_s is not None:

@@ -197,8 +197,8 @@ def run_cmd(
       bots_bin: bots/bin            # --bots-bin (native); relative to the file
       repetitions: 1                # optional
       cooldown: {start_temp_c: 45, max_wait_s: 120}   # optional; null: no cool-down
-      timeout_s: 600                # optional; also: threads, variant, label, check,
-                                    # deadline_s, name
+      timeout_s: 600                # optional; also: threads (native), variant
+                                    # (or serial), label, check, deadline_s, name
 
     With --spec, --deadline-slack, --profiles, --db, --no-retry-failed, --sysfs-root and
     --json still apply; the flags the file replaces are ignored, with a note."""

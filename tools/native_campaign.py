@@ -134,6 +134,7 @@ def run_configs(
                     cfg.deadline_slack,
                     cfg.rep,
                     cfg.deadline_s,
+                    cfg.variant,
                 ),
                 build_policy_stack,
             )

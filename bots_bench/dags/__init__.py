@@ -47,6 +47,8 @@ __all__ = [
     "describe",
     "estimate_makespan",
     "generate",
+    "model_variant",
+    "modelled_builds",
     "variants",
 ]
 
@@ -68,6 +70,32 @@ def variants(kernel: str) -> tuple[str, ...]:
     """Accepted variants of ``kernel``, its default first."""
     own = _load(kernel).VARIANTS
     return own + tuple(v for v in COMMON_VARIANTS if v not in own)
+
+
+def modelled_builds(kernel: str) -> tuple[str, ...]:
+    """The BOTS build variants (``bots_bench.registry`` names) of ``kernel`` that a model
+    stands for: ``omp-tasks``, ``<sub>-omp-tasks`` for the kernels built in two versions,
+    and ``serial``. The tied, cut-off (``-manual``, ``-if_clause``, ``-final``) builds have
+    none: their scheduling and task counts differ from the default build's."""
+    own = tuple(v for v in _load(kernel).VARIANTS if v not in COMMON_VARIANTS)
+    return ("omp-tasks", *(f"{v}-omp-tasks" for v in own), "serial")
+
+
+def model_variant(kernel: str, build: str) -> str | None:
+    """The ``variant`` of :func:`generate` that models the BOTS build ``build`` of ``kernel``
+    (``for-omp-tasks`` -> ``for``; ``omp-tasks`` -> None, the default task version); raises
+    :class:`UnknownDagModel` naming :func:`modelled_builds` for a build without a model."""
+    if build == "omp-tasks":
+        return None
+    if build == "serial":
+        return "serial"
+    head, _, tail = build.partition("-")
+    if tail == "omp-tasks" and head in _load(kernel).VARIANTS and head not in COMMON_VARIANTS:
+        return head
+    raise UnknownDagModel(
+        f"no DAG model of the {build!r} build of {kernel}; modelled builds: "
+        f"{', '.join(modelled_builds(kernel))}"
+    )
 
 
 def generate(kernel: str, cls: str = "small", *, seed: int = 0, variant: str | None = None) -> DAG:
