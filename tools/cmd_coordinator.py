@@ -23,7 +23,7 @@ def coordinator() -> None:
     "trace_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
-    help="batch_task.csv (no header).",
+    help="batch_task.csv (a first line of the column names is skipped).",
 )
 @click.option(
     "--policy",

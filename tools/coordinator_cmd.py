@@ -19,10 +19,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from platforms.cluster.simcluster import parse_nodes_spec
 from platforms.errors import HidvfsError
 from tools.common import missing_extra_message
+
+if TYPE_CHECKING:
+    from platforms.cluster.alibaba import TraceLoad
 
 DEFAULT_POLICIES = ("higfrl", "fifo", "sjf", "heft", "tetris", "cp", "random")
 TOKEN_ENV = "HIDVFS_TELEMETRY_TOKEN"
@@ -69,6 +73,20 @@ def _with_ratios(rows: list[dict], group: str | None = None) -> list[dict]:
     return rows
 
 
+def imputed_summary(trace_path: str | os.PathLike[str], load: TraceLoad) -> str:
+    """The one warning for filled-in values: each is an info line only (one per value, many
+    on a large trace, unseen at the CLI's warning level), yet they change the replay."""
+    from platforms.cluster.alibaba import IMPUTED_DEFAULTS
+
+    notes = load.imputed_issues
+    n = len(notes)
+    used = ", ".join(f"{k} {v:g}" for k, v in IMPUTED_DEFAULTS.items())
+    return (
+        f"{os.fspath(trace_path)}: {n} empty value{'s' if n != 1 else ''} filled in, in the "
+        f"jobs replayed, first at line {min(i.line for i in notes)} ({used})"
+    )
+
+
 def simulate(
     trace_path: str,
     policies: Sequence[str] = DEFAULT_POLICIES,
@@ -78,7 +96,8 @@ def simulate(
     """Replay a ``batch_task.csv`` on the simulated cluster under each policy.
 
     One row per policy with the simulator's metrics and ratios to the best heuristic; the
-    trace's issues (skipped jobs with file, line and reason) are logged and counted."""
+    trace's issues (skipped jobs with file, line and reason) are logged and counted
+    (``skipped_jobs``, ``dropped_rows``, ``imputed``)."""
     from agents.placement.train import make_placer
     from platforms.cluster.alibaba import read_batch_task
     from platforms.cluster.simcluster import Workload
@@ -90,6 +109,8 @@ def simulate(
     log = logging.getLogger("hidvfs.coordinator")
     for issue in load.issues:
         (log.warning if issue.warn else log.info)("%s", issue)
+    if load.imputed:
+        log.warning("%s", imputed_summary(trace_path, load))
     if not load.jobs:
         raise ValueError(f"{trace_path}: no usable job ({len(load.issues)} issues)")
     w = Workload.from_jobs(load.jobs)
@@ -102,6 +123,7 @@ def simulate(
                 "trace": os.fspath(trace_path),
                 "skipped_jobs": len(load.skipped_jobs),
                 "dropped_rows": load.dropped_rows,
+                "imputed": load.imputed,
                 "seed": seed,
             }
         )

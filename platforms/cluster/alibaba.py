@@ -1,9 +1,17 @@
-"""Reader for Alibaba cluster-trace-v2018 ``batch_task.csv`` (no header row).
+"""Reader for Alibaba cluster-trace-v2018 ``batch_task.csv``.
 
 Columns: task_name, instance_num, job_name, task_type, status, start_time, end_time, plan_cpu,
-plan_mem. The DAG is encoded in the task names: ``M5_3_4`` is task 5 and depends on tasks 3
+plan_mem. The raw trace has no header row; a first line made of exactly these names (the
+published subset ``selected_DAGs.csv`` has one) is skipped, any other bad row is refused as
+below. The DAG is encoded in the task names: ``M5_3_4`` is task 5 and depends on tasks 3
 and 4; the leading letter carries no meaning; non-numeric tokens (``Stg4``) are ignored;
 ``task_*`` and ``MergeTask*`` names are independent (non-DAG) tasks.
+
+A task's work is ``end_time - max(start_time, its parents' latest end_time)``, at least 0
+(:func:`task_work_s`): ``start_time`` is when the task was registered, often together with
+its parents, not when it started computing, and a task runs only once all of its parents
+are done. An empty ``instance_num``, ``plan_cpu`` or ``plan_mem`` is filled in
+(:data:`IMPUTED_DEFAULTS`), noted per value and counted (``imputed``).
 
 A broken job (a cycle, a parent that does not exist, a bad row, a status other than the
 accepted ones) is reported with the file, the line and the job, and only that job is skipped.
@@ -23,14 +31,26 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from platforms.dag import DAG, make_dag
 
-N_COLUMNS = 9
+#: the schema's column names, in order (the header of the published subset, lower-cased)
+COLUMNS = (
+    "task_name",
+    "instance_num",
+    "job_name",
+    "task_type",
+    "status",
+    "start_time",
+    "end_time",
+    "plan_cpu",
+    "plan_mem",
+)
+N_COLUMNS = len(COLUMNS)
 #: the csv module's default field limit; no field of the schema comes near it
 FIELD_LIMIT = 131072
 _DIGITS = frozenset("0123456789")
@@ -38,6 +58,8 @@ _DIGITS = frozenset("0123456789")
 #: ``dag.task_time(REF_HZ)`` is the task's duration in seconds on the reference node.
 REF_HZ = 1e9
 DEFAULT_STATUSES = ("Terminated",)
+#: what an empty value is filled in with (a single instance, one core, no memory)
+IMPUTED_DEFAULTS = {"instance_num": 1.0, "plan_cpu": 100.0, "plan_mem": 0.0}
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,8 @@ class TraceTask:
 
     @property
     def duration(self) -> float:
+        """end - start as recorded: from registration, so it may include the parents' run
+        (the work is :func:`task_work_s`)."""
         return self.end - self.start
 
 
@@ -123,6 +147,18 @@ class TraceLoad:
         """Bad rows that belong to no known job (so no job could be skipped for them)."""
         return sum(1 for i in self.issues if i.kind == "bad-row" and not i.skipped)
 
+    @property
+    def imputed_issues(self) -> list[TraceIssue]:
+        """The ``imputed`` notes (one per empty value filled in) of the jobs kept, the ones
+        a replay uses: a skipped job's are noted but do not count."""
+        kept = {j.name for j in self.jobs}
+        return [i for i in self.issues if i.kind == "imputed" and i.job in kept]
+
+    @property
+    def imputed(self) -> int:
+        """Empty values filled in, in the jobs kept (cluster.md 1.3: impute, log the count)."""
+        return len(self.imputed_issues)
+
 
 def parse_task_name(name: str) -> tuple[int | None, tuple[int, ...]]:
     """``(task id, parent ids)``; the id is ``None`` for a non-DAG task (``task_*``, ``MergeTask*``)."""
@@ -169,7 +205,7 @@ def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
         # trace names are ASCII words; anything else is a damaged row (a stray quote, a
         # fragment of a broken record) whose dependencies cannot be trusted
         raise _BadRow(f"task_name {name[:40]!r} is not an ASCII trace name")
-    instances = _number(row[1], "instance_num", 1.0, imputed)
+    instances = _number(row[1], "instance_num", IMPUTED_DEFAULTS["instance_num"], imputed)
     if instances < 1 or instances != int(instances):
         raise _BadRow(f"instance_num={row[1]!r} is not a positive integer")
     status = row[4].strip()
@@ -179,8 +215,8 @@ def _parse_row(row: list[str]) -> tuple[TraceTask | None, list[str]]:
         raise _BadRow(f"end_time {end:g} < start_time {start:g}")
     if not math.isfinite((end - start) * REF_HZ):
         raise _BadRow(f"duration {end - start:g} s is too large to simulate")
-    plan_cpu = _number(row[7], "plan_cpu", 100.0, imputed)
-    plan_mem = _number(row[8], "plan_mem", 0.0, imputed)
+    plan_cpu = _number(row[7], "plan_cpu", IMPUTED_DEFAULTS["plan_cpu"], imputed)
+    plan_mem = _number(row[8], "plan_mem", IMPUTED_DEFAULTS["plan_mem"], imputed)
     if plan_cpu <= 0:
         raise _BadRow(f"plan_cpu={row[7]!r} is not positive")
     if not 0 <= plan_mem <= 100:
@@ -279,6 +315,28 @@ def _find_cycle(n: int, preds: list[list[int]]) -> list[int]:
     return []
 
 
+def task_work_s(tasks: Sequence[TraceTask], preds: Sequence[Sequence[int]]) -> np.ndarray:
+    """Each task's work in seconds: ``end - max(start, latest end of its parents)``, >= 0.
+
+    ``start_time`` is the registration time, not the compute start (cluster.md 1.3; the
+    maintainer in alibaba/clusterdata#56: a child has the same start_time as its parent), and
+    a task starts only once every instance of every parent has completed (1.2). So the task
+    cannot have computed before its last parent ended: ``end - start`` counted the parents'
+    running time again in each child (the real job j_8, 26 s from first start to last end,
+    replayed in 178 s). 0 when a parent's recorded end is after the task's own (the trace's
+    times are not always consistent: instances can start before their task after a failover).
+    The synthetic generator writes a child's start at its parents' last end, so its traces
+    read the same as with ``end - start``.
+    """
+    ready = [max([t.start] + [tasks[p].end for p in ps]) for t, ps in zip(tasks, preds)]
+    return np.array([max(t.end - r, 0.0) for t, r in zip(tasks, ready)], dtype=float)
+
+
+def _is_header(row: list[str]) -> bool:
+    """The published subset's header row (the column names), not a bad row of a job."""
+    return tuple(f.strip().lower() for f in row) == COLUMNS
+
+
 def _build_job(
     source: str, job: str, tasks: list[TraceTask]
 ) -> tuple[TraceJob | None, TraceIssue | None]:
@@ -329,7 +387,7 @@ def _build_job(
         return None, TraceIssue(source, line, job, "cycle", f"dependency cycle {names}")
     src = [p for i, ps in enumerate(preds) for p in ps]
     dst = [i for i, ps in enumerate(preds) for _ in ps]
-    work = np.array([t.duration for t in numbered]) * REF_HZ
+    work = task_work_s(numbered, preds) * REF_HZ
     dag = make_dag(job, work, np.zeros(len(numbered)), src, dst, unit=f"cycles at {REF_HZ:g} Hz")
     return TraceJob(job, tuple(numbered), dag), None
 
@@ -342,6 +400,7 @@ def parse_batch_task(
 ) -> TraceLoad:
     """Parse ``batch_task.csv`` text lines; jobs come out in order of first appearance.
 
+    A first line of the column names (:data:`COLUMNS`) is a header: skipped, not a row.
     ``statuses``: rows with another status make their job skipped (an incomplete record);
     ``None`` accepts every status. ``max_jobs`` keeps only the first jobs seen.
     """
@@ -376,6 +435,8 @@ def parse_batch_task(
                 nameless.append((lineno, _no_job_detail(why, None), named))
             continue
         if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if lineno == 1 and _is_header(row):
             continue
         rows += 1
         job = row[2].strip() if len(row) > 2 else ""

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from platforms.cluster.alibaba import parse_batch_task, parse_task_name, read_batch_task
+from platforms.cluster.alibaba import (
+    COLUMNS,
+    REF_HZ,
+    parse_batch_task,
+    parse_task_name,
+    read_batch_task,
+)
+from platforms.cluster.simcluster import NodeSpec, Workload, simulate
 from platforms.cluster.synthetic import (
     SyntheticConfig,
     generate_rows,
@@ -340,3 +347,143 @@ def test_a_gz_that_is_not_one_or_is_cut_short_is_refused_naming_the_file(tmp_pat
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=f"{cut}: not a readable .gz file"):
         read_batch_task(cut)
+
+
+class _AllAtOnce:
+    """Every ready task on the node with most room: on ample nodes, the DAG's own makespan."""
+
+    name = "all-at-once"
+
+    def reset(self, workload, nodes, seed):
+        pass
+
+    def place(self, view):
+        free = view.free_cpu.copy()
+        out = []
+        for t in view.ready.tolist():
+            k = int(np.argmax(free))
+            if free[k] >= view.cpu[t]:
+                out.append((t, k))
+                free[k] -= view.cpu[t]
+        return out
+
+
+def _replay(jobs) -> float:
+    nodes = [NodeSpec(f"n{i}", "ref", 64.0, 1000.0, 1.0) for i in range(4)]
+    return simulate(Workload.from_jobs(jobs), nodes, _AllAtOnce()).makespan
+
+
+# a job as the real trace records it (j_8's shape): every row carries the registration time
+REGISTERED = [
+    "M1,1.0,j_r,1,Terminated,1000,1010,50.0,0.2",
+    "R2_1,1.0,j_r,1,Terminated,1000,1015,50.0,0.2",
+    "R3_2,1.0,j_r,1,Terminated,1000,1026,50.0,0.2",
+    "M4,3.0,j_r,1,Terminated,1000,1005,50.0,0.2",
+    "J5_3_4,1.0,j_r,1,Terminated,1000,1030,50.0,0.2",
+    "R6_4,1.0,j_r,1,Terminated,1000,1004,50.0,0.2",  # ends before its parent: no work left
+]
+
+
+def test_a_task_registered_with_its_parents_works_from_their_last_end():
+    """cluster.md 1.3: start_time is the registration time (a child has its parent's), and a
+    task runs only once its parents are done (1.2). end - start counted every ancestor's run
+    again in each child: this 30 s job replayed in 10 + 15 + 26 + 30 = 81 s."""
+    (job,) = parse_batch_task(REGISTERED).jobs
+    assert job.work_s.tolist() == [10.0, 5.0, 11.0, 5.0, 4.0, 0.0]
+    span = max(t.end for t in job.tasks) - job.arrival
+    assert span == 30 and _replay([job]) == pytest.approx(span)
+    assert [t.duration for t in job.tasks][-2] == 30  # the recorded times are kept as read
+
+
+def _registered(rows: list[str]) -> list[str]:
+    """The rows with every start_time set to its job's first one, as the real trace records."""
+    first: dict[str, str] = {}
+    for r in rows:
+        f = r.split(",")
+        first[f[2]] = min(first.get(f[2], f[5]), f[5], key=int)
+    out = []
+    for r in rows:
+        f = r.split(",")
+        f[5] = first[f[2]]
+        out.append(",".join(f))
+    return out
+
+
+def _workload_arrays(w: Workload) -> dict:
+    return {k: np.asarray(v) for k, v in vars(w).items()}
+
+
+# the held-out (900001-3) and validation (700001-2) seeds of agents.placement.train
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.one_of(
+        st.integers(0, 10_000), st.sampled_from([700_001, 700_002, 900_001, 900_002, 900_003])
+    ),
+    n_jobs=st.integers(1, 60),
+    load=st.sampled_from([0.6, 0.7, 1.0, 1.2]),
+)
+def test_synthetic_traces_read_as_with_end_minus_start(seed, n_jobs, load):
+    """The generator writes a child's start at its parents' last end, so the work rule leaves
+    every synthetic workload (the shipped model's training, validation and held-out traces)
+    bit-identical to end - start; registration-time starts, as in the real trace, read the
+    same too."""
+    rows = generate_rows(SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load))
+    load_ = parse_batch_task(rows)
+    for job in load_.jobs:
+        by_id = {t.tid: t for t in job.tasks}
+        for t in job.tasks:
+            ready = max([by_id[p].end for p in t.parents], default=job.arrival)
+            assert t.start == ready  # the generator's invariant the identity rests on
+        old_rule = np.array([t.end - t.start for t in job.tasks]) * REF_HZ
+        assert np.array_equal(job.dag.cycles, old_rule)
+    w = _workload_arrays(Workload.from_jobs(load_.jobs))
+    again = _workload_arrays(Workload.from_jobs(parse_batch_task(_registered(rows)).jobs))
+    assert w.keys() == again.keys()
+    for k in w:
+        assert np.array_equal(w[k], again[k]), k
+
+
+def test_the_header_of_the_published_subset_is_skipped(tmp_path):
+    """selected_DAGs.csv starts with the column names; they used to make a skipped job
+    "job_name" (a warning for a row that is not data)."""
+    rows = [",".join(COLUMNS)] + _good_job("j_2")
+    load = parse_batch_task(rows, source="selected_DAGs.csv")
+    assert [j.name for j in load.jobs] == ["j_2"] and not load.issues and load.rows == 2
+    # spacing, case, quotes and a byte-order mark (read from a file) make no difference
+    odd = ",".join(f" {c.upper()} " if i % 2 else f'"{c.title()}"' for i, c in enumerate(COLUMNS))
+    path = tmp_path / "selected_DAGs.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join([odd] + _good_job("j_2")).encode() + b"\n")
+    load = read_batch_task(path)
+    assert [j.name for j in load.jobs] == ["j_2"] and not load.issues and load.rows == 2
+
+
+@pytest.mark.parametrize(
+    "rows, line",
+    [
+        (_good_job("j_1") + [",".join(COLUMNS)], 3),  # not the first line
+        ([",".join(COLUMNS[:8])] + _good_job("j_1"), 1),  # not the nine names
+        ([",".join(COLUMNS).replace("plan_mem", "mem")] + _good_job("j_1"), 1),
+    ],
+    ids=["later-line", "eight-names", "other-name"],
+)
+def test_only_a_first_line_of_the_column_names_is_a_header(rows, line):
+    load = parse_batch_task(rows, source="trace.csv")
+    assert [j.name for j in load.jobs] == ["j_1"]
+    (issue,) = load.issues
+    assert (issue.line, issue.job, issue.kind, issue.skipped) == (line, "job_name", "bad-row", True)
+
+
+def test_filled_in_values_are_counted():
+    """cluster.md 1.3: missing values, impute or drop, *log the count*. They were info notes
+    only; the count is of the jobs kept (a skipped job's values reach no replay)."""
+    rows = [
+        "M1,1.0,j_1,1,Terminated,10,20,,0.2",
+        "R2_1,,j_1,1,Terminated,20,30,100,",
+        "M1,,j_bad,1,Terminated,10,20,,0.2",
+        "R2_7,1,j_bad,1,Terminated,20,30,100,0.2",  # dangling parent: j_bad is skipped
+    ]
+    load = parse_batch_task(rows)
+    assert load.skipped_jobs == ["j_bad"]
+    assert load.imputed == 3 and [i.line for i in load.imputed_issues] == [1, 2, 2]
+    assert sum(i.kind == "imputed" for i in load.issues) == 5  # every one still noted
+    assert parse_batch_task(_good_job("j_1")).imputed == 0

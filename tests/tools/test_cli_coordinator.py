@@ -62,6 +62,39 @@ def test_simulate_logs_the_trace_problems(tmp_path):
     assert json.loads(r.stdout)[0]["dropped_rows"] == 1
 
 
+def test_simulate_counts_filled_in_values_and_warns_once(tmp_path):
+    """cluster.md 1.3: missing values are imputed and the count logged; each was an info line
+    only, unseen at the CLI's warning level, and counted nowhere."""
+    path = tmp_path / "t.csv"
+    path.write_text(
+        GOOD + "M1,,j_2,1,Terminated,100,110,,1\nR2_1,1,j_2,1,Terminated,110,120,100,\n"
+    )
+    r = run("simulate", "--trace", str(path), "--policy", "fifo,sjf", "--json")
+    assert r.exit_code == 0, r.output
+    assert [row["imputed"] for row in json.loads(r.stdout)] == [3, 3]
+    (warning,) = [ln for ln in r.stderr.splitlines() if "level=warning" in ln]
+    assert f"{path}: 3 empty values filled in" in warning and "first at line 3" in warning
+    assert "plan_cpu 100" in warning
+    clean = tmp_path / "clean.csv"
+    clean.write_text(GOOD)
+    r = run("simulate", "--trace", str(clean), "--policy", "fifo", "--json")
+    assert json.loads(r.stdout)[0]["imputed"] == 0 and "level=warning" not in r.stderr
+
+
+def test_simulate_skips_the_header_of_the_published_subset(tmp_path):
+    """selected_DAGs.csv has a header row; it was a skipped job "job_name" and a warning."""
+    path = tmp_path / "selected_DAGs.csv"
+    header = (
+        "task_name,instance_num,job_name,task_type,status,start_time,end_time,plan_cpu,plan_mem"
+    )
+    path.write_text(header + "\n" + GOOD)
+    r = run("simulate", "--trace", str(path), "--policy", "fifo", "--json")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)[0]
+    assert (row["skipped_jobs"], row["dropped_rows"], row["tasks"]) == (0, 0, 2)
+    assert "level=warning" not in r.stderr
+
+
 @pytest.mark.parametrize("listen", ["127.0.0.1:99999", "[::1]:99999", "::1:80", "nohost"])
 def test_serve_refuses_a_bad_listen_address_in_one_line(listen):
     r = run("serve", "--listen", listen)
