@@ -285,16 +285,12 @@ def read_policy_originals(
 
 
 def take_snapshot(
-    sysfs: SysfsBackend,
-    spec_or_policies: BoardSpec | Iterable[int] | None = None,
-    *,
-    touched: tuple[str, ...] | None = None,
+    sysfs: SysfsBackend, spec_or_policies: BoardSpec | Iterable[int] | None = None
 ) -> Snapshot:
     """Read the current (original) settings; unreadable values are recorded as ``None``.
-    ``touched=()`` starts a session's snapshot (files are marked as hidvfs writes them);
-    the default None gives back every file (:class:`PolicySnapshot`)."""
+    Nothing is marked touched: every file is given back until a :class:`Session` narrows it."""
     policies = [
-        replace(read_policy_originals(sysfs, p, spec_or_policies), touched=touched)
+        read_policy_originals(sysfs, p, spec_or_policies)
         for p in _policies_of(sysfs, spec_or_policies)
     ]
     online = {}
@@ -546,7 +542,12 @@ def recover_stale(
             snap.pid,
             "the snapshot is from an earlier boot, whose settings the reboot reset; dropped",
         )
-        discard_snapshot(state_dir)
+        try:
+            discard_snapshot(state_dir)
+        except OSError as err:  # a read-only state dir: the start is refused when it saves
+            log.warning(
+                "event=restore_file_kept path=%s error=%r", snapshot_path(state_dir), err.strerror
+            )
         return None
     if snap.root is not None and here is not None and snap.root != here:
         # another tree's originals (a fake tree's, say) must never land on this one; the
