@@ -244,14 +244,24 @@ def run_cmd(
     type=click.Path(file_okay=False),
     help="Folder with BOTS binaries to look for.",
 )
+@click.option(
+    "--kernel",
+    "kernel_name",
+    default=None,
+    help="Show one kernel's classes: the simulator's model parameters beside the native "
+    "binary's arguments (one class name is not always one input on both backends).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_cmd(bots_bin: str | None, as_json: bool) -> None:
+def list_cmd(bots_bin: str | None, kernel_name: str | None, as_json: bool) -> None:
     """The 12 kernels: the binary `bots run` runs by default (KERNEL.gcc.VARIANT, other
     builds with a spec's variant and label), the input classes, and with --bots-bin the
     builds found there (by variant; a second compiler's build of one is VARIANT@LABEL)."""
     from bots_bench.dags import CLASSES
     from bots_bench.registry import KERNELS, binary_name, find_binaries
 
+    if kernel_name is not None:
+        _list_classes(kernel_name, as_json)
+        return
     if bots_bin:
         from tools.native_campaign import check_bots_bin
 
@@ -295,7 +305,55 @@ def list_cmd(bots_bin: str | None, as_json: bool) -> None:
         "BOTS binaries' inputs (`--backend native`)"
     )
     if not bots_bin:
-        click.echo("(pass --bots-bin DIR to look for built binaries)")
+        click.echo(
+            "(pass --bots-bin DIR to look for built binaries; --kernel NAME shows a kernel's "
+            "classes, model parameters beside native arguments)"
+        )
+
+
+def class_rows(kernel_name: str) -> list[dict]:
+    """Per class of ``kernel_name``: the simulator model's parameters and the native
+    binary's arguments (None where a backend lacks the class). A name on both is not
+    always one input: fib's sim ``small`` is n = 40 where the native ``small`` is ``-n 10``."""
+    from bots_bench.dags import class_params
+    from bots_bench.registry import kernel
+
+    k = kernel(kernel_name)  # ValueError naming the known kernels
+    sim = class_params(kernel_name)
+    rows = []
+    for cls in dict.fromkeys([*k.classes, *sim]):
+        ic = k.classes.get(cls)
+        native = None
+        if ic is not None:
+            native = list(ic.args) + ([f"input {ic.input_file}"] if ic.input_file else [])
+            native += [f"-x {ic.cutoff}"] if ic.cutoff is not None else []
+        params = sim.get(cls)
+        rows.append(
+            {"class": cls, "sim": None if params is None else dict(params), "native": native}
+        )
+    return rows
+
+
+def _list_classes(kernel_name: str, as_json: bool) -> None:
+    try:
+        rows = class_rows(kernel_name)
+    except ValueError as err:
+        fail(str(err))
+    if as_json:
+        emit_json(rows)
+        return
+    table = [["class", "sim model", "native arguments"]]
+    for r in rows:
+        sim = "-" if r["sim"] is None else " ".join(f"{k}={v}" for k, v in r["sim"].items())
+        native = "-" if r["native"] is None else " ".join(r["native"]) or "(none)"
+        table.append([r["class"], sim, native])
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    click.echo(
+        f"{kernel_name}: one class name is not always one input on both backends; compare "
+        "the columns (-: that backend has no such class)"
+    )
 
 
 @bots.command("profile")

@@ -66,6 +66,13 @@ def _load(kernel: str) -> ModuleType:
 CLASSES: dict[str, tuple[str, ...]] = {k: tuple(_load(k).CLASSES) for k in KERNELS}
 
 
+def class_params(kernel: str) -> dict[str, dict]:
+    """The model parameters of each class of ``kernel`` (``{}`` for an unknown kernel)."""
+    if kernel not in KERNELS:
+        return {}
+    return {cls: dict(p) for cls, p in _load(kernel).CLASSES.items()}
+
+
 def variants(kernel: str) -> tuple[str, ...]:
     """Accepted variants of ``kernel``, its default first."""
     own = _load(kernel).VARIANTS

@@ -160,7 +160,8 @@ def test_bots_list_columns_are_aligned_and_name_the_binaries(tmp_path):
             assert not any(x.startswith("(") for x in lines)
         else:
             assert len(by_kernel["fib"]) == 4  # no "found: -" column without a folder
-            assert lines[-1] == "(pass --bots-bin DIR to look for built binaries)"
+            assert lines[-1].startswith("(pass --bots-bin DIR to look for built binaries;")
+            assert "--kernel NAME" in lines[-1]
     r = bots("list", "--json")
     assert json.loads(r.stdout)[3]["binary"] == "fib.gcc.omp-tasks"
 
@@ -288,3 +289,19 @@ def test_bots_profile_refuses_a_bad_class_or_bench_before_measuring(
     r = bots("profile", "--bots-bin", str(tmp_path), *args)
     assert r.exit_code == 2 and f"<command line>: key '{key}'" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_bots_list_kernel_shows_each_class_on_both_backends():
+    """One class name is not always one input: fib's sim small is n = 40, the native
+    small -n 10 (bots.md section 2); the detail view puts them side by side."""
+    r = bots("list", "--kernel", "fib")
+    assert r.exit_code == 0, r.output
+    rows = {line.split()[0]: line for line in r.output.splitlines()[1:] if "  " in line}
+    assert "n=40" in rows["small"] and "-n 10 -x 5" in rows["small"]
+    assert rows["smoke"].split()[1] == "-" and rows["t40"].split()[1] == "-"  # native only
+    r = bots("list", "--kernel", "concom", "--json")
+    by = {row["class"]: row for row in json.loads(r.output)}
+    assert by["large"]["native"] is None and by["large"]["sim"]["nodes"] == 5000000
+    assert by["test"]["native"] == ["-n", "100000"] and by["test"]["sim"]["nodes"] == 1000
+    r = bots("list", "--kernel", "nope")
+    assert r.exit_code == 2 and "unknown BOTS kernel 'nope'" in r.output
