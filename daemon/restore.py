@@ -663,7 +663,8 @@ class Session:
         """Call before writing ``names`` of ``policy``: marks them as hidvfs's and, when the
         snapshot lacks the policy's originals (its CPUs were offline at the start), reads
         them now; both are on disk before this returns. Raises :class:`SysfsUnavailable`
-        (the write must not happen) when an original cannot be read."""
+        (the write must not happen) when an original cannot be read or the file cannot be
+        saved."""
         names = frozenset(names)
         done = self._covered.get(policy, frozenset())
         if done is None or names <= done:
@@ -689,15 +690,27 @@ class Session:
                     "does not write this policy: it could not give it back",
                 )
             entry = replace(read, touched=() if entry is None else entry.touched)
+        before = self._entries.get(policy)
         if entry.touched is None:
             self._entries[policy] = entry
-            self._covered[policy] = None
+            covered = None
         else:
-            names = names | frozenset(entry.touched)
-            self._entries[policy] = replace(entry, touched=tuple(sorted(names)))
-            self._covered[policy] = names
+            covered = names | frozenset(entry.touched)
+            self._entries[policy] = replace(entry, touched=tuple(sorted(covered)))
         if fresh or entry.touched is not None:
-            self._save()
+            try:
+                self._save()
+            except OSError as err:  # a full disk: not on disk, so not written either
+                if before is None:
+                    del self._entries[policy]
+                else:
+                    self._entries[policy] = before
+                raise SysfsUnavailable(
+                    snapshot_path(self.state_dir),
+                    f"cannot record policy{policy} in it ({err.strerror or err}), so hidvfs "
+                    "does not write it: a crash could not give it back",
+                ) from None
+        self._covered[policy] = covered
         if fresh:
             self.log.info(
                 "event=snapshot_extended policy=%d governor=%s min_khz=%s max_khz=%s",
@@ -708,10 +721,12 @@ class Session:
             )
 
     def _save(self) -> None:
-        self._snapshot = replace(
+        """The entries on disk, then in :attr:`snapshot` (not before they are on disk)."""
+        snap = replace(
             self._snapshot, policies=tuple(self._entries[k] for k in sorted(self._entries))
         )
-        save_snapshot(self._snapshot, self.state_dir)
+        save_snapshot(snap, self.state_dir)
+        self._snapshot = snap
 
 
 # --------------------------------------------------------------------------------------------

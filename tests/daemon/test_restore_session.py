@@ -234,3 +234,25 @@ def test_a_read_only_state_dir_after_a_crash_still_gives_the_board_back(tmp_path
         lock.release()
     assert fs.read(gov) == "schedutil"  # given back before the refusal
     assert os.path.exists(snapshot_path(state))  # kept: the next start restores it again
+
+
+def test_a_write_whose_mark_cannot_be_saved_does_not_happen(tmp_path, monkeypatch):
+    """A full disk mid-run: the file cannot be marked in restore.json, so it is not written
+    (a crash could not give it back), and the loop goes on with an error, not a crash."""
+    import errno
+
+    from daemon import restore
+
+    fake, fs, state, session, decide = started(tmp_path)
+
+    def full(snapshot, state_dir):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(restore, "save_snapshot", full)
+    report = decide(a57=960000)
+    assert any("cannot record policy0" in e for e in report.errors)
+    assert fs.read(paths.policy_file(0, "scaling_governor")) == "schedutil"
+    assert all(p.touched == () for p in session.snapshot.policies)
+    monkeypatch.undo()
+    assert not decide(a57=960000).errors  # room again: marked, then written
+    assert fs.read(paths.policy_file(0, "scaling_governor")) == "userspace"
