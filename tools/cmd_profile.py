@@ -174,7 +174,7 @@ def profile() -> None:
     type=click.IntRange(1, 20),
     default=1,
     show_default=True,
-    help="Runs per configuration; the fastest counts (less noise from other load).",
+    help="Runs per configuration; their median counts (the deadline is set from a usual run, not the luckiest).",
 )
 @click.option(
     "--stack",

@@ -349,3 +349,20 @@ def test_the_default_timer_runs_with_the_environment_of_the_moment(monkeypatch):
 def test_listing_a_store_that_is_not_there_is_an_error_not_an_empty_list(tmp_path):
     r = CliRunner().invoke(cli, ["profile", "list", "--store", str(tmp_path / "typo.json")])
     assert r.exit_code == 2 and "no such profile store" in r.output
+
+
+def test_repeated_runs_count_by_their_median(tx2):
+    """models.md 8: the reference makespan is the median of the repeats, not the fastest (a
+    deadline from the luckiest run is tighter than the job's usual time)."""
+    spec, tmp = tx2
+    sysfs = DirSysfs(tmp / "tree")
+    runs = iter([1.00, 1.10, 1.06] + [2.0, 2.2, 2.1] + [1.5, 1.7, 1.6])
+
+    def timer(argv, cpus, timeout_s):
+        return next(runs)
+
+    prof, times = measure(
+        spec, sysfs, ["prog"], "prog", state_dir=str(tmp / "state"), timer=timer, repeat=3
+    )
+    assert list(times.values()) == [1.06, 2.1, 1.6]
+    assert prof.ref_makespan_s == 1.06
