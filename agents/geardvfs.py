@@ -17,7 +17,12 @@ What the port keeps from the published design (reference/baselines.md section 2)
 * **reward = energy efficiency**, the paper's objective: performance per watt while jobs run,
   ``(reference work done per second / total power) / (board throughput at f_max / P_scale)``,
   and ``-P / P_scale`` while the board idles (no job: efficiency is 0, only power counts).
-  No makespan or deadline term is added: that would not be GearDVFS.
+  No makespan or deadline term is added: that would not be GearDVFS. A per-tick ratio paid on
+  every busy tick rewards stretching the same work over more ticks (tx2, fixed points: 0.5 of
+  the top earns 26 % more reward than 0.7, which does more work per joule); an additive
+  ``work / thr_max - E / P_scale`` ranks them as work per joule does. Retrained with it
+  (an audit, seed 0), hidvfs / GearDVFS EDP on tx2 was 0.958 against 0.963 for a control
+  retrain (+- 0.006): within noise, so the shipped reward stays, documented here.
 * gamma = 0.99 instead of the code's 1.0 (a bootstrapped 1-step target on a non-terminating
   stream diverges at 1.0); Adam instead of RMSprop (same role).
 

@@ -263,8 +263,8 @@ class Ondemand(_Governor):
     sample waits ``sampling_down_factor`` periods; otherwise
     ``f = cpuinfo_min + load * (cpuinfo_max - cpuinfo_min) / 100`` (integer arithmetic), nearest
     table entry (RELATION_C) within the limits. The kernel's ``up_threshold`` default is 95 on
-    kernels with idle micro-accounting (NO_HZ) and 80 otherwise; 80 here, pass 95 to mirror a
-    NO_HZ board. ``powersave_bias``, ``io_is_busy`` and ``ignore_nice_load`` are not modelled
+    kernels with idle micro-accounting (NO_HZ, as the L4T and Qualcomm kernels of the shipped
+    boards are) and 80 otherwise; 95 here (baselines.md 1.3), pass 80 for a kernel without. ``powersave_bias``, ``io_is_busy`` and ``ignore_nice_load`` are not modelled
     (their defaults on ARM are 0).
     """
 
@@ -273,7 +273,7 @@ class Ondemand(_Governor):
 
     def __init__(
         self,
-        up_threshold: int = 80,
+        up_threshold: int = 95,
         sampling_down_factor: int = 1,
         *,
         period_s: float | None = None,

@@ -25,6 +25,12 @@ Published design (reference/baselines.md section 3) and what the port does with 
   Adam at lr 1e-2 instead of Keras' 0.05 (0.05 diverged in this numpy port). One training step
   per decision, as zTT trains every step; the step is the shared decision period (zTT's 1 s
   step would give it fewer decisions than the other policies).
+* **Not ported: zTT's thermal guard** (baselines.md section 3: random lower clocks at or above
+  the target temperature; 30 % exploration towards higher clocks below the target with a
+  margin of at least 5 C). It never fires on a cold board (the hottest CPU zone stayed at
+  29-39 C on the held-out mixes), but on a hot board it would (an audit that wrapped the
+  shipped network with it: rubikpi3 EDP 0.865 -> 0.929 x maxfreq and 9 -> 32 misses on 40 hot
+  mixes), so the hot-board comparison with zTT favours zTT. Porting it means training with it.
 """
 
 from __future__ import annotations

@@ -466,3 +466,30 @@ def test_train_interrupted_exits_130_with_one_line(monkeypatch, tmp_path):
         f"hidvfs: training interrupted (SIGINT): the policies finished before it are saved in "
         f"{tmp_path}, the others keep their previous files"
     ]
+
+
+def test_eval_runs_a_sampling_kernel_governor_at_its_own_rate(monkeypatch):
+    """baselines.md 1.2/1.3: schedutil decides at its rate limit, ondemand at its sampling
+    period. Every 50 ms (the agents' period) schedutil needed ~650 ms to climb orin-nx's
+    table and missed 237 deadlines on 100 held-out mixes instead of 36 (a weakened baseline).
+    Training keeps one period for every policy."""
+    import daemon.simrun
+    from agents.governors import make_governor
+    from platforms.spec import load_board
+    from tools.cmd_agents import EpisodeSpec, make_runner
+
+    seen = {}
+
+    def fake_run_sim(board, policy, items, **kw):
+        seen[policy.name] = kw["period_s"]
+
+    monkeypatch.setattr(daemon.simrun, "run_sim", fake_run_sim)
+    spec = load_board("orin-nx")
+    for kernel_rates in (True, False):
+        run = make_runner("orin-nx", EpisodeSpec(), kernel_rates=kernel_rates)
+        for name in ("schedutil", "ondemand", "maxfreq"):
+            run(make_governor(name, spec), [], 0)
+        if kernel_rates:
+            assert seen == {"schedutil": None, "ondemand": None, "maxfreq": 0.05}
+        else:
+            assert seen == {"schedutil": 0.05, "ondemand": 0.05, "maxfreq": 0.05}
