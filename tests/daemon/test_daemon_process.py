@@ -784,8 +784,11 @@ def test_job_originals_left_by_a_crash_are_restored_before_a_refusal(board, monk
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
+    """SIGTERM and wait: the daemon gives the tree back and exits 0. A test that fails before
+    it still ends the daemon (``finally``), or it would run on with no --duration."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
     assert proc.returncode == 0
 
 
@@ -799,18 +802,20 @@ def test_a_policy_that_comes_online_mid_run_gets_its_originals_back(tmp_path):
     fake = write_fake_tree(spec, tree, mode="default")
     assert not (tree / paths.policy_dir(1)).exists()
     proc, log = start_daemon(tree, state, policy="maxfreq")
-    gov0 = tree / paths.policy_file(0, "scaling_governor")
-    wait_for(lambda: read_settled(gov0) == "userspace", what="the first write")
-    for cpu in (1, 2):
-        fake.set_cpu_online(cpu, True)
     gov1 = tree / paths.policy_file(1, "scaling_governor")
-    original = read_settled(gov1)
-    assert original != "userspace"
-    wait_for(lambda: read_settled(gov1) == "userspace", what="policy1 taken")
-    saved = json.loads((state / "restore.json").read_text())
-    p1 = next(p for p in saved["policies"] if p["policy"] == 1)
-    assert p1["governor"] == original and "scaling_governor" in p1["touched"]
-    _stop(proc)
+    try:
+        gov0 = tree / paths.policy_file(0, "scaling_governor")
+        wait_for(lambda: read_settled(gov0) == "userspace", what="the first write")
+        for cpu in (1, 2):
+            fake.set_cpu_online(cpu, True)
+        original = read_settled(gov1)
+        assert original != "userspace"
+        wait_for(lambda: read_settled(gov1) == "userspace", what="policy1 taken")
+        saved = json.loads((state / "restore.json").read_text())
+        p1 = next(p for p in saved["policies"] if p["policy"] == 1)
+        assert p1["governor"] == original and "scaling_governor" in p1["touched"]
+    finally:
+        _stop(proc)
     assert read_settled(gov1) == original
     assert any(
         "event=snapshot_extended" in line and "policy=1" in line
@@ -824,14 +829,16 @@ def test_what_nvpmodel_changes_mid_run_is_left_as_it_made_it(board):
     spec, tree, state = board
     proc, log = start_daemon(tree, state, policy="maxfreq")
     gov0 = tree / paths.policy_file(0, "scaling_governor")
-    wait_for(lambda: read_settled(gov0) == "userspace", what="the first write")
     mx = tree / paths.policy_file(0, "scaling_max_freq")
-    mx.write_text("1420800\n")
     cpu = tree / paths.CPU
-    (cpu / "cpu4/online").write_text("0\n")
-    (cpu / "online").write_text("0-3,5\n")
-    wait_for(lambda: "event=limit_changed" in log.read_text(), what="the new limit seen")
-    _stop(proc)
+    try:
+        wait_for(lambda: read_settled(gov0) == "userspace", what="the first write")
+        mx.write_text("1420800\n")
+        (cpu / "cpu4/online").write_text("0\n")
+        (cpu / "online").write_text("0-3,5\n")
+        wait_for(lambda: "event=limit_changed" in log.read_text(), what="the new limit seen")
+    finally:
+        _stop(proc)
     assert read_settled(mx) == "1420800"
     assert read_settled(cpu / "cpu4/online") == "0"
     assert read_settled(gov0) == "schedutil"
