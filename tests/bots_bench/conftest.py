@@ -112,3 +112,17 @@ def bots_tree(tmp_path_factory) -> BotsTree:
     nodes = int(float(out.strip().split(";")[9]))
     (uts_dir / "test.input").write_text(params + f"nodes {nodes}\n")
     return BotsTree(root=root, bin=bin_dir, inputs=root / "inputs", uts_test_nodes=nodes)
+
+
+@pytest.fixture
+def board(tmp_path):
+    """A native campaign's board on a fake TX2 tree (its snapshot given back at the end)."""
+    from bots_bench.native import open_board
+    from platforms.faketree import write_fake_tree
+    from platforms.spec import load_board
+
+    root = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    nb = open_board(str(root), None, str(tmp_path / "state"), say=lambda m: None)
+    yield nb
+    nb.close()

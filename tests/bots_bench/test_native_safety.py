@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from bots_bench import native as native_mod
-from bots_bench.native import open_board, run_native
+from bots_bench.native import run_native
 from bots_bench.spec import RunConfig
 from platforms.faketree import write_fake_tree
 from platforms.spec import load_board
@@ -28,15 +28,6 @@ BLOCK = (
     "Verification        = successful\n"
     "Time Program        = {time} seconds\n"
 )
-
-
-@pytest.fixture
-def board(tmp_path):
-    root = tmp_path / "tree"
-    write_fake_tree(load_board("tx2"), root)
-    nb = open_board(str(root), None, str(tmp_path / "state"), say=lambda m: None)
-    yield nb
-    nb.close()
 
 
 def _cfg(bench, bots_bin, cls="smoke", **kw):

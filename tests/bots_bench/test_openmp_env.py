@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from bots_bench import registry
-from bots_bench.native import open_board, run_native
+from bots_bench.native import run_native
 from bots_bench.spec import RunConfig
-from platforms.faketree import write_fake_tree
-from platforms.spec import load_board
 from tools.policies import build_policy_stack
 
 #: what a shell may hold that changes an OpenMP run (libgomp and the LLVM/Intel runtime)
@@ -61,13 +57,19 @@ def test_command_for_drops_the_callers_openmp_variables(tmp_path):
     assert uts.env == {"OMP_NUM_THREADS": "2", "OMP_STACKSIZE": "2M"}
 
 
-@pytest.fixture
-def board(tmp_path):
-    root = tmp_path / "tree"
-    write_fake_tree(load_board("tx2"), root)
-    nb = open_board(str(root), None, str(tmp_path / "state"), say=lambda m: None)
-    yield nb
-    nb.close()
+def _fib_run(bots_bin, threads: int) -> RunConfig:
+    return RunConfig(
+        "fib",
+        "smoke",
+        "maxfreq",
+        0,
+        "tx2",
+        "native",
+        0,
+        threads=threads,
+        bots_bin=str(bots_bin),
+        cooldown=None,
+    )
 
 
 def test_a_native_run_gets_and_records_only_the_campaigns_openmp_variables(
@@ -80,18 +82,7 @@ def test_a_native_run_gets_and_records_only_the_campaigns_openmp_variables(
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks")
-    cfg = RunConfig(
-        "fib",
-        "smoke",
-        "maxfreq",
-        0,
-        "tx2",
-        "native",
-        0,
-        threads=2,
-        bots_bin=str(tmp_path / "bin"),
-        cooldown=None,
-    )
+    cfg = _fib_run(tmp_path / "bin", threads=2)
     with caplog.at_level("WARNING", logger="hidvfs.native"):
         rec = run_native(cfg, board, build_policy_stack)
         again = run_native(cfg, board, build_policy_stack)
@@ -110,18 +101,7 @@ def test_without_openmp_variables_in_the_shell_nothing_is_named(board, tmp_path,
         if registry.is_openmp_var(k):
             monkeypatch.delenv(k)
     _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks")
-    cfg = RunConfig(
-        "fib",
-        "smoke",
-        "maxfreq",
-        0,
-        "tx2",
-        "native",
-        0,
-        threads=3,
-        bots_bin=str(tmp_path / "bin"),
-        cooldown=None,
-    )
+    cfg = _fib_run(tmp_path / "bin", threads=3)
     rec = run_native(cfg, board, build_policy_stack)
     assert rec["ok"], rec["error"]
     assert rec["omp_env"] == {"OMP_NUM_THREADS": "3"} and "omp_env_ignored" not in rec
