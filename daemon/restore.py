@@ -74,10 +74,22 @@ class PolicySnapshot:
     touched: tuple[str, ...] | None = None
 
     @property
+    def unknown(self) -> tuple[str, ...]:
+        """The files hidvfs may write whose original value is not known (the setspeed only
+        under a userspace governor: it is given back only then)."""
+        values = {
+            "scaling_governor": self.governor,
+            "scaling_min_freq": self.min_khz,
+            "scaling_max_freq": self.max_khz,
+        }
+        if self.governor == "userspace":
+            values["scaling_setspeed"] = self.setspeed_khz
+        return tuple(n for n, v in values.items() if v is None)
+
+    @property
     def complete(self) -> bool:
         """Every original hidvfs may have to give back is known."""
-        known = None not in (self.governor, self.min_khz, self.max_khz)
-        return known and (self.governor != "userspace" or self.setspeed_khz is not None)
+        return not self.unknown
 
 
 @dataclass(frozen=True)
@@ -314,13 +326,11 @@ def tree_root(sysfs: SysfsBackend) -> str | None:
     return os.path.realpath(root) if isinstance(root, str) else None
 
 
-def _inactive(sysfs: SysfsBackend, p: PolicySnapshot) -> bool:
-    """Every CPU of the policy is offline: the daemon does not write it (it has no online CPU
-    to run), and its folder may stay visible with unreadable files (boards.md 1.1)."""
-    if not p.cpus:
-        return False
-    online = set(cpufreq.online_cpus(sysfs))
-    return not online.intersection(p.cpus)
+def _inactive(p: PolicySnapshot, online: frozenset[int]) -> bool:
+    """Every CPU of the policy is offline (``online``: the online CPUs, read once per call
+    of the caller): the daemon does not write it, and its folder may stay visible with
+    unreadable files (boards.md 1.1)."""
+    return bool(p.cpus) and not online.intersection(p.cpus)
 
 
 def unrestorable(sysfs: SysfsBackend, snapshot: Snapshot) -> list[str]:
@@ -331,17 +341,11 @@ def unrestorable(sysfs: SysfsBackend, snapshot: Snapshot) -> list[str]:
     listed: nothing writes it now, and a :class:`Session` reads its originals when its CPUs
     come online, before the first write."""
     out = []
+    online = frozenset(cpufreq.online_cpus(sysfs))
     for p in snapshot.policies:
-        if not sysfs.exists(paths.policy_dir(p.policy)) or _inactive(sysfs, p):
+        if not sysfs.exists(paths.policy_dir(p.policy)) or _inactive(p, online):
             continue
-        values = {
-            "scaling_governor": p.governor,
-            "scaling_min_freq": p.min_khz,
-            "scaling_max_freq": p.max_khz,
-        }
-        if p.governor == "userspace":
-            values["scaling_setspeed"] = p.setspeed_khz
-        out += [paths.policy_file(p.policy, n) for n, v in values.items() if v is None]
+        out += [paths.policy_file(p.policy, n) for n in p.unknown]
     return out
 
 
@@ -444,9 +448,10 @@ def restore_plan(sysfs: SysfsBackend, snapshot: Snapshot) -> list[Write]:
     """
     plan: list[Write] = []
     woken: list[int] = []
+    online = frozenset(cpufreq.online_cpus(sysfs))
     for p in sorted(snapshot.policies, key=lambda x: x.policy, reverse=True):
         writes = _policy_writes(sysfs, p)
-        if writes and _inactive(sysfs, p):
+        if writes and _inactive(p, online):
             cpu = next((c for c in p.cpus if c != 0), None)
             if cpu is not None:
                 plan.append(Write(paths.cpu_online(cpu), "1"))
@@ -673,16 +678,7 @@ class Session:
         fresh = entry is None or not entry.complete
         if fresh:
             read = read_policy_originals(self.sysfs, policy, self.spec)
-            missing = [
-                n
-                for n, v in (
-                    ("scaling_governor", read.governor),
-                    ("scaling_min_freq", read.min_khz),
-                    ("scaling_max_freq", read.max_khz),
-                    ("scaling_setspeed", read.setspeed_khz if read.governor == "userspace" else ""),
-                )
-                if v is None
-            ]
+            missing = read.unknown
             if missing:
                 raise SysfsUnavailable(
                     paths.policy_file(policy, missing[0]),
