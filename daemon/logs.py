@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from platforms import power
+
 _FIELDS = "hidvfs_fields"
 _EVENT = "hidvfs_event"
 #: syslog priorities for the <N> prefix (sd-daemon(3))
@@ -214,8 +216,10 @@ def setup_logging(
 def _optional_sensor(file: str) -> bool:
     """A thermal zone or a power rail: some are normally unreadable at start (gated, probing
     late); a cpufreq file, ``/proc/stat`` or the CPU list never are."""
-    return file.startswith("class/thermal") or any(
-        mark in file for mark in ("hwmon", "iio:device", "iio_device", "channel labelled")
+    return (
+        file.startswith("class/thermal")
+        or any(mark in file for mark in ("hwmon", "channel labelled"))
+        or any(power.is_iio_folder(part) for part in file.split("/"))
     )
 
 
