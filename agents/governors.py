@@ -157,6 +157,9 @@ class _Governor(Policy):
     """Shared plumbing: one target per cluster, all-CPU placement, optional native naming."""
 
     kernel_name = "userspace"
+    #: a governor that samples the load: on a board it decides at its kernel rate (schedutil's
+    #: rate limit, ondemand's and conservative's sampling period), not at the agents' period
+    samples_load = False
 
     def __init__(self, *, period_s: float | None = None, native: bool = False):
         self.period_s = DEFAULT_PERIOD_S if period_s is None else period_s
@@ -270,6 +273,7 @@ class Ondemand(_Governor):
 
     name = "ondemand"
     kernel_name = "ondemand"
+    samples_load = True
 
     def __init__(
         self,
@@ -329,6 +333,7 @@ class Conservative(_Governor):
 
     name = "conservative"
     kernel_name = "conservative"
+    samples_load = True
 
     def __init__(
         self,
@@ -445,6 +450,7 @@ class Schedutil(_Governor):
 
     name = "schedutil"
     kernel_name = "schedutil"
+    samples_load = True
 
     def __init__(
         self,

@@ -99,19 +99,14 @@ def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
     return default_items(spec, seed, w)[: ep.n_jobs]
 
 
-#: the kernel governors that sample the load: on a board they decide at their own rate
-#: (schedutil's rate limit, ondemand's and conservative's sampling period), not at the agents'
-KERNEL_SAMPLING = ("schedutil", "ondemand", "conservative")
-
-
 def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False, kernel_rates: bool = False):
     """Runs one mix under a policy with its own stages; with ``reserve``, with the stages the
     daemon runs (the policy's planned around the mixed-criticality reservation, then it). The
     plant's seed is the mix's, and so is its thermal start (:func:`thermal_start`; ``cold``:
     idle at the board's ambient whatever the mix draws). Every policy decides every
-    ``ep.period_s``; with ``kernel_rates`` a load-sampling kernel governor decides at its
-    kernel's rate instead (:data:`KERNEL_SAMPLING`; schedutil every 50 ms needed about 13
-    decisions, 650 ms, to climb orin-nx's table, and missed 6 x as many deadlines)."""
+    ``ep.period_s``; with ``kernel_rates`` a governor that samples the load (``samples_load``)
+    decides at its kernel's rate instead: every 50 ms schedutil needed about 13 decisions,
+    650 ms, to climb orin-nx's table, and missed 6 x as many deadlines."""
     from agents.mixed import daemon_stages
     from daemon.simrun import run_sim
 
@@ -119,7 +114,7 @@ def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False, kernel_rates
         stages = list(getattr(policy, "stages", []) or [])
         hot = None if cold else thermal_start(board, seed, ep.hot_fraction)
         period = ep.period_s
-        if kernel_rates and getattr(policy, "name", None) in KERNEL_SAMPLING:
+        if kernel_rates and getattr(policy, "samples_load", False):
             period = None  # run_sim: the policy's own, as a BOTS campaign runs it (>= 5 ms)
         return run_sim(
             board,
