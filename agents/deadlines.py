@@ -5,10 +5,16 @@ seconds at ``ref_khz`` on the board's reference core type (capacity 1.0), the me
 fraction beta, and the makespan measured at a fixed reference configuration. Its time on
 another operating point follows the two-point model of reference/models.md 1.2 and 6:
 
-    phi(f, kappa) = (1 - beta) * f_ref / (kappa * f) + beta,   C(f) = C * phi,   L(f) = L * phi
+    phi(f, kappa) = (1 - beta) * f_ref / (kappa * f) + beta,   C(f) = C * phi
 
-(uniform beta; with per-node beta the critical path could change with f, so L(f) is an
-approximation there). The soft deadline is ``D = slack * ref_makespan`` with slack >= 1
+C(f) is exact (a sum of the tasks' compute and memory parts). The span is not: a path that is
+all compute slows by f_ref / (kappa f), more than phi, so L * phi under-estimates it below the
+reference speed (rubikpi3 strassen small: 24 % on gold at 2.4 GHz). :func:`span_at` takes the
+least of three upper bounds instead (models.md 1.2.2, "recompute L(f) under the scaled
+weights"): the compute-only and memory-only longest paths of the profile (when it has them)
+summed at f, the worst split of L between compute and memory (all compute below the
+reference speed, as much memory as the job has above it), and the remaining work C(f). The
+soft deadline is ``D = slack * ref_makespan`` with slack >= 1
 (models.md 8), and must leave the critical path room at the fastest point: D >= L(f_max).
 
 Profiles are frozen and versioned per (job name, board) in a small JSON store; the only I/O of
@@ -33,6 +39,8 @@ from platforms.spec import BoardSpec, ClusterSpec
 STORE_FORMAT = "hidvfs-profiles"
 STORE_VERSION = 1
 _FIELDS = ("name", "work_s", "span_s", "beta", "ref_makespan_s", "ref_khz", "ref_cores", "version")
+#: fields a stored profile may leave out (a profile measured on a board has no split span)
+_OPTIONAL = ("span_cpu_s", "span_mem_s")
 
 
 # --------------------------------------------------------------------------------------------
@@ -49,13 +57,39 @@ def work_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float =
     return remaining * p.work_s * slowdown(p.beta, p.ref_khz, khz, capacity)
 
 
-def span_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float = 1.0) -> float:
-    """L(f): remaining critical path, bounded by the remaining work (a span never exceeds it).
+def span_terms(p: JobProfile) -> tuple[float, float, float]:
+    """(a, b, m) of :func:`span_bound`: L(v) <= a / v + b at speed v = capacity * kHz, from
+    the profile's compute-only path (times f_ref) and memory-only path, (inf, 0) for a
+    profile without them (one measured on a board); m = min(L, beta C), the most memory time
+    a path can hold."""
+    m = min(p.span_s, p.beta * p.work_s)
+    if p.span_cpu_s is None or p.span_mem_s is None:
+        return math.inf, 0.0, m
+    return p.span_cpu_s * p.ref_khz, p.span_mem_s, m
+
+
+def span_bound(
+    a: float, b: float, m: float, span: float, ref_khz: float, v: float, c: float
+) -> float:
+    """The least of three upper bounds on a remaining span at speed ``v`` (kHz x capacity):
+    ``a / v + b`` (:func:`span_terms`); the full span L split the worst way between compute
+    (scaled by r = f_ref / v) and memory (not scaled), at most ``m`` of it memory:
+    L r + m (1 - r) above the reference speed, L r below it; and the remaining work ``c`` =
+    C(f).
 
     How much of the critical path is done is unknown mid-run, so the full span is kept unless
-    the remaining work is smaller (min(L, r*C) is an upper bound on the remaining span).
-    """
-    return min(p.span_s, remaining * p.work_s) * slowdown(p.beta, p.ref_khz, khz, capacity)
+    the remaining work is smaller. Plain float arithmetic: the gate's and the shield's
+    vectorised loops repeat it term for term."""
+    r = ref_khz / v
+    worst = span * r + (m * (1.0 - r) if r < 1.0 else 0.0)
+    return min(a / v + b, worst, c)
+
+
+def span_at(p: JobProfile, khz: float, capacity: float = 1.0, remaining: float = 1.0) -> float:
+    """L(f): an upper bound on the remaining critical path at ``khz`` (:func:`span_bound`)."""
+    a, b, m = span_terms(p)
+    c = remaining * p.work_s * slowdown(p.beta, p.ref_khz, khz, capacity)
+    return span_bound(a, b, m, p.span_s, p.ref_khz, capacity * khz, c)
 
 
 def greedy_bound(
@@ -65,21 +99,25 @@ def greedy_bound(
 
     ``cores``: (khz, capacity) of each core the job has to itself. With rates
     r_i = 1 / phi_i, their sum R and the slowest r_min: at every instant either every core
-    is busy (work done at rate R) or every ready task runs, the head of the longest
-    remaining path among them, at r_min at least. So
+    is busy (work done at rate R) or a chain of the job runs, for at most U, its span's
+    bound on the slowest core (:func:`span_at`), while doing at least r_min per second of
+    the work. So
 
-        T <= (W - L) / R + L / r_min
+        T <= W / R + U (1 - r_min / R)
 
-    with W and L the remaining reference work and span (:func:`span_at`'s min). On equal
-    cores it is Graham's L(f) + (C(f) - L(f)) / n; a faster or added core never raises it,
-    but an added core slower than the others can.
+    with W the remaining reference work. On equal cores it is Graham's U + (C(f) - U) / n,
+    which never falls as U grows: an upper bound of the span keeps it a bound. A faster or
+    added core never raises it, but an added core slower than the others can.
     """
     if not cores:
         return math.inf
     w = remaining * p.work_s
-    span = min(p.span_s, w)
     phis = [slowdown(p.beta, p.ref_khz, khz, cap) for khz, cap in cores]
-    return (w - span) / sum(1.0 / x for x in phis) + span * max(phis)
+    rate = sum(1.0 / x for x in phis)
+    phi_max = max(phis)
+    khz, cap = min(cores, key=lambda kc: kc[0] * kc[1])
+    u = span_at(p, khz, cap, remaining)
+    return w / rate + u * (1.0 - 1.0 / (phi_max * rate))
 
 
 #: the longest job name the job registry accepts (daemon.registry checks the same)
@@ -111,6 +149,16 @@ def check_profile(p: JobProfile, where: str = "profile") -> JobProfile:
         raise bad("span_s", f"<= work_s ({p.work_s})", p.span_s)
     if not (isinstance(p.beta, (int, float)) and 0.0 <= p.beta <= 1.0):
         raise bad("beta", "a memory-bound fraction in [0, 1]", p.beta)
+    if (p.span_cpu_s is None) != (p.span_mem_s is None):
+        raise bad("span_cpu_s", "given with span_mem_s (both or neither)", p.span_cpu_s)
+    if p.span_cpu_s is not None:
+        for key in ("span_cpu_s", "span_mem_s"):
+            v = getattr(p, key)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise bad(key, "a finite number >= 0 (seconds)", v)
+        if p.span_cpu_s + p.span_mem_s < p.span_s * (1 - 1e-9):
+            # every path's time is at most its compute path plus its memory path
+            raise bad("span_cpu_s", f"+ span_mem_s >= span_s ({p.span_s})", p.span_cpu_s)
     for key in ("ref_khz", "ref_cores", "version"):
         v = getattr(p, key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
@@ -170,6 +218,7 @@ def profile_from_dag(
     if not work > 0:
         raise ValueError(f"DAG {dag.name!r} has no work (C = {work})")
     beta = float(dag.mem_s.sum()) / work
+    span_cpu, span_mem = dag.part_spans(ref_khz * 1e3, 1.0)
     profile = JobProfile(
         name=name or dag.name,
         work_s=work,
@@ -179,6 +228,8 @@ def profile_from_dag(
         ref_khz=int(ref_khz),
         ref_cores=int(cores),
         version=version,
+        span_cpu_s=span_cpu,
+        span_mem_s=span_mem,
     )
     return check_profile(profile)
 
@@ -285,7 +336,7 @@ class ProfileStore:
 
 
 def _same_cost(a: JobProfile, b: JobProfile) -> bool:
-    return all(getattr(a, k) == getattr(b, k) for k in _FIELDS if k != "version")
+    return all(getattr(a, k) == getattr(b, k) for k in (*_FIELDS, *_OPTIONAL) if k != "version")
 
 
 def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> ProfileStore:
@@ -336,7 +387,8 @@ def _parse(data: object, path: str) -> ProfileStore:
         if missing:
             raise SpecError(path, f"{where}.{missing[0]}", "a value (missing)")
         try:
-            p = check_profile(JobProfile(**{k: row[k] for k in _FIELDS}), where)
+            fields = {k: row[k] for k in (*_FIELDS, *_OPTIONAL) if k in row}
+            p = check_profile(JobProfile(**fields), where)
         except (TypeError, ValueError) as err:
             raise SpecError(path, where, f"a valid profile ({err})") from None
         board = row["board"]
@@ -385,6 +437,8 @@ __all__ = [
     "slowdown",
     "work_at",
     "span_at",
+    "span_bound",
+    "span_terms",
     "soft_deadline",
     "check_profile",
     "check_name",

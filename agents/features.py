@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agents.deadlines import span_at, work_at
 from platforms.observation import JobObs, Observation
 from platforms.spec import BoardSpec
 
@@ -131,15 +132,15 @@ def job_remaining(job: JobObs) -> float:
 def job_time_at(job: JobObs, khz: float, capacity: float, ncores: int) -> float:
     """Graham-style bound of the job's remaining time at ``khz`` on ``ncores`` cores (s).
 
-    L(f) + (C(f) - L(f)) / n with the two-point scaling; 0 without a profile.
+    L(f) + (C(f) - L(f)) / n with the two-point scaling and the span's bound
+    (:func:`agents.deadlines.span_at`); 0 without a profile.
     """
     p = job.profile
     if p is None:
         return 0.0
-    phi = (1.0 - p.beta) * p.ref_khz / (capacity * khz) + p.beta
     rem = job_remaining(job)
-    c = rem * p.work_s * phi
-    span = min(p.span_s, rem * p.work_s) * phi
+    c = work_at(p, khz, capacity, rem)
+    span = span_at(p, khz, capacity, rem)
     return span + (c - span) / max(ncores, 1)
 
 
@@ -364,8 +365,7 @@ def remaining_bound_s(obs: Observation) -> float:
             continue
         rem = job_remaining(j)
         work += rem * p.work_s * ((1.0 - p.beta) * p.ref_khz / mean_speed + p.beta)
-        l_j = min(p.span_s, rem * p.work_s) * ((1.0 - p.beta) * p.ref_khz / fast + p.beta)
-        span = max(span, l_j)
+        span = max(span, span_at(p, fast, 1.0, rem))
     return span + work / m
 
 

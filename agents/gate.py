@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
-from agents.deadlines import slowdown
+from agents.deadlines import slowdown, span_bound, span_terms
 from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 
@@ -155,25 +155,31 @@ CostFn = Callable[[GateCluster, int, int], float]
 # The analysis (pure)
 
 
-def requirement(job: GateJob, cluster: GateCluster, khz: int) -> tuple[int, int, float]:
-    """(kind, cores, C(f)) of ``job`` at ``khz`` on ``cluster``: LIGHT needs 1 shared core."""
+#: (kind, cores, C(f), L(f)) of a job at one point: L(f) is agents.deadlines.span_at's bound
+Requirement = tuple[int, int, float, float]
+
+
+def requirement(job: GateJob, cluster: GateCluster, khz: int) -> Requirement:
+    """(kind, cores, C(f), L(f)) of ``job`` at ``khz`` on ``cluster``: LIGHT needs 1 shared
+    core (its L(f) is what the light-pool test needs)."""
     d = job.remaining_s
     if not d > 0:
-        return IMPOSSIBLE, 0, math.inf
+        return IMPOSSIBLE, 0, math.inf, math.inf
     p = job.profile
     phi = slowdown(p.beta, p.ref_khz, khz, cluster.capacity)
     c = job.remaining_work * p.work_s * phi
+    a, b, m = span_terms(p)
+    span = span_bound(a, b, m, p.span_s, p.ref_khz, cluster.capacity * khz, c)
     if c <= d:
-        return LIGHT, 1, c
-    span = min(p.span_s, job.remaining_work * p.work_s) * phi
+        return LIGHT, 1, c, span
     if span >= d:
-        return IMPOSSIBLE, 0, c
-    return HEAVY, max(1, math.ceil((c - span) / (d - span) - _EPS)), c
+        return IMPOSSIBLE, 0, c, span
+    return HEAVY, max(1, math.ceil((c - span) / (d - span) - _EPS)), c, span
 
 
 def requirements(
     job: GateJob, cluster: GateCluster, speeds: Sequence[float] | None = None
-) -> list[tuple[int, int, float]]:
+) -> list[Requirement]:
     """:func:`requirement` at every OPP of ``cluster`` (ascending), in one loop.
 
     The repair search needs the whole table per (job, cluster); hoisting the per-job terms
@@ -184,26 +190,27 @@ def requirements(
     if speeds is None:
         speeds = [cluster.capacity * f for f in cluster.freqs_khz]
     if not d > 0:
-        return [(IMPOSSIBLE, 0, math.inf)] * len(speeds)
+        return [(IMPOSSIBLE, 0, math.inf, math.inf)] * len(speeds)
     p = job.profile
     a = (1.0 - p.beta) * p.ref_khz
     b = p.beta
     w = job.remaining_work * p.work_s
-    s = min(p.span_s, w)
+    sa, sb, sm = span_terms(p)
+    full, ref = p.span_s, p.ref_khz
     ceil = math.ceil
-    out: list[tuple[int, int, float]] = []
+    out: list[Requirement] = []
     for v in speeds:
         phi = a / v + b  # agents.deadlines.slowdown
         c = w * phi
+        r = ref / v  # agents.deadlines.span_bound, term for term
+        span = min(sa / v + sb, full * r + (sm * (1.0 - r) if r < 1.0 else 0.0), c)
         if c <= d:
-            out.append((LIGHT, 1, c))
-            continue
-        span = s * phi
-        if span >= d:
-            out.append((IMPOSSIBLE, 0, c))
+            out.append((LIGHT, 1, c, span))
+        elif span >= d:
+            out.append((IMPOSSIBLE, 0, c, span))
         else:
             n = ceil((c - span) / (d - span) - _EPS)
-            out.append((HEAVY, n if n > 1 else 1, c))
+            out.append((HEAVY, n if n > 1 else 1, c, span))
     return out
 
 
@@ -215,7 +222,7 @@ def min_cores(
     1 for a light job (C(f) <= D, one sequential core), n_i for a heavy one, None when no
     core count can meet ``D`` (L(f) >= D).
     """
-    kind, n, _ = requirement(
+    kind, n, _, _ = requirement(
         GateJob(-1, profile, D, remaining), GateCluster("", (), (f,), capacity), f
     )
     return None if kind == IMPOSSIBLE else n
@@ -248,13 +255,6 @@ def edf_list_split(jobs: Sequence[tuple[float, float]], m: int) -> list[list[int
         parts[k].append(i)
         heapq.heappush(free, (t + c, k))
     return [p for p in parts if p]
-
-
-def span_share(job: GateJob) -> float:
-    """L / C of the job's remaining work: the same at every frequency (both scale by phi),
-    so a light job's span at a point is this times its C(f)."""
-    w = job.remaining_work * job.profile.work_s
-    return min(1.0, job.profile.span_s / w) if w > 0 else 1.0
 
 
 def pool_fits(jobs: Sequence[tuple[float, float, float]], m: int) -> bool:
@@ -390,8 +390,7 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
             bad_clusters.add(k.name)
     heavy: list[tuple[int, frozenset[int]]] = []
     sets: list[tuple[int, frozenset[int]]] = []
-    groups: dict[tuple[str, tuple[int, ...]], list[tuple[float, float, int]]] = {}
-    share = {j.pid: span_share(j) for j in a.jobs}
+    groups: dict[tuple[str, tuple[int, ...]], list[tuple[float, float, float, int]]] = {}
     for j in a.jobs:
         pid = j.pid
         raw = a.cpus.get(pid, ())
@@ -419,7 +418,7 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
             alloc[pid] = JobAlloc(pid, None, cpus, "invalid", 0)
             continue
         f = freq[k.name]
-        kind, n, c = requirement(j, k, f)
+        kind, n, c, span = requirement(j, k, f)
         fs = frozenset(cpus)
         sets.append((pid, fs))
         if kind == HEAVY:
@@ -431,7 +430,7 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
             heavy.append((pid, fs))
             alloc[pid] = JobAlloc(pid, k.name, cpus, "heavy", n)
         elif kind == LIGHT:
-            groups.setdefault((k.name, cpus), []).append((j.remaining_s, c, pid))
+            groups.setdefault((k.name, cpus), []).append((j.remaining_s, c, span, pid))
         else:
             reasons.append(
                 f"pid {pid}: no core count meets D={j.remaining_s:.4g} s on {k.name} at {f} kHz"
@@ -463,17 +462,17 @@ def _analyse(a: Assignment, where: Mapping[int, GateCluster]) -> _Analysis:
                     reasons.append(
                         f"{key[0]}: light jobs on overlapping but different core sets {list(key[1])}, {list(key2[1])}"
                     )
-                    bad_pids.update(m[2] for m in members)
-                    bad_pids.update(m[2] for m in groups[key2])
-            lights = sorted((d, c, c * share[pid]) for d, c, pid in members)
+                    bad_pids.update(m[3] for m in members)
+                    bad_pids.update(m[3] for m in groups[key2])
+            lights = sorted((d, c, span) for d, c, span, _ in members)
             pool = light_pool_size(lights, len(key[1]))
             if pool is None:
                 reasons.append(
-                    f"{key[0]}: light jobs {[m[2] for m in members]} may miss a deadline sharing {len(key[1])} core(s)"
+                    f"{key[0]}: light jobs {[m[3] for m in members]} may miss a deadline sharing {len(key[1])} core(s)"
                 )
-                bad_pids.update(m[2] for m in members)
+                bad_pids.update(m[3] for m in members)
                 pool = len(key[1])
-            for _, _, pid in members:
+            for _, _, _, pid in members:
                 alloc[pid] = JobAlloc(pid, key[0], key[1], "light", pool)
     return _Analysis(reasons, alloc, bad_pids, bad_clusters)
 
@@ -624,15 +623,11 @@ class _Repair:
         self.K = gate.clusters
         gated = {j.pid for j in jobs}
         self.others = {pid: s.cpus for pid, s in decision.jobs.items() if pid not in gated}
-        self._req: dict[tuple[int, int], list[tuple[int, int, float] | None]] = {}
+        self._req: dict[tuple[int, int], list[Requirement | None]] = {}
         self._best: dict[tuple[int, int, bool], _Point | None] = {}
         self.base = [self._ceil_index(k, decision.freq_khz.get(k.name)) for k in self.K]
 
     # -- precomputation (home, home_mask, keep: only the searches need them, computed once)
-
-    @cached_property
-    def share(self) -> list[float]:
-        return [span_share(j) for j in self.jobs]
 
     @cached_property
     def home(self) -> list[int | None]:
@@ -693,7 +688,7 @@ class _Repair:
                 heavy += len(al.cpus)
         return self.g._cost(ki, self.d.freq_khz[k.name], len(used)), heavy
 
-    def req(self, ji: int, ki: int) -> list[tuple[int, int, float] | None]:
+    def req(self, ji: int, ki: int) -> list[Requirement | None]:
         """:func:`requirement` of job ``ji`` at every OPP of cluster ``ki`` from ``base`` up.
 
         The repair only raises frequencies, so the OPPs below the proposal's (``None``
@@ -725,13 +720,13 @@ class _Repair:
                 if out is not None and cost(ki, table[fi], 1) >= out.cost:
                     break  # monotone cost: no higher OPP can be cheaper
                 heavy = 0
-                lights: list[tuple[float, float, int]] = []
+                lights: list[tuple[float, float, int, float]] = []
                 for d, r, ji in reqs:
-                    kind, n, c = r[fi]
+                    kind, n, c, span = r[fi]
                     if kind == HEAVY:
                         heavy += n
                     elif kind == LIGHT:
-                        lights.append((d, c, ji))
+                        lights.append((d, c, ji, span))
                     else:
                         break
                 else:
@@ -740,8 +735,8 @@ class _Repair:
                     parts = None
                     if len(lights) > 1:
                         lights.sort()
-                        dc = [(d, c) for d, c, _ in lights]
-                        dcl = [(d, c, c * self.share[ji]) for d, c, ji in lights]
+                        dc = [(d, c) for d, c, _, _ in lights]
+                        dcl = [(d, c, span) for d, c, _, span in lights]
                         pool = light_pool_size(dcl, m_k - heavy)
                         if pool is None or pool > 1:
                             # fewer cores may hold a split the list misses (its ties)
@@ -992,7 +987,7 @@ class _Repair:
             free = [c for c in k.cpus]
             lights: list[int] = []
             for ji in members:
-                kind, n, _ = self.req(ji, ki)[p.fi]
+                kind, n, _, _ = self.req(ji, ki)[p.fi]
                 if kind == HEAVY:
                     cpus = self._take(free, self.jobs[ji].pid, n)
                     heavy_cpus.update(cpus)
@@ -1063,7 +1058,7 @@ class _Repair:
             j = self.jobs[ji]
             chosen = None
             for ki in self.g._ranking:
-                kind, n, _ = self.req(ji, ki)[-1]
+                kind, n, _, _ = self.req(ji, ki)[-1]
                 if kind != IMPOSSIBLE and n <= len(free[ki]):
                     chosen = (ki, n)
                     break
@@ -1309,7 +1304,7 @@ __all__ = [
     "edf_fits",
     "light_pool_size",
     "pool_fits",
-    "span_share",
+    "Requirement",
     "light_partition",
     "default_cost",
     "jobs_from_obs",

@@ -39,7 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
-from agents.deadlines import greedy_bound, span_at, work_at
+from agents.deadlines import greedy_bound, span_at, span_terms, work_at
 from agents.features import (
     CLUSTER_FIELDS,
     MAX_CLUSTERS,
@@ -439,7 +439,7 @@ def rt_row(
     phi = _phi(j, f, capacity)
     n = max(len(s.cpus), 1)
     c = rem * p.work_s * phi
-    span = min(p.span_s, rem * p.work_s) * phi
+    span = span_at(p, f, capacity, rem)
     g = span + (c - span) / n
     mine = set(s.cpus)
     interf = 0.0
@@ -474,7 +474,9 @@ _ROWS_NUMPY = 24
 
 def _row_terms(items, obs: Observation, decision: Decision):
     """Per job of ``items``: its constants as in :func:`rt_row` and its co-runner terms."""
-    per_job = []  # (a, beta, w, span_w, n, capacity, rem): phi = a / (capacity f) + beta
+    # (a, beta, w, sa, sb, sm, span, ref, n, capacity, rem): phi = a / (capacity f) + beta,
+    # and sa, sb, sm, span, ref the terms of agents.deadlines.span_bound
+    per_job = []
     slots: list[list[tuple[float, float, float, float]]] = []  # (a_o, beta_o, w_o, share)
     for j, s, capacity, _ in items:
         p = j.profile
@@ -492,7 +494,22 @@ def _row_terms(items, obs: Observation, decision: Decision):
             co.append(((1.0 - q.beta) * q.ref_khz, q.beta, job_remaining(o) * q.work_s, share))
         w = rem * p.work_s
         n = max(len(s.cpus), 1)
-        per_job.append(((1.0 - p.beta) * p.ref_khz, p.beta, w, min(p.span_s, w), n, capacity, rem))
+        sa, sb, sm = span_terms(p)
+        per_job.append(
+            (
+                (1.0 - p.beta) * p.ref_khz,
+                p.beta,
+                w,
+                sa,
+                sb,
+                sm,
+                p.span_s,
+                p.ref_khz,
+                n,
+                capacity,
+                rem,
+            )
+        )
         slots.append(co)
     return per_job, slots
 
@@ -501,13 +518,15 @@ def _rows_floats(items, per_job, slots) -> tuple[np.ndarray, np.ndarray]:
     """(pre-log columns 0-2 flattened, the other columns) row by row with plain floats."""
     pre: list[float] = []
     rest: list[tuple[float, ...]] = []
-    for (_, _, _, freqs), (a, beta, w, span_w, n, cap, rem), co in zip(items, per_job, slots):
+    for (_, _, _, freqs), row, co in zip(items, per_job, slots):
+        a, beta, w, sa, sb, sm, full, ref, n, cap, rem = row
         tail = (beta, rem, math.log(n), len(co) / 4.0, math.log(max(w, _TINY)))
         for f in freqs:
             capf = cap * f
             phi = a / capf + beta
             c = w * phi
-            span = span_w * phi
+            r = ref / capf  # agents.deadlines.span_bound, term for term
+            span = min(sa / capf + sb, full * r + (sm * (1.0 - r) if r < 1.0 else 0.0), c)
             g = span + (c - span) / n
             interf = 0.0
             for a_o, beta_o, w_o, share in co:
@@ -521,11 +540,13 @@ def _rows_numpy(items, per_job, slots) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_rows_floats` as whole-batch numpy operations (for many rows)."""
     counts = [len(fs) for _, _, _, fs in items]
     f = np.fromiter((x for _, _, _, fs in items for x in fs), dtype=np.float64, count=sum(counts))
-    a, beta, w, span_w, n, cap, rem = np.repeat(np.array(per_job), counts, axis=0).T
+    a, beta, w, sa, sb, sm, full, ref, n, cap, rem = np.repeat(np.array(per_job), counts, axis=0).T
     capf = cap * f
     phi = a / capf + beta
     c = w * phi
-    span = span_w * phi
+    r = ref / capf
+    worst = full * r + np.where(r < 1.0, sm * (1.0 - r), 0.0)
+    span = np.minimum(np.minimum(sa / capf + sb, worst), c)
     g = span + (c - span) / n
     interf = np.zeros_like(f)
     for k in range(max(len(co) for co in slots)):
@@ -536,7 +557,7 @@ def _rows_numpy(items, per_job, slots) -> tuple[np.ndarray, np.ndarray]:
     pre = np.stack((np.maximum(g, _TINY), np.maximum(g + interf, _TINY), phi), axis=1)
     tail = [
         (b, r, math.log(nn), len(co) / 4.0, math.log(max(ww, _TINY)))
-        for (_, b, ww, _, nn, _, r), co in zip(per_job, slots)
+        for (_, b, ww, _, _, _, _, _, nn, _, r), co in zip(per_job, slots)
     ]
     return pre.reshape(-1), np.repeat(np.array(tail), counts, axis=0)
 

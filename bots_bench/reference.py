@@ -13,7 +13,9 @@ from functools import lru_cache
 from platforms.observation import JobProfile
 from platforms.spec import BoardSpec, load_board
 
-REFERENCE_VERSION = 2  # 2: C and L at capacity 1.0, as JobProfile defines them
+#: 2: C and L at capacity 1.0, as JobProfile defines them; 3: the compute-only and memory-only
+#: longest paths (JobProfile.span_cpu_s, span_mem_s) the gate bounds the span at f with
+REFERENCE_VERSION = 3
 
 
 def reference_cluster(spec: BoardSpec):
@@ -44,6 +46,7 @@ def measure_reference(
     # JobProfile work/span are at the reference frequency on a capacity-1.0 core; callers scale
     # by each cluster's capacity (agents.deadlines, agents.mixed).
     work, span = dag.work_span(f_hz, 1.0)
+    span_cpu, span_mem = dag.part_spans(f_hz, 1.0)
     mem = float(dag.mem_s.sum())
     return JobProfile(
         name=f"{kernel}.{cls}",
@@ -54,4 +57,6 @@ def measure_reference(
         ref_khz=ref.fmax_khz,
         ref_cores=len(ref.cpus),
         version=REFERENCE_VERSION,
+        span_cpu_s=span_cpu,
+        span_mem_s=span_mem,
     )

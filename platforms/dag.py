@@ -75,6 +75,14 @@ class DAG:
         w = self.task_time(f_hz, capacity)
         return float(w.sum()), self.span(w)
 
+    def part_spans(self, f_hz: float, capacity: float = 1.0) -> tuple[float, float]:
+        """Longest paths of the compute parts alone and of the memory parts alone (s).
+
+        Every path's time at any speed is at most the first scaled by the speed plus the
+        second, so the pair bounds the span at every operating point, where one span scaled
+        by the mean memory share does not (a path may be all compute)."""
+        return self.span(self.cycles / (capacity * f_hz)), self.span(self.mem_s)
+
     @property
     def beta(self) -> float:
         """Memory-bound fraction at 1 GHz on the reference core (a summary for features)."""

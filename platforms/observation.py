@@ -77,6 +77,10 @@ class JobProfile:
 
     ``work_s`` (C) and ``span_s`` (L) are seconds at ``ref_khz`` on the reference core type;
     ``beta`` is the memory-bound fraction; ``ref_makespan_s`` the measured reference makespan.
+    ``span_cpu_s`` and ``span_mem_s``, when known (a modelled DAG), are the longest paths of
+    the compute parts alone and of the memory parts alone: the span at another speed is at
+    most ``span_cpu_s * f_ref / (kappa f) + span_mem_s`` (agents.deadlines.span_at), where
+    scaling L by the job's mean beta is not a bound (a path may be all compute).
     """
 
     name: str
@@ -87,6 +91,8 @@ class JobProfile:
     ref_khz: int
     ref_cores: int
     version: int = 1
+    span_cpu_s: float | None = None
+    span_mem_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,14 @@ def test_two_point_scaling():
     assert slowdown(0.25, 1e6, 5e5) == pytest.approx(0.75 * 2 + 0.25)
     assert slowdown(0.25, 1e6, 1e6, capacity=1.5) == pytest.approx(0.75 / 1.5 + 0.25)
     assert work_at(P, 500_000) == pytest.approx(4.0 * 1.75)
-    assert span_at(P, 500_000) == pytest.approx(1.0 * 1.75)
+    # the span is not scaled by the mean beta: without its parts, a path may be all compute
+    # below the reference speed (L f_ref / f) and hold all the job's memory time above it
+    assert span_at(P, 500_000) == pytest.approx(1.0 * 2.0)
+    assert span_at(P, 2_000_000) == pytest.approx(1.0 * 0.5 + min(1.0, 0.25 * 4.0) * 0.5)
+    # with them: its compute-only path scaled plus its memory-only path
+    parts = replace(P, span_cpu_s=0.6, span_mem_s=0.5)
+    assert span_at(parts, 500_000) == pytest.approx(0.6 * 2.0 + 0.5)
+    assert span_at(parts, 2_000_000) == pytest.approx(0.6 * 0.5 + 0.5)
     # a nearly finished job: the span can be no longer than the work left
     assert span_at(P, 1_000_000, remaining=0.1) == pytest.approx(0.4)
 
@@ -47,10 +54,10 @@ def test_soft_deadline_and_its_checks():
     with pytest.raises(ValueError, match="slack .* must be a finite number >= 1"):
         soft_deadline(P, 0.9, 2_000_000)
     tight = replace(P, span_s=3.9, ref_makespan_s=1.0)
-    # L(2 GHz) = 3.9 * (0.75 / 2 + 0.25) = 2.4375 > 1.2 * 1.0
+    # L(2 GHz) = 3.9 * 0.5 + min(3.9, 0.25 * 4) * 0.5 = 2.45 > 1.2 * 1.0
     with pytest.raises(
         ValueError,
-        match=r"shorter than its critical path .* L\(2000000 kHz, capacity 1.0\) = 2.4375 s",
+        match=r"shorter than its critical path .* L\(2000000 kHz, capacity 1.0\) = 2.45 s",
     ):
         soft_deadline(tight, 1.2, 2_000_000)
     assert soft_deadline(tight, 2.5, 2_000_000) == pytest.approx(2.5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -60,9 +61,13 @@ def test_min_cores_matches_the_federated_formula():
     assert min_cores(p, 2 * GHZ, 1.0, 2.0) == 1
     # a core of capacity 2 at f_ref is the same as f = 2 f_ref
     assert min_cores(p, GHZ, 2.0, 1.5) == min_cores(p, 2 * GHZ, 1.0, 1.5) == 2
-    # memory-bound half: at half frequency phi = 0.5 * 2 + 0.5 = 1.5 -> C = 6, L = 1.5
+    # memory-bound half: at half frequency phi = 0.5 * 2 + 0.5 = 1.5 -> C = 6. The span's
+    # path may be all compute: without its parts L(f) = L * f_ref / f = 2
     q = prof(4.0, 1.0, beta=0.5)
-    assert min_cores(q, GHZ // 2, 1.0, 2.5) == math.ceil((6 - 1.5) / (2.5 - 1.5))
+    assert min_cores(q, GHZ // 2, 1.0, 2.5) == math.ceil((6 - 2) / (2.5 - 2))
+    # ... with them (a path of 0.5 s compute and one of 0.5 s memory): L(f) = 0.5 * 2 + 0.5
+    q2 = dataclasses.replace(q, span_cpu_s=0.5, span_mem_s=0.5)
+    assert min_cores(q2, GHZ // 2, 1.0, 2.5) == math.ceil((6 - 1.5) / (2.5 - 1.5))
     # frequency cannot fix memory-bound lateness: beta * L >= D at any f
     assert min_cores(q, 100 * GHZ, 1.0, 0.5) is None
     # half the work left: C = 2, L = min(1, 2) = 1

@@ -30,7 +30,12 @@ def alone_on_gold(where: float, co_runner: bool = False, span_frac: float = 0.05
         if len(o.jobs) >= 2 and any(j.profile is not None for j in o.jobs)
     )
     j = next(j for j in obs.jobs if j.profile is not None)
-    j = replace(j, profile=replace(j.profile, span_s=span_frac * j.profile.work_s))
+    p = j.profile
+    k = span_frac * p.work_s / (p.span_cpu_s + p.span_mem_s)  # the span's parts scale with it
+    p = replace(
+        p, span_s=span_frac * p.work_s, span_cpu_s=k * p.span_cpu_s, span_mem_s=k * p.span_mem_s
+    )
+    j = replace(j, profile=p)
     by = {c.name: c for c in obs.clusters}
     gold, silver = by["gold"], by["silver"]
     f_gold, f_silver = gold.freqs_khz[-1], silver.freqs_khz[-1]
