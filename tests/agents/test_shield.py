@@ -189,9 +189,70 @@ def cands(k, proposed=0, safest=-1):
 
 def test_proposal_kept_when_its_bound_meets_the_deadline():
     assert CAL.q_ == pytest.approx(0.75)
-    r = Shield(fixed([1.0, 0.5, 0.2]), CAL).filter(cands(3), 1.8, cost=[1, 2, 3])
+    shield = Shield(fixed([1.0, 0.5, 0.2]), CAL, correct_selection=False)
+    r = shield.filter(cands(3), 1.8, cost=[1, 2, 3])
     assert (r.index, r.certified, r.intervened) == (0, True, False)
     assert r.upper_s == pytest.approx(1.75)
+    # with the selection correction the proposal is one of 3 candidates too: at alpha / 2
+    # CAL's 9 scores give no finite bound, so nothing is certified
+    r = Shield(fixed([1.0, 0.5, 0.2]), CAL).filter(cands(3), 1.8, cost=[1, 2, 3])
+    assert (r.index, r.certified) == (2, True) and "no candidate certified" in r.event
+
+
+def test_the_proposal_is_certified_at_its_share_of_alpha():
+    cal = SplitConformal(alpha=0.2).fit(np.arange(100.0) / 100)
+    assert cal.q() == pytest.approx(0.80) and cal.q(0.2 / 4) == pytest.approx(0.95)
+    assert cal.q(0.2 / 2) == pytest.approx(0.90)
+    preds, cost = [0.2, 0.1, 0.05, 0.0], [0, 9, 5, 9]
+    # at alpha its bound (1.0) meets D = 1.05; among 4 at alpha / 4 it does not (1.15)
+    r = Shield(fixed(preds), cal, correct_selection=False).filter(cands(4), 1.05, cost=cost)
+    assert (r.index, r.intervened) == (0, False)
+    equal = Shield(fixed(preds), cal, proposal_share=None)
+    assert equal.alphas(4) == pytest.approx((0.05, 0.05))
+    r = equal.filter(cands(4), 1.05, cost=cost)
+    assert r.index == 2 and r.upper_s == pytest.approx(0.05 + 0.95)
+    # by default half of alpha goes to the proposal (1.1 > 1.05 still), the rest is split
+    # over the 3 fallbacks
+    split = Shield(fixed(preds), cal)
+    assert split.alphas(4) == pytest.approx((0.1, 0.1 / 3))
+    assert split.filter(cands(4), 1.05, cost=cost).index != 0
+    assert split.filter(cands(4), 1.1, cost=cost).index == 0  # 0.2 + 0.90 <= 1.1
+    assert split.alphas(1) == (0.2, 0.2)
+    with pytest.raises(ValueError, match="'proposal_share' parameter of Shield must be in"):
+        Shield(fixed(preds), cal, proposal_share=1.0)
+
+
+def test_the_chosen_action_misses_at_most_alpha_under_heteroscedastic_residuals():
+    """Each action is noisy for half the jobs (the proposal for one half, the fallback for
+    the other), so either action alone is exchangeable with the pooled calibration. But the
+    proposal's bound passes only where the proposal is the noisy one, and the fallback then
+    runs where it is: at q(alpha) the chosen action misses about 2 alpha. Certified among
+    K = 2 at alpha / 2 each, it misses at most alpha (the union bound, models.md 2.5.1)."""
+    rng = np.random.default_rng(7)
+    alpha = 0.1
+
+    def draw(n):
+        noisy = rng.random(n) < 0.5
+        return noisy, np.where(noisy, 1.0, 0.1) * rng.standard_normal(n)
+
+    _, cal_scores = draw(50000)
+    cal = SplitConformal(alpha=alpha).fit(cal_scores)
+    n = 20000
+    noisy, eps0 = draw(n)
+    eps1 = np.where(noisy, 0.1, 1.0) * rng.standard_normal(n)
+    pred0 = np.where(noisy, 0.0, 1.2)  # a quiet proposal never passes D = 1.5
+    pred1 = np.full(n, -1.0)
+    rates = {}
+    for correct in (False, True):
+        shield = Shield(lambda x: x, cal, correct_selection=correct)
+        miss = 0
+        for i in range(n):
+            r = shield.select(["p", "f"], [pred0[i], pred1[i]], 1.5, [0.0, 1.0], 0, 1)
+            y = (pred0[i] + eps0[i]) if r.index == 0 else (pred1[i] + eps1[i])
+            miss += y > r.upper_s
+        rates[correct] = miss / n
+    assert rates[False] > 1.5 * alpha  # the test can fail: the old rule misses ~2 alpha
+    assert rates[True] <= alpha + 0.01
 
 
 def test_cheapest_certified_candidate_when_the_proposal_fails():
@@ -227,7 +288,7 @@ def test_selection_among_k_is_certified_at_alpha_over_k():
     r = Shield(fixed(preds), cal, correct_selection=False).filter(cands(4), 1.1, cost=cost)
     assert r.index == 3
     # ... but choosing among 4 only keeps P(miss) <= alpha at alpha / 4: a3 (1.20) fails
-    r = Shield(fixed(preds), cal).filter(cands(4), 1.1, cost=cost)
+    r = Shield(fixed(preds), cal, proposal_share=None).filter(cands(4), 1.1, cost=cost)
     assert r.index == 2 and r.upper_s == pytest.approx(0.05 + 0.95)
 
 
@@ -249,10 +310,13 @@ def _reference_rule(pred, cal, correct, d, cost, p, s):
     pred = np.asarray(pred, dtype=np.float64)
     k = len(pred)
     q0 = cal.q()
-    u_p = pred[p] + q0
+    fix = correct and k > 1 and math.isfinite(q0)
+    # the proposal is one of the k candidates too: half of alpha, the rest split over the others
+    q_prop = cal.q(cal.alpha_now / 2) if fix else q0
+    q_sel = cal.q(cal.alpha_now / (2 * (k - 1))) if fix else q0
+    u_p = pred[p] + q_prop
     if math.isfinite(u_p) and u_p <= d:
         return p, float(u_p), True, False
-    q_sel = cal.q(cal.alpha_now / k) if correct and k > 1 and math.isfinite(q0) else q0
     upper = pred + q_sel
     ok = np.isfinite(upper) & (upper <= d)
     ok[p] = False
