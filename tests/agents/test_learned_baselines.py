@@ -22,7 +22,7 @@ from agents.geardvfs import (
     work_done,
 )
 from agents.hidvfs import ActionSpace
-from agents.ztt import BETA, T_TARGET_C, ZttPolicy, grid, ztt_reward, ztt_u
+from agents.ztt import BETA, ZttPolicy, grid, target_temp_c, ztt_reward, ztt_u
 from platforms.spec import load_board
 from tests.agents.test_learned import observations
 
@@ -65,11 +65,12 @@ def test_rewards_follow_their_definitions():
     assert work_done(a, b) >= 0
     r = gear_reward(spec, BoardScale.of(spec), a, b)
     assert np.isfinite(r) and r >= 0  # jobs running: performance per watt
-    z = ztt_reward(a, b, 0.05)
+    target = target_temp_c(spec)  # lowest passive CPU trip - 20 C, the guard's too
+    z = ztt_reward(a, b, 0.05, target)
     u = ztt_u(a, b, 0.05)
     assert 0.0 <= u <= 1.0
     t = a.max_cpu_temp_c
-    v1 = -2.0 if t >= T_TARGET_C else 0.2 * np.tanh(T_TARGET_C - t)
+    v1 = -2.0 if t >= target else 0.2 * np.tanh(target - t)
     assert z == pytest.approx(u + v1 + BETA / a.total_power_w)
     idle = a.with_jobs(())
     assert gear_reward(spec, BoardScale.of(spec), idle, b) < 0  # idle: only power counts
@@ -129,7 +130,9 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
     def per_tick(obs, res):
         seen = metered(obs, res)
         r = [
-            gear_reward(spec, scale, a, b) if kind == "geardvfs" else ztt_reward(a, b, 0.05)
+            gear_reward(spec, scale, a, b)
+            if kind == "geardvfs"
+            else ztt_reward(a, b, 0.05, target_temp_c(spec))
             for a, b in zip(seen, seen[1:])
         ]
         return sum(r) / len(r)
