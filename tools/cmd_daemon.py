@@ -40,7 +40,26 @@ def _tell_systemd_why(fn):
     return wrapper
 
 
-@click.command("daemon")
+class _DaemonCommand(click.Command):
+    """A usage error (a mistyped option in ``ExecStart=``) is raised while click parses, before
+    the command runs: say it to systemd as a refused start too, and put the reason on stderr
+    at error priority when that is the journal (click's usage text follows at the default)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as err:
+            from daemon.logs import under_journal
+            from daemon.notify import Notifier
+
+            why = err.format_message()
+            Notifier().status(f"start refused: {why}")
+            if under_journal():
+                click.echo(f"<3>hidvfs: error: {why}", err=True)
+            raise
+
+
+@click.command("daemon", cls=_DaemonCommand)
 @click.option(
     "--config",
     "config_path",

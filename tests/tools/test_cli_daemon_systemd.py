@@ -123,6 +123,17 @@ def test_a_refused_start_says_why_in_status_and_at_error_priority(
     assert all(re.match(r"<[0-7]>", line) for line in lines), lines
 
 
+def test_a_mistyped_option_is_a_refused_start_too(tmp_path, tree, notify_socket):
+    """click refuses an unknown option before the command runs: systemd still hears why, and
+    the journal gets the reason at error priority."""
+    path, rx = notify_socket
+    code, lines = daemon_under_systemd(tmp_path, tree, path, "--perod-ms", "100")
+    assert code == 2, lines
+    (msg,) = datagrams(rx)
+    assert msg.startswith(REFUSED) and "--perod-ms" in msg and "READY=1" not in msg
+    assert "<3>hidvfs: error: " + msg[len(REFUSED) :] in lines
+
+
 def test_a_refused_start_on_a_terminal_prints_the_plain_line(tmp_path, tree, notify_socket):
     """No journal (CliRunner's stderr is no file): no prefix; the STATUS= goes out all the
     same whenever ``$NOTIFY_SOCKET`` is set."""
