@@ -165,6 +165,9 @@ class Actuator:
         #: frequency pinned there now (only what is really written: never in a dry run)
         self._envelope: dict[int, tuple[int, int]] = {}
         self._pinned: dict[int, int] = {}
+        #: policy -> every limit value hidvfs set or tried to set there (a write that failed
+        #: partway leaves one behind: never mistaken for someone else's)
+        self._limit_values: dict[int, set[int]] = {}
         self.planned: list[tuple[str, str]] = []  # dry-run: what would have been written
         self._dry_limits: dict[int, tuple[int, int]] = {}  # dry-run: limits after the plan
         #: real path -> value we last wrote, so the loop can notice changes made behind our back
@@ -173,6 +176,10 @@ class Actuator:
         #: may refuse by raising (:meth:`daemon.restore.Session.cover`: the originals are on
         #: disk before the first write to a file)
         self.before_write = None
+        #: called as ``outside_limits(policy, {file name: value})`` when limits someone else
+        #: set replace our pins (:meth:`daemon.restore.Session.adopt`: the stop gives those
+        #: back, not the start's)
+        self.outside_limits = None
 
     def _may_write(self, policy: int, *names: str) -> None:
         if self.before_write is not None and not self.dry_run:
@@ -211,6 +218,7 @@ class Actuator:
             self._dry_limits[policy] = (lo, hi)
         else:
             self._may_write(policy, "scaling_min_freq", "scaling_max_freq")
+            self._limit_values.setdefault(policy, set()).update((lo, hi))
             writes = cpufreq.set_limits(self.sysfs, policy, lo, hi)
         self._record(report, list(writes))
         if not self.dry_run:
@@ -244,12 +252,25 @@ class Actuator:
                         c.min_khz,
                         c.max_khz,
                     )
+                    self._adopt(c.policy, c.min_khz, c.max_khz)
                 clusters.append(c)
                 continue
             lo, hi = self._envelope[c.policy]
             clusters.append(replace(c, min_khz=lo, max_khz=hi))
             changed = True
         return replace(obs, clusters=tuple(clusters)) if changed else obs
+
+    def _adopt(self, policy: int, lo: int, hi: int) -> None:
+        """Pass on the limits another tool set (a value hidvfs never wrote there), so that the
+        stop gives back nvpmodel's new ceiling instead of the one found at the start."""
+        ours = self._limit_values.get(policy, set())
+        theirs = {
+            n: str(v)
+            for n, v in (("scaling_min_freq", lo), ("scaling_max_freq", hi))
+            if v not in ours
+        }
+        if theirs and self.outside_limits is not None:
+            self.outside_limits(policy, theirs)
 
     def _unpin(self, policy: int, report: ActuationReport) -> None:
         """Put back the limits found before we pinned them."""

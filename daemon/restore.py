@@ -654,6 +654,7 @@ class Session:
         """From now on only what ``actuator`` writes is given back (recorded before each
         first write); a fresh snapshot is saved marking nothing written yet."""
         actuator.before_write = self.cover
+        actuator.outside_limits = self.adopt
         if self._snapshot.pid != os.getpid() or all(
             p.touched is not None for p in self._snapshot.policies
         ):
@@ -715,6 +716,31 @@ class Session:
                 entry.min_khz,
                 entry.max_khz,
             )
+
+    def adopt(self, policy: int, values: dict[str, str]) -> None:
+        """Limits another tool set during the run (nvpmodel lowering a ceiling under a policy
+        hidvfs pins min = max, with no userspace governor) replace the originals of those
+        files: the stop gives back what the board is set to now, not what it was at the start.
+        A snapshot that cannot be saved keeps the old originals (logged)."""
+        entry = self._entries.get(policy)
+        fields = {"scaling_min_freq": "min_khz", "scaling_max_freq": "max_khz"}
+        if entry is None or not values:
+            return
+        before = entry
+        self._entries[policy] = replace(entry, **{fields[n]: v for n, v in values.items()})
+        try:
+            self._save()
+        except OSError as err:
+            self._entries[policy] = before
+            self.log.warning(
+                "event=snapshot_not_adopted policy=%d detail=%s", policy, err.strerror or err
+            )
+            return
+        self.log.info(
+            "event=snapshot_adopted policy=%d %s",
+            policy,
+            " ".join(f"{n}={v}" for n, v in sorted(values.items())),
+        )
 
     def _save(self) -> None:
         """The entries on disk, then in :attr:`snapshot` (not before they are on disk)."""

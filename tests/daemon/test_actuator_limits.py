@@ -302,3 +302,43 @@ def test_real_time_is_never_given_on_every_cpu_of_the_machine_the_job_runs_on(tm
     act.apply(Decision({}, jobs), o)
     assert procs.prio[100] == 0
     assert procs.prio[200] > 0
+
+
+def test_a_ceiling_set_during_the_run_is_what_the_stop_gives_back(no_userspace, tmp_path):
+    """With min = max pins, nvpmodel's new limits become the envelope and the snapshot's
+    originals for those files: the stop keeps its ceiling instead of raising it again. A
+    value hidvfs itself pinned there is never taken for someone else's."""
+    import logging
+
+    from daemon.restore import Session, begin_session, load_snapshot, restore_snapshot
+
+    spec, sysfs = no_userspace
+    a57 = spec.cluster("a57")
+    log = logging.getLogger("test.limits.adopt")
+    state = tmp_path / "state"
+    found = limits(sysfs, a57.policy)
+    session = Session(sysfs, begin_session(sysfs, spec, state, log), state, log, spec)
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    session.attach(act)
+    run(spec, sysfs, act, sensor, "powersave")
+    run(spec, sysfs, act, sensor, "maxfreq")  # pinned at the top
+    ceiling = a57.freqs_khz[8]
+    sysfs.write(paths.policy_file(a57.policy, "scaling_min_freq"), str(a57.freqs_khz[1]))
+    sysfs.write(paths.policy_file(a57.policy, "scaling_max_freq"), str(ceiling))  # nvpmodel
+    assert run(spec, sysfs, act, sensor, "maxfreq")["a57"] == (ceiling, ceiling)
+    saved = next(p for p in load_snapshot(state).policies if p.policy == a57.policy)
+    assert (saved.min_khz, saved.max_khz) == (str(a57.freqs_khz[1]), str(ceiling))
+    report = restore_snapshot(sysfs, session.snapshot, log, state_dir=state)
+    assert report.ok and limits(sysfs, a57.policy) == (a57.freqs_khz[1], ceiling)
+    # someone lowers only the floor: the top still reads our pin, which is not theirs
+    session = Session(sysfs, begin_session(sysfs, spec, state, log), state, log, spec)
+    act = Actuator(sysfs, NoProcesses())
+    session.attach(act)
+    start = limits(sysfs, a57.policy)
+    run(spec, sysfs, act, sensor, "powersave")
+    assert limits(sysfs, a57.policy) == (a57.freqs_khz[1], a57.freqs_khz[1])
+    sysfs.write(paths.policy_file(a57.policy, "scaling_min_freq"), str(a57.freqs_khz[0]))
+    run(spec, sysfs, act, sensor, "powersave")
+    saved = next(p for p in load_snapshot(state).policies if p.policy == a57.policy)
+    assert (saved.min_khz, saved.max_khz) == (str(a57.freqs_khz[0]), str(start[1]))
+    assert found != start  # the first run's stop kept nvpmodel's limits
