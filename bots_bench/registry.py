@@ -467,9 +467,21 @@ def omp_env(kernel_name: str, cls: str, threads: int) -> dict[str, str]:
     return env
 
 
-def job_name(kernel: str, cls: str) -> str:
-    """The name a BOTS run registers under, and its reference profile is stored as."""
-    return f"{kernel}.{cls}"
+def job_name(kernel_name: str, cls: str, variant: str = DEFAULT_VARIANT) -> str:
+    """The name a BOTS run registers under, and its reference profile is stored as:
+    ``KERNEL.CLASS`` for the default build (``fib.small``), ``KERNEL.CLASS.VARIANT`` for any
+    other (``fib.small.omp-tasks-manual``, ``fib.small.serial``): another build is another
+    binary, with another cost, so its deadline is planned from its own profile. A variant
+    naming the kernel's default version (sparselu's ``single-omp-tasks``) is the default
+    build, and ``single-`` is left out of the others' names (``omp-tasks-tied``)."""
+    name = f"{kernel_name}.{cls}"
+    if variant == DEFAULT_VARIANT:
+        return name
+    k = kernel(kernel_name)
+    sub, rest = _split_variant(k, variant)
+    if sub is not None and sub != k.default_sub:
+        rest = f"{sub}-{rest}"
+    return name if rest == DEFAULT_VARIANT else f"{name}.{rest}"
 
 
 def command_for(

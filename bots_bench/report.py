@@ -227,6 +227,15 @@ class DeadlineStats:
 
 
 @dataclass
+class OmpEnvUse:
+    """One OpenMP environment the kernels of a table ran with (``omp_env`` of a native run
+    record), and how many of its runs had it."""
+
+    env: dict[str, str]
+    runs: int
+
+
+@dataclass
 class GroupStats:
     """One kernel table: a benchmark and class on one board and backend."""
 
@@ -240,6 +249,14 @@ class GroupStats:
     #: the measured settings the runs share (their spec hash) and how they read
     spec_hash: str = ""
     setting: str = ""
+    #: the OpenMP environments its runs were launched with, most runs first (native runs
+    #: record one; the simulator's do not), and the runs that recorded none
+    omp_env: list[OmpEnvUse] = field(default_factory=list)
+    omp_env_unrecorded: int = 0
+    #: OpenMP variables of the campaign's shell left out of (or replaced in) the kernels'
+    #: environment (``omp_env_ignored``), and in how many runs
+    omp_env_ignored: list[str] = field(default_factory=list)
+    omp_env_ignored_runs: int = 0
 
     @property
     def title(self) -> str:
@@ -373,8 +390,64 @@ def compute_stats(
                 )
             g.policies.append(ps)
             g.deadlines += _deadline_stats(policy, rs)
+        _omp_env_stats(g, [r for rs in by_policy.values() for r in rs])
         out.append(g)
     return out
+
+
+def _omp_env_stats(g: GroupStats, rows: list[dict]) -> None:
+    """What OpenMP environment the table's runs had: a table's setting names a thread count
+    only when the spec gave one, and a shell variable left out is worth knowing."""
+    envs: dict[tuple, int] = defaultdict(int)
+    ignored: set[str] = set()
+    for r in rows:
+        env = r.get("omp_env")
+        if not isinstance(env, Mapping):
+            g.omp_env_unrecorded += 1
+            continue
+        envs[tuple(sorted((str(k), str(v)) for k, v in env.items()))] += 1
+        left = r.get("omp_env_ignored") or []
+        if left:
+            ignored.update(str(k) for k in left)
+            g.omp_env_ignored_runs += 1
+    if not envs:  # a simulated table: nothing to say
+        g.omp_env_unrecorded = 0
+        return
+    g.omp_env = [
+        OmpEnvUse(dict(env), n) for env, n in sorted(envs.items(), key=lambda e: (-e[1], e[0]))
+    ]
+    g.omp_env_ignored = sorted(ignored)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
+
+
+def omp_env_text(g: GroupStats) -> str | None:
+    """The table's OpenMP environment in a sentence (None when no run recorded one), e.g.
+    "OpenMP environment of the kernels: `OMP_NUM_THREADS=2`." and, when the campaign's
+    shell had OpenMP variables of its own, which ones were not passed on."""
+    if not g.omp_env:
+        return None
+    uses = [(" ".join(f"{k}={v}" for k, v in u.env.items()) or "none", u.runs) for u in g.omp_env]
+    if len(uses) == 1 and not g.omp_env_unrecorded:
+        text = f"`{uses[0][0]}`"
+    else:  # the table's runs did not all run alike: say how many ran with what
+        parts = [f"`{env}` ({_runs(n)})" for env, n in uses]
+        if g.omp_env_unrecorded:
+            parts.append(f"not recorded ({_runs(g.omp_env_unrecorded)})")
+        text = "; ".join(parts)
+    text = f"OpenMP environment of the kernels: {text}."
+    if g.omp_env_ignored:
+        recorded = sum(n for _, n in uses)
+        where = (
+            "every run"
+            if g.omp_env_ignored_runs == recorded
+            else f"{g.omp_env_ignored_runs} of {_runs(recorded)}"
+        )
+        names = ", ".join(f"`{k}`" for k in g.omp_env_ignored)
+        text += f" Left out or replaced from the campaign's shell ({where}): {names}."
+    return text
 
 
 #: the settings of a run's config that change what is measured, with the default a table
@@ -832,6 +905,8 @@ def write_report(
 
     for g in groups:
         blocks.append(("h2", g.title))
+        if env_text := omp_env_text(g):
+            blocks.append(("p", env_text))
         if g.baseline is None and base is not None:
             blocks.append(("p", f"The baseline {base} has no runs in this table: no ratios."))
         blocks.append(("table", KERNEL_HEADER, _kernel_rows(g)))

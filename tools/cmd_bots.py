@@ -115,7 +115,8 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     default=None,
     type=FiniteFloatRange(min=1.0),
     help="Give each job a deadline of SLACK x its reference makespan (native: the profile "
-    "stored as BENCH.CLASS, see --profiles).",
+    "stored as BENCH.CLASS, or BENCH.CLASS.VARIANT for a spec's variant other than the "
+    "default: `hidvfs bots profile --variant`; see --profiles).",
 )
 @click.option(
     "--profiles",
@@ -365,12 +366,22 @@ def _list_classes(kernel_name: str, as_json: bool) -> None:
 )
 @click.option("--bench", default="all", show_default=True, help="Kernels: all, or a comma list.")
 @click.option("--class", "cls", default="small", show_default=True, help="Input class.")
+@click.option(
+    "--variant",
+    default="omp-tasks",
+    show_default=True,
+    help="BOTS build to time (omp-tasks-manual, omp-tasks-if_clause, omp-tasks-tied, "
+    "for-omp-tasks, serial, ...: `hidvfs bots list` shows the builds). Each build is another "
+    "binary with its own profile, stored as BENCH.CLASS.VARIANT (BENCH.CLASS for the "
+    "default); a native campaign with --deadline-slack uses the profile of its spec's variant.",
+)
 @measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
 def profile_cmd(
     bots_bin,
     bench,
     cls,
+    variant,
     store,
     sysfs_root,
     board,
@@ -380,9 +391,10 @@ def profile_cmd(
     replace,
     as_json,
 ) -> None:
-    """Measure the reference profile of each kernel's binary (stored as BENCH.CLASS), so that
-    native campaigns with --deadline-slack and `hidvfs run --name BENCH.CLASS` can plan
-    deadlines. A run whose verification fails stores nothing for that kernel."""
+    """Measure the reference profile of each kernel's binary (stored as BENCH.CLASS, or
+    BENCH.CLASS.VARIANT for a --variant other than the default), so that native campaigns
+    with --deadline-slack and `hidvfs run --name BENCH.CLASS` can plan deadlines. A run whose
+    verification fails stores nothing for that kernel."""
     from dataclasses import asdict
 
     from bots_bench import registry
@@ -395,13 +407,17 @@ def profile_cmd(
 
     check_bots_bin(bots_bin)  # before the session opens the board or a kernel is timed
     kernels = _check_selection("native", bench, cls, bots_bin=bots_bin).kernels
+    try:  # a bad variant is refused before the board is opened
+        names = {k: registry.job_name(k, cls, variant) for k in kernels}
+    except registry.RegistryError as err:
+        fail(f"--variant {variant}: {err}")
     session = MeasureSession(sysfs_root, board, state_dir, socket_path, store)
     threads = len(reference_cluster(session.spec).cpus)
     rows, failed = [], 0
     for k in kernels:
-        name = registry.job_name(k, cls)
+        name = names[k]
         try:
-            cmd = registry.command_for(k, cls, bots_bin, threads)
+            cmd = registry.command_for(k, cls, bots_bin, threads, variant=variant)
 
             def verified(text: str, check: bool = cmd.check, kernel: str = k) -> str | None:
                 try:
@@ -410,8 +426,12 @@ def profile_cmd(
                     return str(err)
 
             verify = None
-            if not cmd.check:  # its -c also runs the sequential version: one untimed run
-                check_cmd = registry.command_for(k, cls, bots_bin, threads, check=True)
+            # its -c also runs the sequential version: one untimed run (not for a build that
+            # cannot check, such as most serial ones: their -c prints Verification = n/a)
+            if not cmd.check and registry.needs_separate_check(k, variant):
+                check_cmd = registry.command_for(
+                    k, cls, bots_bin, threads, variant=variant, check=True
+                )
                 check_timer = command_timer(
                     check_cmd.env, lambda text, kernel=k: verified(text, True, kernel)
                 )

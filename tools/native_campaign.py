@@ -81,9 +81,11 @@ def run_configs(
     """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary,
     whose ``keys`` are the stored keys of every selected run.
 
-    Natively each job gets the reference profile stored as ``BENCH.CLASS`` for the board
-    (``hidvfs profile measure``); with ``deadline_slack`` its deadline is slack x that
-    profile's reference makespan, and a job without a profile is a failed run saying so.
+    Natively each job gets the reference profile of its build stored for the board
+    (``registry.job_name``: ``BENCH.CLASS``, ``BENCH.CLASS.VARIANT`` for a variant other than
+    the default; ``hidvfs bots profile [--variant V]``); with ``deadline_slack`` its deadline
+    is slack x that profile's reference makespan, and a job without a profile is a failed run
+    saying so.
     The slack is part of every run's key, so changing it never reuses runs measured without
     it. Native runs are stored under the board detected on ``sysfs_root``; ``board``, when
     given, must be that board. A stored failure is run again unless ``retry_failed`` is
@@ -109,14 +111,17 @@ def run_configs(
         profiles = deadlines.load(profiles_path, missing_ok=True)
 
         def run_fn(cfg):
-            name, board_name = job_name(cfg.bench, cfg.cls), nb.platform.spec.name
+            # the profile of the binary that runs: a cut-off, tied or serial build has its own
+            name, board_name = job_name(cfg.bench, cfg.cls, cfg.variant), nb.platform.spec.name
             prof = profiles.find(name, board_name)
             if cfg.deadline_slack is not None:
                 if prof is None:
+                    variant = "" if name == job_name(cfg.bench, cfg.cls) else cfg.variant
                     raise LookupError(
                         f"no reference profile {name!r} for {board_name} in {profiles_path}, so "
                         f"no deadline can be set: measure it first (sudo hidvfs bots profile "
-                        f"--bots-bin {cfg.bots_bin} --bench {cfg.bench} --class {cfg.cls})"
+                        f"--bots-bin {cfg.bots_bin} --bench {cfg.bench} --class {cfg.cls}"
+                        f"{f' --variant {variant}' if variant else ''})"
                     )
                 cfg = replace(cfg, deadline_s=cfg.deadline_slack * prof.ref_makespan_s)
             return run_native(cfg, nb, build_policy_stack, profile=prof)

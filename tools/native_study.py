@@ -1,14 +1,15 @@
 """Native runners for the canned studies: the reference makespan is measured on this board
-(maxfreq, once per kernel), then deadlines are slack x that reference. A profile stored as
-BENCH.CLASS (``hidvfs profile measure``) is handed to the loop with each job, so the gate and
-the shield can plan its deadline."""
+(maxfreq, once per kernel), then deadlines are slack x that reference. The profile of the
+build that runs, stored as BENCH.CLASS (BENCH.CLASS.VARIANT for a variant other than the
+default; ``hidvfs bots profile``), is handed to the loop with each job, so the gate and the
+shield can plan its deadline."""
 
 from __future__ import annotations
 
 import click
 
 from bots_bench.native import open_board, run_native
-from bots_bench.registry import job_name
+from bots_bench.registry import DEFAULT_VARIANT, job_name
 from bots_bench.spec import RunConfig
 from tools.policies import build_policy_stack
 
@@ -20,6 +21,7 @@ def native_runner(
     sysfs_root: str,
     slack: float | None,
     profiles_path: str | None = None,
+    variant: str = DEFAULT_VARIANT,
 ):
     from agents import deadlines
     from daemon.config import DEFAULT_PROFILES
@@ -42,6 +44,7 @@ def native_runner(
             deadline_s=deadline_s,
             bots_bin=bots_bin,
             cooldown=None,
+            variant=variant,
         )
 
     def native(kernel: str, seed: int, policy: str) -> dict:
@@ -64,7 +67,7 @@ def native_runner(
                     "deadline_met": None,
                 }
             deadline = slack * refs[kernel]
-        prof = store.find(job_name(kernel, cls), nb.platform.spec.name)
+        prof = store.find(job_name(kernel, cls, variant), nb.platform.spec.name)
         return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack, prof)
 
     return native, nb

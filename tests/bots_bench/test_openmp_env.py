@@ -105,3 +105,30 @@ def test_without_openmp_variables_in_the_shell_nothing_is_named(board, tmp_path,
     rec = run_native(cfg, board, build_policy_stack)
     assert rec["ok"], rec["error"]
     assert rec["omp_env"] == {"OMP_NUM_THREADS": "3"} and "omp_env_ignored" not in rec
+
+
+def test_the_report_shows_the_openmp_environment_a_native_run_recorded(
+    board, tmp_path, monkeypatch
+):
+    """What a native run records (omp_env, omp_env_ignored) is what `bots report` shows
+    above the run's table: its title names no thread count (the record has no spec config
+    here), the environment does."""
+    from bots_bench.report import write_report
+    from bots_bench.store import Store
+
+    for k in list(os.environ):
+        if registry.is_openmp_var(k):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "1")
+    _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks")
+    rec = run_native(_fib_run(tmp_path / "bin", threads=2), board, build_policy_stack)
+    assert rec["ok"], rec["error"]
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add(rec)
+    md = write_report(db, tmp_path / "out").markdown.read_text()
+    assert (
+        "## fib / smoke (tx2, native)\n\n"
+        "OpenMP environment of the kernels: `OMP_NUM_THREADS=2`. "
+        "Left out or replaced from the campaign's shell (every run): `OMP_THREAD_LIMIT`.\n"
+    ) in md

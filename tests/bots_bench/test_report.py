@@ -390,3 +390,82 @@ def test_report_json_prints_the_summary_numbers(report, tmp_path):
     out = json.loads(r.stdout)  # stdout is the JSON alone
     assert out["baseline"] == json.loads(files.summary.read_text())["baseline"]
     assert [g["bench"] for g in out["groups"]] == ["fib", "sort"]
+
+
+def _native_runs(db, runs):
+    """Native run records of fib/test: (threads, seed, omp_env, omp_env_ignored) each."""
+    from bots_bench.spec import RunConfig
+
+    with Store(db) as s:
+        for threads, seed, env, ignored in runs:
+            cfg = RunConfig(
+                "fib", "test", "maxfreq", seed, "tx2", "native", 0, threads=threads, cooldown=None
+            )
+            rec = {**cfg.record_base(), "makespan_s": 1.0, "energy_j": 2.0, "ok": True}
+            if env is not None:
+                rec["omp_env"] = env
+            if ignored:
+                rec["omp_env_ignored"] = ignored
+            s.add(rec)
+
+
+def test_a_native_table_says_which_openmp_environment_its_kernels_ran_with(tmp_path):
+    """The records store `omp_env` (and the shell's variables left out, `omp_env_ignored`),
+    but the report showed neither: a 2-thread table read like a 1-thread one, and an
+    OMP_THREAD_LIMIT left in the shell was not named anywhere."""
+    db = tmp_path / "r.sqlite"
+    two = {"OMP_NUM_THREADS": "2"}
+    one = {"OMP_NUM_THREADS": "1", "OMP_STACKSIZE": "16M"}
+    _native_runs(
+        db,
+        [
+            (2, 0, two, None),
+            (2, 1, two, None),
+            (1, 0, one, ["OMP_THREAD_LIMIT", "GOMP_SPINCOUNT"]),
+            (1, 1, one, None),
+            # threads left to the board: the runs did not all get the same
+            (None, 0, two, None),
+            (None, 1, {"OMP_NUM_THREADS": "4"}, None),
+            (None, 2, None, None),  # failed before its command was built
+        ],
+    )
+    # a simulated table of the same kernel says nothing about OpenMP
+    with Store(db) as s:
+        s.add({"bench": "fib", "class": "test", "policy": "maxfreq", "seed": 0, "board": "tx2",
+               "backend": "sim", "rep": 0, "makespan_s": 1.0, "ok": True})  # fmt: skip
+    with Store(db) as s:
+        groups = {(g.backend, g.setting): g for g in compute_stats(s.runs(with_stdout=False))}
+    g2, g1, auto = (groups[("native", lab)] for lab in ("2 threads", "1 threads", ""))
+    assert [(u.env, u.runs) for u in g2.omp_env] == [(two, 2)] and not g2.omp_env_ignored
+    assert [(u.env, u.runs) for u in g1.omp_env] == [(one, 2)]
+    assert g1.omp_env_ignored == ["GOMP_SPINCOUNT", "OMP_THREAD_LIMIT"]
+    assert g1.omp_env_ignored_runs == 1
+    assert auto.omp_env_unrecorded == 1 and len(auto.omp_env) == 2
+    assert groups[("sim", "")].omp_env == []
+
+    files = write_report(db, tmp_path / "out", baseline="maxfreq")
+    md = files.markdown.read_text()
+    sections = {
+        part.splitlines()[0]: part for part in md.split("\n## ")[1:]
+    }  # heading -> its section
+    assert (
+        "OpenMP environment of the kernels: `OMP_NUM_THREADS=2`."
+        in (sections["fib / test (tx2, native; 2 threads)"])
+    )
+    one_thread = sections["fib / test (tx2, native; 1 threads)"]
+    assert (
+        "OpenMP environment of the kernels: `OMP_NUM_THREADS=1 OMP_STACKSIZE=16M`. "
+        "Left out or replaced from the campaign's shell (1 of 2 runs): `GOMP_SPINCOUNT`, "
+        "`OMP_THREAD_LIMIT`." in one_thread
+    )
+    assert (
+        "OpenMP environment of the kernels: `OMP_NUM_THREADS=2` (1 run); "
+        "`OMP_NUM_THREADS=4` (1 run); not recorded (1 run)." in sections["fib / test (tx2, native)"]
+    )
+    assert "OpenMP" not in sections["fib / test (tx2, sim)"]
+    page = files.html.read_text()
+    assert "<code>OMP_NUM_THREADS=1 OMP_STACKSIZE=16M</code>" in page
+    assert "<code>OMP_THREAD_LIMIT</code>" in page
+    summary = json.loads(files.summary.read_text())
+    envs = [g["omp_env"] for g in summary["groups"] if g["setting"] == "2 threads"]
+    assert envs == [[{"env": two, "runs": 2}]]
