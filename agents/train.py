@@ -92,8 +92,13 @@ EVAL_SEEDS = 900_000
 #: range, after the ``val_episodes`` (< 100) that model selection draws for any ``--seed``;
 #: never a held-out mix
 TUNING_SEEDS = VAL_SEEDS + 100
-#: model selection's validation mixes end where the tuning mixes begin
-MAX_VAL_EPISODES = TUNING_SEEDS - VAL_SEEDS
+#: model selection also scores one job alone on the board per episode kernel (the main BOTS
+#: campaign's case, which 5-job mixes never show): the last of these seeds of each validation
+#: block (``TrainConfig.val_lone``; the mix maker tells them by :func:`lone_index`)
+LONE_VAL_EPISODES = 7
+#: model selection's validation mixes end where the lone-job episodes, then the tuning mixes,
+#: begin
+MAX_VAL_EPISODES = TUNING_SEEDS - VAL_SEEDS - LONE_VAL_EPISODES
 #: the shield's held-out coverage episodes, after every `agents eval` mix
 COVERAGE_SEEDS = EVAL_SEEDS + 50_000
 #: per training seed: training mixes 10 000 apart, the other ranges 1 000 apart, so one
@@ -127,11 +132,32 @@ def seed_ranges(
         "validation": range(
             VAL_SEEDS + SEED_STRIDE * seed, VAL_SEEDS + SEED_STRIDE * seed + val_episodes
         ),
+        "lone": range(
+            VAL_SEEDS + SEED_STRIDE * seed + MAX_VAL_EPISODES,
+            VAL_SEEDS + SEED_STRIDE * seed + MAX_VAL_EPISODES + LONE_VAL_EPISODES,
+        ),
         "coverage": range(
             COVERAGE_SEEDS + SEED_STRIDE * seed,
             COVERAGE_SEEDS + SEED_STRIDE * seed + calib_episodes,
         ),
     }
+
+
+def lone_index(mix_seed: int) -> int | None:
+    """Which lone-job validation episode ``mix_seed`` is (0 .. LONE_VAL_EPISODES - 1), or None
+    for a mix of several jobs."""
+    off = mix_seed - VAL_SEEDS
+    if not 0 <= off < SEED_STRIDE * (MAX_SEED + 1):
+        return None
+    k = off % SEED_STRIDE - MAX_VAL_EPISODES
+    return k if 0 <= k < LONE_VAL_EPISODES else None
+
+
+def validation_seeds(seed: int, cfg: TrainConfig) -> list[int]:
+    """The episodes every policy's checkpoint is chosen on: the validation mixes, then the
+    lone-job episodes when ``cfg.val_lone``."""
+    r = seed_ranges(seed, cfg.episodes, cfg.val_episodes)
+    return list(r["validation"]) + (list(r["lone"]) if cfg.val_lone else [])
 
 
 #: per-board training settings that differ from :class:`TrainConfig`'s defaults, chosen on
@@ -194,6 +220,10 @@ class TrainConfig:
     #: model selection: greedy validation episodes, every ``val_every`` training episodes
     val_episodes: int = 4
     val_every: int = 32
+    #: and on one job alone per episode kernel (:data:`LONE_VAL_EPISODES`): a checkpoint whose
+    #: mix score is within noise of the best may still run a lone job a step below the top
+    #: (stop 34: tx2's ran the main BOTS campaign 4.5 % slower than maxfreq)
+    val_lone: bool = True
     alpha: float = 0.1
 
     def __post_init__(self):
@@ -685,7 +715,7 @@ def train_hidvfs(
         f"{p_ref:.3f} W"
     )
     ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
-    val_seeds = list(ranges["validation"])
+    val_seeds = validation_seeds(seed, cfg)
 
     def validate(after: int) -> None:
         if not val_seeds:

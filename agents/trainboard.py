@@ -43,6 +43,7 @@ from agents.train import (
     seed_ranges,
     selection_score,
     train_hidvfs,
+    validation_seeds,
 )
 from platforms.spec import BoardSpec
 
@@ -150,7 +151,7 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
         # score (the unshaped hidvfs return: time, energy, temperature, missed deadlines), so
         # every policy's checkpoint is chosen by one measure
         sel = Selection(
-            tuple(seed_ranges(seed, cfg.episodes, cfg.val_episodes)["validation"]),
+            tuple(validation_seeds(seed, cfg)),
             cfg.val_every,
             selection_score(spec, run_episode, make_mix, seed, cfg),
         )

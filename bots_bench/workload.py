@@ -59,6 +59,15 @@ def default_mix(spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None) -
     return [job for job, _ in default_items(spec, seed, w)]
 
 
+def lone_item(spec: BoardSpec, kernel: str, cls: str, seed: int) -> tuple[SimJob, JobProfile]:
+    """One job of ``kernel`` released at once, without a deadline (a lone BOTS run), its task
+    graph one of the pool's drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    dag = _pooled_dag(kernel, cls, int(rng.integers(DAG_POOL)))
+    prof = measure_reference(spec.name, kernel, cls, 0)
+    return SimJob(dag=dag, name=f"{kernel}.{cls}#0", release_t=0.0), prof
+
+
 def default_items(
     spec: BoardSpec, seed: int = 0, w: WorkloadSpec | None = None
 ) -> list[tuple[SimJob, JobProfile]]:

@@ -79,12 +79,19 @@ def thermal_start(board: str, seed: int, hot_fraction: float) -> tuple[float, fl
 
 
 def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
-    """A random mix of ``n_jobs`` BOTS jobs with deadlines (slack x reference), seeded."""
+    """A random mix of ``n_jobs`` BOTS jobs with deadlines (slack x reference), seeded; for a
+    lone-job validation seed (:func:`agents.train.lone_index`), one job alone on the board
+    without a deadline, as the main BOTS campaign runs it (kernel by index, task graph by
+    seed)."""
+    from agents.train import lone_index
     from bots_bench.reference import measure_reference
-    from bots_bench.workload import WorkloadSpec, default_items
+    from bots_bench.workload import WorkloadSpec, default_items, lone_item
     from platforms.spec import load_board
 
     spec = load_board(board)
+    k = lone_index(seed)
+    if k is not None:
+        return [lone_item(spec, EPISODE_KERNELS[k % len(EPISODE_KERNELS)], ep.cls, seed)]
     refs = {k: measure_reference(board, k, ep.cls, 0) for k in EPISODE_KERNELS}
     mean_ref = sum(p.ref_makespan_s for p in refs.values()) / len(refs)
     w = WorkloadSpec(
@@ -245,11 +252,11 @@ def train_modules(policies) -> tuple[str, ...]:
 )
 @click.option(
     "--val-mixes",
-    type=click.IntRange(1, 100),
+    type=click.IntRange(1, 93),
     default=None,
-    help="validation mixes (at most 100, the block before the tuning mixes) that choose the "
-    "exported checkpoint, for every learned policy "
-    "alike (default: TrainConfig's)",
+    help="validation mixes (at most 93, the block before the 7 lone-job validation episodes "
+    "and the tuning mixes) that choose the exported checkpoint, for every learned policy "
+    "alike, with one job alone per episode kernel (default: TrainConfig's)",
 )
 def train_cmd(
     board,

@@ -315,6 +315,14 @@ def test_seed_ranges_are_disjoint_over_every_allowed_seed():
     r0 = seed_ranges(0, 640)
     assert (r0["train"][0], r0["calibration"][0], r0["validation"][0]) == (0, 500_000, 700_000)
     assert r0["coverage"][0] == 950_000
+    # the lone-job episodes are told from the mixes by their seed alone
+    from agents.train import LONE_VAL_EPISODES, lone_index
+
+    for seed in (0, MAX_SEED):
+        r = seed_ranges(seed, 640)
+        assert [lone_index(s) for s in r["lone"]] == list(range(LONE_VAL_EPISODES))
+        assert all(lone_index(s) is None for s in r["validation"])
+    assert lone_index(TUNING_SEEDS) is None and lone_index(EVAL_SEEDS) is None
     # one seed past the bound reaches the calibration block
     assert seed_ranges(MAX_SEED + 1, MAX_EPISODES)["train"].stop > use["calibration"][0].start
 
@@ -331,7 +339,8 @@ def test_training_draws_its_mixes_from_its_seed_ranges():
     cfg = TrainConfig(episodes=8, batch=4, hidden=8, energy_rail="total")
     train_hidvfs(SPEC, toy_episode, mix, MAX_SEED, cfg)
     r = seed_ranges(MAX_SEED, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
-    assert seen and all(s in r["train"] or s in r["validation"] for s in seen)
+    assert seen and all(s in r["train"] or s in r["validation"] or s in r["lone"] for s in seen)
+    assert set(r["lone"]) <= set(seen)  # model selection scores the lone-job episodes too
     assert {s for s in seen if s in r["train"]} == {r["train"][0], r["train"][1]}
 
 
@@ -397,3 +406,18 @@ def test_the_shield_is_calibrated_per_job_on_its_largest_residual():
     assert per_job.q > per_row.q  # the worst of four decisions needs more room
     assert coverage(per_job, X, y, jobs=jobs) >= 0.9  # every decision of 90 % of the jobs
     assert coverage(per_job, X, y) >= coverage(per_job, X, y, jobs=jobs)
+
+
+def test_a_lone_job_validation_episode_is_one_job_alone_without_a_deadline():
+    """The main BOTS campaign's case, which 5-job mixes never show: every episode kernel
+    once, released at once, no deadline."""
+    from agents.train import TrainConfig, seed_ranges, validation_seeds
+    from tools.cmd_agents import EPISODE_KERNELS, EpisodeSpec, episode_items
+
+    r = seed_ranges(0, 640)
+    jobs = [episode_items("tx2", s, EpisodeSpec()) for s in r["lone"]]
+    assert all(len(items) == 1 for items in jobs)
+    assert sorted(items[0][0].name.split(".")[0] for items in jobs) == sorted(EPISODE_KERNELS)
+    assert all(items[0][0].deadline_s is None and items[0][0].release_t == 0.0 for items in jobs)
+    assert len(episode_items("tx2", r["validation"][0], EpisodeSpec())) == 5
+    assert validation_seeds(0, TrainConfig(val_lone=False)) == list(r["validation"])
