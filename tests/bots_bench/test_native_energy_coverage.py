@@ -13,17 +13,10 @@ from platforms import paths
 from platforms.faketree import write_fake_tree
 from platforms.sampler import SampleSummary
 from platforms.spec import load_board
+from tests.bots_bench.outputs import fib_block
 from tools.policies import build_policy_stack
 
-BLOCK = (
-    "Program             = Fibonacci\n"
-    "Parameters          = N=25\n"
-    "Model               = OpenMP (using tasks)\n"
-    "Embedded cut-off    = none\n"
-    "# of Threads        = 2\n"
-    "Verification        = successful\n"
-    "Time Program        = 0.5 seconds\n"
-)
+BLOCK = fib_block(0.5)
 
 
 def _summary(energy, coverage, cpu=1.0, cpu_coverage=1.0):

@@ -9,6 +9,7 @@ import os
 from bots_bench import registry
 from bots_bench.native import run_native
 from bots_bench.spec import RunConfig
+from tests.bots_bench.outputs import fib_block
 from tools.policies import build_policy_stack
 
 #: what a shell may hold that changes an OpenMP run (libgomp and the LLVM/Intel runtime)
@@ -19,15 +20,7 @@ SHELL = {
     "GOMP_SPINCOUNT": "0",
     "KMP_AFFINITY": "compact",
 }
-BLOCK = (
-    "Program             = Fibonacci\n"
-    "Parameters          = N=25\n"
-    "Model               = OpenMP (using tasks)\n"
-    "Embedded cut-off    = none\n"
-    "# of Threads        = 2\n"
-    "Verification        = successful\n"
-    "Time Program        = 0.25 seconds\n"
-)
+BLOCK = fib_block(0.25)
 
 
 def _stand_in(folder, name):

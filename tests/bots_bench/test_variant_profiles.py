@@ -21,19 +21,12 @@ from bots_bench.store import Store
 from platforms.faketree import write_fake_tree
 from platforms.observation import JobProfile
 from platforms.spec import load_board
+from tests.bots_bench.outputs import fib_block
 from tools.cli import cli
 from tools.native_campaign import run_configs
 from tools.policies import build_policy_stack
 
-FIB = (
-    "Program             = Fibonacci\n"
-    "Parameters          = N=25\n"
-    "Model               = OpenMP (using tasks)\n"
-    "Embedded cut-off    = none\n"
-    "# of Threads        = 2\n"
-    "Verification        = successful\n"
-    "Time Program        = 0.01 seconds\n"
-)
+FIB = fib_block(0.01)
 #: the serial sparselu cannot check: -c would turn its n/a into a failed verification
 SPARSELU_SERIAL = (
     "Program             = SparseLU\n"

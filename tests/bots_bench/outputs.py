@@ -1,0 +1,16 @@
+"""Result blocks as BOTS binaries print them, for the stand-in binaries of the native tests."""
+
+from __future__ import annotations
+
+
+def fib_block(seconds: float) -> str:
+    """A fib run's result block (N = 25, 2 threads, verified) that took ``seconds``."""
+    return (
+        "Program             = Fibonacci\n"
+        "Parameters          = N=25\n"
+        "Model               = OpenMP (using tasks)\n"
+        "Embedded cut-off    = none\n"
+        "# of Threads        = 2\n"
+        "Verification        = successful\n"
+        f"Time Program        = {seconds} seconds\n"
+    )
