@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.deadlines import span_at, work_at
+from agents.deadlines import span_within, work_at
 from platforms.observation import JobObs, Observation
 from platforms.spec import BoardSpec
 
@@ -140,7 +140,7 @@ def job_time_at(job: JobObs, khz: float, capacity: float, ncores: int) -> float:
         return 0.0
     rem = job_remaining(job)
     c = work_at(p, khz, capacity, rem)
-    span = span_at(p, khz, capacity, rem)
+    span = span_within(p, khz, capacity, c)
     return span + (c - span) / max(ncores, 1)
 
 
@@ -365,7 +365,7 @@ def remaining_bound_s(obs: Observation) -> float:
             continue
         rem = job_remaining(j)
         work += rem * p.work_s * ((1.0 - p.beta) * p.ref_khz / mean_speed + p.beta)
-        span = max(span, span_at(p, fast, 1.0, rem))
+        span = max(span, span_within(p, fast, 1.0, work_at(p, fast, 1.0, rem)))
     return span + work / m
 
 

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
-from agents.deadlines import slowdown, span_bound, span_terms
+from agents.deadlines import span_bound, span_terms, work_bound
 from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 
@@ -166,8 +166,7 @@ def requirement(job: GateJob, cluster: GateCluster, khz: int) -> Requirement:
     if not d > 0:
         return IMPOSSIBLE, 0, math.inf, math.inf
     p = job.profile
-    phi = slowdown(p.beta, p.ref_khz, khz, cluster.capacity)
-    c = job.remaining_work * p.work_s * phi
+    c = work_bound(p, khz, cluster.capacity, job.remaining_work)
     a, b, m = span_terms(p)
     span = span_bound(a, b, m, p.span_s, p.ref_khz, cluster.capacity * khz, c)
     if c <= d:
@@ -192,17 +191,17 @@ def requirements(
     if not d > 0:
         return [(IMPOSSIBLE, 0, math.inf, math.inf)] * len(speeds)
     p = job.profile
-    a = (1.0 - p.beta) * p.ref_khz
-    b = p.beta
     w = job.remaining_work * p.work_s
+    mem = p.beta * p.work_s
+    cpu_left, mem_left = min(w, p.work_s - mem), min(w, mem)  # agents.deadlines.work_bound
     sa, sb, sm = span_terms(p)
     full, ref = p.span_s, p.ref_khz
     ceil = math.ceil
     out: list[Requirement] = []
     for v in speeds:
-        phi = a / v + b  # agents.deadlines.slowdown
-        c = w * phi
-        r = ref / v  # agents.deadlines.span_bound, term for term
+        r = ref / v
+        c = cpu_left * r + (w - cpu_left) if r >= 1.0 else (w - mem_left) * r + mem_left
+        # agents.deadlines.span_bound, term for term
         span = min(sa / v + sb, full * r + (sm * (1.0 - r) if r < 1.0 else 0.0), c)
         if c <= d:
             out.append((LIGHT, 1, c, span))
@@ -279,7 +278,9 @@ def pool_fits(jobs: Sequence[tuple[float, float, float]], m: int) -> bool:
             work += jobs[j][1]
             j += 1
         for d, _, span in jobs[i:j]:
-            if span + (work - span) / m > d:
+            # one core: the sequential sum itself (L + (W - L) / 1 can round above W, and a
+            # lone light job with C(f) = D, which requirement() calls light, would not fit)
+            if (work if m == 1 else span + (work - span) / m) > d:
                 return False
         i = j
     return True

@@ -39,7 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
-from agents.deadlines import greedy_bound, span_at, span_terms, work_at
+from agents.deadlines import greedy_bound, span_terms, span_within, work_at
 from agents.features import (
     CLUSTER_FIELDS,
     MAX_CLUSTERS,
@@ -439,7 +439,7 @@ def rt_row(
     phi = _phi(j, f, capacity)
     n = max(len(s.cpus), 1)
     c = rem * p.work_s * phi
-    span = span_at(p, f, capacity, rem)
+    span = span_within(p, f, capacity, c)
     g = span + (c - span) / n
     mine = set(s.cpus)
     interf = 0.0
@@ -759,7 +759,7 @@ class SpillStage:
             f = out.freq_khz.get(cl.name) or cl.cur_khz or cl.freqs_khz[-1]
             rem = job_remaining(j)
             c = work_at(j.profile, f, cl.capacity, rem)
-            span = span_at(j.profile, f, cl.capacity, rem)
+            span = span_within(j.profile, f, cl.capacity, c)
             if span + (c - span) / len(cpus) > j.remaining_s:
                 late.append((j.remaining_s, pid))
         if not late:

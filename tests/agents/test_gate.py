@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agents.deadlines import work_at
 from agents.gate import (
+    LIGHT,
     Assignment,
     FederatedGate,
     GateCluster,
@@ -784,3 +785,20 @@ def test_beyond_max_maps_the_gate_still_finds_a_feasible_map(monkeypatch):
         if bounded.feasible:
             assert FederatedGate(ks).check(bounded.decision, jobs)[0] == []
     assert feasible_exists >= 20
+
+
+def test_a_lone_light_job_whose_work_equals_its_deadline_fits_one_core():
+    """C(f) = D exactly: requirement() calls it light, so one core must hold it; the pool
+    test's L + (W - L) / 1 rounded above W and the repair found no point (hypothesis)."""
+    c0 = GateCluster("c0", (0, 1), (400000, 800000), 0.5)
+    c1 = GateCluster("c1", (2,), (400000,), 0.5)
+    p = JobProfile("j", 0.5046728114416541, 0.025233640572082706, 0.0, 0.5046728114416541, GHZ, 1)
+    job = GateJob(100, p, 1.2616820286041353, 0.5)
+    assert requirement(job, c0, 400000)[0] == LIGHT
+    assert pool_fits([(job.remaining_s, requirement(job, c0, 400000)[2], p.span_s)], 1)
+    d = Decision(
+        {"c0": 400000, "c1": 400000},
+        {100: JobSetting((0, 1)), 900: JobSetting((0, 1, 2))},
+    )
+    r = FederatedGate([c0, c1]).repair(d, [job])
+    assert r.feasible

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.deadlines import greedy_bound, slowdown, span_at, work_at
+from agents.deadlines import greedy_bound, slowdown, span_within, work_at
 from platforms.dag import make_dag
 from platforms.observation import JobProfile
 from platforms.sim.params import parse_sim
@@ -27,7 +27,8 @@ def profile(work=2.0, span=0.3, beta=0.2) -> JobProfile:
 def test_on_equal_cores_it_is_grahams_bound():
     p = profile()
     for n, rem in ((1, 1.0), (3, 0.6), (8, 0.05)):
-        c, span = work_at(p, 1_500_000, 0.8, rem), span_at(p, 1_500_000, 0.8, rem)
+        c = work_at(p, 1_500_000, 0.8, rem)
+        span = span_within(p, 1_500_000, 0.8, c)
         assert greedy_bound(p, [(1_500_000, 0.8)] * n, rem) == pytest.approx(span + (c - span) / n)
 
 

@@ -12,7 +12,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.deadlines import greedy_bound, profile_from_dag, span_at
+from agents.deadlines import greedy_bound, profile_from_dag, span_at, work_bound
 from agents.gate import IMPOSSIBLE, GateCluster, GateJob, requirement, requirements
 from platforms.dag import DagBuilder
 from platforms.sim.plant import Plant, SimJob
@@ -82,13 +82,9 @@ def test_span_at_bounds_the_true_span_at_every_point_of_every_board(dag, remaini
                 for prof in (p, bare):
                     # the whole job: at least its true span
                     assert span_at(prof, khz, cl.capacity) >= true_span * (1 - 1e-9)
-                    # part of it done: the bound never exceeds the remaining work
-                    c_rem = (
-                        remaining
-                        * prof.work_s
-                        * ((1 - prof.beta) * prof.ref_khz / (cl.capacity * khz) + prof.beta)
-                    )
-                    assert span_at(prof, khz, cl.capacity, remaining) <= c_rem * (1 + 1e-9)
+                    # part of it done: the bound never exceeds the remaining work's bound
+                    w_rem = work_bound(prof, khz, cl.capacity, remaining)
+                    assert span_at(prof, khz, cl.capacity, remaining) <= w_rem * (1 + 1e-9)
 
 
 @settings(max_examples=60, deadline=None)
@@ -104,3 +100,33 @@ def test_the_table_loop_and_the_greedy_bound_use_the_same_span(dag, deadline):
         for n in (1, 2, 4):
             g = greedy_bound(p, [(khz, 1.0)] * n)
             assert abs(g - (span + (c - span) / n)) <= 1e-9 * max(1.0, g)
+
+
+def test_the_work_left_is_bounded_whatever_its_memory_share():
+    """fft's last phase is memory-bound: moved from three A57 cores to one Denver core
+    (capacity 1.3) at 93 % done, the job takes longer than its remaining work at the job's
+    mean memory share (work_at) predicts; work_bound, which the gate plans with, holds."""
+    from agents.deadlines import work_at
+    from bots_bench.dags import generate
+    from bots_bench.reference import measure_reference
+
+    den, p = TX2.cluster("denver"), measure_reference("tx2", "fft", "test", 0)
+    plant = Plant(TX2, seed=0, online=TX2.cpus, governor="userspace")
+    for c in TX2.clusters:
+        plant.set_freq(c.name, c.fmax_khz)
+    pid = plant.submit(SimJob(dag=generate("fft", "test", seed=0), name="fft"))
+    plant.set_affinity(pid, A57.cpus[:3])
+    plant.advance(0.14)
+    done = plant.job_progress(pid)
+    assert 0.5 < done < 1.0
+    plant.set_affinity(pid, den.cpus[:1])
+    plant.run_until_idle()
+    took = plant.jobs[pid].finish_t - 0.14
+    assert work_at(p, den.fmax_khz, den.capacity, 1 - done) < took  # the mean share misses
+    assert work_bound(p, den.fmax_khz, den.capacity, 1 - done) >= took
+    # the whole job: the bound is the estimate
+    for cl in TX2.clusters:
+        for khz in cl.freqs_khz:
+            est, bound = work_at(p, khz, cl.capacity), work_bound(p, khz, cl.capacity)
+            assert abs(bound - est) <= 1e-12 * est
+            assert work_bound(p, khz, cl.capacity, 0.3) >= work_at(p, khz, cl.capacity, 0.3)
