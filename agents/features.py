@@ -132,8 +132,9 @@ def job_remaining(job: JobObs) -> float:
 def job_time_at(job: JobObs, khz: float, capacity: float, ncores: int) -> float:
     """Graham-style bound of the job's remaining time at ``khz`` on ``ncores`` cores (s).
 
-    L(f) + (C(f) - L(f)) / n with the two-point scaling and the span's bound
-    (:func:`agents.deadlines.span_at`); 0 without a profile.
+    L(f) + (C(f) - L(f)) / n with the two-point scaling of the work left (the estimate,
+    :func:`agents.deadlines.work_at`) and the span's bound capped by it
+    (:func:`agents.deadlines.span_within`); 0 without a profile.
     """
     p = job.profile
     if p is None:

@@ -1,8 +1,10 @@
 """Federated schedulability gate: enough cores and frequency for every deadline job.
 
 Model (reference/models.md 1.1-1.3, one-shot jobs with a remaining deadline D). At the
-frequency f of its cluster (capacity kappa), a job needs, with the two-point scaling of
-:mod:`agents.deadlines` (C(f), L(f) of the remaining work):
+frequency f of its cluster (capacity kappa), a job needs, with upper bounds of the remaining
+work C(f) and span L(f) (:func:`agents.deadlines.work_bound`, :func:`agents.deadlines.span_at`:
+the two-point scaling, taken the worst way where the work left or the critical path may hold
+more compute or more memory stalls than the job's mean):
 
 * **light** when C(f) <= D: it runs as one sequential job on the cluster's shared light cores;
 * **heavy** when C(f) > D and L(f) < D: n = ceil((C(f) - L(f)) / (D - L(f))) dedicated cores
