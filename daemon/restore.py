@@ -659,11 +659,12 @@ class Session:
             p.touched is not None for p in self._snapshot.policies
         ):
             return
-        self._entries = {
-            k: p if p.touched is not None else replace(p, touched=())
-            for k, p in self._entries.items()
-        }
-        self._save()
+        self._save(
+            {
+                k: p if p.touched is not None else replace(p, touched=())
+                for k, p in self._entries.items()
+            }
+        )
 
     def cover(self, policy: int, names: Iterable[str]) -> None:
         """Call before writing ``names`` of ``policy``: marks them as hidvfs's and, when the
@@ -687,21 +688,15 @@ class Session:
                     "does not write this policy: it could not give it back",
                 )
             entry = replace(read, touched=() if entry is None else entry.touched)
-        before = self._entries.get(policy)
-        if entry.touched is None:
-            self._entries[policy] = entry
+        if entry.touched is None:  # every file is given back anyway: nothing to mark
             covered = None
         else:
             covered = names | frozenset(entry.touched)
-            self._entries[policy] = replace(entry, touched=tuple(sorted(covered)))
-        if fresh or entry.touched is not None:
+            entry = replace(entry, touched=tuple(sorted(covered)))
+        if fresh or covered is not None:
             try:
-                self._save()
+                self._save({**self._entries, policy: entry})
             except OSError as err:  # a full disk: not on disk, so not written either
-                if before is None:
-                    del self._entries[policy]
-                else:
-                    self._entries[policy] = before
                 raise SysfsUnavailable(
                     snapshot_path(self.state_dir),
                     f"cannot record policy{policy} in it ({err.strerror or err}), so hidvfs "
@@ -726,12 +721,10 @@ class Session:
         fields = {"scaling_min_freq": "min_khz", "scaling_max_freq": "max_khz"}
         if entry is None or not values:
             return
-        before = entry
-        self._entries[policy] = replace(entry, **{fields[n]: v for n, v in values.items()})
+        adopted = replace(entry, **{fields[n]: v for n, v in values.items()})
         try:
-            self._save()
+            self._save({**self._entries, policy: adopted})
         except OSError as err:
-            self._entries[policy] = before
             self.log.warning(
                 "event=snapshot_not_adopted policy=%d detail=%s", policy, err.strerror or err
             )
@@ -742,13 +735,12 @@ class Session:
             " ".join(f"{n}={v}" for n, v in sorted(values.items())),
         )
 
-    def _save(self) -> None:
-        """The entries on disk, then in :attr:`snapshot` (not before they are on disk)."""
-        snap = replace(
-            self._snapshot, policies=tuple(self._entries[k] for k in sorted(self._entries))
-        )
+    def _save(self, entries: dict[int, PolicySnapshot]) -> None:
+        """``entries`` on disk, then in memory and :attr:`snapshot`: a save that fails (an
+        OSError, raised) changes neither, so nothing needs rolling back."""
+        snap = replace(self._snapshot, policies=tuple(entries[k] for k in sorted(entries)))
         save_snapshot(snap, self.state_dir)
-        self._snapshot = snap
+        self._entries, self._snapshot = entries, snap
 
 
 # --------------------------------------------------------------------------------------------
