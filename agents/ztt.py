@@ -97,9 +97,6 @@ from platforms.spec import BoardSpec
 
 ZTT_IN = MAX_CLUSTERS * 2 + 3
 POSITIONS = (3 / 11, 7 / 11, 1.0)
-#: the published target, a TX2 device setting (Jetson_tx2/agent.py: ``target_temp=50``; the
-#: Pixel 3a's is 65 C); the port's is per board, :func:`target_temp_c`
-T_TARGET_C = 50.0
 #: T_target = lowest passive CPU trip - this (hidvfs's ``TrainConfig.temp_margin_c``)
 TARGET_MARGIN_C = 20.0
 BETA = 2.0
@@ -359,7 +356,6 @@ def train_ztt(
 
 __all__ = [
     "ZTT_IN",
-    "T_TARGET_C",
     "TARGET_MARGIN_C",
     "EXPLORE_MARGIN_C",
     "EXPLORE_P",
