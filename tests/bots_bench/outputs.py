@@ -14,3 +14,16 @@ def fib_block(seconds: float) -> str:
         "Verification        = successful\n"
         f"Time Program        = {seconds} seconds\n"
     )
+
+
+def sparselu_serial_block(seconds: float) -> str:
+    """The serial sparselu's result block: no version in its Program, and it cannot check."""
+    return (
+        "Program             = SparseLU\n"
+        "Parameters          = S1=10x10, S2=25x25\n"
+        "Model               = Serial\n"
+        "Embedded cut-off    = none\n"
+        "# of Threads        = 1\n"
+        "Verification        = n/a\n"
+        f"Time Program        = {seconds} seconds\n"
+    )

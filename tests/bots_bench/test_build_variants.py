@@ -17,6 +17,7 @@ from bots_bench.store import Store
 from platforms.errors import SpecError
 from platforms.faketree import write_fake_tree
 from platforms.spec import load_board
+from tests.bots_bench.outputs import sparselu_serial_block
 from tools.native_campaign import run_configs
 from tools.policies import build_policy_stack
 
@@ -147,15 +148,7 @@ def test_a_native_spec_accepts_the_serial_variant():
 
 def test_a_serial_run_of_a_stand_in_is_a_good_run(tmp_path):
     # the serial sparselu prints its Program without "(Single version)"
-    block = (
-        "Program             = SparseLU\n"
-        "Parameters          = S1=10x10, S2=25x25\n"
-        "Model               = Serial\n"
-        "Embedded cut-off    = none\n"
-        "# of Threads        = 1\n"
-        "Verification        = n/a\n"
-        "Time Program        = 0.5 seconds\n"
-    )
+    block = sparselu_serial_block(0.5)
     _exe(tmp_path / "bin", "sparselu.gcc.serial", f"echo \"argv: $*\"\nprintf '{block}'\n")
     root = tmp_path / "tree"
     write_fake_tree(load_board("tx2"), root)

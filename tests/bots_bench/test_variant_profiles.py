@@ -21,22 +21,33 @@ from bots_bench.store import Store
 from platforms.faketree import write_fake_tree
 from platforms.observation import JobProfile
 from platforms.spec import load_board
-from tests.bots_bench.outputs import fib_block
+from tests.bots_bench.outputs import fib_block, sparselu_serial_block
 from tools.cli import cli
 from tools.native_campaign import run_configs
 from tools.policies import build_policy_stack
 
 FIB = fib_block(0.01)
 #: the serial sparselu cannot check: -c would turn its n/a into a failed verification
-SPARSELU_SERIAL = (
-    "Program             = SparseLU\n"
-    "Parameters          = S1=10x10, S2=25x25\n"
-    "Model               = Serial\n"
-    "Embedded cut-off    = none\n"
-    "# of Threads        = 1\n"
-    "Verification        = n/a\n"
-    "Time Program        = 0.01 seconds\n"
-)
+SPARSELU_SERIAL = sparselu_serial_block(0.01)
+
+
+def _native_run(configs, tree, tmp_path, profiles) -> dict:
+    """The one run of a native campaign of ``configs`` on the fake ``tree`` with deadlines at
+    1.5 x the profiles in ``profiles``."""
+    db = Store(":memory:")
+    run_configs(
+        configs,
+        db,
+        backend="native",
+        sysfs_root=str(tree),
+        state_dir=str(tmp_path / "state"),
+        quiet=True,
+        deadline_slack=1.5,
+        profiles_path=str(profiles),
+        say=lambda m: None,
+    )
+    (rec,) = db.runs()
+    return rec
 
 
 def _stand_in(folder, name, block, log=None):
@@ -127,20 +138,7 @@ def test_a_native_campaign_of_a_variant_plans_from_that_variant_s_profile(
     monkeypatch.setattr(native.JobTable, "register", spy)
 
     def campaign(profiles):
-        db = Store(":memory:")
-        run_configs(
-            _manual_campaign(tmp_path / "bin"),
-            db,
-            backend="native",
-            sysfs_root=str(tree),
-            state_dir=str(tmp_path / "state"),
-            quiet=True,
-            deadline_slack=1.5,
-            profiles_path=str(profiles),
-            say=lambda m: None,
-        )
-        (rec,) = db.runs()
-        return rec
+        return _native_run(_manual_campaign(tmp_path / "bin"), tree, tmp_path, profiles)
 
     rec = campaign(_profiles(tmp_path / "both.json", default, manual))
     assert rec["ok"], rec["error"]
@@ -161,19 +159,7 @@ def test_a_native_campaign_of_a_variant_plans_from_that_variant_s_profile(
 def test_a_default_campaign_s_missing_profile_message_names_no_variant(tree, tmp_path):
     _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks", FIB)
     configs = [replace(c, variant="omp-tasks") for c in _manual_campaign(tmp_path / "bin")]
-    db = Store(":memory:")
-    run_configs(
-        configs,
-        db,
-        backend="native",
-        sysfs_root=str(tree),
-        state_dir=str(tmp_path / "state"),
-        quiet=True,
-        deadline_slack=1.5,
-        profiles_path=str(tmp_path / "none.json"),
-        say=lambda m: None,
-    )
-    (rec,) = db.runs()
+    rec = _native_run(configs, tree, tmp_path, tmp_path / "none.json")
     assert "no reference profile 'fib.smoke'" in rec["error"]
     assert rec["error"].endswith("--bench fib --class smoke)")
 
