@@ -454,7 +454,7 @@ def omp_env_text(g: GroupStats) -> str | None:
 #: does not name (see RunConfig.spec_hash)
 _SETTINGS = (
     ("deadline_slack", None, "deadline slack {}x"),
-    ("threads", None, "{} threads"),
+    ("threads", None, "{} thread{s}"),
     ("variant", None, "variant {}"),
     ("label", None, "build {}"),
     ("check", None, "check {}"),
@@ -470,11 +470,8 @@ def setting_label(config: Mapping[str, Any]) -> str:
         v = config.get(key, default)
         if v is None or v == defaults.get(key, default):
             continue
-        parts.append(
-            fmt.format(
-                str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
-            )
-        )
+        text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
+        parts.append(fmt.format(text, s="" if v == 1 and not isinstance(v, bool) else "s"))
     return ", ".join(parts)
 
 

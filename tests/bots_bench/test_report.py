@@ -435,7 +435,7 @@ def test_a_native_table_says_which_openmp_environment_its_kernels_ran_with(tmp_p
                "backend": "sim", "rep": 0, "makespan_s": 1.0, "ok": True})  # fmt: skip
     with Store(db) as s:
         groups = {(g.backend, g.setting): g for g in compute_stats(s.runs(with_stdout=False))}
-    g2, g1, auto = (groups[("native", lab)] for lab in ("2 threads", "1 threads", ""))
+    g2, g1, auto = (groups[("native", lab)] for lab in ("2 threads", "1 thread", ""))
     assert [(u.env, u.runs) for u in g2.omp_env] == [(two, 2)] and not g2.omp_env_ignored
     assert [(u.env, u.runs) for u in g1.omp_env] == [(one, 2)]
     assert g1.omp_env_ignored == ["GOMP_SPINCOUNT", "OMP_THREAD_LIMIT"]
@@ -452,7 +452,7 @@ def test_a_native_table_says_which_openmp_environment_its_kernels_ran_with(tmp_p
         "OpenMP environment of the kernels: `OMP_NUM_THREADS=2`."
         in (sections["fib / test (tx2, native; 2 threads)"])
     )
-    one_thread = sections["fib / test (tx2, native; 1 threads)"]
+    one_thread = sections["fib / test (tx2, native; 1 thread)"]
     assert (
         "OpenMP environment of the kernels: `OMP_NUM_THREADS=1 OMP_STACKSIZE=16M`. "
         "Left out or replaced from the campaign's shell (1 of 2 runs): `GOMP_SPINCOUNT`, "
