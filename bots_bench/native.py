@@ -385,7 +385,7 @@ def run_native(
         table.register(
             JobEntry(
                 pid=proc.pid,
-                name=registry.job_name(cfg.bench, cfg.cls, cfg.variant),  # its profile's
+                name=registry.job_name(cfg.bench, cfg.cls, cfg.variant, cfg.label),  # its profile's
                 release_t=t_launch,
                 deadline_s=cfg.deadline_s,
                 criticality="lo",

@@ -27,8 +27,10 @@ SERIAL_VARIANT = "serial"
 BASE_FLAGS = ("-v", "0", "-o", "3")
 
 _VARIANT_RE = re.compile(r"^omp-tasks(?:-(?:manual|if_clause|final))?(?:-tied)?$")
+#: a compiler label as the binaries are named with it (``./configure --compiler``)
+_LABEL = r"[A-Za-z0-9_+-]+"
 _BINARY_RE = re.compile(
-    r"^(?P<kernel>[a-z]+)\.(?P<label>[A-Za-z0-9_+-]+?)\."
+    rf"^(?P<kernel>[a-z]+)\.(?P<label>{_LABEL}?)\."
     r"(?P<variant>(?:(?:for|single)-)?omp-tasks(?:-(?:manual|if_clause|final))?(?:-tied)?"
     r"|serial)$"
 )
@@ -363,6 +365,16 @@ def binary_name(
     return f"{k.name}.{label}.{sub + '-' if sub else ''}{rest}"
 
 
+def check_label(label: object) -> str:
+    """A compiler label :func:`find_binaries` can list a binary under: no ``.``, which would
+    split the binary's name, nor ``@``, which joins it to a profile name (:func:`job_name`)."""
+    if not (isinstance(label, str) and re.fullmatch(_LABEL, label)):
+        raise RegistryError(
+            f"bad compiler label {label!r}: expected letters, digits, _, + or - (e.g. gcc, clang)"
+        )
+    return label
+
+
 def uses_cutoff_flag(variant: str) -> bool:
     """Only the cut-off builds accept ``-x`` (bots.md 4.2)."""
     return any(t in variant for t in ("-manual", "-if_clause", "-final"))
@@ -467,21 +479,25 @@ def omp_env(kernel_name: str, cls: str, threads: int) -> dict[str, str]:
     return env
 
 
-def job_name(kernel_name: str, cls: str, variant: str = DEFAULT_VARIANT) -> str:
+def job_name(
+    kernel_name: str, cls: str, variant: str = DEFAULT_VARIANT, label: str = DEFAULT_LABEL
+) -> str:
     """The name a BOTS run registers under, and its reference profile is stored as:
     ``KERNEL.CLASS`` for the default build (``fib.small``), ``KERNEL.CLASS.VARIANT`` for any
-    other (``fib.small.omp-tasks-manual``, ``fib.small.serial``): another build is another
+    other variant (``fib.small.omp-tasks-manual``, ``fib.small.serial``), with ``@LABEL`` for
+    a compiler label other than the default (``fib.small@clang``): another build is another
     binary, with another cost, so its deadline is planned from its own profile. A variant
     naming the kernel's default version (sparselu's ``single-omp-tasks``) is the default
     build, and ``single-`` is left out of the others' names (``omp-tasks-tied``)."""
+    at = "" if check_label(label) == DEFAULT_LABEL else f"@{label}"
     name = f"{kernel_name}.{cls}"
     if variant == DEFAULT_VARIANT:
-        return name
+        return name + at
     k = kernel(kernel_name)
     sub, rest = _split_variant(k, variant)
     if sub is not None and sub != k.default_sub:
         rest = f"{sub}-{rest}"
-    return name if rest == DEFAULT_VARIANT else f"{name}.{rest}"
+    return (name if rest == DEFAULT_VARIANT else f"{name}.{rest}") + at
 
 
 def command_for(

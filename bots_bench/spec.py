@@ -412,8 +412,12 @@ def parse_spec(
 
     variant = data.get("variant", registry.DEFAULT_VARIANT)
     label = data.get("label", registry.DEFAULT_LABEL)
-    if not isinstance(label, str) or not label or "." in label:
-        raise _err(source, "label", "a compiler label without dots (e.g. gcc)", label)
+    try:  # the registry's rule: a label it cannot name a binary or a profile with is refused
+        registry.check_label(label)
+    except registry.RegistryError:
+        raise _err(
+            source, "label", "a compiler label: letters, digits, _, + or - (e.g. gcc)", label
+        ) from None
     if not isinstance(variant, str):
         raise _err(source, "variant", "a BOTS variant such as omp-tasks or omp-tasks-tied", variant)
     for k in kernels:

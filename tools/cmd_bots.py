@@ -116,7 +116,8 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     type=FiniteFloatRange(min=1.0),
     help="Give each job a deadline of SLACK x its reference makespan (native: the profile "
     "stored as BENCH.CLASS, or BENCH.CLASS.VARIANT for a spec's variant other than the "
-    "default: `hidvfs bots profile --variant`; see --profiles).",
+    "default, with @LABEL for a spec's label other than gcc: `hidvfs bots profile --variant "
+    "--label`; see --profiles).",
 )
 @click.option(
     "--profiles",
@@ -375,6 +376,16 @@ def _list_classes(kernel_name: str, as_json: bool) -> None:
     "binary with its own profile, stored as BENCH.CLASS.VARIANT (BENCH.CLASS for the "
     "default); a native campaign with --deadline-slack uses the profile of its spec's variant.",
 )
+@click.option(
+    "--label",
+    default="gcc",
+    show_default=True,
+    help="Compiler label of the build to time (the binaries' BENCH.LABEL.VARIANT names, as "
+    "./configure --compiler named them: clang, icc, ...). Another compiler's build has its "
+    "own profile, stored with @LABEL appended (BENCH.CLASS@clang, "
+    "BENCH.CLASS.VARIANT@clang); a native campaign with --deadline-slack uses the profile of "
+    "its spec's label.",
+)
 @measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
 def profile_cmd(
@@ -382,6 +393,7 @@ def profile_cmd(
     bench,
     cls,
     variant,
+    label,
     store,
     sysfs_root,
     board,
@@ -392,9 +404,10 @@ def profile_cmd(
     as_json,
 ) -> None:
     """Measure the reference profile of each kernel's binary (stored as BENCH.CLASS, or
-    BENCH.CLASS.VARIANT for a --variant other than the default), so that native campaigns
-    with --deadline-slack and `hidvfs run --name BENCH.CLASS` can plan deadlines. A run whose
-    verification fails stores nothing for that kernel."""
+    BENCH.CLASS.VARIANT for a --variant other than the default, with @LABEL for a --label
+    other than gcc), so that native campaigns with --deadline-slack and
+    `hidvfs run --name BENCH.CLASS` can plan deadlines. A run whose verification fails stores
+    nothing for that kernel."""
     from dataclasses import asdict
 
     from bots_bench import registry
@@ -407,8 +420,12 @@ def profile_cmd(
 
     check_bots_bin(bots_bin)  # before the session opens the board or a kernel is timed
     kernels = _check_selection("native", bench, cls, bots_bin=bots_bin).kernels
-    try:  # a bad variant is refused before the board is opened
-        names = {k: registry.job_name(k, cls, variant) for k in kernels}
+    try:  # a bad label or variant is refused before the board is opened
+        registry.check_label(label)
+    except registry.RegistryError as err:
+        fail(f"--label {label}: {err}")
+    try:
+        names = {k: registry.job_name(k, cls, variant, label) for k in kernels}
     except registry.RegistryError as err:
         fail(f"--variant {variant}: {err}")
     session = MeasureSession(sysfs_root, board, state_dir, socket_path, store)
@@ -417,7 +434,7 @@ def profile_cmd(
     for k in kernels:
         name = names[k]
         try:
-            cmd = registry.command_for(k, cls, bots_bin, threads, variant=variant)
+            cmd = registry.command_for(k, cls, bots_bin, threads, variant=variant, label=label)
 
             def verified(text: str, check: bool = cmd.check, kernel: str = k) -> str | None:
                 try:
@@ -430,7 +447,7 @@ def profile_cmd(
             # cannot check, such as most serial ones: their -c prints Verification = n/a)
             if not cmd.check and registry.needs_separate_check(k, variant):
                 check_cmd = registry.command_for(
-                    k, cls, bots_bin, threads, variant=variant, check=True
+                    k, cls, bots_bin, threads, variant=variant, label=label, check=True
                 )
                 check_timer = command_timer(
                     check_cmd.env, lambda text, kernel=k: verified(text, True, kernel)

@@ -83,7 +83,8 @@ def run_configs(
 
     Natively each job gets the reference profile of its build stored for the board
     (``registry.job_name``: ``BENCH.CLASS``, ``BENCH.CLASS.VARIANT`` for a variant other than
-    the default; ``hidvfs bots profile [--variant V]``); with ``deadline_slack`` its deadline
+    the default, ``@LABEL`` appended for a compiler label other than gcc; ``hidvfs bots
+    profile [--variant V] [--label L]``); with ``deadline_slack`` its deadline
     is slack x that profile's reference makespan, and a job without a profile is a failed run
     saying so.
     The slack is part of every run's key, so changing it never reuses runs measured without
@@ -104,24 +105,29 @@ def run_configs(
         detected = nb.platform.spec.name
         configs = [replace(c, board=detected) for c in configs]
         from agents import deadlines
-        from bots_bench.registry import job_name
+        from bots_bench.registry import DEFAULT_LABEL, job_name
         from daemon.config import DEFAULT_PROFILES
 
         profiles_path = profiles_path or DEFAULT_PROFILES
         profiles = deadlines.load(profiles_path, missing_ok=True)
 
         def run_fn(cfg):
-            # the profile of the binary that runs: a cut-off, tied or serial build has its own
-            name, board_name = job_name(cfg.bench, cfg.cls, cfg.variant), nb.platform.spec.name
+            # the profile of the binary that runs: a cut-off, tied or serial build, or another
+            # compiler's, has its own
+            name = job_name(cfg.bench, cfg.cls, cfg.variant, cfg.label)
+            board_name = nb.platform.spec.name
             prof = profiles.find(name, board_name)
             if cfg.deadline_slack is not None:
                 if prof is None:
-                    variant = "" if name == job_name(cfg.bench, cfg.cls) else cfg.variant
+                    # the options of the build's name (a default variant or label is left out)
+                    default = name == job_name(cfg.bench, cfg.cls, label=cfg.label)
+                    build = "" if default else f" --variant {cfg.variant}"
+                    build += "" if cfg.label == DEFAULT_LABEL else f" --label {cfg.label}"
                     raise LookupError(
                         f"no reference profile {name!r} for {board_name} in {profiles_path}, so "
                         f"no deadline can be set: measure it first (sudo hidvfs bots profile "
                         f"--bots-bin {cfg.bots_bin} --bench {cfg.bench} --class {cfg.cls}"
-                        f"{f' --variant {variant}' if variant else ''})"
+                        f"{build})"
                     )
                 cfg = replace(cfg, deadline_s=cfg.deadline_slack * prof.ref_makespan_s)
             return run_native(cfg, nb, build_policy_stack, profile=prof)

@@ -67,7 +67,8 @@ def native_runner(
                     "deadline_met": None,
                 }
             deadline = slack * refs[kernel]
-        prof = store.find(job_name(kernel, cls, variant), nb.platform.spec.name)
-        return run_native(cfg(kernel, seed, policy, deadline), nb, build_policy_stack, prof)
+        run = cfg(kernel, seed, policy, deadline)
+        prof = store.find(job_name(run.bench, run.cls, run.variant, run.label), run.board)
+        return run_native(run, nb, build_policy_stack, prof)
 
     return native, nb

@@ -3,7 +3,9 @@ serial build) is stored under its own name, ``KERNEL.CLASS.VARIANT``, measured b
 ``hidvfs bots profile --variant V``, and a native campaign of that variant plans its deadline
 from it. Profiles used to be keyed by ``KERNEL.CLASS`` alone, so a campaign of
 ``omp-tasks-manual`` with --deadline-slack planned its deadline, gate and shield from the default
-binary's profile."""
+binary's profile. Another compiler's build (a spec's ``label: clang``) is another binary too: its
+profile is stored as ``KERNEL.CLASS@LABEL`` (``KERNEL.CLASS.VARIANT@LABEL``), measured by
+``hidvfs bots profile --label L``."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from bots_bench import native, registry
 from bots_bench.native import run_native
 from bots_bench.spec import RunConfig, expand, parse_spec
 from bots_bench.store import Store
+from platforms.errors import SpecError
 from platforms.faketree import write_fake_tree
 from platforms.observation import JobProfile
 from platforms.spec import load_board
@@ -94,8 +97,32 @@ def test_a_variant_other_than_the_default_has_a_profile_name_of_its_own():
         registry.job_name("fib", "small", "omp-tasks-bogus")
 
 
+def test_a_compiler_label_other_than_the_default_has_a_profile_name_of_its_own():
+    gcc = registry.DEFAULT_LABEL
+    assert registry.job_name("fib", "small", label=gcc) == "fib.small"  # stores made before
+    assert registry.job_name("fib", "small", "serial", gcc) == "fib.small.serial"
+    assert registry.job_name("fib", "small", label="clang") == "fib.small@clang"
+    assert registry.job_name("fib", "small", "omp-tasks-manual", "clang") == (
+        "fib.small.omp-tasks-manual@clang"
+    )
+    assert registry.job_name("sparselu", "small", "single-omp-tasks", "clang") == (
+        "sparselu.small@clang"
+    )
+    names = {registry.job_name("fib", "small", label=lab) for lab in ("gcc", "clang", "icc")}
+    assert len(names) == 3
+    for name in names:
+        assert deadlines.check_name(name) == name  # the job registry takes it
+    # a dot or an @ would make two builds' names alike: refused, by a spec too
+    for bad in ("clang.17", "gcc@clang", ""):
+        with pytest.raises(registry.RegistryError, match="bad compiler label"):
+            registry.job_name("fib", "small", label=bad)
+        with pytest.raises(SpecError) as e:
+            _manual_campaign("bin", label=bad)
+        assert e.value.key == "label" and e.value.got == bad
+
+
 # --- a native campaign of a variant -----------------------------------------------------------
-def _manual_campaign(bots_bin):
+def _manual_campaign(bots_bin, **extra):
     spec = parse_spec(
         {
             "kernels": ["fib"],
@@ -109,6 +136,7 @@ def _manual_campaign(bots_bin):
             "cooldown": None,
             "threads": 2,
             "variant": "omp-tasks-manual",
+            **extra,
         }
     )
     return expand(spec)
@@ -162,6 +190,50 @@ def test_a_default_campaign_s_missing_profile_message_names_no_variant(tree, tmp
     rec = _native_run(configs, tree, tmp_path, tmp_path / "none.json")
     assert "no reference profile 'fib.smoke'" in rec["error"]
     assert rec["error"].endswith("--bench fib --class smoke)")
+
+
+@pytest.mark.parametrize(
+    ("variant", "name", "options"),
+    [
+        ("omp-tasks", "fib.smoke@clang", "--class smoke --label clang)"),
+        (
+            "omp-tasks-manual",
+            "fib.smoke.omp-tasks-manual@clang",
+            "--class smoke --variant omp-tasks-manual --label clang)",
+        ),
+    ],
+    ids=["default-variant", "manual"],
+)
+def test_a_native_campaign_of_a_label_plans_from_that_label_s_profile(
+    tree, tmp_path, monkeypatch, variant, name, options
+):
+    _stand_in(tmp_path / "bin", f"fib.clang.{variant}", FIB)
+    gcc = JobProfile(registry.job_name("fib", "smoke", variant), 0.5, 0.05, 0.1, 0.4, 2035200, 4)
+    clang = JobProfile(name, 0.3, 0.03, 0.1, 0.2, 2035200, 4)
+    registered = []
+    real = native.JobTable.register
+
+    def spy(self, entry):
+        registered.append(entry)
+        return real(self, entry)
+
+    monkeypatch.setattr(native.JobTable, "register", spy)
+
+    def campaign(profiles):
+        configs = _manual_campaign(tmp_path / "bin", variant=variant, label="clang")
+        return _native_run(configs, tree, tmp_path, profiles)
+
+    rec = campaign(_profiles(tmp_path / "both.json", gcc, clang))
+    assert rec["ok"], rec["error"]
+    assert rec["deadline_s"] == pytest.approx(1.5 * 0.2)  # the clang build's, not 1.5 x 0.4
+    (entry,) = registered
+    assert entry.name == name and entry.profile.name == name
+
+    # only the gcc build's profile: a failed run naming the command that measures clang's
+    rec = campaign(_profiles(tmp_path / "gcc.json", gcc))
+    assert not rec["ok"]
+    assert f"no reference profile {name!r}" in rec["error"]
+    assert rec["error"].endswith(f"--bench fib {options}")
 
 
 def test_a_native_study_of_a_variant_hands_the_job_that_variant_s_profile(
@@ -247,6 +319,32 @@ def test_bots_profile_measures_a_variant_under_its_own_name(tree, tmp_path):
     assert db.find("fib.smoke.omp-tasks-manual", "tx2").version == 1
 
 
+def test_bots_profile_measures_a_label_under_its_own_name(tree, tmp_path):
+    log = tmp_path / "ran.log"
+    _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks", FIB, log)
+    _stand_in(tmp_path / "bin", "fib.clang.omp-tasks", FIB, log)
+    _stand_in(tmp_path / "bin", "fib.clang.omp-tasks-manual", FIB, log)
+    store = tmp_path / "profiles.json"
+    for extra, name, binary in (
+        (("--label", "clang"), "fib.smoke@clang", "fib.clang.omp-tasks"),
+        (
+            ("--label", "clang", "--variant", "omp-tasks-manual"),
+            "fib.smoke.omp-tasks-manual@clang",
+            "fib.clang.omp-tasks-manual",
+        ),
+    ):
+        r = CliRunner().invoke(cli, _profile_args(tmp_path, tree, store, "--bench", "fib", *extra))
+        assert r.exit_code == 0, r.output
+        (row,) = json.loads(r.stdout)
+        assert row["ok"] and row["name"] == name
+        assert set(log.read_text().split()) == {binary}  # the build timed
+        log.unlink()
+    db = deadlines.load(store)
+    assert db.find("fib.smoke", "tx2") is None  # the gcc build's is not measured
+    assert db.find("fib.smoke@clang", "tx2").version == 1
+    assert db.find("fib.smoke.omp-tasks-manual@clang", "tx2").version == 1
+
+
 def test_bots_profile_of_a_serial_build_that_cannot_check_makes_no_check_run(tree, tmp_path):
     """sparselu's -c also runs the sequential version, so its omp-tasks builds are verified by
     one untimed -c run; its serial build cannot check (Verification = n/a), and a -c run of
@@ -277,6 +375,21 @@ def test_bots_profile_refuses_a_bad_variant_before_the_board_is_opened(tree, tmp
     assert r.exit_code == 2 and "--variant tied: bad BOTS variant 'tied'" in r.output, r.output
     r = CliRunner().invoke(cli, ["bots", "profile", "--help"])
     assert "--variant" in r.output and "BENCH.CLASS.VARIANT" in r.output
+
+
+def test_bots_profile_refuses_a_bad_label_before_the_board_is_opened(tree, tmp_path, monkeypatch):
+    import tools.cmd_profile as cp
+
+    def opened(*a, **kw):
+        raise AssertionError("a measuring session was opened")
+
+    monkeypatch.setattr(cp, "MeasureSession", opened)
+    (tmp_path / "bin").mkdir()
+    args = _profile_args(tmp_path, tree, tmp_path / "p.json", "--bench", "fib")
+    r = CliRunner().invoke(cli, [*args, "--label", "gcc@clang"])
+    assert r.exit_code == 2 and "--label gcc@clang: bad compiler label" in r.output, r.output
+    r = CliRunner().invoke(cli, ["bots", "profile", "--help"])
+    assert "--label" in r.output and "BENCH.CLASS@clang" in r.output
 
 
 def test_the_serial_profile_name_is_the_one_a_run_registers_under(board, tmp_path, monkeypatch):
