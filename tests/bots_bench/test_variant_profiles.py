@@ -64,6 +64,20 @@ def _stand_in(folder, name, block, log=None):
 
 
 @pytest.fixture
+def registered(monkeypatch) -> list:
+    """The job entries a native run registers with the daemon's job table, in order."""
+    entries = []
+    real = native.JobTable.register
+
+    def spy(self, entry):
+        entries.append(entry)
+        return real(self, entry)
+
+    monkeypatch.setattr(native.JobTable, "register", spy)
+    return entries
+
+
+@pytest.fixture
 def tree(tmp_path):
     root = tmp_path / "tree"
     write_fake_tree(load_board("tx2"), root)
@@ -151,19 +165,11 @@ def _profiles(path, *profiles):
 
 
 def test_a_native_campaign_of_a_variant_plans_from_that_variant_s_profile(
-    tree, tmp_path, monkeypatch
+    tree, tmp_path, registered
 ):
     _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks-manual", FIB)
     default = JobProfile("fib.smoke", 0.5, 0.05, 0.1, 0.4, 2035200, 4)
     manual = JobProfile("fib.smoke.omp-tasks-manual", 0.3, 0.03, 0.1, 0.2, 2035200, 4)
-    registered = []
-    real = native.JobTable.register
-
-    def spy(self, entry):
-        registered.append(entry)
-        return real(self, entry)
-
-    monkeypatch.setattr(native.JobTable, "register", spy)
 
     def campaign(profiles):
         return _native_run(_manual_campaign(tmp_path / "bin"), tree, tmp_path, profiles)
@@ -205,19 +211,11 @@ def test_a_default_campaign_s_missing_profile_message_names_no_variant(tree, tmp
     ids=["default-variant", "manual"],
 )
 def test_a_native_campaign_of_a_label_plans_from_that_label_s_profile(
-    tree, tmp_path, monkeypatch, variant, name, options
+    tree, tmp_path, registered, variant, name, options
 ):
     _stand_in(tmp_path / "bin", f"fib.clang.{variant}", FIB)
     gcc = JobProfile(registry.job_name("fib", "smoke", variant), 0.5, 0.05, 0.1, 0.4, 2035200, 4)
     clang = JobProfile(name, 0.3, 0.03, 0.1, 0.2, 2035200, 4)
-    registered = []
-    real = native.JobTable.register
-
-    def spy(self, entry):
-        registered.append(entry)
-        return real(self, entry)
-
-    monkeypatch.setattr(native.JobTable, "register", spy)
 
     def campaign(profiles):
         configs = _manual_campaign(tmp_path / "bin", variant=variant, label="clang")
