@@ -129,39 +129,28 @@ def coverage(
     return float(np.mean(scores <= qq))
 
 
-def collect_rt(
-    policy_factory: Callable[[RtCollector], object],
-    run_episode: Callable[..., object],
-    make_mix: Callable[[int], list],
-    seeds: list[int],
-) -> tuple[np.ndarray, np.ndarray, list]:
-    """Run ``policy_factory(collector)`` on the given seeds; RT data and the episode results."""
-    X, y, _, results = collect_rt_jobs(policy_factory, run_episode, make_mix, seeds)
-    return X, y, results
-
-
 def collect_rt_jobs(
     policy_factory: Callable[[RtCollector], object],
     run_episode: Callable[..., object],
     make_mix: Callable[[int], list],
     seeds: list[int],
     on_episode: Callable[[int], None] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
-    """:func:`collect_rt` and a job id per row (unique across the episodes);
-    ``on_episode(k)`` is called after the k-th episode (1-based: progress)."""
-    xs, ys, js, results = [], [], [], []
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run ``policy_factory(collector)`` on the given seeds: the response-time rows, their
+    targets and a job id per row (unique across the episodes). ``on_episode(k)`` is called
+    after the k-th episode (1-based: progress). The episode results are not kept: 512 of
+    them (the shield's calibration and coverage runs) held about 400 MB."""
+    xs, ys, js = [], [], []
     for k, s in enumerate(seeds):
         coll = RtCollector()
         pol = policy_factory(coll)
-        res = run_episode(pol, make_mix(s), s)
-        X, y, pids = coll.dataset_with_jobs(res)
+        X, y, pids = coll.dataset_with_jobs(run_episode(pol, make_mix(s), s))
         xs.append(X)
         ys.append(y)
         js.append(pids + k * (1 << 32))
-        results.append(res)
         if on_episode is not None:
             on_episode(k + 1)
     X = np.concatenate(xs) if xs else np.zeros((0, 8), np.float32)
     y = np.concatenate(ys) if ys else np.zeros(0)
     j = np.concatenate(js) if js else np.zeros(0, np.int64)
-    return X, y, j, results
+    return X, y, j

@@ -512,7 +512,7 @@ def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, me
 
         return tick
 
-    Xc, yc, jc, _ = collect_rt_jobs(
+    Xc, yc, jc = collect_rt_jobs(
         greedy, run_episode, make_mix, cal_seeds, progress("calibration", len(cal_seeds), 0)
     )
     # the predictor is fitted on the training episodes only: calibration rows stay disjoint;
@@ -538,7 +538,7 @@ def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, me
     def shielded(coll):
         return greedy(coll, ShieldStage(pred, Shield(pred, cal)))
 
-    Xe, ye, je, _ = collect_rt_jobs(
+    Xe, ye, je = collect_rt_jobs(
         shielded,
         run_episode,
         make_mix,
