@@ -7,6 +7,33 @@ import logging
 import pytest
 
 
+def _ignore_hangup(_signum, _frame) -> None:
+    """pytest itself keeps ignoring a hangup; unlike SIG_IGN, a handler is not inherited."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _signals_as_in_a_terminal():
+    """The tests of what SIGINT and SIGHUP do assume a terminal session's dispositions. Run
+    under ``nohup`` (SIGHUP ignored) or as a shell's background job (SIGINT ignored), every
+    child would inherit the SIG_IGN, and hidvfs keeps an inherited ignore by design (a
+    nohup'd command outlives its session), so those tests failed. A Python handler becomes
+    SIG_DFL in an exec'd child: the children see a terminal's dispositions, pytest still
+    ignores a hangup, and an in-process SIGINT raises KeyboardInterrupt as Python's default
+    does."""
+    import signal
+
+    saved = {}
+    for sig, handler in (
+        (signal.SIGHUP, _ignore_hangup),
+        (signal.SIGINT, signal.default_int_handler),
+    ):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            saved[sig] = signal.signal(sig, handler)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 @pytest.fixture(autouse=True)
 def _hidvfs_logs_reach_caplog():
     """A test that starts the daemon in-process configures the ``hidvfs`` logger (its own
