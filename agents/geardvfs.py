@@ -43,7 +43,7 @@ import numpy as np
 from agents.features import MAX_CLUSTERS, BoardScale, FeatureTracker, job_remaining
 from agents.hidvfs import CORE_FRACTIONS, HEAD, N_CORES, N_LEVELS, ActionSpace, build_inputs
 from agents.metering import metered
-from agents.nn import MLP, Adam
+from agents.nn import MLP, Adam, learner_entropy
 from agents.policy import Decision, JobSetting, Policy
 from platforms.observation import Observation
 from platforms.spec import BoardSpec
@@ -108,11 +108,11 @@ class DqnConfig:
 class BranchDQN:
     """Q network [N, in] -> [N, sum(branch sizes)] with per-branch masks and a target copy."""
 
-    def __init__(self, n_in: int, branches: list[int], cfg: DqnConfig, seed: int):
+    def __init__(self, n_in: int, branches: list[int], cfg: DqnConfig, seed: int, restart: int = 0):
         self.branches = list(branches)
         self.offsets = np.cumsum([0] + self.branches[:-1]).tolist()
         self.cfg = cfg
-        rng = np.random.default_rng([seed, 13])
+        rng = np.random.default_rng(learner_entropy(seed, 13, restart))
         self.q = MLP.init([n_in, *cfg.hidden, sum(self.branches)], rng, out_scale=0.1)
         self.target = self.q.copy()
         self.opt = Adam(self.q.params, cfg.lr, clip=10.0)
@@ -341,6 +341,7 @@ def train_dqn(
     seed_base: int = 0,
     online_updates: bool = False,
     selection: Selection | None = None,
+    restart: int = 0,
 ) -> DqnResult:
     """Episodes of the real loop; transitions (s, a, r, s') from the recorded ticks.
 
@@ -351,7 +352,8 @@ def train_dqn(
     score, so every policy is chosen by the same measure (agents/TRAINING.md says why not
     the ports' own rewards)."""
     log = log or (lambda s: None)
-    dqn = BranchDQN(n_in, branches, cfg, seed)
+    dqn = BranchDQN(n_in, branches, cfg, seed, restart)
+    kind += f" restart {restart}" if restart else ""  # log prefix
     history = []
     validation: list[dict] = []
     best: list = [None, None]
@@ -389,7 +391,7 @@ def train_dqn(
 
     validate(0)
     for ep in range(cfg.episodes):
-        ep_seed = seed_base + seed * 10_000 + ep
+        ep_seed = seed_base + seed * 10_000 + restart * cfg.episodes + ep
         rec: list = []
         pol = make_policy(dqn, rec, True)
         res = run_episode(pol, make_mix(ep_seed), ep_seed)
@@ -445,6 +447,7 @@ def train_geardvfs(
     cfg: DqnConfig | None = None,
     log=None,
     selection: Selection | None = None,
+    restart: int = 0,
 ):
     cfg = cfg or DqnConfig()
     scale = BoardScale.of(spec)
@@ -471,6 +474,7 @@ def train_geardvfs(
         branch_sizes(),
         log,
         selection=selection,
+        restart=restart,
     )
 
 

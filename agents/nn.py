@@ -16,6 +16,12 @@ import numpy as np
 MASKED = -1e8
 
 
+def learner_entropy(seed: int, stream: int, restart: int = 0) -> list[int]:
+    """Seed of one of a learner's random streams: restart 0 draws what a run without restarts
+    draws (the shipped models reproduce), another restart its own."""
+    return [seed, stream] if restart == 0 else [seed, stream, restart]
+
+
 @dataclass
 class MLP:
     """``weights[i]`` [in, out], ``biases[i]`` [out]; ReLU between layers, linear output."""
@@ -194,6 +200,7 @@ __all__ = [
     "MASKED",
     "MLP",
     "Adam",
+    "learner_entropy",
     "masked_logits",
     "softmax",
     "log_softmax",

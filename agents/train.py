@@ -73,7 +73,7 @@ from agents.hidvfs import (
     Recorder,
 )
 from agents.metering import metered
-from agents.nn import MLP, Adam, log_softmax, masked_logits, softmax
+from agents.nn import MLP, Adam, learner_entropy, log_softmax, masked_logits, softmax
 from agents.rtmodel import RtCollector
 from platforms.observation import Observation
 from platforms.spec import BoardSpec
@@ -119,11 +119,13 @@ Log = Callable[[str], None]
 
 
 def seed_ranges(
-    seed: int, episodes: int, val_episodes: int = 4, calib_episodes: int = 256
+    seed: int, episodes: int, val_episodes: int = 4, calib_episodes: int = 256, restart: int = 0
 ) -> dict[str, range]:
     """The mix seeds one training run (``--seed``) draws from, per use: what the trainers
-    call (geardvfs/ztt: ``TRAIN_SEEDS + TRAIN_STRIDE * seed + episode``, hidvfs a prefix)."""
-    t = TRAIN_SEEDS + TRAIN_STRIDE * seed
+    call (geardvfs/ztt: ``TRAIN_SEEDS + TRAIN_STRIDE * seed + restart * episodes + episode``,
+    hidvfs a prefix). A restart (``--restarts``) trains on the next ``episodes`` mixes of the
+    seed's block and is chosen on the same validation mixes as the others."""
+    t = TRAIN_SEEDS + TRAIN_STRIDE * seed + restart * episodes
     return {
         "train": range(t, t + episodes),
         "calibration": range(
@@ -220,6 +222,10 @@ class TrainConfig:
     #: model selection: greedy validation episodes, every ``val_every`` training episodes
     val_episodes: int = 4
     val_every: int = 32
+    #: independent training runs per policy (``--restarts``), each on its own training mixes
+    #: and initial weights; the one whose best checkpoint scores highest on the validation
+    #: mixes is exported. Every learned policy gets the same number (the same budget)
+    restarts: int = 1
     #: and on one job alone per episode kernel (:data:`LONE_VAL_EPISODES`): a checkpoint whose
     #: mix score is within noise of the best may still run a lone job a step below the top
     #: (stop 34: tx2's ran the main BOTS campaign 4.5 % slower than maxfreq)
@@ -248,8 +254,10 @@ class HidvfsNets:
     value: MLP
 
     @classmethod
-    def init(cls, seed: int, hidden: int = 64, prior: float = PRIOR) -> HidvfsNets:
-        rng = np.random.default_rng([seed, 7])
+    def init(
+        cls, seed: int, hidden: int = 64, prior: float = PRIOR, restart: int = 0
+    ) -> HidvfsNets:
+        rng = np.random.default_rng(learner_entropy(seed, 7, restart))
         prof = MLP.init([PROFILER_IN, hidden, hidden, PROFILER_OUT], rng)
         # prior: start near the fast end (race-to-idle is a safe start for deadlines) with all
         # cores; the learner moves away from it where energy pays
@@ -696,25 +704,29 @@ def train_hidvfs(
     seed: int,
     cfg: TrainConfig | None = None,
     log: Log | None = None,
+    restart: int = 0,
 ) -> TrainResult:
-    """Train the three agents with PPO-lite; also collects the shield's training data."""
+    """Train the three agents with PPO-lite; also collects the shield's training data.
+    ``restart`` k > 0: another run of the same seed (its own training mixes and initial
+    weights, the same reward reference and validation mixes)."""
     cfg = cfg or TrainConfig()
     log = log or (lambda s: None)
-    nets = HidvfsNets.init(seed, cfg.hidden, cfg.prior)
+    nets = HidvfsNets.init(seed, cfg.hidden, cfg.prior, restart)
     opts = make_optimizers(nets, cfg.lr)
     scale = BoardScale.of(spec)
-    rng = np.random.default_rng([seed, 11])
+    rng = np.random.default_rng(learner_entropy(seed, 11, restart))
     history: list[EpisodeStats] = []
     rt_X, rt_y, rt_ep = [], [], []
     batch = Batch()
     t0 = time.monotonic()
     tag = "hidvfs" if cfg.shaping else "noshaping"  # log prefix: both may run side by side
+    tag += f" restart {restart}" if restart else ""
     p_ref = reference_power(spec, run_episode, make_mix, seed, cfg.energy_rail, cfg.power_ref)
     log(
         f"[{tag} {spec.name}] reference {cfg.energy_rail} power (maxfreq, {cfg.power_ref}) "
         f"{p_ref:.3f} W"
     )
-    ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes)
+    ranges = seed_ranges(seed, cfg.episodes, cfg.val_episodes, cfg.calib_episodes, restart)
     val_seeds = validation_seeds(seed, cfg)
 
     def validate(after: int) -> None:

@@ -20,6 +20,7 @@ import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
@@ -102,6 +103,31 @@ def untrained_warning(pol: str, board: str, tr, seed: int, cfg: TrainConfig) -> 
     )
 
 
+def best_validation(validation: list[dict]) -> float | None:
+    """The best validation score of a run's trained checkpoints (the one it exports; the
+    initial networks, scored after 0 episodes, are a reference only), None without any."""
+    scores = [v["score"] for v in validation if v["after_episode"] > 0]
+    return max(scores) if scores else None
+
+
+def best_restart(train: Callable[[int], Any], restarts: int, tag: str, log: Log):
+    """Runs ``train(r)`` for each restart r and keeps the one whose exported checkpoint scored
+    best on the validation mixes (all restarts are scored on the same ones, by the same
+    measure, for every policy alike); ties and runs without a score keep the earlier restart.
+    Returns the result and what the manifest records of the choice."""
+    best, best_score, scores = None, None, []
+    for r in range(restarts):
+        tr = train(r)
+        score = best_validation(tr.validation)
+        scores.append(score)
+        if best is None or (score is not None and (best_score is None or score > best_score)):
+            best, best_score, chosen = tr, score, r
+    if restarts > 1:
+        shown = ", ".join("-" if x is None else f"{x:+.4f}" for x in scores)
+        log(f"{tag} restart {chosen} of {restarts} exported (best validation scores {shown})")
+    return best, {"restarts": restarts, "restart": chosen, "restart_scores": scores}
+
+
 def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, commit) -> dict:
     """Train one policy and write its ONNX files into ``out`` (its staging folder, laid out
     as the board folder); returns its manifest entry, reference input/output pairs (for
@@ -125,7 +151,12 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
 
     if pol in ("hidvfs", "noshaping"):
         c = TrainConfig(**{**asdict(cfg), "shaping": pol == "hidvfs"})
-        tr = train_hidvfs(spec, run_episode, make_mix, seed, c, log)
+        tr, restarts = best_restart(
+            lambda r: train_hidvfs(spec, run_episode, make_mix, seed, c, log, restart=r),
+            cfg.restarts,
+            f"[{pol} {spec.name}]",
+            log,
+        )
         sub = out if pol == "hidvfs" else out / "noshaping"
         sub.mkdir(parents=True, exist_ok=True)
         prefix = "" if pol == "hidvfs" else "noshaping_"
@@ -137,6 +168,7 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
             export(net, sub / f"{role}.onnx", role, f"{prefix}{role}", {"sizes": net.sizes})
         entry = {
             "config": tr.config,
+            **restarts,
             "wall_s": round(tr.wall_s, 1),
             "p_ref_w": tr.p_ref,
             "validation": tr.validation,
@@ -157,14 +189,20 @@ def _train_one(pol, spec, run_episode, make_mix, seed, cfg, out, command, log, c
         )
         if pol == "geardvfs":
             dc = DqnConfig(episodes=cfg.episodes, period_s=cfg.period_s)
-            tr = train_geardvfs(spec, run_episode, make_mix, seed, dc, log, sel)
-            export(tr.dqn.q, out / "geardvfs.onnx", "geardvfs", "geardvfs", {"n_in": GEAR_IN})
+            trainer, n_in = train_geardvfs, GEAR_IN
         else:
             dc = ztt_config(cfg.episodes, cfg.period_s)
-            tr = train_ztt(spec, run_episode, make_mix, seed, dc, log, sel)
-            export(tr.dqn.q, out / "ztt.onnx", "ztt", "ztt", {"n_in": ZTT_IN})
+            trainer, n_in = train_ztt, ZTT_IN
+        tr, restarts = best_restart(
+            lambda r: trainer(spec, run_episode, make_mix, seed, dc, log, sel, restart=r),
+            cfg.restarts,
+            f"[{pol} {spec.name}]",
+            log,
+        )
+        export(tr.dqn.q, out / f"{pol}.onnx", pol, pol, {"n_in": n_in})
         entry = {
             "config": {**tr.config, "val_seeds": list(sel.seeds), "val_every": sel.every},
+            **restarts,
             "wall_s": round(tr.wall_s, 1),
             "validation": tr.validation,
         }
@@ -397,6 +435,12 @@ def train_board(
         raise ValueError(
             f"{cfg.val_episodes} validation mixes: at most {MAX_VAL_EPISODES}, or they reach "
             "the tuning mixes"
+        )
+    if not 1 <= cfg.restarts * cfg.episodes <= MAX_EPISODES or cfg.restarts < 1:
+        raise ValueError(
+            f"{cfg.restarts} restarts of {cfg.episodes} episodes: at least 1, and at most "
+            f"{MAX_EPISODES} episodes in all, or the training mixes overlap the calibration, "
+            "validation or evaluation mixes"
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -328,6 +328,7 @@ def train_ztt(
     cfg: DqnConfig | None = None,
     log=None,
     selection: Selection | None = None,
+    restart: int = 0,
 ):
     cfg = cfg or ztt_config(160, 0.05)
     t_target = target_temp_c(spec)
@@ -351,6 +352,7 @@ def train_ztt(
         log,
         online_updates=True,
         selection=selection,
+        restart=restart,
     )
 
 

@@ -258,6 +258,16 @@ def train_modules(policies) -> tuple[str, ...]:
     "and the tuning mixes) that choose the exported checkpoint, for every learned policy "
     "alike, with one job alone per episode kernel (default: TrainConfig's)",
 )
+@click.option(
+    "--restarts",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="independent training runs per learned policy, each on its own training mixes and "
+    "initial weights; the one whose best checkpoint scores highest on the validation mixes is "
+    "exported, for every policy alike. Multiplies the training time; restarts x --episodes "
+    "at most 10000",
+)
 def train_cmd(
     board,
     seed,
@@ -272,10 +282,11 @@ def train_cmd(
     power_ref,
     time_term,
     val_mixes,
+    restarts,
 ) -> None:
     """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
     from agents.learned import model_dir
-    from agents.train import TrainConfig
+    from agents.train import MAX_EPISODES, TrainConfig
     from agents.trainboard import train_board
     from platforms.spec import load_board
 
@@ -310,6 +321,15 @@ def train_cmd(
     if val_mixes is not None:
         overrides["val_episodes"] = val_mixes
         command += f" --val-mixes {val_mixes}"
+    if restarts > 1:
+        if restarts * episodes > MAX_EPISODES:
+            raise click.BadParameter(
+                f"{restarts} x {episodes} episodes is more than the {MAX_EPISODES} training "
+                "mixes of a seed's block",
+                param_hint="'--restarts'",
+            )
+        overrides["restarts"] = restarts
+        command += f" --restarts {restarts}"
     cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     t0 = time.monotonic()
     from daemon.stopsignals import InterruptOnSignals
