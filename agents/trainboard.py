@@ -436,7 +436,7 @@ def train_board(
             f"{cfg.val_episodes} validation mixes: at most {MAX_VAL_EPISODES}, or they reach "
             "the tuning mixes"
         )
-    if not 1 <= cfg.restarts * cfg.episodes <= MAX_EPISODES or cfg.restarts < 1:
+    if not 1 <= cfg.restarts <= MAX_EPISODES // cfg.episodes:
         raise ValueError(
             f"{cfg.restarts} restarts of {cfg.episodes} episodes: at least 1, and at most "
             f"{MAX_EPISODES} episodes in all, or the training mixes overlap the calibration, "
