@@ -54,6 +54,22 @@ def tree_state(root: Path, spec) -> dict[str, str]:
     return out
 
 
+#: every daemon a test started: killed after the test if it is still running
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test():
+    """A test that fails before its daemon stops (a signal that did not end it, a timeout)
+    must not leave the process running on the machine for the rest of the session."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def start_daemon(
     tree: Path,
     state: Path,
@@ -90,6 +106,7 @@ def start_daemon(
         env=env,
         cwd=Path(__file__).resolve().parents[2],
     )
+    _STARTED.append(proc)
     return proc, log
 
 
