@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -32,6 +33,21 @@ def _signals_as_in_a_terminal():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test():
+    """A test that fails before its daemon stops (a signal that did not end it, a timeout)
+    must not leave the process running for the rest of the session (a nohup'd run once left
+    one for an hour). Covers every module that starts daemons with ``start_daemon``."""
+    yield
+    mod = sys.modules.get("tests.daemon.test_daemon_process")
+    started = getattr(mod, "STARTED", [])
+    while started:
+        proc = started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 @pytest.fixture(autouse=True)

@@ -54,20 +54,9 @@ def tree_state(root: Path, spec) -> dict[str, str]:
     return out
 
 
-#: every daemon a test started: killed after the test if it is still running
-_STARTED: list[subprocess.Popen] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_daemon_outlives_its_test():
-    """A test that fails before its daemon stops (a signal that did not end it, a timeout)
-    must not leave the process running on the machine for the rest of the session."""
-    yield
-    while _STARTED:
-        proc = _STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+#: every daemon :func:`start_daemon` started: the session's conftest kills any still
+#: running once its test is over, whichever module started it
+STARTED: list[subprocess.Popen] = []
 
 
 def start_daemon(
@@ -106,7 +95,7 @@ def start_daemon(
         env=env,
         cwd=Path(__file__).resolve().parents[2],
     )
-    _STARTED.append(proc)
+    STARTED.append(proc)
     return proc, log
 
 
