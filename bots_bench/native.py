@@ -72,6 +72,9 @@ class NativeBoard:
     lock: TreeLock | None = None
     #: the caller's OpenMP variables a run left out, already warned about (once each)
     ignored_env: set[str] = field(default_factory=set)
+    #: ``state_dir`` is the per-tree default (:func:`native_state_dir`), not one the user
+    #: gave: :meth:`close` removes it when a clean end left it empty
+    owns_state_dir: bool = False
 
     def settle(self) -> None:
         """Give the board its own settings back between runs, keeping the snapshot (and
@@ -92,6 +95,14 @@ class NativeBoard:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+        if self.owns_state_dir:
+            # an empty default folder is all a clean campaign leaves: without this every
+            # fake tree a campaign ever ran on keeps one under /tmp. A folder that still
+            # holds a snapshot or a job record (a failed restore) is not empty and stays
+            try:
+                os.rmdir(self.state_dir)
+            except OSError:
+                pass
 
 
 #: how much of a kernel's output is kept to parse (its result block comes last); a kernel
@@ -164,11 +175,14 @@ def open_board(
     writable = bool(policies) and all(
         sysfs.writable(f"devices/system/cpu/cpufreq/policy{p}/scaling_max_freq") for p in policies
     )
+    owns_state_dir = not state_dir
     state_dir = state_dir or native_state_dir(sysfs.root)
     # a kernel a SIGKILLed campaign left running would share the board with every run
     for pid in kill_orphaned_jobs(state_dir):
         say(f"note: killed pid {pid}, a BOTS kernel left running by a campaign that was killed")
-    nb = NativeBoard(platform, can_set_frequency=writable, state_dir=state_dir)
+    nb = NativeBoard(
+        platform, can_set_frequency=writable, state_dir=state_dir, owns_state_dir=owns_state_dir
+    )
     if not writable:
         say(
             f"note: this machine cannot set CPU frequencies ({'no cpufreq policy' if not policies else 'cpufreq files are read-only'} "

@@ -206,6 +206,37 @@ def test_each_tree_has_its_own_native_state_dir(tmp_path):
     assert native_state_dir(str(tmp_path / "link")) == a  # the real path counts
 
 
+def test_a_clean_campaign_leaves_no_default_state_dir_behind(tmp_path, monkeypatch):
+    """The per-tree default folder under the temp dir used to stay after every campaign (one
+    per fake tree the test suite ever ran on: hundreds); a clean end removes it, a folder the
+    user named or one that still holds something stays."""
+    import tempfile
+
+    from bots_bench.native import native_state_dir, open_board
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    root = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    default = native_state_dir(str(root))
+
+    nb = open_board(str(root), None, None, say=lambda m: None)
+    assert nb.state_dir == default and os.path.isdir(default)  # the snapshot lives there
+    assert os.path.exists(os.path.join(default, "restore.json"))
+    nb.close()
+    assert not os.path.exists(default)
+
+    named = tmp_path / "named"
+    nb = open_board(str(root), None, str(named), say=lambda m: None)
+    nb.close()
+    assert named.is_dir()  # the user's folder is theirs
+
+    nb = open_board(str(root), None, None, say=lambda m: None)
+    (tmp_path / "tmp" / os.path.basename(default) / "keep.txt").write_text("x")
+    nb.close()
+    assert os.path.exists(os.path.join(default, "keep.txt"))  # not empty: kept as it is
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_ends_a_native_campaign_as_ctrl_c_does(tmp_path, sig):
     """systemd's stop or a dropped SSH session: the kernel is killed, the board given back,
