@@ -18,7 +18,13 @@ Model (documented choices):
   SCHED_OTHER, equal for SCHED_FIFO): processor sharing, which is exact to simulate with events.
   When a core goes idle it takes a waiting job's task, or a task migrates to it from a shared
   core, so the schedule stays work-conserving.
-- Rare changes (affinity, priority, CPU online) re-dispatch every running task (progress is kept).
+- A job's ready task takes the biggest free core it may use (capacity order, set by the plant),
+  as the kernel's capacity-aware placement moves a CPU-bound thread off a little core; on the
+  boards here the lowest-numbered cores are the little ones. A running task is not migrated
+  to a bigger core that frees up later (no misfit migration): it stays until it ends.
+- Rare changes (affinity, priority, CPU online) re-dispatch every running task (progress is
+  kept); a task whose core is still allowed to its job and not taken by a higher priority
+  stays on it, as the kernel leaves a running thread where its new mask still holds it.
 
 The hot path (a task completes, its job's thread takes the next ready task on the same core)
 uses plain Python floats and lists and one ``heapq`` push/pop per task; stale heap entries are
@@ -128,6 +134,8 @@ class Executor:
         self.mem_activity = mem_activity
         self.idle_activity = idle_activity
         self.inv_speed = [0.0] * ncores  # 1 / (capacity * f_hz), set by the plant
+        #: the order a job's threads take free cores in (:meth:`set_core_order`)
+        self.core_rank = list(range(ncores))
         self.online = [True] * ncores
         self.on_core: list[list[_Thread]] = [[] for _ in range(ncores)]
         self.free: set[int] = set(range(ncores))
@@ -271,6 +279,13 @@ class Executor:
             if self.on_core[c]:
                 self._reshare(c, t)
 
+    def set_core_order(self, cores) -> None:
+        """Free cores are taken in this order (the plant gives the biggest cores first)."""
+        for r, c in enumerate(cores):
+            self.core_rank[c] = r
+        for job in self.jobs.values():
+            self._set_allowed(job)
+
     def set_gate_after(self, c: int, seconds: float) -> None:
         """Core ``c`` is power-gated once idle ``seconds`` (inf: never); an idle core counts
         as idle since long before t = 0 (a board that has been on for a while)."""
@@ -392,7 +407,7 @@ class Executor:
         allowed = tuple(c for c in job.affinity if 0 <= c < self.n and self.online[c])
         if not allowed:  # the kernel's fallback: an empty online mask runs anywhere
             allowed = tuple(c for c in range(self.n) if self.online[c])
-        job.allowed = allowed
+        job.allowed = tuple(sorted(allowed, key=self.core_rank.__getitem__))
         job.allowed_set = frozenset(allowed)
 
     def _flush_core(self, c: int, t: float) -> None:
@@ -564,16 +579,31 @@ class Executor:
                             return
 
     def _redispatch(self, t: float) -> None:
-        """Evict every running task and place them again (rare: affinity/priority/online)."""
+        """Evict every running task and place them again (rare: affinity/priority/online).
+
+        A task goes back to the core it ran on when that core is still allowed to its job
+        and no higher-priority task took it first, as the kernel leaves a running thread on
+        its CPU when a new affinity mask still holds it; only the others are placed anew."""
+        ran: dict[int, list[tuple[int, int]]] = {}
         for c in range(self.n):
             if self.on_core[c]:
                 for thr in list(self.on_core[c]):
+                    ran.setdefault(thr.job.pid, []).append((c, thr.task))
                     self._evict(thr, t)
                 self._core_idle(c, t)
         self.free.clear()
         self.free.update(c for c in range(self.n) if self.online[c])
         self.waiting = set()
         for job in sorted(self.jobs.values(), key=lambda j: (-j.prio, j.order)):
+            for c, task in ran.get(job.pid, ()):
+                if c not in job.allowed_set or c in job.threads:
+                    continue
+                others = self.on_core[c]
+                if others and others[0].job.prio != job.prio:
+                    continue  # a higher-priority job holds it now
+                job.ready.remove(task)
+                job.ready.append(task)  # _place takes the last ready task
+                self._place(job, c, t)
             if job.ready:
                 self._fill(job, t)
 

@@ -212,6 +212,10 @@ class Plant:
             p.idle_activity,
             ref_hz=spec.reference_cluster.fmax_khz * 1e3,
         )
+        caps = {c: cs.capacity for cs in spec.clusters for c in cs.cpus}
+        self._exe.set_core_order(
+            sorted(range(len(self.cpu_ids)), key=lambda i: (-caps.get(self.cpu_ids[i], 1.0), i))
+        )
         for cl in self._cl_list:
             self._exe.set_speed(cl.cores, self._inv_speed(cl), 0.0)
             cp = p.cluster(cl.name)

@@ -362,6 +362,42 @@ def test_offline_cpu_moves_its_tasks_and_affinity_change_migrates():
     assert plant.jobs[pid].done_tasks == dag.n
 
 
+def test_an_affinity_or_priority_change_leaves_running_tasks_where_they_are_allowed():
+    """The kernel leaves a running thread on its CPU when the new mask still holds it. The
+    plant used to re-place every running task from the lowest-numbered core up: a job given
+    one more (slower) core had its running task moved onto it, a critical path too."""
+    rng = np.random.default_rng(3)
+    dag = chain(rng, n=5)
+    plant = Plant(TX2, params=NO_JITTER, governor="userspace")
+    pid = plant.submit(SimJob(dag, "c"))
+    plant.set_affinity(pid, (4,))
+    plant.advance(0.001)
+    assert plant.job_running_cpus(pid) == (4,)
+    plant.set_affinity(pid, (0, 4))  # 0 is free and comes first
+    assert plant.job_running_cpus(pid) == (4,)
+    plant.set_priority(pid, 50)
+    assert plant.job_running_cpus(pid) == (4,)
+    plant.set_affinity(pid, (0, 3))  # 4 is no longer allowed: the task moves
+    assert plant.job_running_cpus(pid) == (0,)
+    plant.run_until_idle()
+    assert plant.jobs[pid].busy_s == pytest.approx(dag.work_span(2035200e3)[0], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("board", "ntasks", "first"),
+    [("tx2", 1, {1}), ("tx2", 2, {1, 2}), ("rubikpi3", 1, {7}), ("rubikpi3", 4, {4, 5, 6, 7})],
+)
+def test_free_cores_are_taken_biggest_first(board, ntasks, first):
+    """A busy thread of a job allowed everywhere lands on the biggest free cores (the
+    kernel's capacity-aware placement moves a CPU-bound thread off a little core), not on
+    the lowest-numbered ones, which are the little cores of every board here."""
+    spec = load_board(board)
+    dag = independent(np.random.default_rng(4), n=ntasks)
+    plant = Plant(spec, governor="userspace", online=spec.cpus)
+    pid = plant.submit(SimJob(dag, "i"))
+    assert set(plant.job_running_cpus(pid)) == first
+
+
 # -- progress: the share of the work done, as a job profile counts work ------------------------
 
 
