@@ -39,11 +39,16 @@ def _dead_pid() -> int:
 @pytest.fixture
 def sock_path(tmp_path):
     path = str(tmp_path / "run" / "hidvfs.sock")
-    if len(path) > 100:  # AF_UNIX limit; pytest's folders can be long
-        import tempfile
+    if len(path) <= 100:
+        yield path
+        return
+    # AF_UNIX limit; pytest's folders can be long: a short folder, removed after
+    import shutil
+    import tempfile
 
-        path = os.path.join(tempfile.mkdtemp(prefix="hv", dir="/tmp"), "run", "hidvfs.sock")
-    return path
+    short = tempfile.mkdtemp(prefix="hv", dir="/tmp")
+    yield os.path.join(short, "run", "hidvfs.sock")
+    shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -19,8 +20,10 @@ from daemon.registry import JobRegistry, RegistryServer, RequestError, parse_req
 
 @pytest.fixture
 def sock_path():
+    """A short path (AF_UNIX allows 107 bytes; pytest's folders can be longer), removed after."""
     d = tempfile.mkdtemp(prefix="hv31", dir="/tmp")
     yield os.path.join(d, "s.sock")
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def _fill(path: str) -> list[socket.socket]:
