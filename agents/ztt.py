@@ -13,7 +13,8 @@ Published design (reference/baselines.md section 3) and what the port does with 
   3^3 = 27 on RUBIK Pi 3. zTT controls clocks only: jobs stay on every online CPU.
 * **reward r = u + v1 + beta / P** with beta = 2, P the total power (W) and
   v1 = 0.2 tanh(T_target - T) below the target, -2 at or above it (T = hottest CPU zone),
-  T_target the board's (below: the published 50 C is a TX2 device setting).
+  T_target the board's (below: the published 50 C is a TX2 device setting). T is read
+  after the action, from the state the next step sees, as the published loop does.
   **u replaces FPS/target FPS** (documented): u = min(1, progress rate / target rate), the
   progress rate the reference work done per second, the target the rate that finishes every
   job on time (deadline jobs: remaining work / remaining deadline; best-effort jobs: work /
@@ -198,9 +199,14 @@ def ztt_u(prev: Observation | None, cur: Observation, period_s: float) -> float:
 
 def ztt_reward(prev: Observation, cur: Observation, period_s: float, t_target_c: float) -> float:
     """zTT's reward of the tick from ``prev`` to ``cur``; ``t_target_c``: the board's target
-    (:func:`target_temp_c`), the guard's."""
+    (:func:`target_temp_c`), the guard's.
+
+    As the published loop computes it from the state that comes back after the action ran:
+    the temperature is ``cur``'s (it was ``prev``'s, the reading the action was chosen on,
+    until stop 36), the power ``prev``'s rails, which in training carry the metered mean over
+    the tick the action ran (:func:`agents.metering.metered`)."""
     u = ztt_u(prev, cur, period_s)
-    t = prev.max_cpu_temp_c
+    t = cur.max_cpu_temp_c
     if t is None:
         v1 = 0.0
     elif t >= t_target_c:

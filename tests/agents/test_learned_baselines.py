@@ -69,7 +69,7 @@ def test_rewards_follow_their_definitions():
     z = ztt_reward(a, b, 0.05, target)
     u = ztt_u(a, b, 0.05)
     assert 0.0 <= u <= 1.0
-    t = a.max_cpu_temp_c
+    t = b.max_cpu_temp_c  # after the action, as zTT's loop reads it
     v1 = -2.0 if t >= target else 0.2 * np.tanh(target - t)
     assert z == pytest.approx(u + v1 + BETA / a.total_power_w)
     idle = a.with_jobs(())

@@ -101,14 +101,31 @@ def test_ztt_reward_and_guard_share_the_target(board, monkeypatch):
     assert seen["make"](fake, [], False).t_target_c == target
     assert seen["make"](fake, [], True).t_target_c == target
     watts = (RailObs("meter", "total", 4000.0),)  # 4 W (rubikpi3 has no monitor)
-    below = replace(tick(board, 0, target - 0.5), rails=watts)
-    at = replace(tick(board, 0, target), rails=watts)
-    u = ztt.ztt_u(below, tick(board, 1, target), 0.05)
-    assert seen["reward"](below, tick(board, 1, 0)) == pytest.approx(u + 0.2 * np.tanh(0.5) + 0.5)
-    assert seen["reward"](at, tick(board, 1, 0)) == pytest.approx(u - 2.0 + 0.5)
+    prev = replace(tick(board, 0, 40.0), rails=watts)
+    below, at = tick(board, 1, target - 0.5), tick(board, 1, target)
+    u = ztt.ztt_u(prev, below, 0.05)
+    assert seen["reward"](prev, below) == pytest.approx(u + 0.2 * np.tanh(0.5) + 0.5)
+    assert seen["reward"](prev, at) == pytest.approx(u - 2.0 + 0.5)
     # 50 C (the published TX2 setting) is no longer "hot" for the reward on these boards
     warm = replace(tick(board, 0, 55.0), rails=watts)
     assert ztt_reward(warm, tick(board, 1, 55.0), 0.05, target) > 0
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_ztt_reward_reads_the_temperature_the_action_led_to(board):
+    """zTT's loop computes the reward from the state that comes back after the action: an
+    action that heats the die past the target is charged, one that cools it is not (the
+    port read the temperature the action was chosen on, one tick late)."""
+    target = target_temp_c(load_board(board))
+    watts = (RailObs("meter", "total", 4000.0),)
+    cool, hot = target - 10.0, target + 1.0
+    heated = ztt_reward(
+        replace(tick(board, 0, cool), rails=watts), tick(board, 1, hot), 0.05, target
+    )
+    cooled = ztt_reward(
+        replace(tick(board, 0, hot), rails=watts), tick(board, 1, cool), 0.05, target
+    )
+    assert heated < 0 < cooled
 
 
 @pytest.mark.parametrize("board", BOARDS)
