@@ -510,15 +510,30 @@ def restore_snapshot(
     return report
 
 
+def _before_this_boot(path: str) -> bool:
+    """Was ``path`` last written before the machine booted (psutil's boot time)?"""
+    import psutil
+
+    try:
+        return os.stat(path).st_mtime < psutil.boot_time()
+    except (OSError, RuntimeError):
+        return False
+
+
 def recover_stale(
     sysfs: SysfsBackend, state_dir: str | os.PathLike[str], log: logging.Logger
 ) -> RestoreReport | None:
     """At start: if ``restore.json`` survived the last run (crash, watchdog kill), restore it
     and delete it. Returns ``None`` when there was nothing to recover.
 
-    A corrupt file is moved aside (``restore.json.corrupt``) so it cannot block every start
-    (it is written atomically, so only a damaged disk or a hand edit makes one). A file of
-    another version is refused (SnapshotVersionError): that version can still read it.
+    A corrupt file (it is written atomically, so only a damaged disk or a hand edit makes
+    one) held the originals of a run that did not give them back, so the board may still
+    hold that run's settings: the start is refused, the file left where it is, and the
+    message says how to go on; a snapshot taken now would record those settings as the
+    originals and "restore" them at the end. Only on the live tree, when the file predates
+    this boot (the reboot reset what it described), is it moved aside
+    (``restore.json.corrupt``) and the start goes on. A file of another version is refused
+    (SnapshotVersionError): that version can still read it.
     A partial restore keeps the file: it still holds the true originals. A live tree's
     snapshot from an earlier boot is dropped unrestored: the reboot reset what it describes.
     """
@@ -527,12 +542,27 @@ def recover_stale(
     except SnapshotVersionError:
         raise
     except SnapshotError as err:
-        aside = snapshot_path(state_dir) + ".corrupt"
+        path = snapshot_path(state_dir)
+        if not (tree_root(sysfs) == LIVE_ROOT and _before_this_boot(path)):
+            log.error("event=restore_corrupt error=%r path=%s", str(err), path)
+            raise SnapshotError(
+                f"{err}. It held the original cpufreq settings of a run that did not give "
+                "them back, so the board may still hold that run's settings (governors "
+                "'userspace', pinned limits). Set them back by hand (the board's defaults: "
+                "`hidvfs boards`) or reboot, then move the file away "
+                f"(mv {path} {path}.corrupt) and start again"
+            ) from err
+        aside = path + ".corrupt"
         try:
-            os.replace(snapshot_path(state_dir), aside)
+            os.replace(path, aside)
         except OSError as move_err:
             aside = f"not moved ({move_err.strerror})"
-        log.error("event=restore_corrupt error=%r moved_to=%r", str(err), aside)
+        log.warning(
+            "event=restore_corrupt_other_boot error=%r moved_to=%r detail=%r",
+            str(err),
+            aside,
+            "written before this boot, whose settings the reboot reset",
+        )
         return None
     if snap is None:
         return None

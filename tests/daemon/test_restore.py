@@ -390,13 +390,36 @@ def test_partially_restored_stale_snapshot_is_adopted(tmp_path):
     assert load_snapshot(state) == first
 
 
-def test_corrupt_snapshot_is_moved_aside(tmp_path):
+def test_a_corrupt_snapshot_refuses_the_start_and_stays(tmp_path):
+    """It held the originals of a run that crashed: moved aside, the start used to snapshot
+    the crashed run's settings (governors 'userspace') as the originals and "restore" them
+    at the end, exit 0. Now the start is refused with what to do, and the file stays."""
     fs = make_tree(tmp_path / "sys")
     state = tmp_path / "state"
     state.mkdir()
     (state / "restore.json").write_text("{not json")
+    before = {p: fs.read(p) for p in (paths.policy_file(0, "scaling_governor"),)}
+    for _ in range(2):  # every start, until someone acts
+        with pytest.raises(SnapshotError, match=r"Set them back by hand .*\(mv .*restore\.json"):
+            begin_session(fs, LAYOUT, state, LOG)
+    assert (state / "restore.json").read_text() == "{not json"
+    assert not (state / "restore.json.corrupt").exists()
+    assert {p: fs.read(p) for p in before} == before
+
+
+def test_a_corrupt_snapshot_from_an_earlier_boot_is_moved_aside(tmp_path, monkeypatch):
+    """On the live tree a reboot reset what the file described: it goes aside, the start goes on."""
+    fs = make_tree(tmp_path / "sys")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "restore.json").write_text("{not json")
+    monkeypatch.setattr(restore, "tree_root", lambda sysfs: restore.LIVE_ROOT)
+    os.utime(state / "restore.json", (1.0, 1.0))  # 1970: before any boot
     assert recover_stale(fs, state, LOG) is None
     assert (state / "restore.json.corrupt").exists() and not (state / "restore.json").exists()
+    (state / "restore.json").write_text("{not json")  # written now: this boot's, refused
+    with pytest.raises(SnapshotError, match="Set them back by hand"):
+        recover_stale(fs, state, LOG)
 
 
 def test_unknown_snapshot_version_is_refused(tmp_path):
@@ -446,8 +469,8 @@ def test_expected_from_snapshot_matches_the_tree(tmp_path):
 
 
 def test_a_snapshot_with_min_above_max_is_not_originals(tmp_path):
-    """The kernel never holds min > max, so such a file is corrupt: it is moved aside, never
-    written back (that would invert the limits)."""
+    """The kernel never holds min > max, so such a file is corrupt: never written back (that
+    would invert the limits); the start is refused as for any corrupt file."""
     fs = make_tree(tmp_path / "sys")
     state = tmp_path / "state"
     state.mkdir()
@@ -465,8 +488,9 @@ def test_a_snapshot_with_min_above_max_is_not_originals(tmp_path):
     with pytest.raises(SnapshotError, match="min_khz 1420800 > max_khz 652800"):
         load_snapshot(state)
     before = {p: fs.read(p) for p in (paths.policy_file(0, "scaling_min_freq"),)}
-    assert recover_stale(fs, state, LOG) is None
-    assert (state / "restore.json.corrupt").exists()
+    with pytest.raises(SnapshotError, match="min_khz 1420800 > max_khz 652800"):
+        recover_stale(fs, state, LOG)
+    assert (state / "restore.json").exists()
     assert {p: fs.read(p) for p in before} == before
 
 
