@@ -35,9 +35,17 @@ def coordinator() -> None:
     "--nodes",
     default="tx2:4,orin-nx:2,rubikpi3:2",
     show_default=True,
-    help="Cluster: board:count,...",
+    help="Cluster: board[:count][:cpus=N][:mem=X][:speed=S],... with each field at most once: "
+    "count >= 1 (10000 nodes in all), cpus whole cores 1-1024, mem > 0, speed per core "
+    "0.01-100 (reference core 1.0).",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulation.")
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Seed of the simulation.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
 def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
     """Side-by-side makespan, mean flow and wait time per policy, with ratios to the best heuristic."""

@@ -103,9 +103,16 @@ def simulate(
     from platforms.cluster.simcluster import Workload
     from platforms.cluster.simcluster import simulate as run
 
+    # numpy's own error ("expected non-negative integer") named no option
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"--seed: expected an integer >= 0, got {seed!r}")
     policies = parse_policies(",".join(policies))
-    nodes = parse_nodes_spec(nodes_spec)  # both checked before the trace is read
+    nodes = parse_nodes_spec(nodes_spec)  # all checked before the trace is read
     load = read_batch_task(trace_path)
+    if not load.rows:  # "no usable job (0 issues)" did not say why
+        raise ValueError(
+            f"{trace_path}: holds no rows (the file is empty, or has only a header or blank lines)"
+        )
     log = logging.getLogger("hidvfs.coordinator")
     for issue in load.issues:
         (log.warning if issue.warn else log.info)("%s", issue)
@@ -393,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trace", required=True)
     p.add_argument("--policy", default=",".join(DEFAULT_POLICIES))
     p.add_argument("--nodes", default="tx2:4,orin-nx:2,rubikpi3:2")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("serve")
     p.add_argument("--listen", default="127.0.0.1:8888")

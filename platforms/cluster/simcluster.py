@@ -46,6 +46,12 @@ REF_CORE_KHZ = 2_000_000
 GB_PER_MEM_UNIT = 1.0
 #: most nodes a nodes spec may name in total (twice Kubernetes' 5000-node limit)
 MAX_NODES = 10_000
+#: most cores a nodes spec may give one node (``cpus=``): the shipped boards have 4-8, a large
+#: server a few hundred; beyond that a node is a typo, not a board
+MAX_NODE_CPUS = 1024
+#: per-core ``speed=`` bounds (reference core 1.0; the shipped boards give 1.0-1.7): outside
+#: them a typo, not a board (speed=1e-300 printed 300-digit makespans)
+SPEED_RANGE = (0.01, 100.0)
 _EPS = 1e-9
 
 
@@ -155,32 +161,51 @@ def board_node(
 def parse_nodes_spec(text: str) -> list[NodeSpec]:
     """``"tx2:4,orin-nx:2,rubikpi3:2:speed=1.1"`` -> nodes ``tx2-0..3, orin-nx-0..1, ...``.
 
-    Each item is ``board[:count][:key=value...]`` with keys ``cpus``, ``mem`` (normalised
-    units), ``speed`` (per-core, reference 1.0); at most :data:`MAX_NODES` nodes in total.
+    Each item is ``board[:count][:key=value...]``, each field at most once (a repeat used to
+    win silently): ``count`` a whole number >= 1, ``cpus`` whole cores in 1..:data:`MAX_NODE_CPUS`,
+    ``mem`` finite and > 0 (normalised units), ``speed`` per-core in :data:`SPEED_RANGE`
+    (reference 1.0); at most :data:`MAX_NODES` nodes in total.
     """
     nodes: list[NodeSpec] = []
     seen: Counter[str] = Counter()
+    lo, hi = SPEED_RANGE
     for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
         parts = item.split(":")
-        board, count, kw = parts[0], 1, {}
+        board, count, kw = parts[0], None, {}
         for p in parts[1:]:
             if "=" in p:
                 k, v = p.split("=", 1)
                 if k not in ("cpus", "mem", "speed"):
                     raise SimError(f"nodes spec {item!r}: unknown key {k!r} (cpus, mem, speed)")
+                if k in kw:
+                    raise SimError(f"nodes spec {item!r}: {k} given twice")
                 try:
-                    kw[k] = float(v)
+                    x = kw[k] = float(v)
                 except ValueError:
                     raise SimError(f"nodes spec {item!r}: {k}={v!r} is not a number") from None
-                if not math.isfinite(kw[k]) or kw[k] <= 0:
-                    raise SimError(f"nodes spec {item!r}: {k}={v!r} must be finite and > 0")
+                # nan fails every comparison, so each check below refuses it too
+                if k == "cpus" and not (1 <= x <= MAX_NODE_CPUS and x.is_integer()):
+                    raise SimError(
+                        f"nodes spec {item!r}: cpus={v!r} must be a whole number of cores "
+                        f"from 1 to {MAX_NODE_CPUS}"
+                    )
+                if k == "speed" and not lo <= x <= hi:
+                    raise SimError(
+                        f"nodes spec {item!r}: speed={v!r} must be a finite number from "
+                        f"{lo:g} to {hi:g} (per-core, reference core 1.0)"
+                    )
+                if k == "mem" and not (math.isfinite(x) and x > 0):
+                    raise SimError(f"nodes spec {item!r}: mem={v!r} must be finite and > 0")
             else:
+                if count is not None:
+                    raise SimError(f"nodes spec {item!r}: count given twice")
                 try:
                     count = int(p)
                 except ValueError:
                     raise SimError(f"nodes spec {item!r}: count {p!r} is not an integer") from None
+        count = 1 if count is None else count
         if count < 1:
             raise SimError(f"nodes spec {item!r}: count must be >= 1")
         if len(nodes) + count > MAX_NODES:  # before building them: 2e6 nodes took 1.2 GB

@@ -10,7 +10,9 @@ import pytest
 
 from platforms.cluster.alibaba import parse_batch_task
 from platforms.cluster.simcluster import (
+    MAX_NODE_CPUS,
     MAX_NODES,
+    SPEED_RANGE,
     ClusterView,
     NodeSpec,
     PiecewiseSpeed,
@@ -65,10 +67,67 @@ def test_board_presets_and_nodes_spec():
             parse_nodes_spec(bad)
 
 
-@pytest.mark.parametrize("bad", ["tx2:cpus=nan", "tx2:speed=inf", "tx2:mem=-1", "tx2:cpus=0"])
-def test_nodes_spec_values_must_be_finite_and_positive(bad):
-    with pytest.raises(SimError, match="finite and > 0"):
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ("tx2:cpus=nan", "cpus='nan' must be a whole number of cores from 1 to 1024"),
+        ("tx2:cpus=0", "cpus='0' must be a whole number of cores from 1 to 1024"),
+        ("tx2:speed=inf", "speed='inf' must be a finite number from 0.01 to 100"),
+        ("tx2:mem=-1", "mem='-1' must be finite and > 0"),
+        ("tx2:mem=nan", "mem='nan' must be finite and > 0"),
+    ],
+)
+def test_nodes_spec_values_must_be_finite_and_positive(bad, needle):
+    with pytest.raises(SimError) as err:
         parse_nodes_spec(bad)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("tx2:2:3", "nodes spec 'tx2:2:3': count given twice"),
+        ("tx2:1:1", "count given twice"),
+        ("tx2:cpus=4:cpus=8", "nodes spec 'tx2:cpus=4:cpus=8': cpus given twice"),
+        ("tx2:speed=1:2:speed=1", "speed given twice"),
+        ("tx2:mem=4:mem=4", "mem given twice"),
+    ],
+)
+def test_nodes_spec_refuses_a_field_given_twice(spec, needle):
+    """The last of a repeated field used to win silently (tx2:2:3 made 3 nodes)."""
+    with pytest.raises(SimError) as err:
+        parse_nodes_spec(spec)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("tx2:speed=1e-300", "speed='1e-300' must be a finite number from 0.01 to 100"),
+        ("tx2:speed=0.009", "from 0.01 to 100"),
+        ("tx2:speed=100.5", "from 0.01 to 100"),
+        ("tx2:cpus=0.001", "cpus='0.001' must be a whole number of cores from 1 to 1024"),
+        ("tx2:cpus=2.5", "cpus='2.5' must be a whole number"),
+        ("tx2:cpus=1025", "from 1 to 1024"),
+    ],
+)
+def test_nodes_spec_refuses_absurd_speeds_and_cores(spec, needle):
+    """speed=1e-300 printed 300-digit makespans; cpus=0.001 or 2.5 is no board's core count."""
+    with pytest.raises(SimError) as err:
+        parse_nodes_spec(spec)
+    assert needle in str(err.value)
+
+
+def test_nodes_spec_accepts_the_bounds_and_the_board_defaults():
+    nodes = parse_nodes_spec(
+        f"tx2:speed=0.01:cpus=1,orin-nx:speed=100:cpus={MAX_NODE_CPUS},rubikpi3:cpus=4.0:mem=0.5"
+    )
+    assert [(n.cpus, n.speed) for n in nodes[:2]] == [(1, 0.01), (MAX_NODE_CPUS, 100)]
+    assert nodes[2].cpus == 4 and nodes[2].mem == 0.5
+    lo, hi = SPEED_RANGE
+    for board in ("tx2", "orin-nx", "rubikpi3"):  # every shipped board's own speed is inside
+        node = board_node(board)
+        assert lo <= node.speed <= hi and 1 <= node.cpus <= MAX_NODE_CPUS
 
 
 def _python_lines(fn) -> int:

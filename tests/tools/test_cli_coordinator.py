@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from tools.cli import cli
 
 GOOD = "M1,1,j_1,1,Terminated,100,110,100,1\nR2_1,1,j_1,1,Terminated,110,120,100,1\n"
+HEADER = "task_name,instance_num,job_name,task_type,status,start_time,end_time,plan_cpu,plan_mem"
 
 
 def run(*args):
@@ -35,8 +36,13 @@ def trace(tmp_path):
     [
         (["--policy", ","], "names no policy"),
         (["--policy", "fifo,nope"], "known: all, higfrl"),
-        (["--nodes", "tx2:cpus=nan"], "finite"),
+        (["--nodes", "tx2:cpus=nan"], "cpus='nan' must be a whole number of cores"),
         (["--nodes", "tx2:speed=inf"], "finite"),
+        (["--nodes", "tx2:2:3"], "nodes spec 'tx2:2:3': count given twice"),
+        (["--nodes", "tx2:cpus=4:cpus=8"], "cpus given twice"),
+        (["--nodes", "tx2:speed=1e-300"], "speed='1e-300' must be a finite number from 0.01"),
+        (["--nodes", "tx2:cpus=2.5"], "cpus='2.5' must be a whole number of cores from 1 to"),
+        (["--seed", "-1"], "Invalid value for '--seed': -1 is not in the range x>=0"),
     ],
 )
 def test_simulate_refuses_bad_arguments_before_reading_the_trace(tmp_path, args, needle):
@@ -45,6 +51,34 @@ def test_simulate_refuses_bad_arguments_before_reading_the_trace(tmp_path, args,
     r = run("simulate", "--trace", str(empty), *args)
     assert r.exit_code != 0 and needle in r.output and "Traceback" not in r.output
     assert "no usable job" not in r.output
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", HEADER + "\n", "\ufeff" + HEADER + "\n\n"])
+def test_simulate_says_a_trace_without_rows_is_empty(tmp_path, text):
+    """An empty or header-only file read as "no usable job (0 issues)", which hid why."""
+    path = tmp_path / "batch_task.csv"
+    path.write_text(text, encoding="utf-8")
+    r = run("simulate", "--trace", str(path), "--policy", "fifo")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert f"{path}: holds no rows (the file is empty" in r.output
+    assert "no usable job" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_simulate_still_counts_issues_when_no_job_is_usable(tmp_path):
+    path = tmp_path / "batch_task.csv"
+    path.write_text("R3_1,1\n")  # a row, but a damaged one
+    r = run("simulate", "--trace", str(path), "--policy", "fifo")
+    assert r.exit_code == 2 and "no usable job (1 issues)" in r.output
+
+
+def test_simulate_seed_is_checked_outside_the_cli(trace):
+    """The function and the argparse entry name --seed too (numpy's error named nothing)."""
+    from tools.coordinator_cmd import main, simulate
+
+    with pytest.raises(ValueError, match="--seed: expected an integer >= 0, got -1"):
+        simulate(trace, ["fifo"], seed=-1)
+    with pytest.raises(SystemExit):
+        main(["simulate", "--trace", trace, "--seed", "-1"])
 
 
 def test_simulate_takes_policies_in_any_case(trace):
@@ -84,10 +118,7 @@ def test_simulate_counts_filled_in_values_and_warns_once(tmp_path):
 def test_simulate_skips_the_header_of_the_published_subset(tmp_path):
     """selected_DAGs.csv has a header row; it was a skipped job "job_name" and a warning."""
     path = tmp_path / "selected_DAGs.csv"
-    header = (
-        "task_name,instance_num,job_name,task_type,status,start_time,end_time,plan_cpu,plan_mem"
-    )
-    path.write_text(header + "\n" + GOOD)
+    path.write_text(HEADER + "\n" + GOOD)
     r = run("simulate", "--trace", str(path), "--policy", "fifo", "--json")
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)[0]
