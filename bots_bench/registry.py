@@ -27,6 +27,12 @@ SERIAL_VARIANT = "serial"
 BASE_FLAGS = ("-v", "0", "-o", "3")
 
 _VARIANT_RE = re.compile(r"^omp-tasks(?:-(?:manual|if_clause|final))?(?:-tied)?$")
+#: the task variants _VARIANT_RE accepts, spelt out for a message
+_TASK_VARIANTS = tuple(
+    f"omp-tasks{cut}{tied}"
+    for cut in ("", "-manual", "-if_clause", "-final")
+    for tied in ("", "-tied")
+)
 #: a compiler label as the binaries are named with it (``./configure --compiler``)
 _LABEL = r"[A-Za-z0-9_+-]+"
 _BINARY_RE = re.compile(
@@ -343,9 +349,13 @@ def _split_variant(k: Kernel, variant: str) -> tuple[str | None, str]:
         sub, rest = head, tail
     if not _VARIANT_RE.match(rest):
         raise RegistryError(
-            f"bad BOTS variant {variant!r} for {k.name}: expected "
-            "omp-tasks[-manual|-if_clause|-final][-tied]"
-            + (f", optionally prefixed by {'/'.join(k.subs)}-" if k.subs else "")
+            f"bad BOTS variant {variant!r} for {k.name}: expected one of "
+            + ", ".join(_TASK_VARIANTS)
+            + (
+                f" (each optionally prefixed by {' or '.join(s + '-' for s in k.subs)})"
+                if k.subs
+                else ""
+            )
             + f", or {SERIAL_VARIANT}"
         )
     if sub is not None and not k.subs:

@@ -39,7 +39,7 @@ from bots_bench import registry
 from bots_bench.dags import CLASSES as SIM_CLASSES
 from bots_bench.dags import UnknownDagModel, model_variant, modelled_builds
 from bots_bench.store import RunKey
-from platforms.errors import SpecError
+from platforms.errors import HidvfsError, SpecError
 from platforms.spec import board_names
 from platforms.yamlfile import load_yaml
 
@@ -201,6 +201,30 @@ def _err(source: str, key: str, expected: str, got: object = None) -> SpecError:
     return SpecError(source, key, expected, got)
 
 
+class _Said(SpecError):
+    """A spec error whose text is given whole: a reason that already says what was expected
+    (the registry's), wrapped in SpecError's own "expected X, got Y", said it twice."""
+
+    def __init__(self, file: str, key: str, expected: str, message: str):
+        super().__init__(file, key, expected)
+        HidvfsError.__init__(self, message)
+
+
+def _reason(source: str, key: str, reason: str) -> SpecError:
+    """``FILE: key 'KEY': REASON``, for a reason that is a whole sentence, not a value."""
+    return _Said(source, key, reason, f"{source}: key '{key}': {reason}")
+
+
+#: how the top of a spec that is not a mapping is named (YAML's types, not Python's)
+_YAML_KINDS = {
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true/false",
+}
+
+
 def _str_list(source: str, key: str, v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         v = [s.strip() for s in v.split(",") if s.strip()]
@@ -329,8 +353,17 @@ def parse_spec(
     """Validate a parsed YAML mapping into a :class:`CampaignSpec`. A relative ``bots_bin``
     is taken relative to ``base_dir`` (the spec file's folder, so a campaign kept beside its
     build runs from anywhere), or to the working directory without one."""
+    if data is None:  # an empty file (or only comments): YAML's null, not a wrong type
+        raise _Said(
+            source,
+            "<top>",
+            "a mapping of campaign settings",
+            f"{source} is empty: a campaign spec is a mapping of settings "
+            "(see `hidvfs bots run --help`)",
+        )
     if not isinstance(data, Mapping):
-        raise _err(source, "<top>", "a mapping of campaign settings", type(data).__name__)
+        kind = _YAML_KINDS.get(type(data), type(data).__name__)
+        raise _reason(source, "<top>", f"expected a mapping of campaign settings, got {kind}")
     data = dict(data)
     if "cool-down" in data:  # the spelling of the issue text
         data.setdefault("cooldown", data.pop("cool-down"))
@@ -401,13 +434,12 @@ def parse_spec(
         if backend == "sim":
             # a simulated job runs a worker on every core its policy gives it: a thread count
             # would be stored with the runs (and in their spec hash) but not simulated
-            raise _err(
+            raise _reason(
                 source,
                 "threads",
-                "no thread count with backend sim (the simulator runs a job on every core its "
-                "policy gives it and does not model OMP_NUM_THREADS); leave threads out, or "
-                "use backend native",
-                threads,
+                "not with backend sim (the simulator runs a job on every core its policy gives "
+                "it and does not model OMP_NUM_THREADS); leave threads out, or use backend "
+                "native",
             )
 
     variant = data.get("variant", registry.DEFAULT_VARIANT)
@@ -423,8 +455,8 @@ def parse_spec(
     for k in kernels:
         try:
             registry.binary_name(k, variant, label)
-        except registry.RegistryError as err:
-            raise _err(source, "variant", str(err), variant) from None
+        except registry.RegistryError as err:  # names the variant and what was expected
+            raise _reason(source, "variant", str(err)) from None
         if backend == "sim":  # the run must be the model of the build it is stored as
             try:
                 model_variant(k, variant)

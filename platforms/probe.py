@@ -330,6 +330,22 @@ def probe(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> ProbeRes
     return ProbeResult(board, spec, writable, online, states, tuple(notes))
 
 
+def _known(value: object) -> str:
+    """A live value, or ``unknown`` for one that could not be read (a note says why): the
+    report is for a person, who would read ``None`` as a Python bug, not a missing file."""
+    return "unknown" if value is None else str(value)
+
+
+def _format_live(st: cpufreq.PolicyState) -> str:
+    """``governor G, cur F kHz, limits LO-HI``, with ``unknown`` in place of an unread value."""
+    cur = "unknown" if st.cur_khz is None else f"{st.cur_khz} kHz"
+    if st.min_khz is None and st.max_khz is None:
+        limits = "unknown"
+    else:
+        limits = f"{_known(st.min_khz)}-{_known(st.max_khz)}"
+    return f"governor {_known(st.governor)}, cur {cur}, limits {limits}"
+
+
 def format_probe(result: ProbeResult) -> str:
     """Human-readable probe report (``hidvfs probe``)."""
     spec = result.spec
@@ -340,11 +356,7 @@ def format_probe(result: ProbeResult) -> str:
     ]
     for c in spec.clusters:
         st = result.policies.get(c.policy)
-        live = (
-            f"governor {st.governor}, cur {st.cur_khz} kHz, limits {st.min_khz}-{st.max_khz}"
-            if st
-            else "absent (CPUs offline)"
-        )
+        live = _format_live(st) if st else "absent (CPUs offline)"
         w = result.writable.get(c.policy, {})
         ro = [f for f, ok in w.items() if not ok]
         lines.append(

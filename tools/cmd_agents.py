@@ -386,7 +386,12 @@ def check_cmd(boards, models, as_json) -> None:
     an output exceeds 1 in magnitude) and the daemon's observation schema."""
     from agents.learned import check_board
 
-    reports = [check_board(b, models if models else None) for b in _boards(boards)]
+    todo = _boards(boards)
+    if models and not os.path.isdir(models):
+        # a mistyped path is not a board without models: "run agents train" would mislead
+        what = "not a folder" if os.path.exists(models) else "no such folder"
+        fail(f"--models {models}: {what}")
+    reports = [check_board(b, models if models else None) for b in todo]
     if as_json:
         emit_json(reports)
     else:

@@ -78,6 +78,19 @@ def test_bad_variants(kernel, variant, msg):
         binary_name(kernel, variant)
 
 
+def test_a_bad_variant_lists_the_variants_and_the_prefixes_of_its_kernel():
+    with pytest.raises(RegistryError) as e:
+        binary_name("fib", "omp-task")
+    assert "expected one of omp-tasks, omp-tasks-tied, omp-tasks-manual," in str(e.value)
+    assert str(e.value).endswith("omp-tasks-final-tied, or serial")
+    assert "[" not in str(e.value) and "prefixed" not in str(e.value)  # fib has no for/single
+    with pytest.raises(RegistryError) as e:
+        binary_name("sparselu", "omp-task")
+    assert "omp-tasks-final-tied (each optionally prefixed by single- or for-), or serial" in str(
+        e.value
+    )
+
+
 def test_unknown_class_names_the_kernel_classes():
     with pytest.raises(RegistryError, match=r"kernel 'fib' has no input class 'huge'.*t40"):
         registry.input_class("fib", "huge")

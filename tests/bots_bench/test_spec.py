@@ -146,7 +146,75 @@ def test_malformed_specs_name_the_key(data, key, expected):
     assert e.value.key == key
     assert e.value.file == "camp.yaml"
     assert expected in e.value.expected, e.value.expected
-    assert str(e.value).startswith(f"camp.yaml: key '{key}': expected ")
+    text = str(e.value)
+    assert text.startswith(f"camp.yaml: key '{key}': "), text
+    # said once: a reason that already says what was expected is not wrapped in another
+    assert text.count("expected") <= 1 and text.count(", got ") <= 1, text
+
+
+def test_a_bad_variant_is_said_once_with_the_variants_to_choose_from():
+    with pytest.raises(SpecError) as e:
+        parse_spec(_bad(kernels=["fib"], variant="bogus"), "camp.yaml")
+    assert str(e.value) == (
+        "camp.yaml: key 'variant': bad BOTS variant 'bogus' for fib: expected one of "
+        "omp-tasks, omp-tasks-tied, omp-tasks-manual, omp-tasks-manual-tied, "
+        "omp-tasks-if_clause, omp-tasks-if_clause-tied, omp-tasks-final, omp-tasks-final-tied, "
+        "or serial"
+    )
+    assert e.value.key == "variant"
+
+
+def test_a_sim_thread_count_is_refused_in_one_sentence():
+    with pytest.raises(SpecError) as e:
+        parse_spec(_bad(backend="sim", classes=["test"], threads=4), "camp.yaml")
+    text = str(e.value)
+    assert text.startswith("camp.yaml: key 'threads': not with backend sim (")
+    assert text.endswith("leave threads out, or use backend native"), text
+
+
+@pytest.mark.parametrize("content", ["", "# only comments\n", "---\n"])
+def test_an_empty_spec_file_says_it_is_empty(tmp_path, content):
+    f = tmp_path / "camp.yaml"
+    f.write_text(content)
+    with pytest.raises(SpecError) as e:
+        load_spec(f)
+    assert str(e.value) == (
+        f"{f} is empty: a campaign spec is a mapping of settings (see `hidvfs bots run --help`)"
+    )
+    assert e.value.key == "<top>" and e.value.file == str(f)
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"), [(["kernels"], "a list"), ("fib", "a string"), (3, "a number")]
+)
+def test_a_spec_that_is_not_a_mapping_names_its_yaml_type(data, kind):
+    with pytest.raises(SpecError) as e:
+        parse_spec(data, "camp.yaml")
+    assert str(e.value) == (
+        f"camp.yaml: key '<top>': expected a mapping of campaign settings, got {kind}"
+    )
+
+
+def test_bots_run_prints_the_spec_messages_without_python_names(tmp_path):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(_bad(backend="sim", classes=["test"], threads=KeyError, variant="bogus"))
+    )
+    for spec, said in (
+        (empty, f"{empty} is empty: a campaign spec is a mapping of settings"),
+        (bad, "key 'variant': bad BOTS variant 'bogus' for fib: expected one of omp-tasks,"),
+    ):
+        r = CliRunner().invoke(
+            cli, ["bots", "run", "--spec", str(spec), "--db", str(tmp_path / "r")]
+        )
+        assert r.exit_code == 2 and said in r.output, r.output
+        assert "NoneType" not in r.output and "got 'bogus'" not in r.output
 
 
 def test_sim_campaigns_accept_the_classes_the_simulator_models():

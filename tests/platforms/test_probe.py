@@ -424,3 +424,37 @@ def test_spec_to_dict_keeps_the_aliases(board):
     spec = load_board(board)
     again = parse_board(json.loads(json.dumps(spec_to_dict(spec))), "dumped.json")
     assert again.zones == spec.zones
+
+
+def test_unreadable_live_values_read_unknown_not_none(tmp_path):
+    """`hidvfs probe` is read by a person: an unreadable value is "unknown" (a note says why),
+    never Python's None; the JSON keeps null."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    write_fake_tree(load_board("tx2"), tmp_path)
+    p0 = tmp_path / "devices/system/cpu/cpufreq/policy0"
+    (p0 / "scaling_cur_freq").write_text("abc\n")
+    (p0 / "scaling_min_freq").unlink()
+    (p0 / "scaling_max_freq").unlink()
+    (p0 / "scaling_governor").write_text("")
+    (tmp_path / "devices/system/cpu/cpufreq/policy1/scaling_max_freq").write_text("x\n")
+    text = format_probe(probe(DirSysfs(tmp_path)))
+    assert "None" not in text, text
+    assert "governor unknown, cur unknown, limits unknown;" in text
+    assert "governor schedutil, cur 1267200 kHz, limits 345600-unknown;" in text
+    assert "policy0/scaling_cur_freq: unavailable (not an integer: 'abc')" in text
+
+    r = CliRunner().invoke(cli, ["probe", "--sysfs-root", str(tmp_path)])
+    assert r.exit_code == 0 and "None" not in r.output and "cur unknown" in r.output, r.output
+    r = CliRunner().invoke(cli, ["probe", "--sysfs-root", str(tmp_path), "--json"])
+    live = json.loads(r.output)["policies"]
+    assert live["policy0"] == {
+        "governor": None,
+        "cur_khz": None,
+        "min_khz": None,
+        "max_khz": None,
+        "affected_cpus": [0, 3, 4, 5],
+    }
+    assert live["policy1"]["max_khz"] is None and live["policy1"]["min_khz"] == 345600

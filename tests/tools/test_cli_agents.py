@@ -155,6 +155,18 @@ def test_check_error_rows_have_no_diff_columns(tmp_path):
     assert ok and all("max|diff|" in line and "seed 0" in line for line in ok)
 
 
+def test_check_names_a_models_folder_that_is_not_there(tmp_path):
+    missing = tmp_path / "m"
+    r = run("check", "--models", str(missing))
+    assert r.exit_code == 2
+    assert f"--models {missing}: no such folder" in r.output, r.output
+    assert "agents train" not in r.output and "FAIL" not in r.output
+    afile = tmp_path / "f"
+    afile.write_text("")
+    r = run("check", "--board", "tx2", "--models", str(afile), "--json")
+    assert r.exit_code == 2 and f"--models {afile}: not a folder" in r.output, r.output
+
+
 def test_models_root_serves_each_board_from_its_subfolder(tmp_path):
     for b in ("tx2", "orin-nx", "rubikpi3"):
         shutil.copytree(MODELS_DIR / b, tmp_path / b)
