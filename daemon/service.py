@@ -57,7 +57,7 @@ from platforms.observation import Observation
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
 from platforms.rtbandwidth import planning_margin, rt_share
-from platforms.spec import BoardSpec, load_board, load_board_file
+from platforms.spec import BoardSpec, board_names, load_board, load_board_file
 from platforms.sysfs import DirSysfs
 from platforms.trace import TickRecorder
 from platforms.treelock import TreeLock
@@ -71,12 +71,22 @@ class DaemonError(HidvfsError):
 
 
 def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
-    """The board spec: the config's (a spec file as given; a shipped name only if the tree is
-    not detected as another shipped board: its OPPs and rails would be wrong there, and a
-    profile measured under it stored under the wrong board), else detected, else probed."""
+    """The board spec: the config's (a spec file as given, unless it names another shipped
+    board than the one detected; a shipped name only if the tree is not detected as another
+    shipped board: its OPPs and rails would be wrong there, and a profile measured under it
+    stored under the wrong board), else detected, else probed."""
     if cfg.board:
         if cfg.board.endswith((".yaml", ".yml")):
-            return load_board_file(cfg.board)
+            spec = load_board_file(cfg.board)
+            detected = detect_board(sysfs) if sysfs is not None else None
+            if detected and spec.name != detected and spec.name in board_names():
+                # a copy of another shipped board's spec: the same mistake as its name
+                raise DaemonError(
+                    f"board file {cfg.board} is a spec of {spec.name!r}, but the board under "
+                    f"{sysfs.root} is detected as {detected!r}; leave the board out (it is "
+                    f"detected) or give a spec of {detected}"
+                )
+            return spec
         spec = load_board(cfg.board)  # an unknown name first: it lists the known boards
         detected = detect_board(sysfs)
         if detected and detected != cfg.board:

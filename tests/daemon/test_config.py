@@ -375,6 +375,30 @@ def test_a_shipped_board_named_on_another_detected_board_is_refused(tmp_path):
     )
 
 
+def test_a_spec_file_of_another_shipped_board_is_refused_on_a_detected_board(tmp_path):
+    """A copy of orin-nx.yaml given by path on a TX2 went through as given: orin-nx's OPPs
+    written to a TX2, a profile stored as orin-nx's. A spec of a board of its own name (a
+    board not shipped, or a user's variant) is still taken as given."""
+    from daemon.service import DaemonError, resolve_board
+    from platforms.faketree import write_fake_tree
+    from platforms.spec import load_board
+    from platforms.sysfs import DirSysfs
+
+    write_fake_tree(load_board("tx2"), tmp_path / "tx2")
+    sysfs = DirSysfs(tmp_path / "tx2")
+    boards = Path(__file__).resolve().parents[2] / "platforms" / "boards"
+    orin = tmp_path / "o.yaml"
+    orin.write_text((boards / "orin-nx.yaml").read_text())
+    with pytest.raises(DaemonError, match=r"o\.yaml is a spec of 'orin-nx', but .* 'tx2'"):
+        resolve_board(parse_config({"board": str(orin)}), sysfs)
+    own = tmp_path / "tx2.yaml"
+    own.write_text((boards / "tx2.yaml").read_text())
+    assert resolve_board(parse_config({"board": str(own)}), sysfs).name == "tx2"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text((boards / "orin-nx.yaml").read_text().replace("name: orin-nx", "name: my-orin"))
+    assert resolve_board(parse_config({"board": str(mine)}), sysfs).name == "my-orin"
+
+
 @pytest.mark.parametrize("section", ["telemetry", "metrics"])
 @pytest.mark.parametrize(
     ("raw", "secret"),
