@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json, fail, require_extra
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail, not_empty, require_extra
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")
 
@@ -765,6 +765,7 @@ def eval_cmd(
     default="1.0,0.9,0.8,0.7,0.6,0.5",
     show_default=True,
     help="fixed operating points, as fractions of each busy cluster's table maximum",
+    callback=not_empty,
 )
 @click.option(
     "--seeds",

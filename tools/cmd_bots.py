@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tools.cmd_profile import measure_options
-from tools.common import FiniteFloatRange, Friendly, emit_json, fail
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail, not_empty
 
 
 @click.group("bots", cls=Friendly)
@@ -82,6 +82,7 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     help="Board spec (sim; default tx2). Native runs use the detected board; a --board that "
     "differs from it is refused, and where no board is detected it is used as given (with a "
     "warning).",
+    callback=not_empty,
 )
 @click.option(
     "--bench",
@@ -539,6 +540,7 @@ def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> No
     "--board",
     default=None,
     help="Board (simulated; default tx2). Native: the detected board; a different one is refused.",
+    callback=not_empty,
 )
 @click.option(
     "--backend",

@@ -8,7 +8,15 @@ import sys
 
 import click
 
-from tools.common import Failed, FiniteFloatRange, emit_json, fail, guard_errors
+from tools.common import (
+    Failed,
+    FiniteFloatRange,
+    check_outputs,
+    emit_json,
+    fail,
+    guard_errors,
+    not_empty,
+)
 
 
 def _tell_systemd_why(fn):
@@ -68,18 +76,21 @@ class _DaemonCommand(click.Command):
     help="Config file (default /etc/hidvfs/config.yaml if present). With --sim or --replay only "
     "a file given here is read: --sim takes its policy, period_ms, deadline_slack, thermal, "
     "shield and mixed_criticality keys, --replay (no jobs) its policy, period_ms and thermal.",
+    callback=not_empty,
 )
 @click.option(
     "--sysfs-root",
     default=None,
     type=click.Path(exists=True, file_okay=False),
     help="Drive a tree under DIR instead of / (e.g. a fake tree).",
+    callback=not_empty,
 )
 @click.option(
     "--sim",
     "sim_board",
     default=None,
     help="Run on the simulated BOARD with a virtual clock and the built-in BOTS workload.",
+    callback=not_empty,
 )
 @click.option(
     "--replay",
@@ -87,6 +98,7 @@ class _DaemonCommand(click.Command):
     default=None,
     type=click.Path(exists=True, dir_okay=False),
     help="Run on a recorded trace (writes are captured, not applied).",
+    callback=not_empty,
 )
 @click.option(
     "--policy",
@@ -95,6 +107,7 @@ class _DaemonCommand(click.Command):
     "schedutil, maxfreq. Default: the config's policy, hidvfs unless the config names another; "
     "--sim without --config: hidvfs; --replay without --config: the policy of the daemon that "
     "recorded the trace, else schedutil.",
+    callback=not_empty,
 )
 @click.option(
     "--period-ms",
@@ -117,6 +130,7 @@ class _DaemonCommand(click.Command):
     default=None,
     type=click.Path(dir_okay=False),
     help="Write a JSON status (time, frequencies, temperatures, power, jobs, energy) here.",
+    callback=not_empty,
 )
 @click.option(
     "--socket",
@@ -124,12 +138,14 @@ class _DaemonCommand(click.Command):
     default=None,
     type=click.Path(dir_okay=False),
     help="Job-registry Unix socket (default /run/hidvfs/hidvfs.sock).",
+    callback=not_empty,
 )
 @click.option(
     "--state-dir",
     default=None,
     type=click.Path(file_okay=False),
     help="Where the restore snapshot lives (default /var/lib/hidvfs).",
+    callback=not_empty,
 )
 @click.option(
     "--dry-run", is_flag=True, help="Read and decide, but only print what would be written."
@@ -138,7 +154,7 @@ class _DaemonCommand(click.Command):
     "--seed",
     default=0,
     show_default=True,
-    type=int,
+    type=click.IntRange(min=0),
     help="Seed of the simulated workload (--sim only).",
 )
 @click.option(
@@ -155,6 +171,7 @@ class _DaemonCommand(click.Command):
     type=click.Path(dir_okay=False),
     help="Record every file the daemon reads and writes, one sample per tick, to this trace "
     "(.jsonl or .jsonl.gz); `hidvfs trace replay --check` then checks its decisions.",
+    callback=not_empty,
 )
 @click.option(
     "--json",
@@ -191,6 +208,11 @@ def daemon_cmd(
     chosen = [x for x in (sysfs_root, sim_board, replay_trace) if x]
     if len(chosen) > 1:
         fail("choose at most one of --sysfs-root, --sim, --replay")
+    check_outputs(
+        {"--status-file": status_file, "--record": record_path},
+        {"--config": config_path, "--replay": replay_trace},
+        sysfs_root,
+    )
     if not sim_board:
         ctx = click.get_current_context()
         sim_only = [

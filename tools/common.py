@@ -114,6 +114,39 @@ class Failed(SystemExit):
         self.message = message
 
 
+def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback: an option given as ``''`` (an unset shell variable, say) is refused,
+    not read as "not given": ``--sim "$BOARD"`` with BOARD empty ran the daemon on the real
+    board, ``--policy ''`` the default policy."""
+    if isinstance(value, str) and not value.strip():
+        raise click.BadParameter("empty; leave the option out for its default", ctx, param)
+    return value
+
+
+def check_outputs(
+    outputs: dict[str, str | None], inputs: dict[str, str | None], tree: str | None = None
+) -> None:
+    """Refuse an output file that is one of the command's inputs, another output, or a file
+    inside the sysfs ``tree`` it drives: ``--status-file c.yaml`` with ``--config c.yaml``
+    replaced the config with status JSON."""
+    import os
+
+    seen: dict[str, str] = {}
+    for flag, path in inputs.items():
+        if path:
+            seen[os.path.realpath(path)] = flag
+    root = os.path.realpath(tree) if tree else None
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            fail(f"{flag} {path}: is also {seen[real]}; it would be written over")
+        if root and root != os.sep and (real == root or real.startswith(root + os.sep)):
+            fail(f"{flag} {path}: is inside the tree {tree}; write it elsewhere")
+        seen[real] = flag
+
+
 def fail(message: str, code: int = 2) -> None:
     """``hidvfs: error: <message>`` on stderr, then exit ``code``. When stderr is the journal,
     each line gets the ``<3>`` prefix, so that ``journalctl -p err`` shows it."""

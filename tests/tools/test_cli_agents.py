@@ -505,3 +505,13 @@ def test_eval_runs_a_sampling_kernel_governor_at_its_own_rate(monkeypatch):
             assert seen == {"schedutil": None, "ondemand": None, "maxfreq": 0.05}
         else:
             assert seen == {"schedutil": 0.05, "ondemand": 0.05, "maxfreq": 0.05}
+
+
+def test_an_empty_fractions_list_is_refused():
+    """`--fractions ''` swept maxfreq alone, as if the option had been left out."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    r = CliRunner().invoke(cli, ["agents", "sweep", "--board", "tx2", "--fractions", ""])
+    assert r.exit_code == 2 and "Invalid value for '--fractions': empty" in r.output

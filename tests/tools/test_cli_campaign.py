@@ -110,3 +110,10 @@ def test_report_without_matplotlib_says_so_and_writes_the_tables(tmp_path, monke
     assert not list(out.glob("*.png"))
     r = runner.invoke(cli, ["bots", "report", "--db", str(db), "--out", str(tmp_path / "r2")])
     assert r.exit_code == 0 and r.stderr == ""  # with matplotlib: plots, no note
+
+
+def test_an_empty_board_is_refused_not_read_as_tx2():
+    """`bots run --board "$B"` with B unset ran the campaign on tx2, the default."""
+    for cmd in (["bots", "run", "--backend", "sim"], ["bots", "study", "vs-geardvfs"]):
+        r = CliRunner().invoke(cli, [*cmd, "--board", ""])
+        assert r.exit_code == 2 and "Invalid value for '--board': empty" in r.output, r.output

@@ -185,3 +185,38 @@ def test_a_sim_status_file_that_cannot_be_written_is_refused_before_the_run(tmp_
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"hidvfs: error: cannot make the folder of status file {blocker}")
     assert "run started" not in r.output
+
+
+@pytest.mark.parametrize("flag", ["--sim", "--policy", "--config", "--status-file", "--record"])
+def test_an_empty_option_is_refused_not_read_as_left_out(flag, tmp_path):
+    """`--sim "$BOARD"` with BOARD unset ran the daemon on the real board (or the default
+    tree), `--policy ''` the default policy: an empty value is a mistake, said as one."""
+    args = ["--sim", "tx2", "--duration", "0.2"] if flag != "--sim" else ["--duration", "0.2"]
+    r = run(*args, flag, "")
+    assert r.exit_code == 2
+    assert f"Invalid value for '{flag}': empty" in r.output
+
+
+def test_an_output_that_is_an_input_or_inside_the_tree_is_refused(tmp_path):
+    """`--status-file c.yaml --config c.yaml` replaced the config with status JSON; a status
+    file or record inside the driven tree would be written among its sysfs files."""
+    from platforms.faketree import write_fake_tree
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("period_ms: 100\n")
+    r = run("--sim", "tx2", "--duration", "0.2", "--config", str(cfg), "--status-file", str(cfg))
+    assert r.exit_code == 2 and "is also --config" in r.output
+    assert cfg.read_text() == "period_ms: 100\n"
+    tree = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), tree)
+    inside = tree / "devices" / "st.json"
+    state = tmp_path / "st"
+    r = run(
+        "--sysfs-root", str(tree), "--state-dir", str(state), "--socket", str(state / "s"),
+        "--duration", "0.2", "--status-file", str(inside),
+    )  # fmt: skip
+    assert r.exit_code == 2 and "is inside the tree" in r.output
+    assert not inside.exists() and not state.exists()  # refused before anything ran
+    r = run("--sim", "tx2", "--duration", "0.2", "--status-file", str(tmp_path / "a.json"),
+            "--seed", "-1")  # fmt: skip
+    assert r.exit_code == 2 and "'--seed': -1 is not in the range" in r.output
