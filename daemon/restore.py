@@ -252,10 +252,13 @@ ORIGINAL_READS = 3
 
 
 def _read_original(sysfs: SysfsBackend, path: str) -> str | None:
+    """Exact reads only (:meth:`~platforms.sysfs.SysfsBackend.read_exact`): a value that did
+    not decode cleanly would be given back as other bytes, so it counts as unreadable."""
     for _ in range(ORIGINAL_READS):
-        v = sysfs.read_or(path)
-        if v is not None:
-            return v
+        try:
+            return sysfs.read_exact(path)
+        except SysfsUnavailable:
+            pass
     return None
 
 

@@ -6,7 +6,8 @@ governors) are discovered once and cached, so a tick costs only the reads that c
 or two files per rail. Discovery runs again when the online CPU set changes, when a cached file
 vanishes (a zone re-registered, a policy went away with its CPUs), and every ``refresh_s`` of
 the caller's clock (a ``modprobe``'d governor, a late sensor). A failed read becomes ``None``
-plus a line in ``Observation.errors`` naming the file; nothing here raises on a bad reading.
+plus a line in ``Observation.errors`` naming the file (a policy folder missing while its CPUs
+are online keeps one per file, unread); nothing here raises on a bad reading.
 
 A spec zone is found by its ``type``, then by its ``aliases`` (the names other BSPs give the
 same sensor). When a cluster that the spec watches with a CPU zone is left without any zone
@@ -120,6 +121,16 @@ class _RailPlan:
 
 def _lower(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
+
+
+def _policy_missing(plan: _ClusterPlan) -> list[str]:
+    """Each file of a policy whose folder is missing while its CPUs are online, keyed as its
+    failed read was: a file that is not read must not count as recovered."""
+    reason = f"no policy{plan.spec.policy} folder while CPUs of it are online"
+    return [
+        str(SysfsUnavailable(path, reason))
+        for path in (plan.cur_path, plan.min_path, plan.max_path, plan.gov_path)
+    ]
 
 
 def _missing_zone(z: ZoneSpec) -> str:
@@ -344,8 +355,11 @@ class Sensor:
                     if i < 3 and not _plausible_khz(values[i], plan.freqs):
                         errors.append(f"{path}: unavailable (implausible {values[i]} kHz)")
                         values[i] = None
-            elif plan.present != s.exists(paths.policy_dir(plan.spec.policy)):
-                dirty_clusters = True
+            else:
+                if plan.present != s.exists(paths.policy_dir(plan.spec.policy)):
+                    dirty_clusters = True
+                if cl_online:
+                    errors += _policy_missing(plan)
             clusters.append(
                 ClusterObs(
                     name=plan.spec.name,

@@ -65,6 +65,16 @@ class SysfsBackend(ABC):
         except ValueError:
             raise SysfsUnavailable(path, f"not a list of integers: {text!r}") from None
 
+    def read_exact(self, path: str) -> str:
+        """:meth:`read`, refusing text a byte of which did not decode: a value to be written
+        back must give the kernel the bytes it printed. Every backend decodes leniently (a
+        stray byte must not blind the sensing), so a U+FFFD stands for a lost byte; checked
+        here, above :meth:`read`, it holds for wrappers and subclasses that override it."""
+        text = self.read(path)
+        if "\ufffd" in text:
+            raise SysfsUnavailable(path, f"not valid UTF-8: {text!r}")
+        return text
+
     def read_or(self, path: str, fallback: str | None = None) -> str | None:
         try:
             return self.read(path)

@@ -134,6 +134,25 @@ def test_a_start_with_an_inactive_policy_folder_left_visible(tmp_path):
     assert snap.policies[1].governor is None and snap.policies[1].cpus == (1, 2)
 
 
+def test_an_original_that_does_not_decode_refuses_the_start(tmp_path):
+    """A governor with a byte that is not UTF-8 would be given back as U+FFFD's bytes: it is
+    no readable original, so the start is refused naming it, with nothing written or saved.
+    Sensing still reads it (leniently), without an error."""
+    from daemon.restore import SnapshotError
+
+    fake = write_fake_tree(TX2, tmp_path / "tree")
+    gov = paths.policy_file(0, "scaling_governor")
+    raw = b"sched\xffutil\n"
+    (tmp_path / "tree" / gov).write_bytes(raw)
+    with pytest.raises(SnapshotError, match=f"cannot read the original value of {gov}"):
+        begin_session(fake.sysfs, TX2, tmp_path / "state", LOG)
+    assert (tmp_path / "tree" / gov).read_bytes() == raw
+    assert not os.path.exists(snapshot_path(tmp_path / "state"))
+    obs = Sensor(TX2, fake.sysfs).read(0.0)
+    assert obs.cluster("a57").governor == "sched\ufffdutil"
+    assert not any("policy0" in e for e in obs.errors)
+
+
 def test_an_adopted_snapshot_keeps_giving_back_every_file(tmp_path):
     """A crashed run's snapshot whose restore failed is adopted (it holds the true originals):
     attaching does not narrow it to what this run writes."""

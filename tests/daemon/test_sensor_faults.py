@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 
 import pytest
 
@@ -242,6 +243,30 @@ def test_a_job_whose_end_is_reported_to_the_registry_is_scored(tmp_path):
     res = lp.tick()
     assert [o.pid for o in res.finished] == [77] and Stage.done == [(77, 1.25)]
     assert table.done == 1  # counted once
+
+
+def test_a_vanished_policy_stays_unavailable_in_the_log_and_the_status(loop, tmp_path, caplog):
+    """A policy folder removed mid-run is no longer read once rediscovered: its files must
+    not be logged as recovered nor leave the status while they are missing."""
+    lp, clock, _ = loop
+    logger = logging.getLogger("sensor-log-test.policy")
+    slog = SensorErrorLog(logger)
+    lp.on_tick.append(lambda res: slog.update(res.obs.errors))
+    gone = [
+        paths.policy_file(1, n)
+        for n in ("scaling_cur_freq", "scaling_min_freq", "scaling_max_freq", "scaling_governor")
+    ]
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        _ticks(lp, clock, 3)
+        shutil.rmtree(tmp_path / paths.policy_dir(1))
+        _ticks(lp, clock, 10)
+    msgs = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert not [m for m in msgs if "sensor_recovered" in m]
+    assert sorted(m for m in msgs if "sensor_unavailable" in m) == sorted(
+        f"event=sensor_unavailable detail={f + ': unavailable (no such file)'!r}" for f in gone
+    )
+    unavailable = lp.status()["unavailable"]
+    assert {e.partition(": ")[0] for e in unavailable} >= set(gone)
 
 
 def test_two_missing_zones_are_two_log_lines(caplog):

@@ -127,17 +127,37 @@ def test_hotplug_rediscovers_and_back(tmp_path):
     assert sensor.discoveries == n  # the online set drove it, not a full rediscovery
 
 
-def test_policy_vanishing_under_the_sensor(tx2, tmp_path):
-    """A policy folder disappears while its CPUs still look online (a racing hotplug)."""
-    w, sensor = tx2
+def test_policy_vanishing_under_the_sensor(tmp_path):
+    """A policy folder disappears while its CPUs still look online (a racing hotplug): once
+    rediscovered its files are no longer read, yet each stays reported unavailable (the
+    status and the sensor log must not take "not read" for "recovered") until it is back."""
+    write_fake_tree(TX2, tmp_path / "tree")
+    sysfs = Counting(DirSysfs(tmp_path / "tree"))
+    sensor = Sensor(TX2, sysfs, refresh_s=None)
     sensor.read(0.0)
-    shutil.rmtree(tmp_path / paths.policy_dir(1))
+    policy1 = tmp_path / "tree" / paths.policy_dir(1)
+    shutil.copytree(policy1, tmp_path / "saved")
+    shutil.rmtree(policy1)
     obs = sensor.read(1.0)
     assert obs.cluster("denver").cur_khz is None
     assert any("policy1/scaling_cur_freq" in e for e in obs.errors)
-    obs = sensor.read(2.0)  # rediscovered: no repeated read errors for the missing policy
+    failing = {e.partition(": ")[0] for e in obs.errors if "policy1" in e}
+    assert failing == {
+        paths.policy_file(1, n)
+        for n in ("scaling_cur_freq", "scaling_min_freq", "scaling_max_freq", "scaling_governor")
+    }
+    for t in (2.0, 3.0):
+        sysfs.paths.clear()
+        obs = sensor.read(t)
+        assert not any("policy1/" in p for p in sysfs.paths)  # rediscovered: not read again
+        assert {e.partition(": ")[0] for e in obs.errors if "policy1" in e} == failing
+        assert all("no policy1 folder" in e for e in obs.errors if "policy1" in e)
+        assert obs.cluster("denver").cur_khz is None
+    shutil.copytree(tmp_path / "saved", policy1)
+    sensor.read(4.0)  # seen back: rediscovered
+    obs = sensor.read(5.0)
     assert not any("policy1" in e for e in obs.errors)
-    assert obs.cluster("denver").cur_khz is None
+    assert obs.cluster("denver").cur_khz is not None
 
 
 def test_zone_reindexed_is_followed_after_one_tick(tx2, tmp_path):

@@ -70,6 +70,18 @@ def test_unsupported_setspeed_is_unavailable(tree):
         s.read("devices/system/cpu/cpufreq/policy0/scaling_setspeed")
 
 
+def test_a_byte_that_does_not_decode_is_read_leniently_but_never_exactly(tree, tmp_path):
+    """Sensing takes the text with U+FFFD; a value to be written back must be refused."""
+    s, put = tree
+    gov = put("devices/system/cpu/cpufreq/policy0/scaling_governor", "")
+    (tmp_path / gov).write_bytes(b"sched\xffutil\n")
+    assert s.read(gov) == "sched\ufffdutil"
+    with pytest.raises(SysfsUnavailable, match=r"scaling_governor: .*not valid UTF-8"):
+        s.read_exact(gov)
+    (tmp_path / gov).write_bytes(b"schedutil\n")
+    assert s.read_exact(gov) == "schedutil"
+
+
 def test_non_integer_names_the_text(tree):
     s, put = tree
     put("t", "hot\n")
