@@ -22,7 +22,7 @@ from typing import Any
 from platforms import paths, power, thermal
 from platforms.clock import Clock
 from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
-from platforms.spec import BoardSpec, ZoneSpec, load_board
+from platforms.spec import BoardSpec, ZoneSpec, board_names, load_board
 from platforms.sysfs import SysfsBackend
 from platforms.trace_io import (
     FORMAT,
@@ -43,6 +43,9 @@ __all__ = [
     "TraceHeader",
     "TraceWriter",
     "read_trace",
+    "UNKNOWN_BOARD",
+    "header_board",
+    "header_note",
     "ReplaySysfs",
     "RecordingSysfs",
     "RECORDED_BY",
@@ -63,6 +66,33 @@ TIME_EPS_S = 1e-6
 
 def _norm(path: str) -> str:
     return path.strip("/")
+
+
+#: the header board of a trace of a board hidvfs does not ship (`trace record` and the daemon
+#: name a probed board so): a replay describes the board from the recording
+UNKNOWN_BOARD = "unknown"
+
+
+def header_board(trace: Trace) -> str | None:
+    """The shipped board the header names; None for ``unknown``, null, or a name hidvfs does
+    not ship (a daemon run with a board spec file records that spec's name): a replay then
+    describes the board from the recording (see :func:`header_note`)."""
+    name = trace.header.board
+    if name is None or name == UNKNOWN_BOARD or name not in board_names():
+        return None
+    return name
+
+
+def header_note(trace: Trace) -> str | None:
+    """What to tell the user about a header board that is not shipped (None when it is, or
+    ``unknown``): the replay runs on the board the recording describes, not on that name."""
+    name = trace.header.board
+    if name is None or name == UNKNOWN_BOARD or name in board_names():
+        return None
+    return (
+        f"{trace.path}: header board {name!r} is not a shipped board ({', '.join(board_names())}; "
+        "a board spec file's name, or an edit): the board is described from the recording"
+    )
 
 
 # --------------------------------------------------------------------------------------------

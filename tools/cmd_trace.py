@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail
 
 
 @click.group("trace", cls=Friendly)
@@ -14,6 +16,26 @@ def trace() -> None:
     A trace is JSON lines (optionally gzipped): a header naming the board, then one sample per
     period with every file read (and what the daemon wrote).
     """
+
+
+def _out_problem(out: str, trees: list[str]) -> str | None:
+    """Why ``--out`` cannot take the trace, said before anything is recorded (open() names
+    neither the option nor the fix), else None. ``trees``: the folders being recorded; a
+    trace written in one would overwrite, or be sampled as, a file of the board."""
+    if not out:
+        return "--out: empty path; give the trace file to write (.jsonl or .jsonl.gz)"
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        return f"--out {out}: its folder {folder} {what}; create it or choose another --out"
+    real = os.path.realpath(out)  # a symlink into the tree is inside it
+    for tree in trees:
+        if os.path.commonpath([real, tree]) == tree:
+            return (
+                f"--out {out} is inside the tree it records ({tree}); write the trace "
+                "outside --sysfs-root"
+            )
+    return None
 
 
 @trace.command("record")
@@ -61,7 +83,9 @@ def record_cmd(
     end the recording early with a complete file (exit 0).
     """
     from daemon.stopsignals import StopOnSignals
+    from platforms import paths
     from platforms.clock import MonotonicClock
+    from platforms.cpufreq import list_policies
     from platforms.probe import detect_board
     from platforms.spec import board_names
     from platforms.sysfs import DirSysfs
@@ -73,6 +97,17 @@ def record_cmd(
             param_hint="--board",
         )
     sysfs = DirSysfs(sysfs_root)
+    # what is recorded: the tree itself, or a full root's sys/ and proc/ (not the whole of /)
+    trees = sorted({os.path.realpath(sysfs.abspath(p)) for p in ("", "proc")})
+    problem = _out_problem(out, trees)
+    if problem:
+        fail(problem)
+    if not list_policies(sysfs):  # as the daemon refuses it: a trace of nothing to control
+        fail(
+            f"--sysfs-root {sysfs_root}: no cpufreq policy found under "
+            f"{sysfs.abspath(paths.CPUFREQ)}: nothing to record (give the root of a board's "
+            f"tree; try `hidvfs probe --sysfs-root {sysfs_root}`)"
+        )
     detected = detect_board(sysfs)
     if board not in (None, "unknown") and detected and detected != board:
         raise click.BadParameter(
@@ -110,7 +145,8 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
     """Summarise a trace: board, length, files, sample rate, temperature and frequency ranges."""
     from platforms.trace import format_info, read_trace, trace_info
 
-    info = trace_info(read_trace(trace_file, allow_truncated=True))  # says TRUNCATED if so
+    trace_ = read_trace(trace_file, allow_truncated=True)  # says TRUNCATED if so
+    info = trace_info(trace_)
     if as_json:
         emit_json(info)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import replace
 
@@ -11,11 +12,20 @@ from daemon.config import Config, policy_options
 from daemon.guard import config_guard
 from daemon.loop import ControlLoop
 from platforms.clock import VirtualClock
-from platforms.errors import HidvfsError, UnknownBoard
+from platforms.errors import HidvfsError, TraceError
 from platforms.platform import Platform
+from platforms.probe import detect_board, probe
 from platforms.procs import NoProcesses
-from platforms.spec import load_board
-from platforms.trace import RECORDED_BY, ReplaySysfs, Trace, compare_writes, read_trace
+from platforms.spec import BoardSpec, load_board
+from platforms.trace import (
+    RECORDED_BY,
+    ReplaySysfs,
+    Trace,
+    compare_writes,
+    header_board,
+    header_note,
+    read_trace,
+)
 
 #: a replay longer than this many ticks is refused: it is a sparse or mistimed trace, and it
 #: would run for hours
@@ -32,6 +42,31 @@ def recorded_policy(trace: Trace) -> str | None:
         return None
     name = trace.header.extra.get("policy")
     return name if isinstance(name, str) else None
+
+
+def trace_board(trace: Trace, sysfs: ReplaySysfs) -> BoardSpec:
+    """The spec to replay ``trace`` on: the header's board, else (``unknown``, null) the one
+    its recording describes.
+
+    A shipped header board other than the one its recorded device tree is detected as is
+    refused: its clusters and zones are not in the trace (writes to missing policies, zones
+    unwatched). A name hidvfs does not ship is described from the recording, with a warning.
+    """
+    name = header_board(trace)
+    if name is None:  # describe it from the recording
+        note = header_note(trace)
+        if note:
+            logging.getLogger("hidvfs.replay").warning("%s", note)
+        return probe(sysfs).spec
+    detected = detect_board(sysfs)
+    if detected and detected != name:
+        raise TraceError(
+            trace.path,
+            1,
+            f"header board {name!r}, but the board its recorded files show is detected as "
+            f"{detected!r}; set the header's board to {detected!r}",
+        )
+    return load_board(name)
 
 
 def replay_trace(
@@ -76,12 +111,7 @@ def replay_trace(
         )
     clock = VirtualClock(t_first)
     sysfs = ReplaySysfs(trace, clock, t0=0.0)  # replay time is trace time
-    try:
-        spec = load_board(trace.header.board or "unknown")
-    except UnknownBoard:  # describe it from the recording
-        from platforms.probe import probe
-
-        spec = probe(sysfs).spec
+    spec = trace_board(trace, sysfs)
     platform = Platform(spec, sysfs, NoProcesses(), clock, kind="replay")
     cfg = config if config is not None else Config()
     # the stack the daemon runs (run_live): policy, its stages, the reservation, the guard
