@@ -293,6 +293,19 @@ def check_store_writable(store: str) -> None:
             f"cannot write profile store {store}: its folder {folder}{made} is not writable; "
             "run as root (sudo) or give a --store you can write"
         )
+    # os.access says yes to root anywhere (a /sys or /proc folder, a read-only mount): make
+    # a file there for real, as update() will, before the timed runs rather than after
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=there, prefix=".hidvfs-store-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise StoreUnwritable(
+            f"cannot write profile store {store}: no file can be made in {there} "
+            f"({err.strerror}); give a --store in a folder you can write"
+        ) from None
     lock = full + ".lock"
     if os.path.lexists(lock) and not os.access(lock, os.W_OK):
         raise StoreUnwritable(
@@ -350,7 +363,11 @@ class MeasureSession:
                 f"{self.db.profiles[(name, self.spec.name)].version}); measure it again with "
                 "--replace to record a new version"
             )
-        with stack_limit(stack) as self.stack_soft:
+        from daemon.stopsignals import InterruptOnSignals
+
+        # SIGTERM and SIGHUP end a measurement as Ctrl-C does: the command killed, the board
+        # given back (they used to kill hidvfs with the board pinned and the command running)
+        with InterruptOnSignals(), stack_limit(stack) as self.stack_soft:
             prof, times = measure(
                 self.spec,
                 self.sysfs,

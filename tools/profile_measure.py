@@ -109,6 +109,12 @@ def command_timer(
             kill_job(proc)
             proc.communicate()
             raise MeasureError(f"{argv[0]} ran past {timeout_s:g} s; killed") from None
+        except BaseException:
+            # Ctrl-C, or a SIGTERM/SIGHUP turned into it: the command is in its own session,
+            # so nothing else would stop it; it must not run on under the restored board
+            kill_job(proc)
+            proc.wait()
+            raise
         elapsed = _CLOCK.now() - t0
         if proc.returncode != 0:
             tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]

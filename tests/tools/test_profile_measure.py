@@ -366,3 +366,56 @@ def test_repeated_runs_count_by_their_median(tx2):
     )
     assert list(times.values()) == [1.06, 2.1, 1.6]
     assert prof.ref_makespan_s == 1.06
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_kills_the_command_and_gives_the_board_back(tx2, sig):
+    """systemd's stop or a dropped SSH session killed `profile measure` with the governor
+    left at userspace, restore.json behind and the measured command running on."""
+    import signal
+    import subprocess
+
+    spec, tmp = tx2
+    original = tree_state(tmp / "tree", spec)
+    started = tmp / "started"
+    prog = [
+        sys.executable,
+        "-c",
+        f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", *cli_args(tmp, "--name", "sig", "--", *prog)],
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (started.exists() and started.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.stderr.read() if proc.poll() is not None else "no start"
+        child = int(started.read_text())
+        assert tree_state(tmp / "tree", spec) != original  # pinned while it runs
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert tree_state(tmp / "tree", spec) == original
+    assert not (tmp / "state" / "restore.json").exists()
+    assert not (tmp / "profiles.json").exists()
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the command did not run on
+
+
+def test_a_store_in_a_folder_no_file_can_be_made_in_is_refused_before_the_runs():
+    """os.access said yes to root for /proc or /sys: every timed run happened, then the save
+    failed with a raw errno and the times were lost."""
+    from tools.cmd_profile import StoreUnwritable, check_store_writable
+
+    with pytest.raises(StoreUnwritable, match=r"no file can be made in /proc"):
+        check_store_writable("/proc/hidvfs-profiles.json")
+    r = CliRunner().invoke(cli, ["profile", "measure", "--store", "/proc/p.json", "--", "true"])
+    assert r.exit_code == 2 and "no file can be made in /proc" in r.output
