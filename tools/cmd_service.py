@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.common import Friendly, fail
+from tools.common import Friendly, fail, not_empty
 
 
 @click.group("service", cls=Friendly)
@@ -18,6 +18,7 @@ def service() -> None:
     "--prefix",
     default="/",
     show_default=True,
+    callback=not_empty,
     help="Install into a staging tree (files only, no systemctl; root not needed).",
 )
 @click.option(
@@ -39,7 +40,13 @@ def install_cmd(dry_run: bool, prefix: str, exe: str | None) -> None:
 
 @service.command("uninstall")
 @click.option("--dry-run", is_flag=True, help="Print the steps without changing anything.")
-@click.option("--prefix", default="/", show_default=True, help="Staging tree used at install.")
+@click.option(
+    "--prefix",
+    default="/",
+    show_default=True,
+    callback=not_empty,
+    help="Staging tree used at install.",
+)
 def uninstall_cmd(dry_run: bool, prefix: str) -> None:
     """Stop and disable the service and remove its unit (the config and state stay)."""
     from tools.service_plan import ServiceError, run_plan, uninstall_plan

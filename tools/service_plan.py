@@ -320,6 +320,11 @@ def _group_exists(name: str) -> bool:
     return True
 
 
+def systemd_running(run_dir: str = "/run/systemd/system") -> bool:
+    """sd_booted(3): systemd is the init system when this folder exists."""
+    return os.path.isdir(run_dir)
+
+
 def run_plan(
     steps: list[Step],
     dry_run: bool = False,
@@ -333,9 +338,16 @@ def run_plan(
             out(f"  {i}. {s.describe()}")
         return
     # a staging tree only gets files: whoever can write it may install there
-    if os.geteuid() != 0 and any(s.action in ("run", "group", "stop") for s in steps):
+    live = any(s.action in ("run", "group", "stop") for s in steps)
+    if os.geteuid() != 0 and live:
         raise PermissionError(
             "installing or removing the hidvfs service needs root: run it with sudo (or add --dry-run to see the plan)"
+        )
+    if live and not systemd_running():
+        # the unit, the config and the group would be made, then systemctl would fail half way
+        raise ServiceError(
+            "systemd is not running here (no /run/systemd/system): nothing was changed; "
+            "install with --prefix DIR to stage the files for another machine"
         )
     for s in steps:
         if s.action == "note":

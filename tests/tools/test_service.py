@@ -113,8 +113,11 @@ def _runner(returns):
     return run, calls
 
 
-def test_uninstall_twice_is_fine_but_a_daemon_that_would_not_stop_keeps_its_unit(tmp_path):
+def test_uninstall_twice_is_fine_but_a_daemon_that_would_not_stop_keeps_its_unit(
+    tmp_path, monkeypatch
+):
     """A failed stop used to be ignored: the unit went while the daemon kept running."""
+    monkeypatch.setattr(sp, "systemd_running", lambda: True)
     unit = tmp_path / "hidvfs.service"
     unit.write_text("x")
     steps = [s for s in sp.uninstall_plan() if s.action == "stop"] + [
@@ -220,6 +223,7 @@ def test_a_dangling_config_symlink_is_kept(tmp_path, monkeypatch):
 
 def test_failing_command_stops_the_plan(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sp, "systemd_running", lambda: True)
     calls = []
 
     def runner(argv, **kw):
@@ -379,3 +383,26 @@ def test_a_script_path_with_a_newline_is_refused_and_a_dollar_escaped():
     assert unit_directives(text)["Service.ExecStart"] == [
         '"/opt/a$$HOME/hidvfs" daemon --config /etc/hidvfs/config.yaml'
     ]
+
+
+def test_a_live_install_without_systemd_changes_nothing(tmp_path, monkeypatch):
+    """Without systemd running the unit, the config and the group were made, then
+    `systemctl daemon-reload` failed half way, nothing rolled back."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert not sp.systemd_running(str(tmp_path / "no-such-dir"))
+    assert sp.systemd_running(str(tmp_path))
+    monkeypatch.setattr(sp, "systemd_running", lambda: False)
+    with pytest.raises(sp.ServiceError, match="systemd is not running here .* nothing was changed"):
+        sp.run_plan(sp.install_plan("/", EXE), runner=_never_run, out=_never_run)
+    sp.run_plan(sp.install_plan(str(tmp_path), EXE), runner=_never_run, out=lambda s: None)
+    assert (tmp_path / "etc/systemd/system/hidvfs.service").exists()  # staging needs no systemd
+
+
+def test_an_empty_prefix_is_refused_not_the_working_directory():
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    for cmd in ("install", "uninstall"):
+        r = CliRunner().invoke(cli, ["service", cmd, "--dry-run", "--prefix", ""])
+        assert r.exit_code == 2 and "Invalid value for '--prefix': empty" in r.output
