@@ -152,8 +152,17 @@ MAX_NAME = 128
 
 def check_name(name: object) -> str:
     """A job name a profile can be stored and looked up under (the registry's rule)."""
-    if not (isinstance(name, str) and name and len(name) <= MAX_NAME and name.isprintable()):
-        raise ValueError(f"job name {name!r}: must be printable, 1 to {MAX_NAME} characters")
+    if not (
+        isinstance(name, str)
+        and name.strip() == name  # " fib" would never be looked up as "fib"
+        and name
+        and len(name) <= MAX_NAME
+        and name.isprintable()
+    ):
+        raise ValueError(
+            f"job name {name!r}: must be printable, 1 to {MAX_NAME} characters, without "
+            "leading or trailing spaces"
+        )
     return name
 
 

@@ -137,9 +137,15 @@ def parse_request(line: bytes) -> dict[str, Any]:
         if crit not in ("hi", "lo"):
             raise RequestError(f"field 'criticality' must be 'hi' or 'lo', got {crit!r}")
         name = req.get("name", "")
-        if not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable():
+        if (
+            not isinstance(name, str)
+            or len(name) > MAX_NAME
+            or not name.isprintable()
+            or name.strip() != name  # " fib" would never find the profile "fib"
+        ):
             raise RequestError(
-                f"field 'name' must be a printable string of at most {MAX_NAME} characters, got {name!r:.60}"
+                f"field 'name' must be a printable string of at most {MAX_NAME} characters, "
+                f"without leading or trailing spaces, got {name!r:.60}"
             )
         adopter = req.get("adopter", False)
         if not isinstance(adopter, bool):

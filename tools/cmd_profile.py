@@ -229,7 +229,7 @@ def measure_cmd(
         )
     except Exception as err:  # noqa: BLE001 - a failed run, a bad store, a refused write
         msg = str(err)
-        if "status -11" in msg and stack != "unlimited":  # SIGSEGV: often a stack overflow
+        if "SIGSEGV" in msg and stack != "unlimited":  # often a stack overflow
             msg += " (if it recurses deeply, try --stack unlimited)"
         fail(msg)
     soft, unlimited = session.stack_soft, resource.RLIM_INFINITY

@@ -118,8 +118,11 @@ def command_timer(
         elapsed = _CLOCK.now() - t0
         if proc.returncode != 0:
             tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]
-            raise MeasureError(
-                f"{argv[0]} exited with status {proc.returncode}" + (f": {tail[0]}" if tail else "")
+            from bots_bench.native import exit_status
+
+            raise MeasureError(  # "killed by SIGSEGV (11)", not "status -11"
+                f"{argv[0]} {exit_status(proc.returncode).replace('exit status', 'exited with status')}"
+                + (f": {tail[0]}" if tail else "")
             )
         if check is not None:
             problem = check((out or b"").decode(errors="replace"))

@@ -750,3 +750,19 @@ def test_run_works_with_a_daemon_that_predates_the_adopter_field(server, monkeyp
         [sys.executable, "-c", "import time; time.sleep(0.3)"], socket_path=server.path
     )
     assert r["returncode"] == 0 and not r["unmanaged"]
+
+
+@pytest.mark.parametrize("name", [" ", " fib", "fib "])
+def test_a_blank_or_space_padded_job_name_is_refused(name):
+    """`hidvfs run --name ' '` was registered as ' ': a padded name never finds the profile
+    stored without the spaces, and the store refuses it the same way."""
+    from agents.deadlines import check_name
+    from daemon.registry import RequestError, parse_request
+
+    req = {"op": "register", "pid": os.getpid(), "name": name, "deadline_s": 1.0}
+    with pytest.raises(RequestError, match="without leading or trailing spaces"):
+        parse_request(json.dumps(req).encode())
+    with pytest.raises(ValueError, match="without leading or trailing spaces"):
+        check_name(name)
+    ok = parse_request(json.dumps({**req, "name": "fib"}).encode())
+    assert ok["name"] == "fib" and check_name("fib.test@clang") == "fib.test@clang"

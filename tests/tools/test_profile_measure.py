@@ -329,7 +329,11 @@ def test_a_segfault_suggests_the_stack_option(tx2):
     _, tmp = tx2
     crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
     r = CliRunner().invoke(cli, cli_args(tmp, "--", sys.executable, "-c", crash))
-    assert r.exit_code != 0 and "status -11" in r.output and "--stack unlimited" in r.output
+    assert (
+        r.exit_code != 0
+        and "killed by SIGSEGV (11)" in r.output
+        and "--stack unlimited" in r.output
+    )
 
 
 def test_the_default_timer_runs_with_the_environment_of_the_moment(monkeypatch):
