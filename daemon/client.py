@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from daemon.config import DEFAULT_SOCKET
+from daemon.stopsignals import PassOnSignals
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
 from platforms.liveprocs import adopt_orphans, adopts_orphans, spawn
 
 #: status answers list every job, so allow more than a request line
 MAX_ANSWER = 16 * 1024 * 1024
+#: seconds a command told to stop (a signal passed on, a refused registration) has to end
+#: before it and what it started are SIGKILLed
+STOP_GRACE_S = 5.0
 
 
 class DaemonUnreachable(HidvfsError):
@@ -79,6 +86,16 @@ class RegistryError(HidvfsError):
         self.op = op
         self.error = error
         super().__init__(f"hidvfs daemon refused {op}: {error}")
+
+
+class UnreadableStatus(HidvfsError):
+    """The daemon answered a status of a shape this client does not know (another version)."""
+
+    def __init__(self, path: str, what: str):
+        super().__init__(
+            f"the daemon at {path} answered a status this hidvfs cannot read ({what}); "
+            "is it another hidvfs version?"
+        )
 
 
 class RegistryClient:
@@ -212,7 +229,12 @@ class RegistryClient:
         """The daemon's status dict (what ``--status-file`` holds) plus ``jobs``: the
         registered jobs with their elapsed time."""
         answer = self.request({"op": "status"})
-        return {**dict(answer.get("status") or {}), "jobs": list(answer.get("jobs") or [])}
+        status, jobs = answer.get("status") or {}, answer.get("jobs") or []
+        if not isinstance(status, dict):
+            raise UnreadableStatus(self.path, f"status is {type(status).__name__}, not an object")
+        if not isinstance(jobs, list):
+            raise UnreadableStatus(self.path, f"jobs is {type(jobs).__name__}, not a list")
+        return {**status, "jobs": jobs}
 
 
 def wait_reaping(proc) -> int:
@@ -253,6 +275,129 @@ def _check_registration(deadline_s: float | None, criticality: str, name: str) -
         raise RegistryError("register", str(err)) from None
 
 
+def _tree(pid: int) -> list:
+    """``pid`` and every process below it, as psutil processes (a later signal through them
+    cannot reach a reused pid); empty when ``pid`` is gone."""
+    import psutil
+
+    try:
+        return _below(psutil.Process(pid))
+    except psutil.Error:
+        return []
+
+
+def _below(root) -> list:
+    """``root`` (a psutil process) and every process below it; empty when it is gone, or its
+    pid is another process's now."""
+    import psutil
+
+    try:
+        return [root, *root.children(recursive=True)] if root.is_running() else []
+    except psutil.Error:
+        return []
+
+
+def _signal_all(procs: list, signum: int) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            p.send_signal(signum)
+        except psutil.Error:
+            pass
+
+
+def _stop_refused(proc: subprocess.Popen) -> None:
+    """Stop a command the daemon would not take: SIGTERM, then SIGKILL to it and what it
+    started if it is still there after :data:`STOP_GRACE_S` (one that ignores SIGTERM ran
+    to its end before the refusal was said)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _signal_all(_tree(proc.pid), signal.SIGKILL)
+        proc.wait()
+
+
+def _terminal_sent_it(pid: int) -> bool:
+    """Whether a SIGINT is most likely the terminal's Ctrl-C: this process's group is the
+    foreground group of its terminal and the command ``pid`` is in it, so the command got the
+    same SIGINT and a second one would cut short what it does on the first (a REPL, a
+    cleanup). A ``kill -INT`` of hidvfs run alone while it runs in the foreground is taken
+    for one too."""
+    try:
+        if os.getpgid(pid) != os.getpgrp():
+            return False
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:  # no controlling terminal (a service, a script, a test), or pid gone
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class _PassOn:
+    """What ``hidvfs run`` does with a SIGTERM, SIGHUP or SIGINT (the ``pass_on`` of a
+    :class:`~daemon.stopsignals.PassOnSignals`): it passes it to the command and to what the
+    command started, then SIGKILLs those still there after :data:`STOP_GRACE_S`, so no part
+    of the job outlives ``hidvfs run`` or stays registered. The processes are signalled
+    one by one, not as a group: the command runs in ``hidvfs run``'s process group (as a
+    shell runs a foreground command: it reads the terminal and gets its Ctrl-C), which a
+    group kill would end too, before it could unregister the job."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None  # the command, once launched
+        self.pending: int | None = None  # a signal taken before it was
+        self.told: list = []  # psutil processes, the command first
+        self.deadline: float | None = None
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, signum: int) -> bool:
+        if signum == signal.SIGINT and _terminal_sent_it(self.pid or os.getpid()):
+            return False
+        if self.pid is None:
+            self.pending = self.pending or signum
+        else:
+            self._tell(signum)
+        return True
+
+    def launched(self, pid: int) -> None:
+        self.pid = pid
+        if self.pending is not None:
+            self._tell(self.pending)
+
+    def _tell(self, signum: int) -> None:
+        tree = _tree(self.pid)
+        if not tree:  # the command has ended: its wait returns now
+            return
+        _signal_all(tree, signum)
+        self.told.extend(tree)
+        if self._timer is None:
+            self.deadline = time.monotonic() + STOP_GRACE_S
+            self._timer = threading.Timer(STOP_GRACE_S, self._kill)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _kill(self) -> None:
+        """Past the grace (in the timer's thread): psutil, not the Popen, whose reaping is
+        the main thread's."""
+        _signal_all([*self.told, *_below(self.told[0])], signal.SIGKILL)
+
+    def finish(self) -> None:
+        """After the command exited: what else was told to stop has until the deadline."""
+        if self._timer is None:
+            return
+        self._timer.cancel()
+        import psutil
+
+        left = list({p.pid: p for p in self.told if p.pid != self.pid}.values())
+        _gone, alive = psutil.wait_procs(left, timeout=max(0.0, self.deadline - time.monotonic()))
+        _signal_all(alive, signal.SIGKILL)
+
+
 def run_registered(
     command: list[str],
     deadline_s: float | None = None,
@@ -275,9 +420,14 @@ def run_registered(
     registration. ``on_unmanaged(job)`` (pid, name, unmanaged: the reason) is called as soon
     as the run is known to be unmanaged: at its start when the daemon is unreachable, so a
     long job's user is told then.
+
+    A SIGTERM, SIGHUP or SIGINT while the command runs is passed on to it (:class:`_PassOn`:
+    SIGKILL past :data:`STOP_GRACE_S`), its end awaited and the job unregistered; the record
+    names it in ``stopped_by``. A Ctrl-C the command got from the terminal is its own to act
+    on: not passed on, not recorded.
     Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
-    makespan_s (launch to exit), deadline_s, criticality and deadline_met (None without a
-    deadline).
+    makespan_s (launch to exit), deadline_s, criticality, deadline_met (None without a
+    deadline) and stopped_by.
     """
     if not command:
         raise ValueError("no command given to run")
@@ -294,9 +444,13 @@ def run_registered(
     _check_registration(deadline_s, criticality, name)
     was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
     adopter = was_adopting or adopt_orphans()
+    pass_on = _PassOn()
+    signals = PassOnSignals(pass_on)
     try:
+        signals.install()
         t0 = clock.now()
         proc = spawn(command)
+        pass_on.launched(proc.pid)
         job: dict[str, Any] = {}
         try:
             if down is None:
@@ -309,20 +463,17 @@ def run_registered(
                 )
         except RegistryError:
             if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
-                proc.terminate()
-                proc.wait()
+                _stop_refused(proc)
                 raise
             # it ended before the daemon saw it (a short command): its result still counts
             job = {"unmanaged": "it ended before the daemon registered it"}
         except DaemonUnreachable as err:  # the daemon went away since the status
             if not run_if_unreachable:
-                proc.terminate()
-                proc.wait()
+                _stop_refused(proc)
                 raise
             down = f"the daemon is unreachable: {err.reason}"
         except BaseException:
-            proc.terminate()
-            proc.wait()
+            _stop_refused(proc)
             raise
         if down is not None:
             job = {"unmanaged": down}
@@ -332,11 +483,10 @@ def run_registered(
                 on_unmanaged(job)
         elif on_registered is not None:
             on_registered(job)
-        try:
-            rc = wait_reaping(proc) if adopter else proc.wait()
-        except KeyboardInterrupt:  # the child got the same SIGINT; let it finish dying
-            rc = wait_reaping(proc) if adopter else proc.wait()
+        # a SIGTERM, SIGHUP or SIGINT meanwhile is passed on (pass_on): the wait goes on
+        rc = wait_reaping(proc) if adopter else proc.wait()
         makespan = clock.now() - t0
+        pass_on.finish()
         if down is None:
             try:
                 client.unregister(proc.pid)
@@ -345,6 +495,7 @@ def run_registered(
             except DaemonUnreachable:
                 pass  # the daemon stopped meanwhile; nothing left to tell it
     finally:
+        signals.restore()
         if adopter and not was_adopting:
             adopt_orphans(False)
     return {
@@ -363,4 +514,6 @@ def run_registered(
         # run_if_unreachable) the daemon could not be reached
         "unmanaged": bool(job.get("unmanaged")),
         "unmanaged_reason": job.get("unmanaged") or None,
+        # the signal hidvfs run got and passed on to the command ("SIGTERM"), or None
+        "stopped_by": signals.received,
     }

@@ -44,13 +44,15 @@ class StopOnSignals:
 
     #: the signals handled while installed
     SIGNALS: tuple[signal.Signals, ...] = STOP_SIGNALS
+    #: those left alone when they are ignored at install
+    KEEP_IGNORED: tuple[signal.Signals, ...] = (signal.SIGHUP,)
 
     def install(self) -> StopOnSignals:
         """A hangup that is ignored (``nohup``) stays ignored: the user asked that a dropped
         session not end the command."""
         if not self._previous and threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
-                if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                if sig in self.KEEP_IGNORED and signal.getsignal(sig) is signal.SIG_IGN:
                     continue
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -81,3 +83,26 @@ class InterruptOnSignals(StopOnSignals):
     def _handle(self, signum: int, frame: object) -> None:
         super()._handle(signum, frame)
         raise KeyboardInterrupt(self.received)
+
+
+class PassOnSignals(StopOnSignals):
+    """While active, each of the :data:`STOP_SIGNALS` is offered to ``pass_on(signum)``
+    (``hidvfs run`` gives it to its command); one it takes (returns True) is recorded as
+    :class:`StopOnSignals` records it, one it declines (a Ctrl-C the command got from the
+    terminal already) changes nothing. A signal ignored at install stays ignored, SIGINT and
+    SIGTERM too: the command inherited that ignore (``cmd &`` in a script ignores SIGINT)."""
+
+    KEEP_IGNORED = STOP_SIGNALS
+
+    def __init__(
+        self,
+        pass_on: Callable[[int], bool],
+        stop: threading.Event | None = None,
+        on_signal: Callable[[str], None] | None = None,
+    ):
+        super().__init__(stop, on_signal)
+        self._pass_on = pass_on
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self._pass_on(signum):
+            super()._handle(signum, frame)

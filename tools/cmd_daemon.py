@@ -11,6 +11,7 @@ import click
 from tools.common import (
     Failed,
     FiniteFloatRange,
+    _quiet_broken_pipe,
     check_outputs,
     emit_json,
     fail,
@@ -427,7 +428,7 @@ def _print_jobs(status: dict) -> None:
         )
 
 
-@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.command("run", context_settings={"allow_interspersed_args": False})
 @click.option(
     "--deadline",
     "deadline_s",
@@ -463,23 +464,34 @@ def _print_jobs(status: dict) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guard_errors
 def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, command) -> None:
-    """Launch CMD, register it with the daemon, wait, and print its makespan.
+    """Launch CMD, register it with the daemon, wait, and print its makespan; exit with CMD's
+    status (128 + N when hidvfs run is stopped by signal N, which it passes on to CMD).
+
+    Everything from CMD on is CMD's, options too; `--` before CMD is optional.
 
     Example: hidvfs run --deadline 5 --criticality hi -- ./fib.gcc.omp-tasks -n 30
     """
+    import signal
+
     from daemon.client import run_registered
+
+    def warn(text: str) -> None:
+        """A warning that cannot be written (stderr closed) must not stop the job."""
+        try:
+            click.echo(f"hidvfs: warning: {text}", err=True)
+        except OSError:
+            pass
 
     def unplanned(job: dict) -> None:
         if deadline_s is not None and job.get("profile_version") is None:
-            click.echo(
-                f"hidvfs: warning: no reference profile for {job['name']!r} on this board, so "
-                "the daemon cannot plan its deadline; measure one with: sudo hidvfs profile "
-                f"measure --name {job['name']} -- {shlex.join(command)}",
-                err=True,
+            warn(
+                f"no reference profile for {job['name']!r} on this board, so the daemon cannot "
+                "plan its deadline; measure one with: sudo hidvfs profile measure --name "
+                f"{shlex.quote(job['name'])} -- {shlex.join(command)}"
             )
 
     def unmanaged(job: dict) -> None:
-        click.echo(f"hidvfs: warning: {job['name']!r} is unmanaged: {job['unmanaged']}", err=True)
+        warn(f"{job['name']!r} is unmanaged: {job['unmanaged']}")
 
     result = run_registered(
         list(command),
@@ -491,12 +503,21 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
         run_if_unreachable=if_no_daemon == "run",
         on_unmanaged=unmanaged,
     )
-    if as_json:
-        emit_json(result)
-    else:
-        met = result.get("deadline_met")
-        tail = "" if met is None else (" (deadline met)" if met else " (DEADLINE MISSED)")
-        click.echo(
-            f"{result['name']}: exit {result['returncode']}, makespan {result['makespan_s']:.3f} s{tail}"
-        )
-    raise SystemExit(result["returncode"])
+    stopped_by = result.get("stopped_by")
+    # as a shell: a run stopped by a signal exits 128 + its number, whatever CMD made of it
+    code = 128 + signal.Signals[stopped_by] if stopped_by else result["returncode"]
+    try:
+        if as_json:
+            emit_json(result)
+        else:
+            met = result.get("deadline_met")
+            tail = "" if met is None else (" (deadline met)" if met else " (DEADLINE MISSED)")
+            if stopped_by:
+                tail += f" (stopped by {stopped_by})"
+            click.echo(
+                f"{result['name']}: exit {result['returncode']}, makespan "
+                f"{result['makespan_s']:.3f} s{tail}"
+            )
+    except OSError:  # a closed pipe (`| head`), a hung-up terminal: the report is lost,
+        _quiet_broken_pipe(code)  # not CMD's status
+    raise SystemExit(code)

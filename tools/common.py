@@ -46,8 +46,10 @@ def _default(o: Any):
     return str(o)
 
 
-def _quiet_broken_pipe() -> None:
-    """`hidvfs ... | head`: the reader went away; stop quietly like other Unix tools."""
+def _quiet_broken_pipe(code: int = 0) -> None:
+    """`hidvfs ... | head`: the reader went away; stop quietly like other Unix tools, with
+    exit ``code``: ``hidvfs run`` passes its command's, which a closed pipe must not turn
+    into 0."""
     import os
 
     try:
@@ -55,7 +57,7 @@ def _quiet_broken_pipe() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except OSError:
         pass
-    sys.exit(0)
+    sys.exit(code)
 
 
 #: import name -> the distribution ``pip`` installs it from

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -766,3 +767,259 @@ def test_a_blank_or_space_padded_job_name_is_refused(name):
         check_name(name)
     ok = parse_request(json.dumps({**req, "name": "fib"}).encode())
     assert ok["name"] == "fib" and check_name("fib.test@clang") == "fib.test@clang"
+
+
+# -- hidvfs run: stop signals, its own options, its exit status --------------------------------
+
+#: a command that exits 0 on SIGTERM, SIGHUP or SIGINT, once it has said it is ready
+_STOPPABLE = """
+import signal, sys, time, pathlib
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, lambda *a: sys.exit(0))
+pathlib.Path(sys.argv[1]).write_text("ready")
+time.sleep(20)
+"""
+
+#: a command that ignores them, with a child that does too: only SIGKILL ends them
+_STUBBORN = """
+import os, signal, subprocess, sys, time, pathlib
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+child = subprocess.Popen(["sleep", "30"])
+pathlib.Path(sys.argv[1]).write_text(str(child.pid))
+time.sleep(30)
+"""
+
+
+def _hidvfs(*args: str, grace: float | None = None, **popen) -> subprocess.Popen:
+    """``hidvfs ARGS`` as a process of its own session (no terminal: a SIGINT sent to it is
+    not a Ctrl-C), optionally with a shorter stop grace."""
+    code = "import daemon.client as c, sys; from tools.cli import cli\n"
+    if grace is not None:
+        code += f"c.STOP_GRACE_S = {grace}\n"
+    code += "cli(sys.argv[1:], prog_name='hidvfs')"
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=ROOT, start_new_session=True, text=True, **popen
+    )
+
+
+def _wait_until(what, cond, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_stop_signal_is_passed_on_and_the_job_unregistered(server, tmp_path, sig):
+    """SIGTERM/SIGHUP killed `hidvfs run` and left its command running, registered; a SIGINT
+    sent to it alone was swallowed and the run reported exit 0. The command gets the signal,
+    the job is unregistered, and the run exits 128 + signal whatever the command made of it."""
+    ready = tmp_path / "ready"
+    run = _hidvfs(
+        "run", "--socket", server.path, "--json", "--", sys.executable, "-c", _STOPPABLE, str(ready)
+    )
+    try:
+        _wait_until("the registration", lambda: len(server.registry.table) == 1 and ready.exists())
+        (pid,) = [e.pid for e in server.registry.table.snapshot()]
+        run.send_signal(sig)
+        out, err = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == 128 + sig, err
+    result = json.loads(out)
+    assert result["stopped_by"] == sig.name and result["returncode"] == 0  # its own exit 0
+    assert len(server.registry.table) == 0 and _gone(pid)
+
+
+def test_a_command_that_ignores_the_signal_is_killed_after_the_grace(server, tmp_path):
+    """The stop is bounded: past the grace the command and what it started are SIGKILLed."""
+    ready = tmp_path / "child"
+    run = _hidvfs(
+        "run", "--socket", server.path, "--json", "--", sys.executable, "-c", _STUBBORN, str(ready),
+        grace=0.5,
+    )  # fmt: skip
+    try:
+        _wait_until("the registration", lambda: len(server.registry.table) == 1 and ready.exists())
+        (pid,) = [e.pid for e in server.registry.table.snapshot()]
+        t0 = time.monotonic()
+        run.send_signal(signal.SIGHUP)
+        out, err = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert time.monotonic() - t0 < 10
+    assert run.returncode == 129, err
+    assert json.loads(out)["signal"] == signal.SIGKILL
+    assert _gone(pid) and _gone(int(ready.read_text()))
+    assert len(server.registry.table) == 0
+
+
+def test_a_ctrl_c_from_the_terminal_is_not_sent_twice(server, tmp_path):
+    """Ctrl-C reaches the whole foreground group, the command included: `hidvfs run` does not
+    pass it on again (a second SIGINT cut short what the command does on the first) and
+    reports the command's own exit status."""
+    import fcntl
+    import termios
+
+    ready = tmp_path / "ready"
+    code = (
+        "import pathlib, sys, time\n"
+        "try:\n"
+        f"    pathlib.Path({str(ready)!r}).write_text('ready'); time.sleep(20)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('once', flush=True)\n"
+        "    try:\n"
+        "        time.sleep(1)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('twice', flush=True)\n"
+    )
+    master, slave = os.openpty()
+    run = _hidvfs(
+        "run", "--socket", server.path, "--", sys.executable, "-c", code,
+        stdin=slave, stdout=slave, stderr=slave,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        _wait_until("the registration", lambda: len(server.registry.table) == 1 and ready.exists())
+        os.write(master, b"\x03")
+        assert run.wait(timeout=30) == 0
+    finally:
+        run.kill()
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's last user is gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    text = out.decode(errors="replace")
+    assert "once" in text and "twice" not in text and "stopped by" not in text, text
+
+
+def test_a_refused_command_that_ignores_sigterm_is_killed_not_awaited(
+    server, tmp_path, monkeypatch
+):
+    """The daemon refused the job and the command ignored SIGTERM: `hidvfs run` waited for
+    its whole run before it said so. It now waits the grace, then SIGKILLs it."""
+    import daemon.client as client_mod
+
+    ready = tmp_path / "child"
+
+    def refuse(self, pid, **kw):
+        _wait_until("the command", ready.exists)  # its SIGTERM is ignored by now
+        raise RegistryError("register", "too many jobs")
+
+    monkeypatch.setattr(client_mod, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(RegistryClient, "register", refuse)
+    t0 = time.monotonic()
+    with pytest.raises(RegistryError, match="too many jobs"):
+        run_registered([sys.executable, "-c", _STUBBORN, str(ready)], socket_path=server.path)
+    assert time.monotonic() - t0 < 10
+    assert _gone(int(ready.read_text()))
+
+
+def test_everything_after_the_command_is_the_commands(server, tmp_path):
+    """Without `--`, options after CMD went to hidvfs (`--name foo --json` taken, `--help`
+    printed hidvfs's help); a mistyped option of hidvfs run is a usage error, not a CMD."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    seen = tmp_path / "argv"
+    probe = f"import sys, pathlib; pathlib.Path({str(seen)!r}).write_text(repr(sys.argv[1:]))"
+    args = ["run", "--socket", server.path, sys.executable, "-c", probe]
+    r = CliRunner().invoke(cli, [*args, "a", "--name", "foo", "--json", "-v"])
+    assert r.exit_code == 0, r.output
+    assert seen.read_text() == repr(["a", "--name", "foo", "--json", "-v"])
+    assert r.stdout.startswith(f"{os.path.basename(sys.executable)}: exit 0")  # not JSON
+    r = CliRunner().invoke(cli, ["run", "--socket", server.path, "--deadline", "5", "sh", "--help"])
+    assert "Usage: " not in r.output and "sh: exit" in r.output
+    r = CliRunner().invoke(cli, ["run", "--socket", server.path, "--nmae", "x", "true"])
+    assert r.exit_code == 2 and "No such option '--nmae'" in r.output
+
+
+def test_a_closed_stdout_does_not_hide_the_commands_exit_status(server):
+    """`hidvfs run -- sh -c 'sleep .5; exit 7' | true` exited 0: the broken pipe of its own
+    report replaced the command's 7."""
+    run = _hidvfs("run", "--socket", server.path, "--", "sh", "-c", "sleep .5; exit 7")
+    run.stdout.close()  # the reader is gone before the report is printed
+    try:
+        assert run.wait(timeout=30) == 7
+        assert "Traceback" not in run.stderr.read()
+    finally:
+        run.kill()
+        run.stderr.close()
+
+
+@pytest.mark.parametrize(
+    "answer", [{"ok": True, "status": [1, 2], "jobs": 7}, {"ok": True, "status": {}, "jobs": 7}]
+)
+def test_a_status_of_another_shape_is_one_line_not_a_traceback(sock_path, tmp_path, answer):
+    """A daemon of another version answering with a list for the status (or a number for
+    the jobs) crashed `hidvfs status` and `hidvfs run` with a TypeError."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    os.makedirs(os.path.dirname(sock_path))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(8)
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(json.dumps(answer).encode() + b"\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    marker = tmp_path / "ran"
+    try:
+        r = CliRunner().invoke(cli, ["status", "--socket", sock_path])
+        ran = CliRunner().invoke(
+            cli, ["run", "--socket", sock_path, "--", "sh", "-c", f"touch {marker}"]
+        )
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+    for out in (r, ran):
+        assert out.exit_code == 2, out.output
+        assert "answered a status this hidvfs cannot read" in out.output
+        assert len(out.output.strip().splitlines()) == 1  # one line, no traceback
+    assert not marker.exists()
+
+
+def test_the_measure_hint_quotes_the_name(server):
+    """`--name 'a b/;$(id)'` was printed unquoted in the command to copy."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    name = "a b/;$(id)"
+    args = ["run", "--socket", server.path, "--deadline", "5", "--name", name, "--"]
+    r = CliRunner().invoke(cli, [*args, sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert r.exit_code == 0, r.output
+    assert "measure --name 'a b/;$(id)' -- " in r.stderr
