@@ -394,6 +394,7 @@ def _power_text(power) -> str:
     "socket_path",
     default="/run/hidvfs/hidvfs.sock",
     show_default=True,
+    callback=not_empty,
     help="The daemon's socket.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -449,6 +450,7 @@ def _print_jobs(status: dict) -> None:
     "socket_path",
     default="/run/hidvfs/hidvfs.sock",
     show_default=True,
+    callback=not_empty,
     help="The daemon's socket.",
 )
 @click.option(

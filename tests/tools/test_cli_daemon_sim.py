@@ -220,3 +220,10 @@ def test_an_output_that_is_an_input_or_inside_the_tree_is_refused(tmp_path):
     r = run("--sim", "tx2", "--duration", "0.2", "--status-file", str(tmp_path / "a.json"),
             "--seed", "-1")  # fmt: skip
     assert r.exit_code == 2 and "'--seed': -1 is not in the range" in r.output
+
+
+def test_status_and_run_refuse_an_empty_socket_path():
+    """`--socket ''` said "...at : Invalid argument; is it running?"."""
+    for args in (["status", "--socket", ""], ["run", "--socket", "", "--", "true"]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2 and "Invalid value for '--socket': empty" in r.output, r.output
