@@ -291,16 +291,12 @@ def make_hidvfs(
     prof, therm, prio = _agents(folder, spec.name, variant, ref)
     stage = None
     if rt is not None:
-        if "cal_scores" not in ref:
-            raise ValueError(f"{folder / 'reference.npz'}: no cal_scores (shield calibration)")
-        if "shield" not in man:  # a folder trained without hidvfs
-            raise ManifestInvalid(folder / MANIFEST, "shield", "the shield's calibration", None)
-        alpha = float(man["shield"]["alpha"])
+        alpha, scores = shield_calibration(folder, man, ref)
         cal = (
             AdaptiveConformal(alpha, gamma=adaptive_gamma, window=ADAPTIVE_WINDOW)
             if adaptive_gamma
             else SplitConformal(alpha)
-        ).fit(ref["cal_scores"])
+        ).fit(scores)
         stage = ShieldStage(lambda x: rt(x).reshape(-1), Shield(lambda x: rt(x).reshape(-1), cal))
     pol = HidvfsPolicy(
         spec,
@@ -359,6 +355,45 @@ PROVENANCE = ("seed", "command", "git_commit")
 TOLERANCE = 1e-5
 
 
+def shield_calibration(folder: Path, man: dict, ref) -> tuple[float, np.ndarray]:
+    """The shield's alpha and calibration scores, checked against what training recorded in
+    the manifest: as many scores as ``shield.n_cal``, all finite, and their conformal q equal
+    to ``shield.q``. reference.npz's outputs cover the networks, not these scores: negated
+    ones (q -6.5 for 0.40) made the shield certify everything, and check, eval and the daemon
+    all took them."""
+    from agents.shield import SplitConformal
+
+    path = folder / "reference.npz"
+    if "shield" not in man:  # a folder trained without hidvfs
+        raise ManifestInvalid(folder / MANIFEST, "shield", "the shield's calibration", None)
+    if "cal_scores" not in ref:
+        raise ValueError(f"{path}: no cal_scores (shield calibration)")
+    shield = man["shield"]
+    try:
+        alpha, n_cal, q = float(shield["alpha"]), int(shield["n_cal"]), float(shield["q"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ManifestInvalid(
+            folder / MANIFEST, "shield", "alpha, n_cal and q (numbers)", shield
+        ) from err
+    try:
+        scores = np.asarray(ref["cal_scores"], dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: cal_scores are not numbers ({err})") from None
+    if scores.ndim != 1 or scores.shape[0] != n_cal or not np.all(np.isfinite(scores)):
+        raise ReferenceMismatch(
+            path,
+            folder / MANIFEST,
+            f"cal_scores hold {scores.shape} values (finite: {bool(np.all(np.isfinite(scores)))}), "
+            f"the manifest's shield.n_cal {n_cal} finite ones",
+        )
+    got = SplitConformal(alpha).fit(scores).q_
+    if not math.isclose(got, q, rel_tol=1e-9, abs_tol=1e-12):
+        raise ReferenceMismatch(
+            path, folder / MANIFEST, f"cal_scores give q {got:.6g}, the manifest's shield.q {q:.6g}"
+        )
+    return alpha, scores
+
+
 def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dict:
     """Load every file with the daemon's checks and compare with the training-time outputs;
     each file's provenance (its own metadata) must match its policy's run in the manifest."""
@@ -414,9 +449,13 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
             row["ok"] = False
         report["ok"] &= row["ok"]
         report["files"].append(row)
-    if "cal_scores" not in ref:
+    try:
+        shield_calibration(folder, man, ref)
+    except (OSError, ValueError) as err:  # what eval and the daemon would refuse, said here
         report["ok"] = False
-        report["files"].append({"file": "reference.npz", "ok": False, "error": "no cal_scores"})
+        report["files"].append(
+            {"file": "reference.npz (shield calibration)", "ok": False, "error": str(err)}
+        )
     return report
 
 

@@ -98,6 +98,31 @@ def test_a_network_without_reference_outputs_is_refused(tx2_copy):
     assert make_learned_policy("geardvfs", TX2, models=tx2_copy).name == "geardvfs"
 
 
+@pytest.mark.parametrize(
+    ("tamper", "said"),
+    [
+        (lambda c: -np.abs(c) * 100, "cal_scores give q"),  # the shield then certifies all
+        (lambda c: c[:0], "the manifest's shield.n_cal 882"),
+        (lambda c: np.stack([c, c]), "the manifest's shield.n_cal 882"),
+        (lambda c: np.where(np.arange(c.size) == 0, np.nan, c), "(finite: False)"),
+    ],
+)
+def test_a_tampered_shield_calibration_is_refused_by_check_and_loader(tx2_copy, tamper, said):
+    """reference.npz's outputs covered the networks, not the shield's scores: negated ones
+    gave q -6.5 instead of 0.40 and `agents check`, eval and the daemon took them."""
+    path = tx2_copy / "reference.npz"
+    with np.load(path) as z:
+        ref = {k: z[k] for k in z.files}
+    ref["cal_scores"] = tamper(ref["cal_scores"])
+    np.savez(path, **ref)
+    err = _refused(lambda: make_hidvfs(TX2, models=tx2_copy), "reference.npz")
+    assert said in str(err)
+    assert make_hidvfs(TX2, models=tx2_copy, shield=False).name == "hidvfs-noshield"
+    report = check_board("tx2", tx2_copy)
+    row = next(r for r in report["files"] if r["file"].startswith("reference.npz"))
+    assert not report["ok"] and not row["ok"] and said in row["error"]
+
+
 @pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])
 def test_the_shipped_folders_pass_the_loader_s_check(board):
     spec = load_board(board)
