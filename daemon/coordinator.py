@@ -479,6 +479,11 @@ class Coordinator:
         self.boards = dict(boards or {})
         self.default_board = default_board
         self.placer = _make_placer(policy, model_path)
+        load = getattr(self.placer, "_model", None)
+        if load is not None:
+            # the learned placer's model loads (and is checked) now: a broken file refused at
+            # start, not answered as an error to every /prioritize request
+            load()
         self._lock = threading.Lock()  # placers keep per-call state
         # the last whole Node seen per name (NodeNames-only requests lack labels, allocatable)
         self._seen: OrderedDict[str, NodeInfo] = OrderedDict()

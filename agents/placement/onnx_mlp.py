@@ -139,12 +139,15 @@ class OnnxPolicyModel:
         self.n_pair, self.n_global = self._check_signature()
         self._ctx0 = np.zeros((1, self.n_global), np.float32)
         try:  # warm-up run: a model whose graph cannot run fails here, not mid-placement
-            self.session.run(
+            out = self.session.run(
                 ["logits", "value"],
                 {"pairs": np.zeros((1, self.n_pair), np.float32), "context": self._ctx0},
             )
         except Exception as err:  # onnxruntime's own exception types
             raise ValueError(f"{self.path}: the model does not run ({err})") from err
+        if not all(np.all(np.isfinite(o)) for o in out):
+            # a NaN weight gives NaN scores: every placement would be arbitrary
+            raise ValueError(f"{self.path}: the model's outputs are not finite (a damaged file?)")
 
     def _check_signature(self) -> tuple[int, int]:
         """Inputs, outputs and feature layout the placer feeds and reads, checked at load

@@ -117,3 +117,32 @@ def test_numpy_export_round_trips_through_the_checked_loader(tmp_path):
     )
     model.export(tmp_path / "m.onnx", META)
     assert OnnxPolicyModel(tmp_path / "m.onnx").n_pair == N_PAIR
+
+
+def test_a_model_with_non_finite_outputs_is_refused(tmp_path):
+    """A NaN bias gave NaN scores for every edge, and placement went on, arbitrary."""
+    from onnx import numpy_helper
+
+    m = onnx.load(str(_save(tmp_path / "ok.onnx")))
+    for i, init in enumerate(m.graph.initializer):
+        w = numpy_helper.to_array(init)
+        if w.ndim == 1:  # a bias
+            m.graph.initializer[i].CopyFrom(
+                numpy_helper.from_array(np.full_like(w, np.nan), init.name)
+            )
+            break
+    onnx.save(m, str(tmp_path / "nan.onnx"))
+    with pytest.raises(ValueError, match=r"nan\.onnx: the model's outputs are not finite"):
+        OnnxPolicyModel(tmp_path / "nan.onnx")
+
+
+def test_the_extender_loads_its_learned_model_at_start(tmp_path):
+    """`coordinator serve --policy higfrl` with a truncated model started, then answered every
+    /prioritize with the load error (and a traceback in the log)."""
+    from daemon.coordinator import Coordinator, TelemetryClient
+
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(open(DEFAULT_MODEL, "rb").read()[:100])
+    with pytest.raises(ValueError, match=r"cut\.onnx: not a loadable ONNX model"):
+        Coordinator("higfrl", TelemetryClient({}), model_path=bad)
+    assert Coordinator("heft", TelemetryClient({}), model_path=bad).policy == "heft"
