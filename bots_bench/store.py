@@ -287,6 +287,26 @@ def _row_values(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return _key_text(key), vals
 
 
+_INTS = {c for c, t in _KEY_COLUMNS + _METRIC_COLUMNS if t.startswith("INTEGER")}
+
+
+class _BadRow(Exception):
+    """A value of a stored row that no writer of this file makes (an edit, a damaged file)."""
+
+
+def _json_object(column: str, text: Any, allow_null: bool = False) -> Any:
+    """The JSON object stored in ``column`` (what the writer stored: a mapping)."""
+    if text is None and allow_null:
+        return None
+    try:
+        v = json.loads(text or "{}")
+    except (TypeError, ValueError) as err:
+        raise _BadRow(f"column {column}: not JSON ({err})") from None
+    if not isinstance(v, dict):
+        raise _BadRow(f"column {column}: a JSON {type(v).__name__}, not an object")
+    return v
+
+
 def _row_to_record(row: sqlite3.Row, with_stdout: bool, with_timeseries: bool) -> dict[str, Any]:
     rec: dict[str, Any] = {"id": row["id"]}
     have = set(row.keys())  # a read-only older file may lack the newer nullable columns
@@ -294,15 +314,19 @@ def _row_to_record(row: sqlite3.Row, with_stdout: bool, with_timeseries: bool) -
         if c in ("config", "stdout", "timeseries", "extra"):
             continue
         v = row[c] if c in have else None
+        if v is not None and (
+            (c in _FLOATS and not isinstance(v, (int, float)))
+            or (c in _INTS and not isinstance(v, int))
+        ):
+            raise _BadRow(f"column {c}: {v!r:.40} is not a number")
         rec[c] = None if v is None else (bool(v) if c in _BOOLS else v)
     blob = {c: (row[c] if c in have else None) for c, _ in _BLOB_COLUMNS}
-    rec["config"] = json.loads(blob["config"] or "{}")
+    rec["config"] = _json_object("config", blob["config"])
     if with_stdout:
         rec["stdout"] = blob["stdout"]
     if with_timeseries:
-        ts = blob["timeseries"]
-        rec["timeseries"] = None if ts is None else json.loads(ts)
-    for k, v in json.loads(blob["extra"] or "{}").items():
+        rec["timeseries"] = _json_object("timeseries", blob["timeseries"], allow_null=True)
+    for k, v in _json_object("extra", blob["extra"]).items():
         rec.setdefault(k, v)
     return rec
 
@@ -599,8 +623,31 @@ class Store:
 
     def done_keys(self, *, ok_only: bool = False) -> set[RunKey]:
         """Keys of the stored runs (only the successful ones with ``ok_only``)."""
-        sql = "SELECT run_key FROM runs" + (" WHERE ok = 1" if ok_only else "")
-        return {RunKey(*json.loads(r[0])) for r in self._db.execute(sql)}
+        sql = "SELECT id, run_key FROM runs" + (" WHERE ok = 1" if ok_only else "")
+        keys = set()
+        for rid, text in self._rows(sql):
+            try:
+                keys.add(RunKey(*json.loads(text)))
+            except (TypeError, ValueError) as err:
+                raise self._damaged(
+                    rid, f"column run_key: {text!r:.60} is not a run key ({err})"
+                ) from None
+        return keys
+
+    def _damaged(self, rid: object, what: str) -> StoreError:
+        return StoreError(
+            f"{self.path}: run {rid}: {what}; the file was edited or damaged: restore it, "
+            'or delete that row (sqlite3 FILE "DELETE FROM runs WHERE id = N")'
+        )
+
+    def _rows(self, sql: str, params=()):
+        """The rows of ``sql``, with an undecodable text said as the file's fault."""
+        try:
+            yield from self._db.execute(sql, params)
+        except sqlite3.OperationalError as err:  # text that is not UTF-8, say
+            raise StoreError(
+                f"{self.path}: cannot read its runs ({err}); the file is damaged"
+            ) from None
 
     def runs(
         self,
@@ -642,9 +689,13 @@ class Store:
             + (f" WHERE {' AND '.join(where)}" if where else "")
             + " ORDER BY id"
         )
-        return [
-            _row_to_record(r, with_stdout, with_timeseries) for r in self._db.execute(sql, params)
-        ]
+        out = []
+        for r in self._rows(sql, params):
+            try:
+                out.append(_row_to_record(r, with_stdout, with_timeseries))
+            except _BadRow as err:
+                raise self._damaged(r["id"], str(err)) from None
+        return out
 
     def ids_with_timeseries(self) -> list[int]:
         """Ids of the successful runs that carry a time series (without loading them)."""

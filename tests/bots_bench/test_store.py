@@ -460,3 +460,34 @@ def test_run_pending_stamps_each_run_with_its_start_and_end(tmp_path):
     stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}"
     assert re.fullmatch(stamp, rec["started"]) and re.fullmatch(stamp, rec["ended"])
     assert rec["started"] <= rec["ended"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "said"),
+    [
+        ("UPDATE runs SET config = '[1,2]'", "column config: a JSON list, not an object"),
+        ("UPDATE runs SET extra = '[1,2]'", "column extra: a JSON list, not an object"),
+        ("UPDATE runs SET timeseries = '\"hello\"'", "column timeseries: a JSON str"),
+        ("UPDATE runs SET config = '{garbage'", "column config: not JSON"),
+        ("UPDATE runs SET makespan_s = 'fast'", "column makespan_s: 'fast' is not a number"),
+        ('UPDATE runs SET run_key = \'["fib","test",1]\'', "column run_key"),
+        ("UPDATE runs SET class = CAST(x'ff' AS TEXT)", "cannot read its runs"),
+    ],
+)
+def test_a_damaged_row_is_said_with_the_file_and_the_run(tmp_path, sql, said):
+    """Edited or damaged rows crashed `bots report` with tracebacks (AttributeError,
+    TypeError) or errors that named neither the file nor the row."""
+    path = tmp_path / "r.sqlite"
+    with Store(path) as st:
+        st.add(record(timeseries={"t": [0.0], "freq_khz": {"a57": [345600]}}))
+    con = sqlite3.connect(path)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    with Store(path) as st, pytest.raises(StoreError) as e:
+        st.runs()
+        st.done_keys()
+    msg = str(e.value)
+    assert str(path) in msg and said in msg, msg
+    if "cannot read" not in msg:
+        assert "run 1:" in msg and "edited or damaged" in msg
