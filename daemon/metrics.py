@@ -325,6 +325,23 @@ class LocalHttpServer:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _not_allowed(self) -> None:
+                """Another method than GET: 405 with ``Allow: GET`` (http.server said 501,
+                "not implemented", which reads as a broken server)."""
+                self.connection.settimeout(self.timeout)
+                body = b"only GET is served here\n"
+                self.send_response(405)
+                self.send_header("Allow", "GET")
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")  # a request body is left unread
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                self.close_connection = True
+
+            do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
                 log.debug("event=http_request endpoint=%s detail=%r", outer.name, format % args)
 

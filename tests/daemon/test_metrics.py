@@ -124,6 +124,22 @@ def test_unknown_path_is_404(server):
     assert exc.value.code == 404
 
 
+@pytest.mark.parametrize("method", ["POST", "HEAD", "PUT", "DELETE"])
+def test_other_methods_are_405_with_allow_get(server, method):
+    """http.server answered 501 "not implemented" to a POST or HEAD, which reads as a broken
+    server; the server still answers a GET after."""
+    import http.client
+
+    host, port = server.address
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    conn.request(method, "/metrics", body=b"x" * 10 if method in ("POST", "PUT") else None)
+    r = conn.getresponse()
+    r.read()
+    conn.close()
+    assert r.status == 405 and r.getheader("Allow") == "GET"
+    assert scrape(server)[0] == 200
+
+
 def test_provider_failure_is_500_and_the_server_survives():
     calls = {"n": 0}
 
