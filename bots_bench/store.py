@@ -92,6 +92,10 @@ COLUMNS: tuple[str, ...] = tuple(c for c, _ in _KEY_COLUMNS + _METRIC_COLUMNS + 
 _FLOATS = {c for c, t in _METRIC_COLUMNS if t == "REAL"}
 _BOOLS = {"ok", "deadline_met"}
 _TEXTS = {"criticality", "error", "started", "ended"}
+#: nullable columns every results file has had: one missing was renamed or dropped, not
+#: "from an older hidvfs" (read as empty, a report said makespan n/a and 0 failed runs, and
+#: a campaign re-added it and counted its runs failed)
+_CORE = frozenset({"makespan_s", "energy_j", "deadline_s", "deadline_met", "error"})
 #: columns a :meth:`Store.runs` filter may name
 FILTERABLE = frozenset(c for c, _ in _KEY_COLUMNS + _METRIC_COLUMNS) | {"id"}
 
@@ -540,9 +544,12 @@ class Store:
         if version == 0 or "runs" not in tables:
             what = "an empty file" if not tables else f"tables {sorted(tables)}"
             raise StoreError(f"{self.path}: not a hidvfs results store ({what}, no runs table)")
-        missing = [c for c, t in self._missing_columns() if "NOT NULL" in t]
+        missing = [c for c, t in self._missing_columns() if "NOT NULL" in t or c in _CORE]
         if missing:
-            raise StoreError(f"{self.path}: the runs table lacks column(s) {', '.join(missing)}")
+            raise StoreError(
+                f"{self.path}: the runs table lacks column(s) {', '.join(missing)} (renamed or "
+                "dropped?); not a results store this hidvfs can read"
+            )
 
     def _missing_columns(self) -> list[tuple[str, str]]:
         have = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
@@ -553,11 +560,12 @@ class Store:
         add them empty, so its runs stay readable and new runs can be stored beside them. A
         missing key column cannot be filled in and the file is refused."""
         missing = self._missing_columns()
-        required = [c for c, t in missing if "NOT NULL" in t]
+        required = [c for c, t in missing if "NOT NULL" in t or c in _CORE]
         if required:
             raise StoreError(
-                f"{self.path}: the runs table lacks the required column(s) {', '.join(required)}; "
-                "not a results store this hidvfs can extend (choose another --db)"
+                f"{self.path}: the runs table lacks the required column(s) {', '.join(required)} "
+                "(renamed or dropped?); not a results store this hidvfs can extend (choose "
+                "another --db)"
             )
         for c, t in missing:  # inside the caller's write transaction
             self._db.execute(f"ALTER TABLE runs ADD COLUMN {_q(c)} {t}")

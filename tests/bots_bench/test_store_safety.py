@@ -78,6 +78,23 @@ def test_an_older_file_without_a_column_is_extended(tmp_path):
         assert [r["cpu_energy_j"] for r in s.runs()] == [None, 2.0]
 
 
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_renamed_core_column_is_refused_not_read_as_empty(tmp_path, readonly):
+    """A renamed `makespan_s` read as an older file's missing column: the report said
+    makespan n/a and 0 failed runs, and a campaign re-added it and counted its runs failed."""
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add(_record())
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE runs RENAME COLUMN makespan_s TO mk")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match=r"lacks .*makespan_s \(renamed or dropped\?\)"):
+        Store(db, readonly=readonly)
+    have = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(runs)")}
+    assert "makespan_s" not in have  # not re-added
+
+
 def test_an_sqlite_error_while_storing_is_a_store_error_naming_the_run(tmp_path):
     db = tmp_path / "r.sqlite"
     s = Store(db)
