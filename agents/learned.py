@@ -163,7 +163,41 @@ def load_manifest(folder: Path, board: str | None = None) -> dict:
         raise ModelMismatch(path, "schema_version", SCHEMA_VERSION, v)
     if board is not None and man.get("board") != board:
         raise ModelMismatch(path, "board", board, man.get("board"))
+    check_hashes(folder, man)
     return man
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_hashes(folder: Path, man: dict) -> None:
+    """Each file the manifest's ``sha256`` map names (``agents train`` records them since
+    stop 36) must hash as recorded: the reference outputs only cover the inputs they hold,
+    and a weight those never exercise (a tree leaf they do not reach) changed unnoticed.
+    Folders trained before have no map and are checked by their outputs alone."""
+    hashes = man.get("sha256")
+    if hashes is None:
+        return
+    if not isinstance(hashes, dict):
+        raise ManifestInvalid(folder / MANIFEST, "sha256", "a map of file to hex digest", hashes)
+    for rel, want in sorted(hashes.items()):
+        path = folder / rel
+        if not path.is_file():
+            continue  # the loader that reads it says it is missing
+        got = file_sha256(path)
+        if got != want:
+            raise ReferenceMismatch(
+                path,
+                folder / MANIFEST,
+                f"sha256 {got[:12]}... is not the {str(want)[:12]}... training recorded",
+            )
 
 
 def check_action_space(folder: Path, man: dict, spec: BoardSpec) -> None:

@@ -363,16 +363,20 @@ def commit_policy(out, staged, files: list[str], ref: dict, man: dict) -> None:
     import json
     from pathlib import Path
 
+    from agents.learned import file_sha256
     from platforms.atomicfile import fsync_dir, write_text_atomic
 
     out, staged = Path(out), Path(staged)
+    hashes = man.setdefault("sha256", {})
     for rel in files:
         _fsync_file(staged / rel)
+        hashes[str(rel)] = file_sha256(staged / rel)
     ref_tmp = staged.parent / f"{staged.name}.reference.npz"
     with open(ref_tmp, "wb") as f:
         np.savez(f, **ref)
         f.flush()
         os.fsync(f.fileno())
+    hashes["reference.npz"] = file_sha256(ref_tmp)
     man_tmp = write_text_atomic(
         staged.parent / f"{staged.name}.manifest.json",
         json.dumps(man, indent=1, sort_keys=True) + "\n",

@@ -123,6 +123,32 @@ def test_a_tampered_shield_calibration_is_refused_by_check_and_loader(tx2_copy, 
     assert not report["ok"] and not row["ok"] and said in row["error"]
 
 
+def test_a_file_that_does_not_hash_as_training_recorded_is_refused(tx2_copy):
+    """A change the reference rows do not exercise (here: a metadata string; in an audit, tree
+    leaves the 16 reference rows never reach) passed every check. A folder whose manifest
+    records the files' sha256 (`agents train` writes them) refuses it, naming the file."""
+    import onnx
+
+    from agents.learned import file_sha256
+
+    man_path = tx2_copy / "manifest.json"
+    man = json.loads(man_path.read_text())
+    man["sha256"] = {
+        p.relative_to(tx2_copy).as_posix(): file_sha256(p)
+        for p in sorted(tx2_copy.rglob("*"))
+        if p.suffix in (".onnx", ".npz")
+    }
+    man_path.write_text(json.dumps(man))
+    assert make_hidvfs(TX2, models=tx2_copy).name == "hidvfs" and check_board("tx2", tx2_copy)["ok"]
+    m = onnx.load(str(tx2_copy / "thermal.onnx"))
+    m.doc_string = "edited"  # the outputs are the same to the bit
+    onnx.save(m, str(tx2_copy / "thermal.onnx"))
+    err = _refused(lambda: make_hidvfs(TX2, models=tx2_copy), "thermal.onnx")
+    assert "is not the" in str(err) and "training recorded" in str(err)
+    _refused(lambda: make_learned_policy("ztt", TX2, models=tx2_copy), "thermal.onnx")
+    assert not check_board("tx2", tx2_copy)["ok"]
+
+
 @pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])
 def test_the_shipped_folders_pass_the_loader_s_check(board):
     spec = load_board(board)
@@ -216,6 +242,8 @@ def test_parallel_training_saves_each_policy_as_it_arrives(tmp_path):
     man = json.loads(man_path.read_text())
     assert man["policies"]["ztt"]["provenance"]["seed"] == 1  # saved, with its reference
     assert man["policies"]["geardvfs"]["provenance"]["seed"] == 0  # the old one, untouched
+    # the files this run wrote carry their hashes (the shipped ones, trained before, none)
+    assert set(man["sha256"]) == {"ztt.onnx", "reference.npz"}
     report = check_board("rubikpi3", folder)
     assert report["ok"], report
     assert make_learned_policy("ztt", RUBIK, models=folder).name == "ztt"
@@ -253,7 +281,8 @@ def test_a_signal_during_the_move_into_place_waits_for_it(tmp_path, monkeypatch)
         t.commit_policy(out, staged, ["a.onnx", "sub/b.onnx"], {"k": np.arange(3)}, {"m": 1})
     assert moved == ["a.onnx", "b.onnx", "reference.npz", "manifest.json"]
     assert (out / "sub" / "b.onnx").read_bytes() == b"new sub/b.onnx"
-    assert json.loads((out / "manifest.json").read_text()) == {"m": 1}
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["m"] == 1 and set(man["sha256"]) == {"a.onnx", "sub/b.onnx", "reference.npz"}
     with np.load(out / "reference.npz") as z:
         assert z["k"].tolist() == [0, 1, 2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
