@@ -124,6 +124,13 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+def _locked(path: Path, err: sqlite3.Error) -> str:
+    return (
+        f"{path}: locked by another process for longer than {_BUSY_TIMEOUT_S:g} s ({err}: a "
+        "campaign or a tool writing it?); try again when it is done, or use a copy"
+    )
+
+
 def _error_code(err: sqlite3.Error) -> int | None:
     """SQLite's primary result code of an error (from its message before Python 3.11)."""
     code = getattr(err, "sqlite_errorcode", None)
@@ -441,6 +448,8 @@ class Store:
             return self._folder_not_writable(folder)
         if self.readonly and self.path.is_file() and not os.access(self.path, os.R_OK):
             return f"{self.path}: you may not read this file ({err})"
+        if _error_code(err) in (_SQLITE_BUSY, _SQLITE_LOCKED):  # the file is fine
+            return _locked(self.path, err)
         return f"{self.path}: not a usable SQLite results store ({err})"
 
     def _folder_not_writable(self, folder: Path) -> str:
@@ -453,6 +462,8 @@ class Store:
         folder = self.path.absolute().parent
         if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
             return self._folder_not_writable(folder)
+        if _error_code(err) in (_SQLITE_BUSY, _SQLITE_LOCKED):
+            return _locked(self.path, err)
         return f"{self.path}: cannot store runs in this file ({err})"
 
     # -- schema -------------------------------------------------------------------------

@@ -268,3 +268,24 @@ def test_a_user_reads_a_results_file_in_a_folder_only_root_may_write():
             assert len(s) == 6
     finally:
         shutil.rmtree(top)
+
+
+def test_a_file_locked_by_another_process_is_said_to_be_locked(tmp_path, monkeypatch):
+    """A write lock held elsewhere was reported, after 30 s, as "cannot store runs in this
+    file (database is locked)" or "not a usable SQLite results store": the file is fine."""
+    import bots_bench.store as store
+
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add(_record())
+    monkeypatch.setattr(store, "_BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError, match=r"locked by another process for longer than 0\.2 s"):
+            Store(db)
+    finally:
+        holder.rollback()
+        holder.close()
+    with Store(db) as s:  # and usable again once it is released
+        assert len(s.runs()) == 1
