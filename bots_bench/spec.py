@@ -39,7 +39,7 @@ from bots_bench import registry
 from bots_bench.dags import CLASSES as SIM_CLASSES
 from bots_bench.dags import UnknownDagModel, model_variant, modelled_builds
 from bots_bench.store import RunKey
-from platforms.errors import HidvfsError, SpecError
+from platforms.errors import SpecError
 from platforms.spec import board_names
 from platforms.yamlfile import load_yaml
 
@@ -201,18 +201,10 @@ def _err(source: str, key: str, expected: str, got: object = None) -> SpecError:
     return SpecError(source, key, expected, got)
 
 
-class _Said(SpecError):
-    """A spec error whose text is given whole: a reason that already says what was expected
-    (the registry's), wrapped in SpecError's own "expected X, got Y", said it twice."""
-
-    def __init__(self, file: str, key: str, expected: str, message: str):
-        super().__init__(file, key, expected)
-        HidvfsError.__init__(self, message)
-
-
 def _reason(source: str, key: str, reason: str) -> SpecError:
-    """``FILE: key 'KEY': REASON``, for a reason that is a whole sentence, not a value."""
-    return _Said(source, key, reason, f"{source}: key '{key}': {reason}")
+    """``FILE: key 'KEY': REASON``, for a reason that is a whole sentence, not a value (the
+    registry's already says what was expected)."""
+    return SpecError(source, key, reason, message=f"{source}: key '{key}': {reason}")
 
 
 #: how the top of a spec that is not a mapping is named (YAML's types, not Python's)
@@ -354,11 +346,11 @@ def parse_spec(
     is taken relative to ``base_dir`` (the spec file's folder, so a campaign kept beside its
     build runs from anywhere), or to the working directory without one."""
     if data is None:  # an empty file (or only comments): YAML's null, not a wrong type
-        raise _Said(
+        raise SpecError(
             source,
             "<top>",
             "a mapping of campaign settings",
-            f"{source} is empty: a campaign spec is a mapping of settings "
+            message=f"{source} is empty: a campaign spec is a mapping of settings "
             "(see `hidvfs bots run --help`)",
         )
     if not isinstance(data, Mapping):

@@ -37,13 +37,17 @@ class SysfsWriteError(HidvfsError):
 class SpecError(HidvfsError):
     """A board spec (or config) is malformed: names the file, the key and what was expected."""
 
-    def __init__(self, file: str, key: str, expected: str, got: object = None):
+    def __init__(
+        self, file: str, key: str, expected: str, got: object = None, *, message: str | None = None
+    ):
+        """``message``: the whole text, for a reason that is a sentence of its own (one that
+        already says what was expected would read "expected ... expected ..." wrapped)."""
         self.file = file
         self.key = key
         self.expected = expected
         self.got = got
         got_txt = "" if got is None else f", got {got!r}"
-        super().__init__(f"{file}: key '{key}': expected {expected}{got_txt}")
+        super().__init__(message or f"{file}: key '{key}': expected {expected}{got_txt}")
 
 
 class UnknownBoard(HidvfsError):
