@@ -15,7 +15,6 @@ import hashlib
 import logging
 import math
 import os
-import signal
 import subprocess
 import tempfile
 import threading
@@ -34,6 +33,7 @@ from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
 from platforms.liveprocs import (
     LiveProcessControl,
+    exit_status,
     forget_job,
     kill_job,
     kill_leftovers,
@@ -115,17 +115,6 @@ def _tail(f) -> str:
     size = f.seek(0, os.SEEK_END)
     f.seek(max(0, size - OUTPUT_TAIL_BYTES))
     return f.read().decode("utf-8", errors="replace")
-
-
-def exit_status(returncode: int) -> str:
-    """``exit status N``, or the signal that killed the process, by name."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name} ({-returncode})"
-    return f"exit status {returncode}"
 
 
 def native_state_dir(root: str) -> str:

@@ -550,6 +550,20 @@ def kill_orphaned_jobs(state_dir: str) -> list[int]:
     return killed
 
 
+def exit_status(returncode: int) -> str:
+    """``exit status N``, or the signal that killed the process, by name (a Popen
+    returncode: negative for a signal)."""
+    import signal
+
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} ({-returncode})"
+    return f"exit status {returncode}"
+
+
 def kill_leftovers(proc: subprocess.Popen) -> bool:
     """Kill what a job that has exited left running in its process group (a background
     child); True when something was. The group id stays reserved while it has members, so

@@ -24,7 +24,7 @@ from daemon.actuator import Actuator
 from daemon.restore import Session, begin_session, restore_snapshot
 from platforms import cpufreq
 from platforms.clock import MonotonicClock
-from platforms.liveprocs import LiveProcessControl, kill_job
+from platforms.liveprocs import LiveProcessControl, exit_status, kill_job
 from platforms.observation import JobProfile
 from platforms.sense import Sensor
 from platforms.spec import BoardSpec, ClusterSpec
@@ -118,10 +118,8 @@ def command_timer(
         elapsed = _CLOCK.now() - t0
         if proc.returncode != 0:
             tail = (err_out or b"").decode(errors="replace").strip().splitlines()[-1:]
-            from bots_bench.native import exit_status
-
             raise MeasureError(  # "killed by SIGSEGV (11)", not "status -11"
-                f"{argv[0]} {exit_status(proc.returncode).replace('exit status', 'exited with status')}"
+                f"{argv[0]} failed: {exit_status(proc.returncode)}"
                 + (f": {tail[0]}" if tail else "")
             )
         if check is not None:
