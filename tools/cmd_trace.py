@@ -145,8 +145,7 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
     """Summarise a trace: board, length, files, sample rate, temperature and frequency ranges."""
     from platforms.trace import format_info, read_trace, trace_info
 
-    trace_ = read_trace(trace_file, allow_truncated=True)  # says TRUNCATED if so
-    info = trace_info(trace_)
+    info = trace_info(read_trace(trace_file, allow_truncated=True))  # says TRUNCATED if so
     if as_json:
         emit_json(info)
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -50,7 +51,6 @@ def _quiet_broken_pipe(code: int = 0) -> None:
     """`hidvfs ... | head`: the reader went away; stop quietly like other Unix tools, with
     exit ``code``: ``hidvfs run`` passes its command's, which a closed pipe must not turn
     into 0."""
-    import os
 
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -131,8 +131,6 @@ def check_outputs(
     """Refuse an output file that is one of the command's inputs, another output, or a file
     inside the sysfs ``tree`` it drives: ``--status-file c.yaml`` with ``--config c.yaml``
     replaced the config with status JSON."""
-    import os
-
     seen: dict[str, str] = {}
     for flag, path in inputs.items():
         if path:
