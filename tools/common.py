@@ -51,7 +51,6 @@ def _quiet_broken_pipe(code: int = 0) -> None:
     """`hidvfs ... | head`: the reader went away; stop quietly like other Unix tools, with
     exit ``code``: ``hidvfs run`` passes its command's, which a closed pipe must not turn
     into 0."""
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
