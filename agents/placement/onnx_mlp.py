@@ -17,6 +17,9 @@ import numpy as np
 
 OPSET = 17
 IR_VERSION = 9  # readable by onnxruntime >= 1.16 on the boards
+REFERENCE_KEY = "reference"  # metadata: training-time inputs and outputs, checked at load
+REFERENCE_ROWS = 8
+REFERENCE_TOLERANCE = 1e-5  # absolute, relative above |y| = 1 (as the board agents' check)
 
 
 @dataclass
@@ -184,6 +187,43 @@ class OnnxPolicyModel:
             )
         return dims[0], dims[1]
 
+    def _check_reference(self) -> float:
+        """The outputs on the reference inputs training recorded, within
+        :data:`REFERENCE_TOLERANCE` of the training-time network's (else ValueError): a
+        nudged weight, a swapped layer or a file another run's metadata was pasted into runs
+        without any other error, and places worse. Returns the largest difference."""
+        raw = self.metadata.get(REFERENCE_KEY)
+        if raw is None:
+            raise ValueError(
+                f"{self.path}: no training-time reference outputs in its metadata (exported "
+                "before they were recorded, or stripped); retrain with hidvfs coordinator train"
+            )
+        try:
+            ref = json.loads(raw)
+            pairs = np.asarray(ref["pairs"], np.float32).reshape(-1, self.n_pair)
+            ctx = np.asarray(ref["context"], np.float32).reshape(-1, self.n_global)
+            want_l = np.asarray(ref["logits"], np.float64).reshape(len(pairs))
+            want_v = np.asarray(ref["value"], np.float64).reshape(len(ctx))
+            if not (len(pairs) and len(ctx)):
+                raise ValueError("no rows")
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise ValueError(
+                f"{self.path}: its {REFERENCE_KEY!r} metadata is not reference inputs and "
+                f"outputs of this network's shape ({type(err).__name__}: {err})"
+            ) from None
+        got_l = self.logits(pairs).astype(np.float64)
+        got_v = np.array([self.value(c) for c in ctx])
+        diff = float(max(np.max(np.abs(got_l - want_l)), np.max(np.abs(got_v - want_v))))
+        want = np.concatenate([want_l, want_v])
+        tol = REFERENCE_TOLERANCE * max(1.0, float(np.max(np.abs(want))))
+        if not diff <= tol:
+            raise ValueError(
+                f"{self.path}: outputs differ from the training-time network's on its "
+                f"reference inputs by {diff:.3g} (> {tol:.3g}): the file was changed after "
+                "training; retrain with hidvfs coordinator train"
+            )
+        return diff
+
     def logits(self, pairs: np.ndarray) -> np.ndarray:
         out = self.session.run(
             ["logits"], {"pairs": np.ascontiguousarray(pairs, np.float32), "context": self._ctx0}
@@ -224,11 +264,29 @@ class NumpyPolicyModel:
             self.critic.forward(((np.asarray(context) - self.g_mean) / self.g_std)[None, :])[0, 0]
         )
 
+    def reference(self, seed: int = 0) -> dict[str, list]:
+        """Inputs around the training data (its mean plus its spread times normal noise, so
+        every first-layer unit sees both signs) and this network's outputs on them, computed
+        here in float64 from the unfolded weights: what the exported file must reproduce."""
+        rng = np.random.default_rng(seed)
+        pairs = (self.mean + self.std * rng.standard_normal((REFERENCE_ROWS, self.n_pair))).astype(
+            np.float32
+        )
+        ctx = (self.g_mean + self.g_std * rng.standard_normal((2, self.n_global))).astype(
+            np.float32
+        )
+        return {
+            "pairs": pairs.tolist(),
+            "context": ctx.tolist(),
+            "logits": self.logits(pairs.astype(np.float64)).tolist(),
+            "value": [self.value(c.astype(np.float64)) for c in ctx],
+        }
+
     def export(self, path: str | os.PathLike[str], metadata: dict[str, str]) -> None:
         data = build_onnx(
             self.actor.folded(self.mean, self.std),
             self.critic.folded(self.g_mean, self.g_std),
-            metadata,
+            metadata | {REFERENCE_KEY: json.dumps(self.reference())},
         )
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
         tmp = f"{os.fspath(path)}.tmp"
