@@ -1,4 +1,4 @@
-"""``hidvfs coordinator simulate|serve|train|evaluate``: DAG job placement across boards."""
+"""``hidvfs coordinator simulate|serve|train|check|evaluate``: DAG job placement across boards."""
 
 from __future__ import annotations
 
@@ -110,6 +110,37 @@ def train_cmd(seed, out, iterations) -> None:
     from tools.coordinator_cmd import train
 
     click.echo(train(seed=seed, out=out, iterations=iterations))
+
+
+@coordinator.command("check")
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="higfrl ONNX file (default: the shipped model).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check_cmd(model_path, as_json) -> None:
+    """Verify the higfrl model loads, has the placer's inputs, outputs and feature version, and
+    reproduces the training-time network's outputs on its recorded reference inputs to 1e-5
+    (relative where an output exceeds 1 in magnitude). Exit 1 when it does not."""
+    from tools.common import fail
+    from tools.coordinator_cmd import check_model
+
+    report = check_model(model_path)
+    if as_json:
+        emit_json(report)
+    elif report["ok"]:
+        click.echo(
+            f"{report['file']} ok max|diff| {report['max_abs_diff']:.2e} "
+            f"feature_version {report['feature_version']} seed {report['seed']} "
+            f"commit {report['git_commit'] or '?'}"
+        )
+    else:
+        click.echo(f"{report['file']} FAIL {report['error']}")
+    if not report["ok"]:
+        fail("model check failed", code=1)
 
 
 @coordinator.command("evaluate")

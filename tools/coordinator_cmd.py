@@ -330,6 +330,34 @@ def train(
     return out
 
 
+def check_model(model_path: str | os.PathLike[str] | None = None) -> dict:
+    """What ``coordinator check`` reports: the loader's verdict on the file (signature,
+    feature version, a warm-up run, the reference outputs) and its provenance."""
+    from agents.placement.higfrl import DEFAULT_MODEL
+    from agents.placement.onnx_mlp import OnnxPolicyModel
+
+    path = os.fspath(model_path or DEFAULT_MODEL)
+    report: dict = {"file": path, "ok": False}
+    if not os.path.isfile(path):
+        report["error"] = "no such file" if not os.path.exists(path) else "not a file"
+        return report
+    try:
+        m = OnnxPolicyModel(path)
+    except ValueError as err:
+        report["error"] = str(err).removeprefix(f"{path}: ")
+        return report
+    meta = m.metadata
+    return report | {
+        "ok": True,
+        "max_abs_diff": m.reference_diff,
+        "feature_version": meta.get("feature_version"),
+        "seed": meta.get("seed"),
+        "command": meta.get("command"),
+        "date": meta.get("date"),
+        "git_commit": meta.get("git_commit"),
+    }
+
+
 def evaluate(
     model_path=None,
     n_jobs: int = 500,

@@ -151,6 +151,7 @@ class OnnxPolicyModel:
         if not all(np.all(np.isfinite(o)) for o in out):
             # a NaN weight gives NaN scores: every placement would be arbitrary
             raise ValueError(f"{self.path}: the model's outputs are not finite (a damaged file?)")
+        self.reference_diff = self._check_reference()
 
     def _check_signature(self) -> tuple[int, int]:
         """Inputs, outputs and feature layout the placer feeds and reads, checked at load

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -22,9 +24,27 @@ def _save(path, pair_dim=N_PAIR, ctx_dim=N_GLOBAL, meta=META):
     return path
 
 
+def _numpy_model(seed=3, hidden=4):
+    rng = np.random.default_rng(seed)
+    return NumpyPolicyModel(
+        Mlp.init([N_PAIR, hidden, 1], rng, out_scale=1.0),
+        Mlp.init([N_GLOBAL, hidden, 1], rng, out_scale=1.0),
+        rng.normal(size=N_PAIR),
+        rng.uniform(0.5, 2, size=N_PAIR),
+        rng.normal(size=N_GLOBAL),
+        rng.uniform(0.5, 2, size=N_GLOBAL),
+    )
+
+
+def _exported(path, seed=3):
+    _numpy_model(seed).export(path, META)
+    return path
+
+
 def test_a_matching_model_and_the_shipped_model_load(tmp_path):
-    m = OnnxPolicyModel(_save(tmp_path / "ok.onnx"))
+    m = OnnxPolicyModel(_exported(tmp_path / "ok.onnx"))
     assert (m.n_pair, m.n_global) == (N_PAIR, N_GLOBAL)
+    assert m.reference_diff <= 1e-5
     shipped = OnnxPolicyModel(DEFAULT_MODEL)
     assert shipped.logits(np.zeros((3, N_PAIR), np.float32)).shape == (3,)
 
@@ -106,24 +126,67 @@ def test_a_model_that_fails_to_run_is_a_value_error(tmp_path):
 
 
 def test_numpy_export_round_trips_through_the_checked_loader(tmp_path):
-    rng = np.random.default_rng(3)
-    model = NumpyPolicyModel(
-        Mlp.init([N_PAIR, 4, 1], rng),
-        Mlp.init([N_GLOBAL, 4, 1], rng),
-        np.zeros(N_PAIR),
-        np.ones(N_PAIR),
-        np.zeros(N_GLOBAL),
-        np.ones(N_GLOBAL),
-    )
+    model = _numpy_model()
     model.export(tmp_path / "m.onnx", META)
-    assert OnnxPolicyModel(tmp_path / "m.onnx").n_pair == N_PAIR
+    onx = OnnxPolicyModel(tmp_path / "m.onnx")
+    ref = json.loads(onx.metadata["reference"])
+    assert len(ref["pairs"]) == 8 and len(ref["context"]) == 2
+    # the recorded outputs are the numpy network's, not the exported file's
+    np.testing.assert_array_equal(ref["logits"], model.logits(np.asarray(ref["pairs"])))
+
+
+def _with_metadata(src, dst, **changes):
+    m = onnx.load(str(src))
+    kept = [p for p in m.metadata_props if p.key not in changes]
+    del m.metadata_props[:]
+    m.metadata_props.extend(kept)
+    for key, value in changes.items():
+        if value is not None:
+            entry = m.metadata_props.add()
+            entry.key, entry.value = key, value
+    onnx.save(m, str(dst))
+    return dst
+
+
+def test_a_model_without_reference_outputs_is_refused(tmp_path):
+    """Before: any file with the right signature loaded, whatever its weights."""
+    path = _with_metadata(_exported(tmp_path / "ok.onnx"), tmp_path / "noref.onnx", reference=None)
+    with pytest.raises(ValueError, match=r"noref\.onnx: no training-time reference outputs"):
+        OnnxPolicyModel(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[1, 2]", "{}", "not json", '{"pairs": [[1.0]], "context": [], "logits": [], "value": []}'],
+)
+def test_unreadable_reference_metadata_is_refused(tmp_path, text):
+    path = _with_metadata(_exported(tmp_path / "ok.onnx"), tmp_path / "bad.onnx", reference=text)
+    with pytest.raises(ValueError, match=r"bad\.onnx: its 'reference' metadata is not reference"):
+        OnnxPolicyModel(path)
+
+
+def test_a_changed_weight_or_another_runs_reference_is_refused(tmp_path):
+    from onnx import numpy_helper
+
+    src = _exported(tmp_path / "ok.onnx")
+    m = onnx.load(str(src))
+    w = numpy_helper.to_array(m.graph.initializer[0]).copy()
+    w.flat[0] += 1e-3  # one weight of the first layer, nudged
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, m.graph.initializer[0].name))
+    onnx.save(m, str(tmp_path / "nudged.onnx"))
+    with pytest.raises(ValueError, match=r"nudged\.onnx: outputs differ from the training-time"):
+        OnnxPolicyModel(tmp_path / "nudged.onnx")
+    other = OnnxPolicyModel(_exported(tmp_path / "other.onnx", seed=4)).metadata["reference"]
+    pasted = _with_metadata(src, tmp_path / "pasted.onnx", reference=other)
+    with pytest.raises(ValueError, match="file was changed after training"):
+        OnnxPolicyModel(pasted)
 
 
 def test_a_model_with_non_finite_outputs_is_refused(tmp_path):
     """A NaN bias gave NaN scores for every edge, and placement went on, arbitrary."""
     from onnx import numpy_helper
 
-    m = onnx.load(str(_save(tmp_path / "ok.onnx")))
+    m = onnx.load(str(_exported(tmp_path / "ok.onnx")))
     for i, init in enumerate(m.graph.initializer):
         w = numpy_helper.to_array(init)
         if w.ndim == 1:  # a bias

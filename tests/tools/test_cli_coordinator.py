@@ -406,3 +406,26 @@ def test_serve_stops_cleanly_on_a_signal(tmp_path, sig):
     assert f"{sig.name}: extender stopped" in err.read_text()
     with pytest.raises(OSError):  # the socket is closed
         urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/healthz", timeout=2)
+
+
+def test_check_passes_the_shipped_model_and_fails_a_changed_one(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    from agents.placement.higfrl import DEFAULT_MODEL
+
+    ok = run("check", "--json")
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.output)
+    assert report["ok"] and report["max_abs_diff"] <= 1e-5
+    assert report["command"] == "hidvfs coordinator train --seed 0"
+    m = onnx.load(str(DEFAULT_MODEL))
+    w = numpy_helper.to_array(m.graph.initializer[0]).copy()
+    w *= 1.01
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, m.graph.initializer[0].name))
+    onnx.save(m, str(tmp_path / "changed.onnx"))
+    bad = run("check", "--model", str(tmp_path / "changed.onnx"))
+    assert bad.exit_code == 1
+    assert "changed.onnx FAIL outputs differ from the training-time network's" in bad.output
+    missing = run("check", "--model", str(tmp_path / "none.onnx"))
+    assert missing.exit_code == 1 and "none.onnx FAIL no such file" in missing.output
