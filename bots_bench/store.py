@@ -24,11 +24,12 @@ import json
 import math
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from platforms.errors import HidvfsError
 
@@ -36,7 +37,10 @@ DEFAULT_DB = "results.sqlite"
 SCHEMA_VERSION = 1
 #: how long an open or a commit waits for another campaign's write lock on the same file
 _BUSY_TIMEOUT_S = 30.0
+#: how long a wait for that lock goes on before it is said on stderr (SQLite waits silently)
+_BUSY_NOTICE_S = 1.0
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_CANTOPEN = 5, 6, 8, 14
+_T = TypeVar("_T")
 
 
 class StoreError(HidvfsError):
@@ -129,6 +133,49 @@ def _locked(path: Path, err: sqlite3.Error) -> str:
         f"{path}: locked by another process for longer than {_BUSY_TIMEOUT_S:g} s ({err}: a "
         "campaign or a tool writing it?); try again when it is done, or use a copy"
     )
+
+
+def _waiting_notice(path: Path) -> str:
+    return (
+        f"waiting up to {_BUSY_TIMEOUT_S:g} s for the lock on {path}, held by another process "
+        "(a concurrent `hidvfs bots run` on the same --db?)"
+    )
+
+
+def _set_busy_timeout(db: sqlite3.Connection, seconds: float) -> None:
+    """How long SQLite itself waits for a lock before it fails with "database is locked"."""
+    db.execute(f"PRAGMA busy_timeout = {max(int(seconds * 1000), 0)}")
+
+
+def _wait_for_lock(db: sqlite3.Connection, path: Path, attempt: Callable[[], _T]) -> _T:
+    """``attempt()``, waiting while another process holds the file's lock, for
+    ``_BUSY_TIMEOUT_S`` in all, and saying so on stderr, once, when the wait has lasted
+    ``_BUSY_NOTICE_S``: SQLite waits in silence and the user saw a hang. SQLite is first given
+    the time up to the notice, then what is left of the budget; a lock error after the budget
+    is raised. ``attempt`` must be safe to run again after it failed on the lock: one statement,
+    or a transaction it rolls back."""
+    start = time.monotonic()
+    deadline = start + _BUSY_TIMEOUT_S
+    notice_at = min(start + _BUSY_NOTICE_S, deadline)
+    said = False
+    try:
+        while True:
+            _set_busy_timeout(db, (deadline if said else notice_at) - time.monotonic())
+            try:
+                return attempt()
+            except sqlite3.OperationalError as err:
+                if _error_code(err) not in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                    raise
+                now = time.monotonic()
+                if now >= deadline:
+                    raise
+                if not said and now >= notice_at:
+                    print(_waiting_notice(path), file=sys.stderr, flush=True)
+                    said = True
+                # some locks SQLite does not wait for (turning a file to WAL): try again soon
+                time.sleep(min(0.01, deadline - now))
+    finally:
+        _set_busy_timeout(db, _BUSY_TIMEOUT_S)
 
 
 def _error_code(err: sqlite3.Error) -> int | None:
@@ -406,7 +453,8 @@ class Store:
             try:
                 db = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=_BUSY_TIMEOUT_S)
                 db.execute("PRAGMA query_only = 1")
-                db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens -shm/-wal
+                sql = "SELECT count(*) FROM sqlite_master"  # opens -shm/-wal
+                _wait_for_lock(db, self.path, lambda c=db, q=sql: c.execute(q).fetchone())
                 return db
             except sqlite3.DatabaseError as err:
                 if db is not None:
@@ -499,7 +547,11 @@ class Store:
     def _open_schema(self) -> None:
         db = self._db
         if self.readonly:
-            self._check_readable(db.execute("PRAGMA user_version").fetchone()[0])
+            _wait_for_lock(
+                db,
+                self.path,
+                lambda: self._check_readable(db.execute("PRAGMA user_version").fetchone()[0]),
+            )
             return
         # The schema is read, checked, made or extended in one write transaction: campaigns
         # started together on a new file used to see it empty, and all but one then failed
@@ -507,7 +559,7 @@ class Store:
         # Tables and version land together: a kill in between cannot leave a file with tables
         # and no version, which every later run would refuse as "not a store".
         try:
-            db.execute("BEGIN IMMEDIATE")
+            _wait_for_lock(db, self.path, lambda: db.execute("BEGIN IMMEDIATE"))
         except sqlite3.OperationalError as err:
             self._check_schema(*self._schema_state())  # a newer or foreign file says so first
             raise StoreError(self._cannot_store(err)) from None
@@ -519,7 +571,7 @@ class Store:
                     db.execute(stmt)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._add_missing_columns()
-            db.commit()
+            _wait_for_lock(db, self.path, db.commit)  # a new file's readers (rollback journal)
         except BaseException:
             if db.in_transaction:
                 db.rollback()
@@ -532,16 +584,8 @@ class Store:
         """Put the file in WAL mode (it stays so). Turning a file to WAL needs it alone for a
         moment and SQLite does not wait for that, so while another campaign that opens the
         same new file holds it, try again, for as long as a lock is waited for."""
-        deadline = time.monotonic() + _BUSY_TIMEOUT_S
-        while True:
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL").fetchone()
-                return
-            except sqlite3.OperationalError as err:
-                busy = _error_code(err) in (_SQLITE_BUSY, _SQLITE_LOCKED)
-                if not busy or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        db = self._db
+        _wait_for_lock(db, self.path, lambda: db.execute("PRAGMA journal_mode=WAL").fetchone())
 
     def _check_readable(self, version: int) -> None:
         tables = {
@@ -586,12 +630,19 @@ class Store:
         touches nothing is refused the same way a real insert would be (read-only file,
         folder or mount, or a lock held by another campaign)."""
         db = self._db
+
+        def begin() -> None:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("UPDATE runs SET id = id WHERE 0")
+            except BaseException:
+                if db.in_transaction:
+                    db.rollback()
+                raise
+
         try:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("UPDATE runs SET id = id WHERE 0")
+            _wait_for_lock(db, self.path, begin)
         except sqlite3.Error as err:
-            if db.in_transaction:
-                db.rollback()
             raise StoreError(self._cannot_store(err)) from None
         db.execute("ROLLBACK")
 
@@ -605,7 +656,16 @@ class Store:
         self.close()
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        return self._execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+    def _execute(self, sql: str, params=()) -> sqlite3.Cursor:
+        """A read on its own, waiting (and saying so) while another process holds the lock."""
+        try:
+            return _wait_for_lock(self._db, self.path, lambda: self._db.execute(sql, params))
+        except sqlite3.OperationalError as err:
+            if _error_code(err) in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                raise StoreError(_locked(self.path, err)) from None
+            raise
 
     # -- writing ------------------------------------------------------------------------
     def add(self, record: Mapping[str, Any]) -> int:
@@ -618,12 +678,19 @@ class Store:
             "ON CONFLICT(run_key) DO UPDATE SET "
             + ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in vals)
         )
+        db = self._db
+
+        def insert() -> None:  # rolled back if it fails: safe to try again
+            with db:
+                db.execute(sql, [key_text, *vals.values()])
+
         try:
-            with self._db:
-                self._db.execute(sql, [key_text, *vals.values()])
-            return self._db.execute(
-                "SELECT id FROM runs WHERE run_key = ?", (key_text,)
-            ).fetchone()[0]
+            _wait_for_lock(db, self.path, insert)
+            return _wait_for_lock(
+                db,
+                self.path,
+                lambda: db.execute("SELECT id FROM runs WHERE run_key = ?", (key_text,)).fetchone(),
+            )[0]
         except sqlite3.Error as err:
             # say what the lost run measured, so the message is all that is lost
             got = "ok" if vals["ok"] else f"failed: {vals['error']}"
@@ -662,7 +729,7 @@ class Store:
     def _rows(self, sql: str, params=()):
         """The rows of ``sql``, with an undecodable text said as the file's fault."""
         try:
-            yield from self._db.execute(sql, params)
+            yield from self._execute(sql, params)
         except sqlite3.OperationalError as err:  # text that is not UTF-8, say
             raise StoreError(
                 f"{self.path}: cannot read its runs ({err}); the file is damaged"
@@ -701,7 +768,7 @@ class Store:
         skip = {
             c for c, want in (("stdout", with_stdout), ("timeseries", with_timeseries)) if not want
         }
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(runs)")}
+        have = {r[1] for r in self._execute("PRAGMA table_info(runs)")}
         cols = ", ".join(["id", *(_q(c) for c in COLUMNS if c in have and c not in skip)])
         sql = (
             f"SELECT {cols} FROM runs"
@@ -719,7 +786,7 @@ class Store:
     def ids_with_timeseries(self) -> list[int]:
         """Ids of the successful runs that carry a time series (without loading them)."""
         sql = "SELECT id FROM runs WHERE ok = 1 AND timeseries IS NOT NULL ORDER BY id"
-        return [r[0] for r in self._db.execute(sql)]
+        return [r[0] for r in self._execute(sql)]
 
     def get(self, run_id: int) -> dict[str, Any]:
         rows = self.runs({"id": run_id})
