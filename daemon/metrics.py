@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -165,14 +166,47 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
 # A small HTTP server on a thread (shared with daemon.telemetry)
 
 
-#: a connection that has not sent its whole request (line and headers) in this long, or not
-#: read its answer, is dropped
+#: a connection must send its whole request head (request line and headers) within this long
+#: in all, not per recv (a client dripping a byte a second held its slot for as long as it liked)
+HTTP_HEAD_TIMEOUT_S = 3.0
+#: writing the answer gets its own time
 HTTP_TIMEOUT_S = 10.0
-#: connections served at once; past it a new one is closed at once (a slowloris held 1500
-#: threads and 13 GB of address space)
+#: a request head larger than this is refused (414 in the request line, 431 in the headers)
+HTTP_MAX_HEAD_BYTES = 16 * 1024
+#: connections served at once (a slowloris held 1500 threads and 13 GB of address space);
+#: when they are all taken, the oldest connection that has not sent its whole request head is
+#: dropped for the new one, and only when every one is being answered is the new one closed
 HTTP_MAX_CONNECTIONS = 32
-#: refused connections are logged at most once in this long per endpoint, with their count
+#: connections from one peer address at once: its next one drops its own oldest unfinished one
+HTTP_MAX_PER_PEER = 8
+#: refused and dropped connections are logged at most once in this long per endpoint, counted
 HTTP_REFUSED_LOG_S = 5.0
+
+
+class _HeadTooLarge(Exception):
+    """The request head went past :data:`HTTP_MAX_HEAD_BYTES`."""
+
+
+class _HeadReader(DeadlineReader):
+    """Reads of a request head: under one deadline, and ``limit`` bytes at most."""
+
+    def __init__(self, sock: socket.socket, deadline: float, limit: int):
+        super().__init__(sock, deadline)
+        self.left = limit
+
+    def readinto(self, buf) -> int:
+        if self.left <= 0:
+            raise _HeadTooLarge
+        n = super().readinto(memoryview(buf)[: self.left])
+        self.left -= n
+        return n
+
+
+@dataclass(eq=False)
+class _Conn:
+    peer: str
+    since: float  # accepted at (time.monotonic)
+    in_head: bool = True  # its request head is not complete yet: it may be dropped
 
 
 class _Server(ThreadingHTTPServer):
@@ -183,9 +217,12 @@ class _Server(ThreadingHTTPServer):
     endpoint = "http"
 
     def __init__(self, *args, **kwargs):
-        self._slots = threading.BoundedSemaphore(HTTP_MAX_CONNECTIONS)
-        self._refused = 0  # since the last http_refused line
-        self._refused_logged = -math.inf
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, _Conn] = {}  # those holding a slot
+        self._threads_live = 0  # handler threads, dropped ones included until they end
+        self._counts = {"refused": 0, "shed": 0}  # since the last line of each
+        self._logged = {"refused": -math.inf, "shed": -math.inf}
+        self._last = {"refused": ("-", ""), "shed": ("-", "")}  # client, reason
         super().__init__(*args, **kwargs)
 
     def server_bind(self) -> None:
@@ -197,37 +234,115 @@ class _Server(ThreadingHTTPServer):
             pass  # not Linux: bind as usual
         super().server_bind()
 
+    def _victim(self, peer: str) -> tuple[socket.socket | None, str]:
+        """Under the lock, with no slot for ``peer``: the connection to drop for it (``None``
+        when every candidate is being answered) and the reason. A peer at its own cap drops its
+        oldest unfinished head; otherwise the peer holding the most slots loses its oldest."""
+        held: dict[str, int] = {}
+        for c in self._conns.values():
+            held[c.peer] = held.get(c.peer, 0) + 1
+        if held.get(peer, 0) >= HTTP_MAX_PER_PEER:
+            reason = "too many connections from one client"
+            pool = [(s, c) for s, c in self._conns.items() if c.peer == peer and c.in_head]
+        else:
+            reason = "too many connections"
+            pool = [(s, c) for s, c in self._conns.items() if c.in_head]
+        if not pool:
+            return None, reason
+        return min(pool, key=lambda sc: (-held[sc[1].peer], sc[1].since))[0], reason
+
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self._refused += 1
-            if time.monotonic() - self._refused_logged >= HTTP_REFUSED_LOG_S:
-                self.log_refused(client_address[0])
+        peer = str(client_address[0])
+        admitted, victim = True, None
+        with self._lock:
+            mine = sum(1 for c in self._conns.values() if c.peer == peer)
+            if self._threads_live >= 2 * HTTP_MAX_CONNECTIONS:
+                # dropped threads end at once (their recv sees the shutdown): a bound on the
+                # threads even if some did not
+                admitted = False
+                self._count("refused", peer, "too many connections")
+            elif mine >= HTTP_MAX_PER_PEER or len(self._conns) >= HTTP_MAX_CONNECTIONS:
+                victim, reason = self._victim(peer)
+                if victim is None:
+                    admitted = False
+                    self._count("refused", peer, reason)
+                else:
+                    dropped = self._conns.pop(victim)
+                    self._count("shed", dropped.peer, reason)
+                    try:  # wakes its handler, which sees the end of its request and stops
+                        victim.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            if admitted:
+                self._conns[request] = _Conn(peer, time.monotonic())
+                self._threads_live += 1
+        if not admitted:
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread: give the slot back
+            self._leave(request)
+            self.shutdown_request(request)
+            raise
 
-    def log_refused(self, client: str = "") -> None:
-        """One line for the refusals since the last one (a flood logged one line each)."""
-        if not self._refused:
+    def head_done(self, request) -> bool:
+        """The request head is complete: the connection keeps its slot until answered.
+        False when it was dropped for another one meanwhile (it must not be answered)."""
+        with self._lock:
+            conn = self._conns.get(request)
+            if conn is None:
+                return False
+            conn.in_head = False
+            return True
+
+    def _leave(self, request) -> None:
+        with self._lock:
+            self._conns.pop(request, None)
+            self._threads_live -= 1
+
+    def _count(self, kind: str, client: str, reason: str) -> None:
+        self._counts[kind] += 1
+        self._last[kind] = (client, reason)
+        if time.monotonic() - self._logged[kind] >= HTTP_REFUSED_LOG_S:
+            self._log(kind)
+
+    def _log(self, kind: str) -> None:
+        """One line for the refusals (or drops) since the last one (a flood logged one line
+        each): ``event=http_refused ... refused=N`` or ``event=http_shed ... shed=N``."""
+        if not self._counts[kind]:
             return
         host, port = self.server_address[:2]
+        client, reason = self._last[kind]
         log.warning(
-            "event=http_refused endpoint=%s address=%s:%d refused=%d last_client=%s reason=%r",
+            "event=http_%s endpoint=%s address=%s:%d %s=%d last_client=%s reason=%r",
+            kind,
             self.endpoint,
             host,
             port,
-            self._refused,
-            client or "-",
-            "too many connections",
+            kind,
+            self._counts[kind],
+            client,
+            reason,
         )
-        self._refused = 0
-        self._refused_logged = time.monotonic()
+        self._counts[kind] = 0
+        self._logged[kind] = time.monotonic()
+        self._last[kind] = ("-", "")
+
+    def log_refused(self) -> None:
+        """The counts since the last lines (at stop)."""
+        with self._lock:
+            self._log("refused")
+            self._log("shed")
 
     def process_request_thread(self, request, client_address):
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self._slots.release()
+            self._leave(request)  # before the close: a dropped socket is never a closed one
+            self.shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
         """A client that hangs up early is routine (a scrape timeout): no traceback in the
@@ -299,17 +414,39 @@ class LocalHttpServer:
         class Handler(BaseHTTPRequestHandler):
             server_version = "hidvfs"
             sys_version = ""
-            timeout = HTTP_TIMEOUT_S  # a request never sent must not hold a thread
+            timeout = HTTP_TIMEOUT_S
 
             def setup(self) -> None:
                 super().setup()
-                # the request line and headers under one deadline: a timeout per recv let clients
-                # sending a header byte every few seconds hold every slot
-                deadline = time.monotonic() + self.timeout
-                self.rfile = io.BufferedReader(DeadlineReader(self.connection, deadline))
+                # the request line and headers under one deadline and size: a timeout per
+                # recv let clients sending a header byte every few seconds hold every slot
+                deadline = time.monotonic() + HTTP_HEAD_TIMEOUT_S
+                reader = _HeadReader(self.connection, deadline, HTTP_MAX_HEAD_BYTES)
+                self.rfile = io.BufferedReader(reader)
+                self._in_headers = False
+
+            def handle_one_request(self) -> None:
+                try:
+                    super().handle_one_request()
+                except _HeadTooLarge:
+                    if self._in_headers:
+                        self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+                    else:  # still in the request line (as http.server does past 64 KiB)
+                        self.requestline = self.request_version = self.command = ""
+                        self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                    self.close_connection = True
+
+            def parse_request(self) -> bool:
+                self._in_headers = True
+                if not super().parse_request():
+                    return False
+                if not self.server.head_done(self.connection):  # dropped for another client
+                    self.close_connection = True
+                    return False
+                self.connection.settimeout(self.timeout)  # the answer gets its own time
+                return True
 
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
-                self.connection.settimeout(self.timeout)  # the answer gets its own time
                 try:
                     status, ctype, body = outer.respond(self.path, self.headers)
                 except Exception:  # noqa: BLE001 - a scrape must never kill the daemon
@@ -328,7 +465,6 @@ class LocalHttpServer:
             def _not_allowed(self) -> None:
                 """Another method than GET: 405 with ``Allow: GET`` (http.server said 501,
                 "not implemented", which reads as a broken server)."""
-                self.connection.settimeout(self.timeout)
                 body = b"only GET is served here\n"
                 self.send_response(405)
                 self.send_header("Allow", "GET")

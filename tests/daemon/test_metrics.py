@@ -201,7 +201,7 @@ def test_a_request_never_finished_is_dropped_after_the_timeout(monkeypatch):
     """A slowloris (a request line and nothing more) held a thread for ever."""
     from daemon import metrics
 
-    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(metrics, "HTTP_HEAD_TIMEOUT_S", 0.3)
     with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
         s = _idle_conn(srv.address)
         # far past the 0.3 s, short of the 10 s default; a server without a timeout never hangs up
@@ -214,26 +214,53 @@ def test_a_request_never_finished_is_dropped_after_the_timeout(monkeypatch):
             s.close()
 
 
-def test_connections_past_the_cap_are_closed_and_the_server_still_answers(monkeypatch):
-    import time
+class _Busy:
+    """A provider that holds its scrape until released: the slot is being answered."""
 
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def __call__(self):
+        self.entered.release()
+        self.release.wait(10)
+        return STATUS
+
+
+def _start_scrapes(srv, n, busy):
+    """``n`` scrapes that stay in the provider until ``busy.release`` (their connections)."""
+    held = [_idle_conn(srv.address, b"GET /metrics HTTP/1.0\r\n\r\n") for _ in range(n)]
+    for _ in range(n):
+        assert busy.entered.acquire(timeout=5), "a scrape never reached the provider"
+    return held
+
+
+def _closed_unanswered(s):
+    s.settimeout(5)
+    try:
+        return s.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_connections_past_the_cap_are_closed_only_while_every_slot_is_answering(monkeypatch):
     from daemon import metrics
 
     monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 2)
-    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
-        held = [_idle_conn(srv.address) for _ in range(2)]
-        time.sleep(0.2)
+    busy = _Busy()
+    with MetricsServer("127.0.0.1:0", busy) as srv:
+        held = _start_scrapes(srv, 2, busy)
         extra = _idle_conn(srv.address, b"GET /metrics HTTP/1.0\r\n\r\n")
-        extra.settimeout(5)
-        try:
-            assert extra.recv(4096) == b""  # closed unanswered
-        except ConnectionResetError:
-            pass
-        for s in held:
+        assert _closed_unanswered(extra)  # nothing to drop: closed at once, not queued
+        extra.close()
+        busy.release.set()
+        for s in held:  # the scrapes in progress were not disturbed
+            s.settimeout(5)
+            assert s.makefile("rb").readline().startswith(b"HTTP/1.0 200")
             s.close()
-        time.sleep(0.3)
-        with urllib.request.urlopen(f"http://127.0.0.1:{srv.address[1]}/metrics", timeout=5) as r:
-            assert r.status == 200
+        assert scrape(srv)[0] == 200
 
 
 def test_a_client_hanging_up_early_leaves_no_traceback(capfd):
@@ -312,7 +339,7 @@ def test_slow_clients_cannot_hold_every_slot_past_the_deadline(monkeypatch):
 
     from daemon import metrics
 
-    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.8)
+    monkeypatch.setattr(metrics, "HTTP_HEAD_TIMEOUT_S", 0.8)
     monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 2)
     with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
         slow = [_idle_conn(srv.address) for _ in range(2)]
@@ -351,6 +378,7 @@ def test_refused_connections_are_logged_once_per_interval_with_a_count(monkeypat
     caplog.set_level(logging.WARNING, logger="hidvfs.metrics")
     monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 1)
     monkeypatch.setattr(metrics, "HTTP_REFUSED_LOG_S", 0.6, raising=False)
+    busy = _Busy()
 
     def refused(n):
         for _ in range(n):
@@ -362,15 +390,161 @@ def test_refused_connections_are_logged_once_per_interval_with_a_count(monkeypat
                 pass
             s.close()
 
-    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+    with MetricsServer("127.0.0.1:0", busy) as srv:
         where = f"endpoint=metrics address=127.0.0.1:{srv.address[1]}"
-        held = _idle_conn(srv.address)
-        time.sleep(0.2)
+        (held,) = _start_scrapes(srv, 1, busy)
         refused(20)
         time.sleep(0.7)
         refused(1)
+        busy.release.set()
         held.close()
     lines = [r.getMessage() for r in caplog.records if "http_refused" in r.getMessage()]
     assert len(lines) == 2, lines
     assert where in lines[0] and "refused=1 " in lines[0]
     assert where in lines[1] and "refused=20 " in lines[1]  # 19 held back + this one
+
+
+def _is_open(s) -> bool:
+    """True while the server has not closed ``s`` (no data is ever sent to an idle one)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:  # reset
+        return False
+    finally:
+        s.settimeout(5)
+
+
+def _wait_until(cond, what, limit=10.0):
+    import time
+
+    end = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail(f"still not {what} after {limit} s")
+        time.sleep(0.02)
+
+
+def test_idle_connections_cannot_keep_a_token_scrape_out(monkeypatch):
+    """Audit finding: 40 idle connections that never sent a byte took every slot before the
+    token check, so a real scrape was closed unanswered for the whole head timeout. The oldest
+    connection without a complete request head is now dropped for a new one (the long head
+    deadline here shows the drop, not the deadline, lets the scrape in)."""
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_HEAD_TIMEOUT_S", 60.0)
+    with MetricsServer("127.0.0.1:0", lambda: STATUS, token="s3cret") as srv:
+        idle = [_idle_conn(srv.address, b"") for _ in range(metrics.HTTP_MAX_CONNECTIONS + 8)]
+        try:
+            for _ in range(3):
+                status, text = scrape_with(srv, "s3cret")
+                assert status == 200 and "hidvfs_decisions_total 42" in text
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                scrape_with(srv, "wrong")
+            assert exc.value.code == 401
+            # one peer address never holds more than its share of the slots
+            _wait_until(
+                lambda: sum(map(_is_open, idle)) <= metrics.HTTP_MAX_PER_PEER,
+                f"down to {metrics.HTTP_MAX_PER_PEER} idle connections",
+            )
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_dripping_clients_are_dropped_for_a_scrape_and_closed_by_the_head_deadline(monkeypatch):
+    """Clients sending a header byte every 0.1 s (well inside any per-recv timeout): a scrape
+    is answered while they drip, and each of them is closed once its head deadline passes."""
+    import threading
+
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_HEAD_TIMEOUT_S", 1.0)
+    with MetricsServer("127.0.0.1:0", lambda: STATUS, token="t") as srv:
+        slow = [_idle_conn(srv.address) for _ in range(metrics.HTTP_MAX_CONNECTIONS + 8)]
+        stop = threading.Event()
+
+        def dribble():
+            while not stop.wait(0.1):
+                for s in slow:
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        pass
+
+        t = threading.Thread(target=dribble, daemon=True)
+        t.start()
+        try:
+            assert scrape_with(srv, "t")[0] == 200
+            _wait_until(lambda: not any(map(_is_open, slow)), "all dripping clients closed")
+        finally:
+            stop.set()
+            t.join(5)
+            for s in slow:
+                s.close()
+
+
+def test_one_peer_cannot_take_the_slots_of_another(monkeypatch):
+    """A peer past its own cap drops its own oldest unfinished connection; with every slot
+    taken, the peer holding the most loses one, never a peer with few."""
+    import socket
+
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_HEAD_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(metrics, "HTTP_MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(metrics, "HTTP_MAX_PER_PEER", 3)
+
+    def conn_from(src, addr):  # the whole of 127/8 is loopback on Linux
+        return socket.create_connection(addr, timeout=5, source_address=(src, 0))
+
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        other = conn_from("127.0.0.3", srv.address)
+        hog = [conn_from("127.0.0.2", srv.address) for _ in range(10)]
+        try:
+            _wait_until(lambda: sum(map(_is_open, hog)) <= 3, "down to 3 from one peer")
+            assert _is_open(other)
+            import http.client
+
+            third = http.client.HTTPConnection(
+                *srv.address, timeout=5, source_address=("127.0.0.4", 0)
+            )
+            third.request("GET", "/metrics")
+            assert third.getresponse().status == 200  # the slots were full: the hog paid
+            third.close()
+            assert _is_open(other)
+        finally:
+            other.close()
+            for s in hog:
+                s.close()
+
+
+def _raw_exchange(addr, data: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(data)
+        return s.makefile("rb").readline()
+
+
+def test_an_oversized_request_head_is_414_or_431(monkeypatch):
+    """The head is read into memory: its size is bounded (414 in the request line, 431 in the
+    headers, as http.server says past its own larger limits), and a head within it is served."""
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_MAX_HEAD_BYTES", 1024)
+    with MetricsServer("127.0.0.1:0", lambda: STATUS) as srv:
+        # exactly the limit and still no end: the server has read all of it, so no reset
+        line = b"GET /" + b"a" * 1019
+        assert _raw_exchange(srv.address, line).startswith(b"HTTP/1.0 414")
+        start = b"GET /metrics HTTP/1.0\r\nX-Pad: "
+        head = start + b"a" * (1024 - len(start))
+        assert _raw_exchange(srv.address, head).startswith(b"HTTP/1.0 431")
+        many = b"GET /metrics HTTP/1.0\r\n" + b"X: y\r\n" * 101 + b"\r\n"  # http.server's limit
+        assert _raw_exchange(srv.address, many).startswith(b"HTTP/1.0 431")
+        start = b"GET /metrics HTTP/1.0\r\nX-Pad: "
+        fits = start + b"a" * (1024 - len(start) - 4) + b"\r\n\r\n"
+        assert len(fits) == 1024
+        assert _raw_exchange(srv.address, fits).startswith(b"HTTP/1.0 200")

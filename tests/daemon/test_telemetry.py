@@ -73,3 +73,23 @@ def test_status_is_fresh_on_every_request():
     with TelemetryServer("127.0.0.1:0", provider) as srv:
         assert get(srv)[2] == {"ticks": 1}
         assert get(srv)[2] == {"ticks": 2}
+
+
+def test_idle_connections_cannot_keep_the_coordinator_out(monkeypatch):
+    """40 connections that never send a byte took every slot before the token check, and the
+    coordinator's status fetch was closed unanswered; the oldest of them now gives way."""
+    import socket
+
+    from daemon import metrics
+
+    monkeypatch.setattr(metrics, "HTTP_HEAD_TIMEOUT_S", 60.0)  # the drop lets it in, not this
+    with TelemetryServer("127.0.0.1:0", lambda: STATUS, token="s3cret") as srv:
+        idle = [socket.create_connection(srv.address, timeout=5) for _ in range(40)]
+        try:
+            assert get(srv, token="s3cret")[2] == STATUS
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                get(srv)
+            assert exc.value.code == 401
+        finally:
+            for s in idle:
+                s.close()
