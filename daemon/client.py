@@ -12,6 +12,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -201,9 +202,11 @@ class RegistryClient:
         name: str = "",
         adopter: bool = False,
     ) -> dict[str, Any]:
-        """Register ``pid``; returns the job as the daemon recorded it. ``adopter``: this
-        process is ``pid``'s parent and a child subreaper, so what ``pid`` leaves behind
-        stays below it and the daemon counts it as the job's."""
+        """Register ``pid``; returns the job as the daemon recorded it, with ``warning`` when
+        the daemon answered one (a deadline no operating point can meet: the job is
+        registered all the same). ``adopter``: this process is ``pid``'s parent and a child
+        subreaper, so what ``pid`` leaves behind stays below it and the daemon counts it as
+        the job's."""
         req = {
             "op": "register",
             "pid": pid,
@@ -214,13 +217,17 @@ class RegistryClient:
         if adopter:
             req["adopter"] = True
         try:
-            return self.request(req)["job"]
+            answer = self.request(req)
         except RegistryError as err:
             if not adopter or "'adopter'" not in str(err):
                 raise
             # a daemon from before the field (upgraded, not restarted yet): as it was
             del req["adopter"]
-            return self.request(req)["job"]
+            answer = self.request(req)
+        job = answer["job"]
+        if answer.get("warning") and isinstance(job, dict):
+            job = {**job, "warning": str(answer["warning"])}
+        return job
 
     def unregister(self, pid: int) -> dict[str, Any]:
         return self.request({"op": "unregister", "pid": pid})["job"]
@@ -398,6 +405,15 @@ class _PassOn:
         _signal_all(alive, signal.SIGKILL)
 
 
+def _warn(text: str) -> None:
+    """``hidvfs: warning: ...`` on stderr; one that cannot be written (stderr closed) must
+    not stop the job."""
+    try:
+        print(f"hidvfs: warning: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def run_registered(
     command: list[str],
     deadline_s: float | None = None,
@@ -408,11 +424,15 @@ def run_registered(
     on_registered: Callable[[dict[str, Any]], None] | None = None,
     run_if_unreachable: bool = False,
     on_unmanaged: Callable[[dict[str, Any]], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
 
     ``on_registered(job)`` is called with the daemon's record of the job right after it
-    registered (e.g. to warn that it has no reference profile).
+    registered (e.g. to warn that it has no reference profile). A warning the daemon
+    answered the registration with (a deadline no operating point can meet: the command runs
+    all the same) goes to ``on_warning(text)``, by default to stderr as
+    ``hidvfs: warning: ...``.
 
     The daemon is asked first, so an unreachable daemon fails before anything is launched,
     unless ``run_if_unreachable``: then the command runs unmanaged (the daemon steers nothing,
@@ -481,8 +501,11 @@ def run_registered(
             job = {"pid": proc.pid, "name": name, **job}
             if on_unmanaged is not None:
                 on_unmanaged(job)
-        elif on_registered is not None:
-            on_registered(job)
+        else:
+            if job.get("warning"):
+                (on_warning or _warn)(job["warning"])
+            if on_registered is not None:
+                on_registered(job)
         # a SIGTERM, SIGHUP or SIGINT meanwhile is passed on (pass_on): the wait goes on
         rc = wait_reaping(proc) if adopter else proc.wait()
         makespan = clock.now() - t0

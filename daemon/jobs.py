@@ -28,6 +28,9 @@ class JobEntry:
     #: (pid, start time) of the process that launched it and adopts what it leaves behind
     #: (``hidvfs run``, a child subreaper): its other descendants are the job's too
     adopter: tuple[int, float | None] | None = None
+    #: what the registration was told besides its acceptance (a deadline its profile says no
+    #: operating point can meet), None when nothing
+    warning: str | None = None
 
 
 @dataclass(frozen=True)

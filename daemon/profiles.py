@@ -2,15 +2,19 @@
 
 A job registered by name gets the profile stored for it on this board; the store is reread
 when the file changes, so a profile measured while the daemon runs serves the next job.
+:class:`DeadlineCheck` tells, at registration, a deadline the profile says no operating point
+of the board can meet.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
-from agents.deadlines import load
+from agents.deadlines import load, span_at, work_bound
 from platforms.errors import SpecError
 from platforms.observation import JobProfile
+from platforms.spec import BoardSpec
 
 
 class ProfileLookup:
@@ -45,3 +49,53 @@ class ProfileLookup:
                     self.on_error(str(err))
             self._stamp = stamp
         return self._store.find(name, self.board)
+
+
+def _duration(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1.0 else f"{s:.3g} s"
+
+
+class DeadlineCheck:
+    """``check(profile, deadline_s)``: why no operating point of the board can meet
+    ``deadline_s`` for a job of ``profile``, or None when one may.
+
+    It uses the gate's two-point scaling (:func:`agents.deadlines.span_at` and
+    :func:`~agents.deadlines.work_bound`, what :func:`agents.gate.requirement` plans with) at
+    each cluster's top frequency (below its static cap, config ``thermal.cap_khz``), and tells
+    only what no placement can beat: a deadline below the job's span at the fastest point, or
+    below the time its work takes on every core of the board at once (a HI job may get several
+    clusters together, agents.mixed). A deadline past both may still be more than one cluster
+    can give; the gate says so once the job runs."""
+
+    def __init__(self, spec: BoardSpec, caps_khz: Mapping[str, int] | None = None):
+        caps = dict(caps_khz or {})
+        self.tops = []  # (cluster, its fastest allowed kHz)
+        for c in spec.clusters:
+            if not c.freqs_khz or not c.cpus:
+                continue
+            cap = caps.get(c.name)
+            allowed = [f for f in c.freqs_khz if cap is None or f <= cap]
+            self.tops.append((c, allowed[-1] if allowed else c.freqs_khz[0]))
+
+    def __call__(self, profile: JobProfile, deadline_s: float) -> str | None:
+        if not self.tops:
+            return None
+        span, c, khz = min(
+            ((span_at(profile, f, k.capacity), k, f) for k, f in self.tops), key=lambda t: t[0]
+        )
+        if deadline_s < span:
+            return (
+                f"deadline {_duration(deadline_s)} is below the job's span at the fastest point "
+                f"({_duration(span)} on {c.name} at {khz // 1000} MHz): no operating point can "
+                "meet it"
+            )
+        # every core of the board at its top frequency: the work done per second adds up
+        rate = sum(len(k.cpus) / work_bound(profile, f, k.capacity) for k, f in self.tops)
+        if deadline_s < 1.0 / rate:
+            cores = sum(len(k.cpus) for k, _ in self.tops)
+            return (
+                f"deadline {_duration(deadline_s)} is below the time the job's work takes on all "
+                f"{cores} cores of the board at their fastest points ({_duration(1.0 / rate)}): "
+                "no operating point can meet it"
+            )
+        return None

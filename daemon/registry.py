@@ -11,7 +11,9 @@ what the job leaves behind (a helper that double-forks) stays below that parent,
 counts it as the job's when it gives the originals back. Taken only for a parent the client
 may speak for, never init or the daemon.
 
-Answers are one line each: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. Every
+Answers are one line each: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. A
+register answer may carry ``"warning": "..."``: the job is registered, but its reference
+profile says no operating point of the board can meet its deadline (``deadline_check``). Every
 malformed request (bad UTF-8 or JSON, unknown op or field, missing or mistyped field, a pid
 that does not exist, a line over 64 KiB (skipped up to its newline), a client hanging up
 mid-line) gets an error answer and never stops the server. Registered jobs land in the daemon's :class:`~daemon.jobs.JobTable`,
@@ -45,6 +47,7 @@ from typing import Any
 
 from agents.deadlines import MAX_NAME  # the names profiles are stored under
 from daemon.jobs import JobEntry, JobTable
+from daemon.logs import log_event
 from platforms.errors import HidvfsError
 from platforms.observation import JobProfile
 
@@ -180,8 +183,10 @@ class JobRegistry:
 
     Collaborators are injected: ``now`` (the platform clock), ``alive(pid)`` (process control),
     ``status_provider()`` (the daemon's status dict), ``pid_owner(pid) -> uid`` (to stop a
-    non-root client from registering someone else's process) and ``profile_for(name)`` (a job
-    profile lookup).
+    non-root client from registering someone else's process), ``profile_for(name)`` (a job
+    profile lookup) and ``deadline_check(profile, deadline_s)`` (why no operating point of the
+    board can meet the deadline, None when one may: :class:`daemon.profiles.DeadlineCheck`;
+    the job is registered all the same, with the reason as its warning).
     """
 
     def __init__(
@@ -197,6 +202,7 @@ class JobRegistry:
         unmanageable: Callable[[int], str | None] | None = None,
         start_time: Callable[[int], float | None] | None = None,
         parent_of: Callable[[int], int | None] | None = None,
+        deadline_check: Callable[[JobProfile, float], str | None] | None = None,
     ):
         self.table = table if table is not None else JobTable()
         self.now = now
@@ -208,6 +214,7 @@ class JobRegistry:
         self.unmanageable = unmanageable
         self.start_time = start_time
         self.parent_of = parent_of
+        self.deadline_check = deadline_check
         self._lock = threading.Lock()  # makes check-then-insert atomic
 
     def register(
@@ -235,6 +242,7 @@ class JobRegistry:
         # (not `if self.profile_for`: an empty store is falsy, and profiles added to it later
         # must still be found)
         profile = self.profile_for(name) if self.profile_for is not None else None
+        warning = self._check_deadline(profile, deadline_s)
         with self._lock:
             if self.table.get(pid) is not None:
                 raise RequestError(f"pid {pid} is already registered (unregister it first)")
@@ -250,6 +258,7 @@ class JobRegistry:
                 registrant_uid=peer_uid,
                 start_time=self.start_time(pid) if self.start_time is not None else None,
                 adopter=self._adopter(pid, peer_uid) if adopter else None,
+                warning=warning,
             )
             try:
                 self.table.register(entry)
@@ -263,7 +272,29 @@ class JobRegistry:
             deadline_s,
             f"v{profile.version}" if profile else "none",
         )
+        if warning is not None:
+            log_event(
+                log,
+                "job_deadline_infeasible",
+                level=logging.WARNING,
+                pid=pid,
+                name=name,
+                criticality=criticality,
+                deadline_s=deadline_s,
+                detail=warning,
+            )
         return entry
+
+    def _check_deadline(self, profile: JobProfile | None, deadline_s: float | None) -> str | None:
+        """Why no operating point can meet the deadline (None: one may, or nothing to tell
+        without a profile or a deadline). A failing check costs the warning, not the job."""
+        if self.deadline_check is None or profile is None or deadline_s is None:
+            return None
+        try:
+            return self.deadline_check(profile, deadline_s)
+        except Exception:  # noqa: BLE001 - a warning must never refuse a job
+            log.exception("event=deadline_check_failed name=%s", profile.name)
+            return None
 
     def unregister(self, pid: int, *, peer_uid: int | None = None) -> JobEntry:
         """Drop a job. A non-root client may only drop a job it registered or a process it
@@ -325,7 +356,10 @@ class JobRegistry:
                 peer_uid=peer_uid,
                 adopter=req.get("adopter", False),
             )
-            return {"ok": True, "job": job_to_json(e)}
+            answer = {"ok": True, "job": job_to_json(e)}
+            if e.warning is not None:
+                answer["warning"] = e.warning
+            return answer
         if op == "unregister":
             entry = self.unregister(req["pid"], peer_uid=peer_uid)
             return {"ok": True, "job": job_to_json(entry)}

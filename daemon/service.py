@@ -36,7 +36,7 @@ from daemon.jobs import JobTable
 from daemon.logs import SensorErrorLog, log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
-from daemon.profiles import ProfileLookup
+from daemon.profiles import DeadlineCheck, ProfileLookup
 from daemon.restore import (
     Session,
     SnapshotError,
@@ -541,6 +541,9 @@ def _serve(
             unmanageable=procs.unmanageable,
             start_time=procs.start_time,
             parent_of=procs.parent,
+            # a deadline no operating point can meet is told at registration, not first by
+            # the gate once the job runs (the static caps lower the fastest point)
+            deadline_check=DeadlineCheck(spec, loop.guard.static_khz),
         )
         try:
             servers.append(

@@ -566,6 +566,124 @@ def test_run_warns_when_the_deadline_cannot_be_planned(server):
     assert json.loads(r.stdout)["profile_version"] == 1
 
 
+#: tx2 at its top OPP: span 431 ms on denver (capacity 1.3), work 2 s on an a57
+_HEAVY = ("heavy", 2.0, 0.5, 0.1, 1.0, 2035200, 4)
+
+
+def _with_deadline_check(server):
+    """The server's registry as the daemon wires it: tx2's profiles and DeadlineCheck."""
+    from daemon.profiles import DeadlineCheck
+    from platforms.observation import JobProfile
+    from platforms.spec import load_board
+
+    profiles = {
+        "heavy": JobProfile(*_HEAVY),
+        # a short span, much work: 613 ms on all six cores at their top, 1 s on the a57s
+        "wide": JobProfile("wide", 4.0, 0.05, 0.1, 1.0, 2035200, 4),
+    }
+    server.registry.profile_for = profiles.get
+    server.registry.deadline_check = DeadlineCheck(load_board("tx2"))
+    return server
+
+
+def _register_raw(path: str, pid: int, deadline_s, name: str) -> dict:
+    req = {"op": "register", "pid": pid, "deadline_s": deadline_s, "criticality": "hi"}
+    req["name"] = name
+    (answer,) = raw(path, json.dumps(req).encode() + b"\n")
+    return answer
+
+
+def _infeasible_lines(caplog) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if "event=job_deadline_infeasible" in r.getMessage()
+    ]
+
+
+def test_a_deadline_no_operating_point_can_meet_is_told_at_registration(server, caplog):
+    """A HI job whose deadline is below its span at the board's fastest point is registered
+    (not refused), and the answer and the daemon's log say it, once; a feasible one gets no
+    warning, nor does a job without a profile or a deadline."""
+    _with_deadline_check(server)
+    jobs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in "abcde"
+    ]
+    try:
+        with caplog.at_level("INFO", logger="hidvfs.registry"):
+            tight = _register_raw(server.path, jobs[0].pid, 0.05, "heavy")
+            assert tight["ok"] is True and tight["job"]["pid"] == jobs[0].pid
+            assert tight["warning"] == (
+                "deadline 50 ms is below the job's span at the fastest point (431 ms on denver "
+                "at 2035 MHz): no operating point can meet it"
+            )
+            assert _infeasible_lines(caplog) == [
+                f"event=job_deadline_infeasible pid={jobs[0].pid} name=heavy criticality=hi "
+                f"deadline_s=0.05 detail={json.dumps(tight['warning'])}"
+            ]
+            # its span fits, its work does not even on every core of the board
+            wide = _register_raw(server.path, jobs[1].pid, 0.5, "wide")
+            assert wide["ok"] is True
+            assert wide["warning"] == (
+                "deadline 500 ms is below the time the job's work takes on all 6 cores of the "
+                "board at their fastest points (613 ms): no operating point can meet it"
+            )
+            caplog.clear()
+            fine = _register_raw(server.path, jobs[2].pid, 5.0, "heavy")
+            unprofiled = _register_raw(server.path, jobs[3].pid, 0.05, "unknown")
+            no_deadline = _register_raw(server.path, jobs[4].pid, None, "heavy")
+            for answer in (fine, unprofiled, no_deadline):
+                assert answer["ok"] is True and "warning" not in answer, answer
+            assert _infeasible_lines(caplog) == []
+        assert len(server.registry.table) == 5  # every job was taken
+        assert server.registry.table.get(jobs[0].pid).deadline_s == 0.05
+    finally:
+        for j in jobs:
+            j.kill()
+            j.wait()
+
+
+def test_the_client_hands_back_the_warning_and_a_failing_check_costs_only_it(server):
+    _with_deadline_check(server)
+    client = RegistryClient(server.path)
+    jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in "ab"]
+    try:
+        job = client.register(jobs[0].pid, deadline_s=0.05, criticality="hi", name="heavy")
+        assert job["pid"] == jobs[0].pid and "no operating point can meet it" in job["warning"]
+
+        def broken(profile, deadline_s):
+            raise ZeroDivisionError("bad profile")
+
+        server.registry.deadline_check = broken
+        job = client.register(jobs[1].pid, deadline_s=0.05, criticality="hi", name="heavy")
+        assert job["pid"] == jobs[1].pid and "warning" not in job
+    finally:
+        for j in jobs:
+            j.kill()
+            j.wait()
+
+
+def test_hidvfs_run_prints_the_daemons_warning_and_runs_the_command(server):
+    """`hidvfs run` of a job no operating point can meet: the command runs, the warning is
+    on stderr, the exit status is the command's; a feasible deadline prints none."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    _with_deadline_check(server)
+    cmd = [sys.executable, "-c", "import time; time.sleep(0.5); raise SystemExit(3)"]
+    args = ["run", "--socket", server.path, "--criticality", "hi", "--name", "heavy", "--json"]
+    r = CliRunner().invoke(cli, [*args, "--deadline", "0.05", "--", *cmd])
+    assert r.exit_code == 3, r.output
+    assert r.stderr == (
+        "hidvfs: warning: deadline 50 ms is below the job's span at the fastest point (431 ms "
+        "on denver at 2035 MHz): no operating point can meet it\n"
+    )
+    result = json.loads(r.stdout)
+    assert result["returncode"] == 3 and result["unmanaged"] is False
+    assert result["deadline_met"] is False
+    r = CliRunner().invoke(cli, [*args, "--deadline", "5", "--", *cmd])
+    assert r.exit_code == 3 and r.stderr == "", r.stderr
+
+
 def test_status_command_lists_the_jobs_and_the_adaptive_shield(sock_path):
     from click.testing import CliRunner
 
