@@ -18,7 +18,7 @@ soft deadline is ``D = slack * ref_makespan`` with slack >= 1
 (models.md 8), and must leave the critical path room at the fastest point: D >= L(f_max).
 
 Profiles are frozen and versioned per (job name, board) in a small JSON store; the only I/O of
-this module is :func:`load` and :func:`save`.
+this module is :func:`load`, :func:`save`, :func:`update` and :func:`remove`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import fcntl
 import json
 import math
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -375,14 +376,24 @@ def _same_cost(a: JobProfile, b: JobProfile) -> bool:
 
 
 def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> ProfileStore:
-    """Read a store; an absent file is an empty store only with ``missing_ok``."""
+    """Read a store; an absent file is an empty store only with ``missing_ok``, a zero-byte
+    one always (``touch``, or a file made before its first save): any other content that is
+    not a store is refused."""
     path = os.fspath(path)
+    data = _read(path, missing_ok)
+    return ProfileStore() if data is None else _parse(data, path)
+
+
+def _read(path: str, missing_ok: bool) -> object:
+    """The JSON held at ``path``; None for an empty store (a zero-byte file, or an absent one
+    with ``missing_ok``)."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            text = f.read()
+        return json.loads(text) if text else None
     except FileNotFoundError:
         if missing_ok:
-            return ProfileStore()
+            return None
         raise SpecError(path, "<file>", "an existing profile store (file not found)") from None
     except OSError as err:
         raise SpecError(path, "<file>", f"a readable profile store ({err.strerror})") from None
@@ -392,7 +403,6 @@ def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> ProfileSt
         raise SpecError(path, "<file>", f"UTF-8 text ({err.reason} at byte {err.start})") from None
     except RecursionError:
         raise SpecError(path, "<file>", "a profile store (JSON nested too deeply)") from None
-    return _parse(data, path)
 
 
 def _parse(data: object, path: str) -> ProfileStore:
@@ -455,14 +465,79 @@ def update(
 
 def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     """Write atomically (temporary file + rename) so a crash never leaves half a store."""
-    path = os.fspath(path)
     rows = [{"board": board, **asdict(p)} for board, p in store]
-    text = json.dumps(
-        {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}, indent=1
-    )
+    data = {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}
     # readable by everyone, as the daemon's other state (`hidvfs profile list` without root);
     # profiles hold timings, no secret
-    write_text_atomic(path, text + "\n", mode=0o644)
+    write_text_atomic(os.fspath(path), _dump(data), mode=0o644)
+
+
+def _dump(data: dict) -> str:
+    return json.dumps(data, indent=1) + "\n"
+
+
+class ProfileNotFound(LookupError):
+    """No stored profile of that name (on that board); the message names the ones there."""
+
+
+def lookup(
+    store: ProfileStore, name: str, board: str | None = None, *, where: str = "the store"
+) -> list[tuple[str, JobProfile]]:
+    """The (board, profile) pairs stored under job ``name``, on ``board`` only when given,
+    in board order; raises :class:`ProfileNotFound` for none, saying which names ``where``
+    (the store's path) holds or that it is empty."""
+    found = [(b, p) for b, p in store if p.name == name and board in (None, b)]
+    if found:
+        return found
+    if not len(store):
+        raise ProfileNotFound(f"no profile {name!r} in {where}: the store is empty")
+    boards = sorted(b for n, b in store.profiles if n == name)
+    if boards:  # a board was given, and the name is stored for others
+        raise ProfileNotFound(
+            f"no profile {name!r} for board {board!r} in {where} (it has one for: "
+            f"{', '.join(boards)})"
+        )
+    names = sorted({n for n, b in store.profiles if board in (None, b)})
+    if not names:
+        raise ProfileNotFound(
+            f"no profile {name!r} for board {board!r} in {where} (profiles there are for: "
+            f"{', '.join(sorted({b for _, b in store.profiles}))})"
+        )
+    on = "" if board is None else f" for board {board!r}"
+    raise ProfileNotFound(f"no profile {name!r}{on} in {where} (known: {', '.join(names)})")
+
+
+def remove(
+    path: str | os.PathLike[str], name: str, board: str | None = None
+) -> list[tuple[str, JobProfile]]:
+    """Delete the profile of job ``name`` from the store on disk (the one on ``board``; without
+    one, the name must be stored for a single board) and return the (board, profile) removed.
+
+    Under :func:`update`'s lock, written atomically with the file's mode kept. Only that row
+    goes: the others are written back as the file held them (their order, their numbers, any
+    key this hidvfs does not read). Raises :class:`ProfileNotFound` (with an absent store
+    too), ValueError for a name the store could not hold or one stored for several boards
+    without ``board``, SpecError for a file that is not a store."""
+    check_name(name)
+    path = os.fspath(path)
+    if not os.path.exists(path):  # nothing to remove, and no lock file to make
+        raise ProfileNotFound(f"no profile {name!r} in {path}: the store is empty")
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _read(path, missing_ok=True)
+        store = ProfileStore() if data is None else _parse(data, path)
+        gone = lookup(store, name, board, where=path)
+        if len(gone) > 1:
+            raise ValueError(
+                f"{name!r} has profiles for the boards {', '.join(b for b, _ in gone)} in "
+                f"{path}; give --board to say which to remove"
+            )
+        assert isinstance(data, dict)  # _parse accepted it and found the profile in it
+        data["profiles"] = [
+            r for r in data["profiles"] if (r["name"], r["board"]) != (name, gone[0][0])
+        ]
+        write_text_atomic(path, _dump(data), mode=stat.S_IMODE(os.stat(path).st_mode))
+    return gone
 
 
 __all__ = [
@@ -480,6 +555,9 @@ __all__ = [
     "check_profile",
     "check_name",
     "update",
+    "remove",
+    "lookup",
+    "ProfileNotFound",
     "profile_from_dag",
 ]
 

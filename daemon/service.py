@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from agents.factory import make_policy_stack
@@ -163,6 +164,7 @@ def run_live(
     sysfs_root: str = "/",
     state_dir: str | None = None,
     dry_run: bool = False,
+    outputs: Callable[[], None] | None = None,
     **kwargs,
 ) -> dict:
     """Run the daemon on a live or fake tree until stopped (see the module docstring).
@@ -174,19 +176,24 @@ def run_live(
     need no lock (config, root, board, a cpufreq policy, a writable tree, the policy) come
     first, so a refused start creates no state dir and no lock file.
     A dry run, or a non-root user on the live tree, writes nothing and takes no lock.
+    ``outputs`` is called once those checks have passed, before anything else is written
+    (the CLI makes the folders of its output options there, or refuses the start).
     """
     serve = {k: kwargs.pop(k) for k in _SERVE_KEYS if k in kwargs}
 
     def prepare() -> _Prepared:
-        if serve.get("status_file"):
-            _check_status_file(serve["status_file"])
-        return _prepare(
+        prepared = _prepare(
             config_path=config_path,
             sysfs_root=sysfs_root,
             state_dir=state_dir,
             dry_run=dry_run,
             **kwargs,
         )
+        if outputs is not None:
+            outputs()
+        if serve.get("status_file"):
+            _check_status_file(serve["status_file"])
+        return prepared
 
     writes = not dry_run and not (sysfs_root == "/" and os.geteuid() != 0)
     if not writes:
@@ -321,7 +328,7 @@ def _check_status_file(path: str) -> None:
         raise DaemonError(f"status file {path} is a directory")
     parent = os.path.dirname(full)
     try:
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(parent, mode=0o755, exist_ok=True)
     except OSError as err:
         raise DaemonError(
             f"cannot make the folder of status file {path}: {err.strerror or err}"

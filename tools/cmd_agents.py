@@ -16,7 +16,15 @@ from pathlib import Path
 
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json, fail, not_empty, require_extra
+from tools.common import (
+    FiniteFloatRange,
+    Friendly,
+    emit_json,
+    ensure_parent,
+    fail,
+    not_empty,
+    require_extra,
+)
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")
 
@@ -331,6 +339,8 @@ def train_cmd(
         overrides["restarts"] = restarts
         command += f" --restarts {restarts}"
     cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
+    if out_dir:  # its parent made (or refused) now; train_board makes the folder itself
+        ensure_parent("--out", out_dir, folder=True)
     t0 = time.monotonic()
     from daemon.stopsignals import InterruptOnSignals
 

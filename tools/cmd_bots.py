@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tools.cmd_profile import measure_options
-from tools.common import FiniteFloatRange, Friendly, emit_json, fail, not_empty
+from tools.common import FiniteFloatRange, Friendly, emit_json, ensure_parent, fail, not_empty
 
 
 @click.group("bots", cls=Friendly)
@@ -520,6 +520,8 @@ def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> No
 
     from bots_bench.report import write_report
 
+    # its parent made now; the report folder itself once the store holds something to report
+    ensure_parent("--out", out_dir, folder=True)
     files = write_report(db, out_dir, baseline=baseline)
     if as_json:
         emit_json(json.loads(files.summary.read_text()))

@@ -14,6 +14,7 @@ from tools.common import (
     _quiet_broken_pipe,
     check_outputs,
     emit_json,
+    ensure_parent,
     fail,
     guard_errors,
     not_empty,
@@ -249,8 +250,20 @@ def daemon_cmd(
             from daemon.config import load_config
 
             cfg = load_config(config_path)
+
+    def make_output_folders() -> None:
+        """The output options' folders, made (or refused in one line) once the start is
+        checked: not at the first status, at the end of a replay, or as a warning that the
+        registry is unavailable once the daemon runs."""
+        for flag, path in (
+            ("--status-file", status_file),
+            ("--record", record_path),
+            ("--socket", socket_path),
+        ):
+            if path:
+                ensure_parent(flag, path)
+
     if sim_board:
-        from daemon.service import _check_status_file
         from daemon.stopsignals import StopOnSignals
         from tools import simdaemon
 
@@ -259,8 +272,7 @@ def daemon_cmd(
                 f"--duration: a --sim run lasts at most {simdaemon.MAX_SIM_DURATION_S:g} "
                 f"virtual seconds (one day, its workload is built up front), not {duration_s:g}"
             )
-        if status_file:
-            _check_status_file(status_file)  # as the board daemon: a clear error, not mid-run
+        make_output_folders()
         # SIGTERM/SIGINT/SIGHUP stop it as they stop the board daemon: the summary of the run
         # so far, exit 0
         signals = StopOnSignals()
@@ -292,6 +304,7 @@ def daemon_cmd(
         from tools.replay import replay_trace as run_replay
 
         replay_period = period_ms or (cfg.period_ms if cfg else None)
+        make_output_folders()  # the status is written at the end: refused now, not then
         # as --sim: a signal ends the replay with the summary of what ran, exit 0
         with StopOnSignals() as signals:
             result = run_replay(
@@ -331,6 +344,7 @@ def daemon_cmd(
         record=record_path,
         # stdout is the JSON status alone: the dry run's plan goes to stderr
         plan_out=sys.stderr if as_json else None,
+        outputs=make_output_folders,  # after the start's checks, before the snapshot
     )
     if as_json:
         emit_json(status)

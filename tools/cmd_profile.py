@@ -1,4 +1,4 @@
-"""``hidvfs profile measure|list``: the reference profiles the gate and the shield plan with.
+"""``hidvfs profile measure|list|show|remove``: the reference profiles the gate and the shield plan with.
 
 A job registered by name (``hidvfs run --name``) gets its profile from the store the daemon
 reads (config ``profiles``); without one the policy still steers it, but its deadline cannot
@@ -272,44 +272,23 @@ class StoreUnwritable(ValueError):
 
 
 def check_store_writable(store: str) -> None:
-    """Refuse a store the measurement could not save (:func:`agents.deadlines.update` makes
-    its folder, locks ``STORE.lock`` and replaces the file through a temporary one in the same
-    folder): the folder, or the nearest existing one it would be made in, must be writable,
-    and so must a lock file already there."""
+    """Refuse a store the measurement could not save (:func:`agents.deadlines.update` locks
+    ``STORE.lock`` and replaces the file through a temporary one in the same folder), before
+    any run: its folder is made now if missing (:func:`tools.common.ensure_parent`), a file
+    must be makeable in it, and a lock file already there must be writable."""
+    from tools.common import OutputFolderError, ensure_parent
+
     full = os.path.abspath(store)
     if os.path.isdir(full):
-        raise StoreUnwritable(f"profile store {store} is a folder; give a file (.json)")
-    folder = os.path.dirname(full)
-    there = folder
-    while not os.path.exists(there):  # update() makes the missing folders
-        there = os.path.dirname(there)
-    if not os.path.isdir(there):
-        raise StoreUnwritable(
-            f"cannot write profile store {store}: {there} is a file, not a folder"
-        )
-    if not os.access(there, os.W_OK | os.X_OK):
-        made = "" if there == folder else f" (it would be made in {there})"
-        raise StoreUnwritable(
-            f"cannot write profile store {store}: its folder {folder}{made} is not writable; "
-            "run as root (sudo) or give a --store you can write"
-        )
-    # os.access says yes to root anywhere (a /sys or /proc folder, a read-only mount): make
-    # a file there for real, as update() will, before the timed runs rather than after
-    import tempfile
-
+        raise StoreUnwritable(f"--store {store}: is a folder; give a file (.json)")
     try:
-        fd, probe = tempfile.mkstemp(dir=there, prefix=".hidvfs-store-check-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise StoreUnwritable(
-            f"cannot write profile store {store}: no file can be made in {there} "
-            f"({err.strerror}); give a --store in a folder you can write"
-        ) from None
+        ensure_parent("--store", store)
+    except OutputFolderError as err:
+        raise StoreUnwritable(str(err)) from None
     lock = full + ".lock"
     if os.path.lexists(lock) and not os.access(lock, os.W_OK):
         raise StoreUnwritable(
-            f"cannot write profile store {store}: its lock file {lock} is not writable; "
+            f"--store {store}: its lock file {lock} is not writable; "
             "run as root (sudo) or give a --store you can write"
         )
 
@@ -337,7 +316,7 @@ class MeasureSession:
                 "during the measurement; stop it first (systemctl stop hidvfs)"
             )
         try:
-            check_store_writable(store)  # before minutes of timed runs, not after
+            check_store_writable(store)  # its folder made now, before minutes of timed runs
             self.db = deadlines.load(store, missing_ok=True)
             self.sysfs = DirSysfs(sysfs_root)
             self.spec = resolve_board(Config(board=board), self.sysfs)
@@ -384,28 +363,44 @@ class MeasureSession:
         return prof, times
 
 
-@profile.command("list")
-@click.option(
+#: ``--store`` of the commands that read the store (``list``, ``show``, ``remove``)
+_store_option = click.option(
     "--store",
     default=None,
     help=f"Profile store (default {DEFAULT_STORE}; a store given here must exist).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the stored profiles as JSON.")
-def list_cmd(store, as_json) -> None:
-    """The profiles in the store, per board."""
-    import os
-    from dataclasses import asdict
 
+
+def _read_store(store: str | None):
+    """``(path, store)``: the default store may not exist yet (nothing measured, an empty
+    store); a path given may be a typo (exit 2), as may a file that is not a store."""
     from agents import deadlines
 
-    # the default store may not exist yet (nothing measured); a path given may be a typo
     if store is not None and not os.path.exists(store):
         fail(f"{store}: no such profile store")
     store = store or DEFAULT_STORE
     try:
-        db = deadlines.load(store, missing_ok=True)
+        return store, deadlines.load(store, missing_ok=True)
     except Exception as err:  # noqa: BLE001
         fail(str(err))
+
+
+def _board_option(what: str):
+    return click.option(
+        "--board",
+        default=None,
+        help=f"Board the profile was measured on, as `profile list` shows it ({what}).",
+    )
+
+
+@profile.command("list")
+@_store_option
+@click.option("--json", "as_json", is_flag=True, help="Print the stored profiles as JSON.")
+def list_cmd(store, as_json) -> None:
+    """The profiles in the store, per board."""
+    from dataclasses import asdict
+
+    store, db = _read_store(store)
     rows = [{"board": b, **asdict(p)} for b, p in db]
     if as_json:
         emit_json(rows)
@@ -417,6 +412,91 @@ def list_cmd(store, as_json) -> None:
             f"{r['board']:9s} {r['name']:24s} v{r['version']} C {r['work_s']:.3f} s "
             f"L {r['span_s']:.3f} s beta {r['beta']:.2f} ref {r['ref_makespan_s']:.3f} s"
         )
+
+
+#: ``profile show``'s lines: field, label, unit
+_SHOWN = (
+    ("version", "version", ""),
+    ("ref_makespan_s", "reference makespan", " s"),
+    ("ref_khz", "reference frequency", " kHz"),
+    ("ref_cores", "reference cores", ""),
+    ("work_s", "work C", " s"),
+    ("span_s", "span L", " s"),
+    ("beta", "memory-bound beta", ""),
+    ("span_cpu_s", "compute-only span", " s"),
+    ("span_mem_s", "memory-only span", " s"),
+)
+
+
+@profile.command("show")
+@click.argument("name")
+@_store_option
+@_board_option("default: every board NAME has a profile for")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the profile as JSON (a list, as `list`)."
+)
+def show_cmd(name, store, board, as_json) -> None:
+    """Every stored field of the profile of job NAME: its reference makespan and operating
+    point (frequency, cores), work C, span L, beta, the split span when stored, and its
+    version. C and L are seconds at the reference frequency on a core of capacity 1.0."""
+    from dataclasses import asdict
+
+    from agents import deadlines
+
+    try:
+        deadlines.check_name(name)
+    except ValueError as err:
+        fail(str(err))
+    store, db = _read_store(store)
+    try:
+        found = deadlines.lookup(db, name, board, where=store)
+    except deadlines.ProfileNotFound as err:
+        fail(str(err))
+    if as_json:
+        emit_json([{"board": b, **asdict(p)} for b, p in found])
+        return
+    for i, (b, p) in enumerate(found):
+        if i:
+            click.echo()
+        click.echo(f"{p.name} on {b}")
+        for key, label, unit in _SHOWN:
+            value = getattr(p, key)
+            if value is None:  # a profile measured on a board has no split span
+                continue
+            shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+            click.echo(f"  {label:<20} {shown}{unit}  ({key})")
+
+
+@profile.command("remove")
+@click.argument("name")
+@_store_option
+@_board_option("needed when NAME has profiles for several boards")
+def remove_cmd(name, store, board) -> None:
+    """Remove the profile of job NAME from the store (the others stay as they are).
+
+    The store is rewritten atomically, under the lock measurements take, with its mode kept.
+    A running daemon need not stop: it rereads the store when the file changes, at the next
+    registration by name, so a job registered after the removal gets no profile (the policy
+    still steers it, but its deadline is not planned); a job already registered keeps the
+    profile it was given at registration.
+    """
+    from agents import deadlines
+
+    try:
+        deadlines.check_name(name)
+    except ValueError as err:
+        fail(str(err))
+    if store is not None and not os.path.exists(store):
+        fail(f"{store}: no such profile store")
+    store = store or DEFAULT_STORE
+    try:
+        if os.path.exists(store):  # absent: nothing to remove, said below
+            check_store_writable(store)
+        gone = deadlines.remove(store, name, board)
+    except Exception as err:  # noqa: BLE001 - unknown name, a bad store, a refused write
+        fail(str(err))
+    for b, p in gone:
+        click.echo(f"removed {p.name} (version {p.version}) on {b} from {store}")
 
 
 COMMAND = profile

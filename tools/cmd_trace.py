@@ -6,7 +6,7 @@ import os
 
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json, fail
+from tools.common import FiniteFloatRange, Friendly, emit_json, ensure_parent, fail
 
 
 @click.group("trace", cls=Friendly)
@@ -21,13 +21,10 @@ def trace() -> None:
 def _out_problem(out: str, trees: list[str]) -> str | None:
     """Why ``--out`` cannot take the trace, said before anything is recorded (open() names
     neither the option nor the fix), else None. ``trees``: the folders being recorded; a
-    trace written in one would overwrite, or be sampled as, a file of the board."""
+    trace written in one would overwrite, or be sampled as, a file of the board. A missing
+    folder is no problem: :func:`tools.common.ensure_parent` makes it before the recording."""
     if not out:
         return "--out: empty path; give the trace file to write (.jsonl or .jsonl.gz)"
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        what = "is not a folder" if os.path.exists(folder) else "does not exist"
-        return f"--out {out}: its folder {folder} {what}; create it or choose another --out"
     real = os.path.realpath(out)  # a symlink into the tree is inside it
     for tree in trees:
         if os.path.commonpath([real, tree]) == tree:
@@ -116,6 +113,7 @@ def record_cmd(
             param_hint="--board",
         )
     board = board or detected or "unknown"
+    ensure_parent("--out", out)  # its folder made (or refused) now, not when the trace opens
     clock = MonotonicClock()
     started = clock.now()
     # a signal stops the recording and the file is closed as at the end (a SIGTERM's default

@@ -16,14 +16,13 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from platforms.cluster.simcluster import parse_nodes_spec
 from platforms.errors import HidvfsError
-from tools.common import missing_extra_message
+from tools.common import ensure_parent, missing_extra_message
 
 if TYPE_CHECKING:
     from platforms.cluster.alibaba import TraceLoad
@@ -268,13 +267,7 @@ def resolve_train_out(out, shipped, why_not_shipped: str | None = None) -> str:
         )
     if os.path.isdir(path):
         raise ValueError(f"--out {out}: is a directory; give the ONNX file to write")
-    parent = os.path.dirname(path)
-    try:
-        os.makedirs(parent, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".hidvfs-probe-"):
-            pass
-    except OSError as err:
-        raise ValueError(f"--out {out}: cannot write there ({err.strerror or err})") from None
+    ensure_parent("--out", out)  # its folder made (or refused) before training
     return os.fspath(out)
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import click
 
 from daemon.stopsignals import InterruptOnSignals
-from tools.common import emit_json, fail
+from tools.common import emit_json, ensure_parent, fail
 
 SIM_IGNORES_BOTS_BIN = "the simulator runs the kernels' DAG models, not the binaries"
 
@@ -241,6 +241,8 @@ def run_campaign_cli(
     # a flag-driven simulated campaign keeps no file unless --db names one; a spec file or a
     # native campaign (hours of board time) always lands in a results file
     default_db = ":memory:" if spec.backend == "sim" and not spec_file else "results.sqlite"
+    if db and db != ":memory:":
+        ensure_parent("--db", db)  # its folder made now, before the campaign
     store = Store(db or default_db)
     explicit = spec_file is not None or board is not None
     summary = run_configs(

@@ -407,7 +407,9 @@ def test_a_status_file_that_cannot_be_written_is_refused_at_start_and_warned_of_
     )
     proc.communicate(timeout=60)
     assert proc.returncode == 2
-    assert "status file" in log.read_text()
+    assert f"--status-file {blocker / 's.json'}: its folder {blocker} cannot be made" in (
+        log.read_text()
+    )
     assert tree_state(tree, spec) == original and not (state / "restore.json").exists()
     folder = tmp_path / "status"
     proc, log = start_daemon(

@@ -47,6 +47,21 @@ def test_registered_jobs_get_their_profile_by_name(tmp_path):
     assert "profiles=1" in text and "profile=v1" in text and "profile=none" in text
 
 
+def test_the_daemon_reads_a_zero_byte_store_as_empty_and_sees_a_profile_saved_later(tmp_path):
+    """A zero-byte store (`touch`) failed the daemon's start like a corrupt one."""
+    from daemon.profiles import ProfileLookup
+
+    path = tmp_path / "profiles.json"
+    path.touch()
+    errors = []
+    lookup = ProfileLookup(path, "tx2", on_error=errors.append)
+    assert len(lookup) == 0 and lookup("sleeper") is None
+    deadlines.update(path, "tx2", JobProfile("sleeper", 2.0, 0.5, 0.1, 1.0, 2035200, 4))
+    assert lookup("sleeper").version == 1 and not errors
+    path.write_bytes(b"")  # emptied while it runs: an empty store, not a bad one
+    assert lookup("sleeper") is None and not errors
+
+
 @pytest.mark.parametrize("deadline_s", [0.3, 30.0])
 def test_the_gate_plans_a_board_jobs_deadline_from_its_profile(tmp_path, deadline_s):
     """On a board backend (fake tree, a real process, no progress reported) the federated gate

@@ -209,13 +209,29 @@ def test_status_and_run_name_a_path_that_is_not_a_socket(tmp_path):
     assert "not a socket but a file" in r.output and "refused" not in r.output
 
 
-# -- 10. bots run --db in a folder that is missing or cannot be written ----------------------
-def test_bots_db_in_a_missing_or_unwritable_folder_says_so(tmp_path, monkeypatch):
+# -- 10. bots run --db in a folder that is missing, blocked or cannot be written -------------
+def test_bots_db_in_a_missing_folder_makes_it_and_a_blocked_or_unwritable_one_says_so(
+    tmp_path, monkeypatch
+):
+    """A missing folder is made, as for every output option (it used to be refused); one
+    that cannot be made or written is refused in one line before the campaign."""
     args = ["bots", "run", "--bench", "fib", "--class", "test", "--policy", "performance"]
-    r = hv(*args, "--db", str(tmp_path / "nodir" / "r.sqlite"))
+    db = tmp_path / "nodir" / "sub" / "r.sqlite"
+    r = hv(*args, "--db", str(db))
+    assert r.exit_code == 0, r.output
+    from bots_bench.store import Store
+
+    with Store(db, readonly=True) as store:
+        assert len(store) == 1
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    r = hv(*args, "--db", str(blocker / "r.sqlite"))
     assert r.exit_code == 2
-    assert f"its folder {tmp_path / 'nodir'} does not exist" in r.output
-    assert "unable to open" not in r.output
+    assert r.output == (
+        f"hidvfs: error: --db {blocker / 'r.sqlite'}: its folder {blocker} cannot be made "
+        f"({blocker} is a file, not a folder); choose another --db\n"
+    )
+    assert blocker.read_text() == ""
     import sqlite3
 
     import bots_bench.store as store
@@ -232,7 +248,10 @@ def test_bots_db_in_a_missing_or_unwritable_folder_says_so(tmp_path, monkeypatch
         os, "access", lambda p, m, *a, **k: False if str(p) == str(ro) else real_access(p, m)
     )
     r = hv(*args, "--db", str(ro / "r.sqlite"))
-    assert r.exit_code == 2 and f"its folder {ro} is not writable" in r.output
+    assert (
+        r.exit_code == 2 and f"--db {ro / 'r.sqlite'}: its folder {ro} is not writable" in r.output
+    )
+    assert len(r.output.strip().splitlines()) == 1 and not list(ro.iterdir())
 
 
 # -- 2. where bots run keeps its results -----------------------------------------------------
@@ -319,15 +338,21 @@ def test_an_unwritable_store_is_refused_before_any_run(tmp_path, tree, monkeypat
     )
     r = hv(*_measure_args(tmp_path, store))
     assert r.exit_code == 2 and not no_runs
-    assert f"cannot write profile store {store}" in r.output and "Errno" not in r.output
+    assert f"--store {store}: " in r.output and "Errno" not in r.output
     assert ("lock file" if where == "lock" else "is not writable") in r.output
     assert len(r.output.strip().splitlines()) == 1
+    assert not (base / "sub").exists()  # refused, nothing made
 
 
 def test_a_store_under_a_file_is_refused_before_any_run(tmp_path, tree, no_runs):
     (tmp_path / "afile").write_text("")
-    r = hv(*_measure_args(tmp_path, tmp_path / "afile" / "p.json"))
-    assert r.exit_code == 2 and not no_runs and "is a file, not a folder" in r.output
+    store = tmp_path / "afile" / "p.json"
+    r = hv(*_measure_args(tmp_path, store))
+    assert r.exit_code == 2 and not no_runs
+    assert r.output == (
+        f"hidvfs: error: --store {store}: its folder {tmp_path / 'afile'} cannot be made "
+        f"({tmp_path / 'afile'} is a file, not a folder); choose another --store\n"
+    )
 
 
 # -- 10. an unknown --board before any detection -----------------------------------------------

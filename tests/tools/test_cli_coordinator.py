@@ -217,7 +217,10 @@ def test_train_checks_out_is_writable_before_training(fake_training, tmp_path):
     blocker.write_text("")
     r = run("train", "--iterations", "1", "--out", str(blocker / "m.onnx"))
     assert r.exit_code != 0 and "Traceback" not in r.output
-    assert f"--out {blocker / 'm.onnx'}: cannot write there" in r.output
+    assert r.output == (
+        f"hidvfs: error: --out {blocker / 'm.onnx'}: its folder {blocker} cannot be made "
+        f"({blocker} is a file, not a folder); choose another --out\n"
+    )
     assert fake_training == []
     r = run("train", "--iterations", "1", "--out", str(tmp_path))
     assert r.exit_code != 0 and "is a directory" in r.output and fake_training == []

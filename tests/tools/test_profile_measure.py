@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -419,7 +420,40 @@ def test_a_store_in_a_folder_no_file_can_be_made_in_is_refused_before_the_runs()
     failed with a raw errno and the times were lost."""
     from tools.cmd_profile import StoreUnwritable, check_store_writable
 
-    with pytest.raises(StoreUnwritable, match=r"no file can be made in /proc"):
+    why = r"its folder /proc is not writable \(/proc is on the proc pseudo filesystem\)"
+    with pytest.raises(StoreUnwritable, match=why):
         check_store_writable("/proc/hidvfs-profiles.json")
     r = CliRunner().invoke(cli, ["profile", "measure", "--store", "/proc/p.json", "--", "true"])
-    assert r.exit_code == 2 and "no file can be made in /proc" in r.output
+    assert r.exit_code == 2 and r.output.startswith("hidvfs: error: --store /proc/p.json: ")
+    assert re.search(why, r.output) and len(r.output.splitlines()) == 1
+    r = CliRunner().invoke(cli, ["profile", "measure", "--store", "/sys/new/p.json", "--", "true"])
+    assert r.exit_code == 2
+    assert "its folder /sys/new cannot be made (/sys is on the sysfs" in r.output
+    assert not os.path.exists("/sys/new")
+
+
+def test_a_zero_byte_store_lists_as_empty_and_a_measurement_fills_it(tx2):
+    """`touch profiles.json` (or a file made before its first save) failed `profile list` and
+    every measurement with "expected valid JSON", while an absent store read as empty."""
+    _, tmp = tx2
+    store = tmp / "profiles.json"
+    store.touch()
+    listed = CliRunner().invoke(cli, ["profile", "list", "--store", str(store)])
+    assert listed.exit_code == 0 and listed.output == f"no profiles in {store}\n"
+    listed = CliRunner().invoke(cli, ["profile", "list", "--store", str(store), "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == []
+    prog = [sys.executable, "-c", "pass"]
+    r = CliRunner().invoke(cli, cli_args(tmp, "--name", "e", "--", *prog))
+    assert r.exit_code == 0, r.output
+    assert json.loads(store.read_text())["format"] == "hidvfs-profiles"  # a store, not a blob
+    assert [p.name for _, p in deadlines.load(store)] == ["e"]
+    # only nothing reads as empty: other content that is no store is refused as before
+    bad = tmp / "bad.json"
+    for content in (b"\0\0\0\0", b"[]", b"\n"):
+        bad.write_bytes(content)
+        listed = CliRunner().invoke(cli, ["profile", "list", "--store", str(bad)])
+        assert listed.exit_code == 2 and str(bad) in listed.output
+        args = cli_args(tmp, "--name", "f", "--", *prog)
+        args[args.index("--store") + 1] = str(bad)
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2 and str(bad) in r.output and bad.read_bytes() == content

@@ -48,14 +48,36 @@ def test_record_refuses_a_tree_without_a_cpufreq_policy(tmp_path, tree):
 # -- 2. an --out that cannot be written -------------------------------------------------------
 
 
-def test_record_says_when_the_out_folder_is_missing_or_the_path_empty(tmp_path, tree):
-    missing = tmp_path / "nodir" / "x.jsonl"
+def test_record_makes_a_missing_out_folder_and_says_when_the_path_is_empty(tmp_path, tree):
+    """A missing folder is made (0o755) and the trace recorded, as every output option
+    does; it used to be refused."""
+    missing = tmp_path / "nodir" / "sub" / "x.jsonl"
     r = _record_cli(tree, missing)
-    assert r.exit_code == 2
-    assert f"--out {missing}: its folder {tmp_path / 'nodir'} does not exist" in r.output
-    assert "Errno" not in r.output
+    assert r.exit_code == 0, r.output
+    assert "recorded 2 samples of board tx2" in r.output and missing.is_file()
+    assert os.stat(tmp_path / "nodir" / "sub").st_mode & 0o777 == 0o755 & ~_umask()
+    assert [p.name for p in missing.parent.iterdir()] == ["x.jsonl"]  # no probe file left
     r = _record_cli(tree, "")
     assert r.exit_code == 2 and "--out: empty path" in r.output and "Errno" not in r.output
+
+
+def test_record_refuses_an_out_whose_folder_a_file_blocks_before_recording(tmp_path, tree):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    out = blocker / "sub" / "x.jsonl"
+    r = _record_cli(tree, out)
+    assert r.exit_code == 2
+    assert r.output == (
+        f"hidvfs: error: --out {out}: its folder {blocker / 'sub'} cannot be made ({blocker} "
+        "is a file, not a folder); choose another --out\n"
+    )
+    assert blocker.read_text() == "" and sorted(os.listdir(tmp_path)) == ["afile", "tree"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # -- 3. an --out inside the tree it records ---------------------------------------------------
