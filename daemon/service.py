@@ -60,7 +60,7 @@ from platforms.probe import detect_board, probe
 from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, board_names, load_board, load_board_file
 from platforms.sysfs import DirSysfs
-from platforms.trace import TickRecorder
+from platforms.trace import TickRecorder, keep_previous_recording
 from platforms.treelock import TreeLock
 from platforms.yamlfile import read_yaml
 
@@ -155,7 +155,7 @@ def _left_by_a_crash(state_dir: str) -> bool:
 
 
 #: run_live's keywords that only the run itself takes (the others are checked first)
-_SERVE_KEYS = ("duration_s", "status_file", "stop", "record", "plan_out")
+_SERVE_KEYS = ("duration_s", "status_file", "stop", "record", "record_max_bytes", "plan_out")
 
 
 def run_live(
@@ -458,6 +458,7 @@ def _serve(
     status_file: str | None = None,
     stop: threading.Event | None = None,
     record: str | None = None,
+    record_max_bytes: int | None = None,
     plan_out=None,
 ) -> dict:
     """The run itself, once :func:`_prepare` has accepted the start (and the state dir is
@@ -474,6 +475,9 @@ def _serve(
     recorder = None
     if record:
         try:
+            kept = keep_previous_recording(record)
+            if kept:
+                log_event(log, "record_previous_kept", path=record, kept=kept)
             recorder = TickRecorder(
                 sysfs,
                 clock,
@@ -482,6 +486,7 @@ def _serve(
                 period_s=cfg.period_ms / 1000.0,
                 policy=cfg.policy,
                 spec=spec,
+                max_bytes=record_max_bytes,
             )
         except OSError as err:
             raise DaemonError(f"cannot record to {record}: {err.strerror or err}") from None
@@ -613,7 +618,8 @@ def _serve(
                     loop.actuator.overridden(path)
             if res.report.gone:
                 for pid in res.report.gone:
-                    log_event(log, "job_gone", level=logging.WARNING, pid=pid)
+                    # a job that ended between the tick's reading and its writes: routine
+                    log_event(log, "job_gone", pid=pid)
             if status_writer is not None and res.t - last_status[0] >= 1.0:
                 last_status[0] = res.t
                 status_writer(loop.status())
@@ -622,7 +628,22 @@ def _serve(
                     print(f"dry-run: would write {value} to {path}", file=plan_out, flush=True)
 
         if recorder is not None:  # first: drift checks after the tick go to the next sample
-            loop.on_tick.append(lambda res: recorder.sample(res.t))
+
+            def record_tick(res: TickResult) -> None:
+                was = recorder.stopped
+                recorder.sample(res.t)
+                if recorder.stopped is not None and was is None:
+                    # the daemon goes on controlling the board; only the trace ends here
+                    log_event(
+                        log,
+                        "record_stopped",
+                        level=logging.ERROR,
+                        path=record,
+                        samples=recorder.count,
+                        detail=recorder.stopped,
+                    )
+
+            loop.on_tick.append(record_tick)
         loop.on_tick.append(after_tick)
         notifier.ready(f"controlling {spec.name} with {pol.name}")
         log_event(
@@ -642,8 +663,25 @@ def _serve(
     finally:
         notifier.stopping("restoring cpufreq settings")
         if recorder is not None:
-            recorder.close()
-            log_event(log, "recorded", samples=recorder.count, path=record)
+            was = recorder.stopped
+            recorder.close()  # never raises for the file system: the restore below must run
+            log_event(
+                log,
+                "recorded",
+                level=logging.INFO if recorder.stopped is None else logging.WARNING,
+                samples=recorder.count,
+                path=record,
+                **({"stopped": recorder.stopped} if recorder.stopped else {}),
+            )
+            if recorder.stopped is not None and was is None:
+                log_event(
+                    log,
+                    "record_stopped",
+                    level=logging.ERROR,
+                    path=record,
+                    samples=recorder.count,
+                    detail=recorder.stopped,
+                )
         for srv in reversed(servers):
             try:
                 srv.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import threading
 from bisect import bisect_right
 from collections.abc import Callable
@@ -268,6 +269,35 @@ class RecordingSysfs(SysfsBackend):
 RECORDED_BY = "recorded_by"
 
 
+_TRACE_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".gz")
+
+
+def previous_name(path: str | os.PathLike[str]) -> str:
+    """Where :func:`keep_previous_recording` keeps a recording: ``.prev`` before its trace
+    extensions (``d.jsonl.gz`` -> ``d.prev.jsonl.gz``, so it still reads as gzip)."""
+    folder, base = os.path.split(os.fspath(path))
+    for suffix in _TRACE_SUFFIXES:
+        if base.endswith(suffix) and len(base) > len(suffix):
+            return os.path.join(folder, base[: -len(suffix)] + ".prev" + suffix)
+    return os.path.join(folder, base + ".prev")
+
+
+def keep_previous_recording(path: str | os.PathLike[str]) -> str | None:
+    """Move an existing, non-empty recording at ``path`` to :func:`previous_name` (replacing
+    the one kept before) and return that name, else None: a daemon restarted after a failure
+    (systemd's Restart=on-failure) with the same ``--record`` would otherwise truncate the
+    trace of the run that failed, the one worth reading."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None  # /dev/null, a FIFO, an empty file: nothing to keep
+    prev = previous_name(path)
+    os.replace(path, prev)
+    return prev
+
+
 class TickRecorder:
     """The daemon's own recording (``hidvfs daemon --record``): one sample per control tick
     with every file it read and wrote since the previous one.
@@ -276,6 +306,9 @@ class TickRecorder:
     with the tick's sense time on ``clock``. The header names the policy and marks the trace
     as the daemon's, so ``trace replay`` ticks at the sample times and compares the writes.
     """
+
+    #: samples between two checks of the file's size against ``max_bytes``
+    SIZE_CHECK_EVERY = 64
 
     def __init__(
         self,
@@ -287,8 +320,12 @@ class TickRecorder:
         period_s: float,
         policy: str,
         spec: BoardSpec | None = None,
+        max_bytes: int | None = None,
     ):
         self.sysfs = RecordingSysfs(inner)
+        self.max_bytes = max_bytes
+        #: why the recording stopped before :meth:`close` (a full disk, the size limit)
+        self.stopped: str | None = None
         self._clock = clock
         header = TraceHeader(
             board=board,
@@ -300,16 +337,43 @@ class TickRecorder:
         self._t0 = clock.now()
 
     def sample(self, t: float) -> None:
-        reads, writes = self.sysfs.take()
-        self._writer.write_sample(max(t - self._t0, 0.0), reads, writes)
+        """Write the tick's sample. A write the file system refuses (a full disk, an I/O
+        error) or the size limit stops the recording (:attr:`stopped` says why) instead of
+        raising: the daemon's control, and its restore at the end, must not depend on a log
+        file. What was written stays a readable trace up to its last whole line."""
+        reads, writes = self.sysfs.take()  # taken even when stopped: nothing piles up
+        if self.stopped is not None:
+            return
+        try:
+            self._writer.write_sample(max(t - self._t0, 0.0), reads, writes)
+            if self.max_bytes is not None and self._writer.count % self.SIZE_CHECK_EVERY == 0:
+                size = self._writer.size()
+                if size >= self.max_bytes:
+                    self._stop(f"reached its size limit ({size} of {self.max_bytes} bytes)")
+        except OSError as err:
+            self._stop(f"cannot write ({err.strerror or err})")
+
+    def _stop(self, why: str) -> None:
+        self.stopped = why
+        try:
+            self._writer.close()
+        except OSError:
+            pass  # the same full disk refusing the trailer: the file is closed all the same
 
     @property
     def count(self) -> int:
         return self._writer.count
 
     def close(self) -> None:
-        """Stop recording: what the daemon does afterwards (its restore) is not a decision."""
-        self._writer.close()
+        """Stop recording: what the daemon does afterwards (its restore) is not a decision.
+        Never raises for the file system: a failed close only sets :attr:`stopped`."""
+        if self.stopped is None:
+            try:
+                self._writer.close()
+            except OSError as err:
+                self.stopped = f"cannot write ({err.strerror or err})"
+        else:
+            self._writer.close()  # already closed: a no-op
 
 
 _POLICY_RE = re.compile(r"policy\d+")

@@ -140,9 +140,18 @@ class TraceWriter:
         self.close()
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        """Close the file; a close that fails (a full disk refusing gzip's trailer) still
+        releases it and raises once, never again."""
+        f, self._f = self._f, None
+        if f is not None:
+            f.close()
+
+    def size(self) -> int:
+        """Bytes written to the file so far (compressed, for gzip: each sample is flushed)."""
+        if self._f is None:
+            return os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        raw = getattr(self._f, "fileobj", None) or self._f
+        return raw.tell()
 
     def write_sample(
         self, t: float, reads: dict[str, str | None], writes: dict[str, str] | None = None

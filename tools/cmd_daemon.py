@@ -176,6 +176,16 @@ class _DaemonCommand(click.Command):
     callback=not_empty,
 )
 @click.option(
+    "--record-max-mb",
+    default=1024.0,
+    show_default=True,
+    type=FiniteFloatRange(0.0, 1e6),
+    help="Stop the --record trace (the daemon goes on) once its file reaches this size; 0: no "
+    "limit. A .jsonl.gz takes about 1-2 MB per hour at 100 ms ticks, a plain .jsonl 50 x "
+    "more. A recording the disk refuses stops the same way. An existing FILE is kept as "
+    "FILE's name with .prev before its extensions (one previous run).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -199,6 +209,7 @@ def daemon_cmd(
     seed,
     load,
     record_path,
+    record_max_mb,
     as_json,
 ) -> None:
     """Run the DVFS daemon: sense -> decide -> gate -> shield -> thermal guard -> actuate.
@@ -342,6 +353,7 @@ def daemon_cmd(
         state_dir=state_dir,
         dry_run=dry_run,
         record=record_path,
+        record_max_bytes=int(record_max_mb * 1e6) if record_max_mb > 0 else None,
         # stdout is the JSON status alone: the dry run's plan goes to stderr
         plan_out=sys.stderr if as_json else None,
         outputs=make_output_folders,  # after the start's checks, before the snapshot
