@@ -121,12 +121,16 @@ def run_sim(
     status_cb: Callable[[dict], None] | None = None,
     status_every_s: float = 1.0,
     stop: threading.Event | None = None,
+    keep_energy_trace: bool = True,
 ) -> SimRunResult:
     """Run ``policy`` on a fresh simulated ``board`` until the workload is done (or
     ``duration_s``, or until ``stop`` is set: the result is then the run so far).
 
     ``ambient_c`` and ``start_c`` set the board's thermal start: the air around it, and the
-    temperature it is soaked at (default: idle at the board's ambient)."""
+    temperature it is soaked at (default: idle at the board's ambient).
+    ``keep_energy_trace``: keep the plant's meter at every tick (``energy_trace``, what the
+    agents' training and metering read, ~150 B a tick); without it only the final reading
+    is kept, so a day-long ``daemon --sim`` does not grow by hundreds of MB."""
     from platforms.spec import load_board
 
     spec = load_board(board)
@@ -154,7 +158,8 @@ def run_sim(
     loop.before_tick.append(feeder)
     history: list[dict] = []
     trace: list[tuple[float, float, float]] = []
-    loop.on_tick.append(lambda res: trace.append((res.t, plant.energy_j, plant.cpu_energy_j)))
+    if keep_energy_trace:
+        loop.on_tick.append(lambda res: trace.append((res.t, plant.energy_j, plant.cpu_energy_j)))
     capped = [0.0, 0.0, False]  # seconds capped, and the last tick's (t, capped)
 
     def count_caps(res: TickResult) -> None:

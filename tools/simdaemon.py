@@ -67,6 +67,7 @@ def run_sim_daemon(
             until_idle=False,
             status_cb=cb,
             stop=signals.stop,
+            keep_energy_trace=False,  # read by training and metering, not here: a day is GBs
         )
     status = dict(result.status)
     status["energy_exact_j"] = round(result.energy_j, 6)

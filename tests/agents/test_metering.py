@@ -71,6 +71,13 @@ def test_simulated_run_records_the_plant_meter():
     assert np.all(np.diff(t) >= 0) and np.all(np.diff(e) >= -1e-12) and np.all(np.diff(c) >= -1e-12)
     assert e[-1] == pytest.approx(res.energy_j) and c[-1] == pytest.approx(res.cpu_energy_j)
     assert 0 < c[-1] < e[-1]
+    # `daemon --sim` keeps no per-tick trace (a day-long run grew by hundreds of MB with it),
+    # only the final reading, and the run is the same
+    lean = run_sim(
+        "rubikpi3", make_governor("maxfreq"), items, seed=1, period_s=0.05, keep_energy_trace=False
+    )
+    assert len(res.energy_trace) > 5 and lean.energy_trace == res.energy_trace[-1:]
+    assert lean.energy_j == res.energy_j
 
 
 def test_a_run_is_metered_to_its_last_finish_whatever_the_policy_period():
