@@ -54,11 +54,17 @@ def _no_daemon_outlives_its_test():
 def _hidvfs_logs_reach_caplog():
     """A test that starts the daemon in-process configures the ``hidvfs`` logger (its own
     handler, no propagation); later tests reading logs with caplog would then see nothing,
-    depending on the order the tests run in. Each test starts with propagation on."""
+    depending on the order the tests run in. Each test starts with propagation on, and the
+    handlers a test added go with it: one bound to that test's captured stderr, closed once it
+    ended, printed "I/O operation on closed file" into a later test's output."""
     logger = logging.getLogger("hidvfs")
     saved = logger.propagate
+    handlers = list(logger.handlers)
     logger.propagate = True
     yield
+    for h in list(logger.handlers):
+        if h not in handlers:
+            logger.removeHandler(h)
     logger.propagate = saved
 
 
