@@ -307,9 +307,6 @@ class TickRecorder:
     as the daemon's, so ``trace replay`` ticks at the sample times and compares the writes.
     """
 
-    #: samples between two checks of the file's size against ``max_bytes``
-    SIZE_CHECK_EVERY = 64
-
     def __init__(
         self,
         inner: SysfsBackend,
@@ -346,7 +343,7 @@ class TickRecorder:
             return
         try:
             self._writer.write_sample(max(t - self._t0, 0.0), reads, writes)
-            if self.max_bytes is not None and self._writer.count % self.SIZE_CHECK_EVERY == 0:
+            if self.max_bytes is not None:  # a tell() a tick: each sample is flushed anyway
                 size = self._writer.size()
                 if size >= self.max_bytes:
                     self._stop(f"reached its size limit ({size} of {self.max_bytes} bytes)")

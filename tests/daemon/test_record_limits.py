@@ -68,14 +68,21 @@ def test_a_full_disk_stops_the_recording_not_the_caller(board, tmp_path):
 def test_the_size_limit_ends_the_trace_readable(board, tmp_path, name):
     spec, tree, _ = board
     out = tmp_path / name
-    rec = _recorder(spec, tree, out, max_bytes=1)
-    for i in range(3 * TickRecorder.SIZE_CHECK_EVERY):
-        rec.sysfs.read(paths.policy_file(spec.clusters[0].policy, "scaling_cur_freq"))
+    cur = paths.policy_file(spec.clusters[0].policy, "scaling_cur_freq")
+    rec = _recorder(spec, tree, out)
+    for i in range(20):
+        rec.sysfs.read(cur)
         rec.sample(0.1 * (i + 1))
-    assert rec.stopped.startswith("reached its size limit (")
-    assert rec.count == TickRecorder.SIZE_CHECK_EVERY  # checked every SIZE_CHECK_EVERY samples
+    limit = rec._writer.size()  # what 20 samples take
     rec.close()
-    assert len(read_trace(out).samples) == TickRecorder.SIZE_CHECK_EVERY  # gzip trailer written
+    rec = _recorder(spec, tree, out, max_bytes=limit)
+    for i in range(60):
+        rec.sysfs.read(cur)
+        rec.sample(0.1 * (i + 1))
+    assert rec.stopped.startswith("reached its size limit (") and f"of {limit} bytes" in rec.stopped
+    assert 15 <= rec.count <= 21  # about where the limit is (gzip compresses unevenly)
+    rec.close()
+    assert len(read_trace(out).samples) == rec.count  # the gzip trailer was written
 
 
 def test_writer_size_counts_compressed_bytes(tmp_path):
@@ -154,5 +161,5 @@ def test_the_daemon_keeps_going_past_its_record_limit_and_keeps_the_last_trace(b
     assert "event=record_stopped" in proc.stderr and "reached its size limit" in proc.stderr
     assert "event=record_previous_kept" in proc.stderr
     assert (tmp_path / "d.prev.jsonl.gz").read_bytes() == b"the run before"
-    assert len(read_trace(out).samples) == TickRecorder.SIZE_CHECK_EVERY
+    assert len(read_trace(out).samples) == 1  # the limit is below one sample: stops at once
     assert _governors(spec, tree) == before
