@@ -1,10 +1,10 @@
-"""``hidvfs coordinator simulate|serve|train|check|evaluate``: DAG job placement across boards."""
+"""``hidvfs coordinator simulate|synth|serve|train|check|evaluate``: DAG job placement across boards."""
 
 from __future__ import annotations
 
 import click
 
-from tools.common import Friendly, emit_json
+from tools.common import FiniteFloatRange, Friendly, emit_json, not_empty
 
 
 @click.group("coordinator", cls=Friendly)
@@ -58,6 +58,51 @@ def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
         emit_json(rows)
     else:
         click.echo(format_table(rows))
+
+
+@coordinator.command("synth")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    callback=not_empty,
+    help="CSV file to write (replaced if it exists; its folder is made).",
+)
+@click.option("--jobs", "n_jobs", default=500, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--load",
+    default=0.7,
+    show_default=True,
+    type=FiniteFloatRange(0.01, 10.0),
+    help="Offered load: core-seconds of work arriving per second over the --nodes cluster's "
+    "capacity (cores x speed).",
+)
+@click.option(
+    "--nodes",
+    default="tx2:4,orin-nx:2,rubikpi3:2",
+    show_default=True,
+    help="The cluster the load is relative to (as simulate's --nodes).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
+    """Write a synthetic batch_task.csv in the Alibaba cluster-trace-v2018 format: DAG jobs
+    shaped as the published trace statistics describe (mostly gather trees, some scatter, a few
+    independent task_* jobs; log-normal durations), Poisson arrivals. The traces the
+    coordinator is trained and evaluated on come from the same generator (other seeds); it is
+    also a way to try `simulate` without the real trace."""
+    from tools.coordinator_cmd import synth
+
+    try:
+        row = synth(out, n_jobs=n_jobs, seed=seed, load=load, nodes=nodes)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if as_json:
+        emit_json(row)
+    else:
+        click.echo(
+            f"{row['out']}: {row['jobs']} jobs, {row['tasks']} tasks (seed {seed}, load {load:g})"
+        )
 
 
 @coordinator.command("serve")

@@ -323,6 +323,28 @@ def train(
     return out
 
 
+def synth(
+    out: str, n_jobs: int = 500, seed: int = 0, load: float = 0.7, nodes: str | None = None
+) -> dict:
+    """Write a synthetic ``batch_task.csv`` (Alibaba v2018 format, no header) whose arrivals
+    offer ``load`` times the capacity of the ``nodes`` cluster; returns what was written."""
+    from agents.placement.train import DEFAULT_NODES
+    from platforms.cluster.simcluster import capacity
+    from platforms.cluster.synthetic import SyntheticConfig, generate_rows
+    from tools.common import ensure_parent
+
+    spec = parse_nodes_spec(nodes or DEFAULT_NODES)
+    ensure_parent("--out", out)
+    rows = generate_rows(
+        SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(spec))
+    )
+    tmp = f"{out}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(rows) + "\n")
+    os.replace(tmp, out)
+    return {"out": os.fspath(out), "jobs": n_jobs, "tasks": len(rows), "seed": seed, "load": load}
+
+
 def check_model(model_path: str | os.PathLike[str] | None = None) -> dict:
     """What ``coordinator check`` reports: the loader's verdict on the file (signature,
     feature version, a warm-up run, the reference outputs) and its provenance."""

@@ -432,3 +432,27 @@ def test_check_passes_the_shipped_model_and_fails_a_changed_one(tmp_path):
     assert "changed.onnx FAIL outputs differ from the training-time network's" in bad.output
     missing = run("check", "--model", str(tmp_path / "none.onnx"))
     assert missing.exit_code == 1 and "none.onnx FAIL no such file" in missing.output
+
+
+def test_synth_writes_a_trace_simulate_reads_and_is_reproducible(tmp_path):
+    from platforms.cluster.alibaba import read_batch_task
+
+    a, b, c = tmp_path / "new" / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
+    r = run("synth", "--out", str(a), "--jobs", "40", "--seed", "3", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["jobs"] == 40
+    run("synth", "--out", str(b), "--jobs", "40", "--seed", "3")
+    run("synth", "--out", str(c), "--jobs", "40", "--seed", "3", "--load", "1.4")
+    assert a.read_bytes() == b.read_bytes()  # the seed fixes the trace
+    load = read_batch_task(str(a))
+    assert len(load.jobs) == 40 and not load.issues
+    # twice the load: the same jobs arrive in about half the time
+    span = [max(j.arrival for j in read_batch_task(str(p)).jobs) for p in (a, c)]
+    assert 0.35 < span[1] / span[0] < 0.65
+    sim = run("simulate", "--trace", str(a), "--policy", "fifo", "--json")
+    assert (
+        sim.exit_code == 0 and json.loads(sim.output)[0]["tasks"] == json.loads(r.output)["tasks"]
+    )
+    bad = run("synth", "--out", str(tmp_path / "d.csv"), "--nodes", "bogus:3")
+    assert bad.exit_code == 2 and "unknown board 'bogus'" in bad.output
+    assert not (tmp_path / "d.csv").exists()
