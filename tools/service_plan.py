@@ -332,13 +332,18 @@ def run_plan(
     runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
 ) -> None:
     """Print (``dry_run``) or execute ``steps`` in order; stop at the first failing step."""
+    # a staging tree only gets files: whoever can write it may install there
+    live = any(s.action in ("run", "group", "stop") for s in steps)
     if dry_run:
         out("dry run: nothing is changed; the plan is:")
         for i, s in enumerate(steps, 1):
             out(f"  {i}. {s.describe()}")
+        if live and not systemd_running():  # the plan is still worth reading; say so
+            out(
+                "note: systemd is not running here (no /run/systemd/system): the plan itself "
+                "would be refused on this machine; --prefix DIR stages the files for another"
+            )
         return
-    # a staging tree only gets files: whoever can write it may install there
-    live = any(s.action in ("run", "group", "stop") for s in steps)
     if os.geteuid() != 0 and live:
         raise PermissionError(
             "installing or removing the hidvfs service needs root: run it with sudo (or add --dry-run to see the plan)"

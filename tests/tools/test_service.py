@@ -160,10 +160,14 @@ def _never_run(*args, **kwargs):
     raise AssertionError(f"dry run executed {args}")
 
 
-def test_dry_run_prints_and_changes_nothing(capsys):
+@pytest.mark.parametrize("systemd", [True, False])
+def test_dry_run_prints_and_changes_nothing(capsys, monkeypatch, systemd):
+    monkeypatch.setattr(sp, "systemd_running", lambda: systemd)
     sp.run_plan(sp.install_plan("/", EXE), dry_run=True, runner=_never_run)
     out = capsys.readouterr().out
     assert out.startswith("dry run: nothing is changed")
+    # without systemd the plan printed in full, as if it would run, and then was refused
+    assert ("note: systemd is not running here" in out) is not systemd
     assert "/etc/systemd/system/hidvfs.service" in out
     assert "groupadd --system hidvfs" in out
     assert "systemctl enable hidvfs.service" in out and "systemctl restart hidvfs.service" in out
