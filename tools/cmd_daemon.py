@@ -363,6 +363,13 @@ def daemon_cmd(
 
 
 def _print_status(s: dict) -> None:
+    if not s.get("ticks"):  # stopped before its first tick (a signal while --sim built its
+        # workload): no frequency, temperature or energy was ever read
+        click.echo(
+            f"board {s['board']} ({s['backend']}), policy {s['policy']}: stopped before its "
+            "first tick; nothing ran"
+        )
+        return
     freqs = ", ".join(
         f"{k} {v // 1000 if v else '?'} MHz" for k, v in s.get("freq_khz", {}).items()
     )

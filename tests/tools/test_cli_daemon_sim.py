@@ -229,3 +229,28 @@ def test_status_and_run_refuse_an_empty_socket_path():
     for args in (["status", "--socket", ""], ["run", "--socket", "", "--", "true"]):
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2 and "Invalid value for '--socket': empty" in r.output, r.output
+
+
+def test_a_run_stopped_before_its_first_tick_says_so(capsys):
+    """A signal while `--sim` built its workload printed t=0.0s ticks=0, an empty frequency
+    list and `hottest zone: None C`."""
+    from tools.cmd_daemon import _print_status
+
+    status = {
+        "board": "tx2",
+        "backend": "sim",
+        "policy": "hidvfs",
+        "t": 0.0,
+        "ticks": 0,
+        "freq_khz": {},
+        "temp_c": {},
+        "jobs_done": 0,
+        "jobs_running": 0,
+        "deadline_misses": {"hi": 0, "lo": 0},
+        "interventions": 0,
+    }
+    _print_status(status)
+    out = capsys.readouterr().out
+    assert out == "board tx2 (sim), policy hidvfs: stopped before its first tick; nothing ran\n"
+    _print_status(status | {"ticks": 3, "t": 0.15, "freq_khz": {"a57": 2035200}})
+    assert "frequencies: a57 2035 MHz" in capsys.readouterr().out
