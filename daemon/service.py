@@ -487,6 +487,15 @@ def _serve(
                 policy=cfg.policy,
                 spec=spec,
                 max_bytes=record_max_bytes,
+                # the daemon goes on controlling the board; only the trace ends here
+                on_stop=lambda why: log_event(
+                    log,
+                    "record_stopped",
+                    level=logging.ERROR,
+                    path=record,
+                    samples=recorder.count,
+                    detail=why,
+                ),
             )
         except OSError as err:
             raise DaemonError(f"cannot record to {record}: {err.strerror or err}") from None
@@ -628,22 +637,7 @@ def _serve(
                     print(f"dry-run: would write {value} to {path}", file=plan_out, flush=True)
 
         if recorder is not None:  # first: drift checks after the tick go to the next sample
-
-            def record_tick(res: TickResult) -> None:
-                was = recorder.stopped
-                recorder.sample(res.t)
-                if recorder.stopped is not None and was is None:
-                    # the daemon goes on controlling the board; only the trace ends here
-                    log_event(
-                        log,
-                        "record_stopped",
-                        level=logging.ERROR,
-                        path=record,
-                        samples=recorder.count,
-                        detail=recorder.stopped,
-                    )
-
-            loop.on_tick.append(record_tick)
+            loop.on_tick.append(lambda res: recorder.sample(res.t))
         loop.on_tick.append(after_tick)
         notifier.ready(f"controlling {spec.name} with {pol.name}")
         log_event(
@@ -663,7 +657,6 @@ def _serve(
     finally:
         notifier.stopping("restoring cpufreq settings")
         if recorder is not None:
-            was = recorder.stopped
             recorder.close()  # never raises for the file system: the restore below must run
             log_event(
                 log,
@@ -673,15 +666,6 @@ def _serve(
                 path=record,
                 **({"stopped": recorder.stopped} if recorder.stopped else {}),
             )
-            if recorder.stopped is not None and was is None:
-                log_event(
-                    log,
-                    "record_stopped",
-                    level=logging.ERROR,
-                    path=record,
-                    samples=recorder.count,
-                    detail=recorder.stopped,
-                )
         for srv in reversed(servers):
             try:
                 srv.stop()

@@ -318,9 +318,11 @@ class TickRecorder:
         policy: str,
         spec: BoardSpec | None = None,
         max_bytes: int | None = None,
+        on_stop: Callable[[str], None] | None = None,
     ):
         self.sysfs = RecordingSysfs(inner)
         self.max_bytes = max_bytes
+        self._on_stop = on_stop  # told once, with the reason, when the recording stops early
         #: why the recording stopped before :meth:`close` (a full disk, the size limit)
         self.stopped: str | None = None
         self._clock = clock
@@ -350,12 +352,15 @@ class TickRecorder:
         except OSError as err:
             self._stop(f"cannot write ({err.strerror or err})")
 
-    def _stop(self, why: str) -> None:
+    def _stop(self, why: str, close: bool = True) -> None:
         self.stopped = why
-        try:
-            self._writer.close()
-        except OSError:
-            pass  # the same full disk refusing the trailer: the file is closed all the same
+        if close:
+            try:
+                self._writer.close()
+            except OSError:
+                pass  # the same full disk refusing the trailer: the file is closed all the same
+        if self._on_stop is not None:
+            self._on_stop(why)
 
     @property
     def count(self) -> int:
@@ -368,7 +373,7 @@ class TickRecorder:
             try:
                 self._writer.close()
             except OSError as err:
-                self.stopped = f"cannot write ({err.strerror or err})"
+                self._stop(f"cannot write ({err.strerror or err})", close=False)
         else:
             self._writer.close()  # already closed: a no-op
 

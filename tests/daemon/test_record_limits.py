@@ -47,7 +47,8 @@ def _recorder(spec, tree, out, **kw) -> TickRecorder:
 
 def test_a_full_disk_stops_the_recording_not_the_caller(board, tmp_path):
     spec, tree, _ = board
-    rec = _recorder(spec, tree, tmp_path / "r.jsonl")
+    told = []
+    rec = _recorder(spec, tree, tmp_path / "r.jsonl", on_stop=told.append)
     gov = paths.policy_file(spec.clusters[0].policy, "scaling_governor")
     rec.sysfs.read(gov)
     rec.sample(0.1)
@@ -60,6 +61,7 @@ def test_a_full_disk_stops_the_recording_not_the_caller(board, tmp_path):
     rec.sample(0.3)  # stopped: nothing written, nothing raised, nothing piles up
     assert rec.sysfs.take() == ({}, {})
     rec.close()
+    assert told == ["cannot write (No space left on device)"]  # told once
     assert rec.count == 1
     assert len(read_trace(tmp_path / "r.jsonl").samples) == 1  # what was written reads back
 
