@@ -513,10 +513,25 @@ def restore_snapshot(
     return report
 
 
+_BOOT_ID_RE = re.compile(rb'"boot_id"\s*:\s*"([0-9a-fA-F-]{8,64})"')
+
+
 def _before_this_boot(path: str) -> bool:
-    """Was ``path`` last written before the machine booted (psutil's boot time)?"""
+    """Was the damaged snapshot ``path`` written before the machine booted? Its ``boot_id``
+    when the damage left that field readable, else its mtime against psutil's boot time. The
+    clocks alone can be wrong: a board without a battery-backed clock writes the file at a
+    time from before NTP stepped the clock forward, and the file then looks older than the
+    boot it was written in (and would be moved aside, its originals unrestored)."""
     import psutil
 
+    try:
+        with open(path, "rb") as f:
+            found = _BOOT_ID_RE.search(f.read(1 << 20))
+    except OSError:
+        found = None
+    now = boot_id()
+    if found is not None and now is not None:
+        return found.group(1).decode("ascii") != now
     try:
         return os.stat(path).st_mtime < psutil.boot_time()
     except (OSError, RuntimeError):

@@ -515,3 +515,31 @@ def test_a_snapshot_is_given_back_to_its_own_tree_only(tmp_path):
     old = {k: v for k, v in snap.to_json().items() if k != "root"}
     (state / "restore.json").write_text(json.dumps(old))
     assert recover_stale(board, state, LOG).ok
+
+
+def test_a_damaged_snapshot_whose_boot_id_reads_is_judged_by_it_not_the_clock(
+    tmp_path, monkeypatch
+):
+    """A board without a battery-backed clock writes the file before NTP steps the clock
+    forward: by its mtime the file of this boot looked older than the boot, went aside, and
+    the crashed run's settings were taken as the originals. Its boot_id, when the damage left
+    it readable, says which boot wrote it."""
+    from platforms.liveprocs import boot_id
+
+    here = boot_id()
+    if here is None:
+        pytest.skip("no /proc/sys/kernel/random/boot_id")
+    fs = make_tree(tmp_path / "sys")
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setattr(restore, "tree_root", lambda sysfs: restore.LIVE_ROOT)
+    damaged = '{"format": "hidvfs-restore", "boot_id": "%s", "policies": [{"pol'
+    (state / "restore.json").write_text(damaged % here)
+    os.utime(state / "restore.json", (1.0, 1.0))  # the clock said 1970 when it was written
+    with pytest.raises(SnapshotError, match="Set them back by hand"):
+        recover_stale(fs, state, LOG)
+    assert (state / "restore.json").exists()
+    other = "00000000-0000-0000-0000-000000000000"
+    (state / "restore.json").write_text(damaged % other)  # written now, by another boot
+    assert recover_stale(fs, state, LOG) is None
+    assert (state / "restore.json.corrupt").exists()
