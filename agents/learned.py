@@ -156,7 +156,9 @@ def load_manifest(folder: Path, board: str | None = None) -> dict:
     try:
         man = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+        raise ValueError(
+            f"{path}: invalid JSON ({err.msg.removesuffix(' at')} at line {err.lineno})"
+        ) from None
     _check_manifest(path, man)
     v = man.get("schema_version")
     if v != SCHEMA_VERSION:

@@ -449,11 +449,26 @@ def train_board(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     man_path = out / "manifest.json"
-    man = json.loads(man_path.read_text()) if man_path.is_file() else {}
+    try:
+        man = json.loads(man_path.read_text()) if man_path.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"{man_path}: unreadable ({' '.join(str(err).split())}); it describes the other "
+            "policies' files: restore it, or train every policy into a new folder"
+        ) from None
+    if not isinstance(man, dict):
+        raise ValueError(f"{man_path}: not a models manifest (a JSON object); train elsewhere")
     if man.get("board", spec.name) != spec.name:  # never mix two boards' files in one folder
         raise ValueError(
             f"{man_path} holds models of board {man['board']!r}, not {spec.name!r}; "
             "train into another folder (--out)"
+        )
+    if not man_path.is_file() and any(out.rglob("*.onnx")):
+        # models without the manifest that tells whose they are: training one policy here
+        # would label the others' files (and their shield calibration) as this board's
+        raise ValueError(
+            f"{out} holds ONNX files but no manifest.json: whose models they are cannot be "
+            "told; train into an empty or new folder (--out)"
         )
     ref_path = out / "reference.npz"
     ref: dict[str, np.ndarray] = {}
@@ -466,6 +481,12 @@ def train_board(
                 f"{ref_path}: unreadable ({' '.join(str(err).split())}); the other policies' "
                 "references are in it: restore it, or train every policy into a new folder"
             ) from None
+        was = str(ref["board"]) if "board" in ref else spec.name
+        if was != spec.name:
+            raise ValueError(
+                f"{ref_path} holds the references (and shield calibration) of board {was!r}, "
+                f"not {spec.name!r}; train into another folder (--out)"
+            )
     ref["board"] = np.array(spec.name)  # the loader checks where the shield calibration is from
     man.update(
         {

@@ -135,6 +135,39 @@ def test_training_refuses_a_folder_of_another_board(tx2_copy):
         )
 
 
+def _train_ztt_into(folder, board="rubikpi3"):
+    from agents.train import TrainConfig
+    from agents.trainboard import train_board
+
+    train_board(
+        load_board(board), None, None, 0, folder, "test", policies=("ztt",),
+        cfg=TrainConfig(episodes=1),
+    )  # fmt: skip
+
+
+def test_training_refuses_another_boards_files_without_their_manifest(tx2_copy):
+    """With the manifest gone, training one rubikpi3 policy into a tx2 folder went through:
+    the tx2 files stayed, and its reference.npz (with tx2's shield calibration) was labelled
+    rubikpi3."""
+    (tx2_copy / "manifest.json").rename(tx2_copy / "manifest.json.away")
+    before = {p.name: p.read_bytes() for p in tx2_copy.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="holds ONNX files but no manifest.json"):
+        _train_ztt_into(tx2_copy)
+    for p in tx2_copy.glob("*.onnx"):  # references alone, of another board: refused too
+        p.unlink()
+    for p in tx2_copy.glob("*/*.onnx"):
+        p.unlink()
+    with pytest.raises(ValueError, match="references .* of board 'tx2', not 'rubikpi3'"):
+        _train_ztt_into(tx2_copy)
+    assert (tx2_copy / "reference.npz").read_bytes() == before["reference.npz"]
+
+
+def test_a_damaged_manifest_is_named_when_training_into_its_folder(tx2_copy):
+    (tx2_copy / "manifest.json").write_text('{"board": "tx2", "policies": {')
+    with pytest.raises(ValueError, match=r"manifest\.json: unreadable \(Expecting"):
+        _train_ztt_into(tx2_copy, "tx2")
+
+
 def test_retraining_one_policy_records_its_own_provenance(tmp_path):
     from agents.train import TrainConfig
     from agents.trainboard import train_board
