@@ -2,7 +2,7 @@
 the target, so a reader or a crash sees the old file or the new one, never half of one.
 
 One writer for every file the project must not lose (the daemon's status file and restore
-snapshot, the reference-profile store, installed unit and config files)."""
+snapshot, the reference-profile store, installed unit and config files, the placer's model)."""
 
 from __future__ import annotations
 
@@ -32,18 +32,35 @@ def write_text_atomic(
     dir_mode: int = 0o777,
     durable_dir: bool = False,
 ) -> str:
-    """Write ``text`` to ``path`` atomically and return the path.
+    """Write ``text`` (UTF-8) to ``path`` atomically and return the path (see
+    :func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(
+        path, text.encode("utf-8"), mode=mode, dir_mode=dir_mode, durable_dir=durable_dir
+    )
 
-    ``mode`` sets the file's permission bits before it appears (else mkstemp's 0600);
-    ``dir_mode`` is used when the folder has to be created; ``durable_dir`` also fsyncs the
-    folder so the rename itself survives a power cut."""
+
+def write_bytes_atomic(
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    mode: int | None = None,
+    dir_mode: int = 0o777,
+    durable_dir: bool = False,
+) -> str:
+    """Write ``data`` to ``path`` atomically and return the path.
+
+    The temporary file has a name of its own (two writers of one path never share it) and is
+    removed on any failure or interruption. ``mode`` sets the file's permission bits before
+    it appears (else mkstemp's 0600); ``dir_mode`` is used when the folder has to be
+    created; ``durable_dir`` also fsyncs the folder so the rename itself survives a power
+    cut."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if mode is not None:

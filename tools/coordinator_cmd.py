@@ -329,6 +329,7 @@ def synth(
     """Write a synthetic ``batch_task.csv`` (Alibaba v2018 format, no header) whose arrivals
     offer ``load`` times the capacity of the ``nodes`` cluster; returns what was written."""
     from agents.placement.train import DEFAULT_NODES
+    from platforms.atomicfile import write_text_atomic
     from platforms.cluster.simcluster import capacity
     from platforms.cluster.synthetic import SyntheticConfig, generate_rows
     from tools.common import ensure_parent
@@ -338,10 +339,7 @@ def synth(
     rows = generate_rows(
         SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(spec))
     )
-    tmp = f"{out}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(rows) + "\n")
-    os.replace(tmp, out)
+    write_text_atomic(out, "\n".join(rows) + "\n", mode=0o644)
     return {"out": os.fspath(out), "jobs": n_jobs, "tasks": len(rows), "seed": seed, "load": load}
 
 

@@ -289,8 +289,7 @@ class NumpyPolicyModel:
             self.critic.folded(self.g_mean, self.g_std),
             metadata | {REFERENCE_KEY: json.dumps(self.reference())},
         )
-        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        from platforms.atomicfile import write_bytes_atomic
+
+        # an interrupted export leaves the old file and no temporary one behind
+        write_bytes_atomic(path, data, mode=0o644, dir_mode=0o755)

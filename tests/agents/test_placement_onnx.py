@@ -209,3 +209,21 @@ def test_the_extender_loads_its_learned_model_at_start(tmp_path):
     with pytest.raises(ValueError, match=r"cut\.onnx: not a loadable ONNX model"):
         Coordinator("higfrl", TelemetryClient({}), model_path=bad)
     assert Coordinator("heft", TelemetryClient({}), model_path=bad).policy == "heft"
+
+
+def test_an_interrupted_export_leaves_the_old_model_and_no_temporary_file(tmp_path, monkeypatch):
+    """The export wrote NAME.tmp then renamed it: interrupted at the rename, NAME.tmp stayed
+    (and two runs writing one path shared that name)."""
+    path = _exported(tmp_path / "m.onnx")
+    old = path.read_bytes()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _numpy_model(seed=5).export(path, META)
+    monkeypatch.undo()
+    assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+    _numpy_model(seed=5).export(path, META)
+    assert path.read_bytes() != old and oct(path.stat().st_mode & 0o777) == "0o644"
