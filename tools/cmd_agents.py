@@ -24,6 +24,7 @@ from tools.common import (
     fail,
     not_empty,
     require_extra,
+    stops_on_signals,
 )
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")
@@ -705,6 +706,7 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
 @click.option(
     "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
 )
+@stops_on_signals
 def eval_cmd(
     boards,
     policies,
@@ -786,6 +788,7 @@ def eval_cmd(
 )
 @episode_options(hi_note=" (sweep runs without the daemon's cluster reservation)")
 @click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
+@stops_on_signals
 def sweep_cmd(
     boards, fractions, seeds, n_jobs, slack, load, hi_fraction, hot_fraction, as_json
 ) -> None:

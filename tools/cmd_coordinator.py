@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json, not_empty
+from tools.common import FiniteFloatRange, Friendly, emit_json, not_empty, stops_on_signals
 
 
 @click.group("coordinator", cls=Friendly)
@@ -150,6 +150,7 @@ def serve_cmd(listen, policy, nodes, token) -> None:
     type=click.IntRange(1),
     help="Training iterations (default: the full budget).",
 )
+@stops_on_signals
 def train_cmd(seed, out, iterations) -> None:
     """Train the higfrl actor-critic in the simulated cluster and export it to ONNX."""
     from tools.coordinator_cmd import train
@@ -205,6 +206,7 @@ def check_cmd(model_path, as_json) -> None:
     help="higfrl ONNX file (default: the shipped model).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+@stops_on_signals
 def evaluate_cmd(n_jobs, model_path, as_json) -> None:
     """higfrl against every heuristic on held-out synthetic traces, including a high load."""
     from tools.coordinator_cmd import evaluate

@@ -249,6 +249,22 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
         ) from None
 
 
+def stops_on_signals(fn):
+    """SIGTERM and SIGHUP end the decorated command as Ctrl-C does ("interrupted", exit 130,
+    its own KeyboardInterrupt cleanup run), not with a silent 143: for long computations
+    (training, evaluations) whose stop by `kill` or a dropped session should read the same."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from daemon.stopsignals import InterruptOnSignals
+
+        with InterruptOnSignals():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def fail(message: str, code: int = 2) -> None:
     """``hidvfs: error: <message>`` on stderr, then exit ``code``. When stderr is the journal,
     each line gets the ``<3>`` prefix, so that ``journalctl -p err`` shows it."""
