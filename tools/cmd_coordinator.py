@@ -68,8 +68,21 @@ def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
     callback=not_empty,
     help="CSV file to write (replaced if it exists; its folder is made).",
 )
-@click.option("--jobs", "n_jobs", default=500, show_default=True, type=click.IntRange(1, 1_000_000))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--jobs",
+    "n_jobs",
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Jobs in the trace.",
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Seed of the trace (the same seed writes the same file).",
+)
 @click.option(
     "--load",
     default=0.7,
