@@ -347,7 +347,9 @@ class TickRecorder:
             self._writer.write_sample(max(t - self._t0, 0.0), reads, writes)
             if self.max_bytes is not None:  # a tell() a tick: each sample is flushed anyway
                 size = self._writer.size()
-                if size >= self.max_bytes:
+                if size is None:  # a pipe: its reader keeps up or not, no file grows
+                    self.max_bytes = None
+                elif size >= self.max_bytes:
                     self._stop(f"reached its size limit ({size} of {self.max_bytes} bytes)")
         except OSError as err:
             self._stop(f"cannot write ({err.strerror or err})")

@@ -146,12 +146,16 @@ class TraceWriter:
         if f is not None:
             f.close()
 
-    def size(self) -> int:
-        """Bytes written to the file so far (compressed, for gzip: each sample is flushed)."""
+    def size(self) -> int | None:
+        """Bytes written to the file so far (compressed, for gzip: each sample is flushed);
+        None where that cannot be told (a pipe or a FIFO cannot seek, and nothing fills up)."""
         if self._f is None:
             return os.path.getsize(self.path) if os.path.exists(self.path) else 0
         raw = getattr(self._f, "fileobj", None) or self._f
-        return raw.tell()
+        try:
+            return raw.tell()
+        except OSError:  # ESPIPE
+            return None
 
     def write_sample(
         self, t: float, reads: dict[str, str | None], writes: dict[str, str] | None = None

@@ -165,3 +165,25 @@ def test_the_daemon_keeps_going_past_its_record_limit_and_keeps_the_last_trace(b
     assert (tmp_path / "d.prev.jsonl.gz").read_bytes() == b"the run before"
     assert len(read_trace(out).samples) == 1  # the limit is below one sample: stops at once
     assert _governors(spec, tree) == before
+
+
+def test_a_recording_into_a_pipe_is_not_stopped_by_the_size_limit(board, tmp_path):
+    """tell() on a FIFO fails (ESPIPE): with the default limit every recording into a pipe
+    stopped after one sample as if the disk were full."""
+    import os
+    import threading
+
+    spec, tree, _ = board
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    rec = _recorder(spec, tree, fifo, max_bytes=1)
+    for i in range(5):
+        rec.sysfs.read(paths.policy_file(spec.clusters[0].policy, "scaling_cur_freq"))
+        rec.sample(0.1 * (i + 1))
+    assert rec.stopped is None and rec.count == 5
+    rec.close()
+    reader.join(timeout=10)
+    assert got and got[0].count(b"\n") == 6  # the header and five samples
