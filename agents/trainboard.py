@@ -463,7 +463,10 @@ def train_board(
             f"{man_path} holds models of board {man['board']!r}, not {spec.name!r}; "
             "train into another folder (--out)"
         )
-    if not man_path.is_file() and any(out.rglob("*.onnx")):
+    if not man_path.is_file() and any(
+        not any(part.startswith(STAGING_PREFIX) for part in p.relative_to(out).parts)
+        for p in out.rglob("*.onnx")
+    ):  # (a killed run's staging folder is not a model set: it is cleared below)
         # models without the manifest that tells whose they are: training one policy here
         # would label the others' files (and their shield calibration) as this board's
         raise ValueError(

@@ -162,6 +162,30 @@ def test_training_refuses_another_boards_files_without_their_manifest(tx2_copy):
     assert (tx2_copy / "reference.npz").read_bytes() == before["reference.npz"]
 
 
+def test_a_killed_first_runs_staging_folder_does_not_block_the_next_run(tmp_path):
+    """The no-manifest check saw the ONNX files of a dead run's .staging-PID folder and
+    refused every retry of a first training killed mid-way."""
+    from agents.train import TrainConfig
+    from agents.trainboard import train_board
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+
+    out = tmp_path / "m"
+    (out / ".staging-999999" / "hidvfs").mkdir(parents=True)
+    (out / ".staging-999999" / "hidvfs" / "profiler.onnx").write_bytes(b"half")
+    ep = EpisodeSpec(n_jobs=2)
+    train_board(
+        load_board("rubikpi3"),
+        make_runner("rubikpi3", ep),
+        lambda s: episode_items("rubikpi3", s, ep),
+        1,
+        out,
+        "test",
+        policies=("ztt",),
+        cfg=TrainConfig(episodes=2),
+    )
+    assert (out / "manifest.json").is_file() and not (out / ".staging-999999").exists()
+
+
 def test_a_damaged_manifest_is_named_when_training_into_its_folder(tx2_copy):
     (tx2_copy / "manifest.json").write_text('{"board": "tx2", "policies": {')
     with pytest.raises(ValueError, match=r"manifest\.json: unreadable \(Expecting"):
