@@ -211,6 +211,8 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
         mode = None
     if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
         return
+    if mode is not None and full.startswith(("/dev/", "/proc/")):
+        return  # /dev/stdout or /proc/self/fd/N: a stream the shell opened (to a file too)
     is_dir = mode is not None and stat.S_ISDIR(mode)
     if mode is not None and is_dir != folder:
         kind, want = ("a folder", "a file") if is_dir else ("a file", "a folder")

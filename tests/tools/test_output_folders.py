@@ -308,3 +308,20 @@ def test_agents_train_makes_the_parent_of_out_and_refuses_a_blocked_one_before_t
     r = hv(*args, "--out", bad)
     assert r.exit_code == 2 and r.output.splitlines() == [_blocked("--out", bad, blocker)]
     assert no_training == [out]  # not trained again
+
+
+def test_dev_stdout_redirected_to_a_file_passes_as_it_is(tmp_path):
+    """/dev/stdout to a file stats as a regular file in /dev: its folder was checked (and a
+    non-root user refused, root got a probe file made in /dev)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "o.json"
+    code = (
+        "from tools.common import ensure_parent; import os; "
+        "ensure_parent('--out', '/dev/stdout'); "
+        "print(sorted(n for n in os.listdir('/dev') if n.startswith('.hidvfs')))"
+    )
+    with open(out, "w") as f:
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=60)
+    assert out.read_text() == "[]\n"
