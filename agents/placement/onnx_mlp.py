@@ -207,23 +207,25 @@ class OnnxPolicyModel:
             want_v = np.asarray(ref["value"], np.float64).reshape(len(ctx))
             if not (len(pairs) and len(ctx)):
                 raise ValueError("no rows")
+            if not all(np.all(np.isfinite(a)) for a in (pairs, ctx, want_l, want_v)):
+                raise ValueError("values that are not finite")
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise ValueError(
                 f"{self.path}: its {REFERENCE_KEY!r} metadata is not reference inputs and "
                 f"outputs of this network's shape ({type(err).__name__}: {err})"
             ) from None
-        got_l = self.logits(pairs).astype(np.float64)
-        got_v = np.array([self.value(c) for c in ctx])
-        diff = float(max(np.max(np.abs(got_l - want_l)), np.max(np.abs(got_v - want_v))))
+        got = np.concatenate([self.logits(pairs), [self.value(c) for c in ctx]])
         want = np.concatenate([want_l, want_v])
-        tol = REFERENCE_TOLERANCE * max(1.0, float(np.max(np.abs(want))))
-        if not diff <= tol:
+        err = np.abs(got.astype(np.float64) - want)
+        tol = REFERENCE_TOLERANCE * np.maximum(1.0, np.abs(want))  # each output its own
+        if not np.all(err <= tol):
+            i = int(np.argmax(err / tol))
             raise ValueError(
                 f"{self.path}: outputs differ from the training-time network's on its "
-                f"reference inputs by {diff:.3g} (> {tol:.3g}): the file was changed after "
-                "training; retrain with hidvfs coordinator train"
+                f"reference inputs by {err[i]:.3g} (> {tol[i]:.3g}): the file was changed "
+                "after training; retrain with hidvfs coordinator train"
             )
-        return diff
+        return float(np.max(err))
 
     def logits(self, pairs: np.ndarray) -> np.ndarray:
         out = self.session.run(

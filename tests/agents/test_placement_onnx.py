@@ -227,3 +227,13 @@ def test_an_interrupted_export_leaves_the_old_model_and_no_temporary_file(tmp_pa
     assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
     _numpy_model(seed=5).export(path, META)
     assert path.read_bytes() != old and oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_reference_that_is_not_finite_is_refused(tmp_path):
+    """An Infinity among the recorded outputs made the tolerance infinite: any weights passed."""
+    src = _exported(tmp_path / "ok.onnx")
+    ref = json.loads(OnnxPolicyModel(src).metadata["reference"])
+    ref["value"][0] = float("inf")
+    path = _with_metadata(src, tmp_path / "inf.onnx", reference=json.dumps(ref))
+    with pytest.raises(ValueError, match="not reference inputs and outputs .* not finite"):
+        OnnxPolicyModel(path)
