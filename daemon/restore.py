@@ -513,7 +513,7 @@ def restore_snapshot(
     return report
 
 
-_BOOT_ID_RE = re.compile(rb'"boot_id"\s*:\s*"([0-9a-fA-F-]{8,64})"')
+_BOOT_ID_RE = re.compile(rb'"boot_id"\s*:\s*"([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})"')
 
 
 def _before_this_boot(path: str) -> bool:
