@@ -203,7 +203,7 @@ class RegistryClient:
         adopter: bool = False,
     ) -> dict[str, Any]:
         """Register ``pid``; returns the job as the daemon recorded it, with ``warning`` when
-        the daemon answered one (a deadline no operating point can meet: the job is
+        the daemon answered one (a deadline the gate can plan no operating point for: the job is
         registered all the same). ``adopter``: this process is ``pid``'s parent and a child
         subreaper, so what ``pid`` leaves behind stays below it and the daemon counts it as
         the job's."""
@@ -430,7 +430,7 @@ def run_registered(
 
     ``on_registered(job)`` is called with the daemon's record of the job right after it
     registered (e.g. to warn that it has no reference profile). A warning the daemon
-    answered the registration with (a deadline no operating point can meet: the command runs
+    answered the registration with (a deadline the gate can plan no operating point for: the command runs
     all the same) goes to ``on_warning(text)``, by default to stderr as
     ``hidvfs: warning: ...``.
 

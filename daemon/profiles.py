@@ -56,13 +56,15 @@ def _duration(s: float) -> str:
 
 
 class DeadlineCheck:
-    """``check(profile, deadline_s)``: why no operating point of the board can meet
-    ``deadline_s`` for a job of ``profile``, or None when one may.
+    """``check(profile, deadline_s)``: why the gate can plan no operating point of the board
+    that meets ``deadline_s`` for a job of ``profile``, or None when it may.
 
     It uses the gate's two-point scaling (:func:`agents.deadlines.span_at` and
     :func:`~agents.deadlines.work_bound`, what :func:`agents.gate.requirement` plans with) at
-    each cluster's top frequency (below its static cap, config ``thermal.cap_khz``), and tells
-    only what no placement can beat: a deadline below the job's span at the fastest point, or
+    each cluster's top frequency (below its static cap, config ``thermal.cap_khz``). These are
+    upper bounds (the gate plans with them; the job may run faster, so it is a warning, not a
+    refusal), and it tells only what no placement the gate plans can beat: a deadline below
+    the job's span at the fastest point, or
     below the time its work takes on every core of the board at once (a HI job may get several
     clusters together, agents.mixed). A deadline past both may still be more than one cluster
     can give; the gate says so once the job runs."""
@@ -86,8 +88,8 @@ class DeadlineCheck:
         if deadline_s < span:
             return (
                 f"deadline {_duration(deadline_s)} is below the job's span at the fastest point "
-                f"({_duration(span)} on {c.name} at {khz // 1000} MHz): no operating point can "
-                "meet it"
+                f"as the gate bounds it ({_duration(span)} on {c.name} at {khz // 1000} MHz): "
+                "the gate can plan no operating point for it"
             )
         # every core of the board at its top frequency: the work done per second adds up
         rate = sum(len(k.cpus) / work_bound(profile, f, k.capacity) for k, f in self.tops)
@@ -95,7 +97,7 @@ class DeadlineCheck:
             cores = sum(len(k.cpus) for k, _ in self.tops)
             return (
                 f"deadline {_duration(deadline_s)} is below the time the job's work takes on all "
-                f"{cores} cores of the board at their fastest points ({_duration(1.0 / rate)}): "
-                "no operating point can meet it"
+                f"{cores} cores of the board at their fastest points as the gate bounds it "
+                f"({_duration(1.0 / rate)}): the gate can plan no operating point for it"
             )
         return None

@@ -286,7 +286,7 @@ class JobRegistry:
         return entry
 
     def _check_deadline(self, profile: JobProfile | None, deadline_s: float | None) -> str | None:
-        """Why no operating point can meet the deadline (None: one may, or nothing to tell
+        """Why the gate can plan no operating point for the deadline (None: one may, or nothing to tell
         without a profile or a deadline). A failing check costs the warning, not the job."""
         if self.deadline_check is None or profile is None or deadline_s is None:
             return None

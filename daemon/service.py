@@ -562,7 +562,7 @@ def _serve(
             unmanageable=procs.unmanageable,
             start_time=procs.start_time,
             parent_of=procs.parent,
-            # a deadline no operating point can meet is told at registration, not first by
+            # a deadline the gate can plan no operating point for is told at registration, not first by
             # the gate once the job runs (the static caps lower the fastest point)
             deadline_check=DeadlineCheck(spec, loop.guard.static_khz),
         )

@@ -21,8 +21,8 @@ from tests.daemon.test_daemon_process import start_daemon, wait_serving
 #: tx2 at its top OPP: span 431 ms on denver (capacity 1.3), work 2 s on an a57
 HEAVY = JobProfile("heavy", 2.0, 0.5, 0.1, 1.0, 2035200, 4)
 WARNING = (
-    "deadline 50 ms is below the job's span at the fastest point (431 ms on denver at "
-    "2035 MHz): no operating point can meet it"
+    "deadline 50 ms is below the job's span at the fastest point as the gate bounds it "
+    "(431 ms on denver at 2035 MHz): the gate can plan no operating point for it"
 )
 
 
@@ -89,7 +89,7 @@ def test_the_fastest_point_is_below_the_static_caps():
     """A cluster capped by `thermal.cap_khz` never gets past its cap: the check plans there."""
     check = DeadlineCheck(load_board("tx2"), {"denver": 1000000, "a57": 1500000})
     assert check(HEAVY, 0.45) == (
-        "deadline 450 ms is below the job's span at the fastest point (716 ms on a57 at "
-        "1420 MHz): no operating point can meet it"
+        "deadline 450 ms is below the job's span at the fastest point as the gate bounds it "
+        "(716 ms on a57 at 1420 MHz): the gate can plan no operating point for it"
     )
     assert DeadlineCheck(load_board("tx2"))(HEAVY, 0.45) is None

@@ -612,8 +612,8 @@ def test_a_deadline_no_operating_point_can_meet_is_told_at_registration(server, 
             tight = _register_raw(server.path, jobs[0].pid, 0.05, "heavy")
             assert tight["ok"] is True and tight["job"]["pid"] == jobs[0].pid
             assert tight["warning"] == (
-                "deadline 50 ms is below the job's span at the fastest point (431 ms on denver "
-                "at 2035 MHz): no operating point can meet it"
+                "deadline 50 ms is below the job's span at the fastest point as the gate bounds "
+                "it (431 ms on denver at 2035 MHz): the gate can plan no operating point for it"
             )
             assert _infeasible_lines(caplog) == [
                 f"event=job_deadline_infeasible pid={jobs[0].pid} name=heavy criticality=hi "
@@ -624,7 +624,8 @@ def test_a_deadline_no_operating_point_can_meet_is_told_at_registration(server, 
             assert wide["ok"] is True
             assert wide["warning"] == (
                 "deadline 500 ms is below the time the job's work takes on all 6 cores of the "
-                "board at their fastest points (613 ms): no operating point can meet it"
+                "board at their fastest points as the gate bounds it (613 ms): the gate can plan "
+                "no operating point for it"
             )
             caplog.clear()
             fine = _register_raw(server.path, jobs[2].pid, 5.0, "heavy")
@@ -647,7 +648,10 @@ def test_the_client_hands_back_the_warning_and_a_failing_check_costs_only_it(ser
     jobs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in "ab"]
     try:
         job = client.register(jobs[0].pid, deadline_s=0.05, criticality="hi", name="heavy")
-        assert job["pid"] == jobs[0].pid and "no operating point can meet it" in job["warning"]
+        assert (
+            job["pid"] == jobs[0].pid
+            and "the gate can plan no operating point for it" in job["warning"]
+        )
 
         def broken(profile, deadline_s):
             raise ZeroDivisionError("bad profile")
@@ -662,7 +666,7 @@ def test_the_client_hands_back_the_warning_and_a_failing_check_costs_only_it(ser
 
 
 def test_hidvfs_run_prints_the_daemons_warning_and_runs_the_command(server):
-    """`hidvfs run` of a job no operating point can meet: the command runs, the warning is
+    """`hidvfs run` of a job the gate can plan no operating point for: the command runs, the warning is
     on stderr, the exit status is the command's; a feasible deadline prints none."""
     from click.testing import CliRunner
 
@@ -674,8 +678,9 @@ def test_hidvfs_run_prints_the_daemons_warning_and_runs_the_command(server):
     r = CliRunner().invoke(cli, [*args, "--deadline", "0.05", "--", *cmd])
     assert r.exit_code == 3, r.output
     assert r.stderr == (
-        "hidvfs: warning: deadline 50 ms is below the job's span at the fastest point (431 ms "
-        "on denver at 2035 MHz): no operating point can meet it\n"
+        "hidvfs: warning: deadline 50 ms is below the job's span at the fastest point as the "
+        "gate bounds it (431 ms on denver at 2035 MHz): the gate can plan no operating point "
+        "for it\n"
     )
     result = json.loads(r.stdout)
     assert result["returncode"] == 3 and result["unmanaged"] is False
