@@ -135,14 +135,24 @@ def test_training_refuses_a_folder_of_another_board(tx2_copy):
         )
 
 
-def _train_ztt_into(folder, board="rubikpi3"):
+def _train_ztt_into(folder, board="rubikpi3", *, run=False):
+    """zTT trained into ``folder``; without ``run`` only its refusals can happen (no episode
+    runner is given, so one that got past them would fail)."""
     from agents.train import TrainConfig
     from agents.trainboard import train_board
+    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
 
+    ep = EpisodeSpec(n_jobs=2)
     train_board(
-        load_board(board), None, None, 0, folder, "test", policies=("ztt",),
-        cfg=TrainConfig(episodes=1),
-    )  # fmt: skip
+        load_board(board),
+        make_runner(board, ep) if run else None,
+        (lambda s: episode_items(board, s, ep)) if run else None,
+        1,
+        folder,
+        "hidvfs agents train --board rubikpi3 --seed 1 --policy ztt",
+        policies=("ztt",),
+        cfg=TrainConfig(episodes=2 if run else 1),
+    )
 
 
 def test_training_refuses_another_boards_files_without_their_manifest(tx2_copy):
@@ -165,24 +175,10 @@ def test_training_refuses_another_boards_files_without_their_manifest(tx2_copy):
 def test_a_killed_first_runs_staging_folder_does_not_block_the_next_run(tmp_path):
     """The no-manifest check saw the ONNX files of a dead run's .staging-PID folder and
     refused every retry of a first training killed mid-way."""
-    from agents.train import TrainConfig
-    from agents.trainboard import train_board
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
-
     out = tmp_path / "m"
     (out / ".staging-999999" / "hidvfs").mkdir(parents=True)
     (out / ".staging-999999" / "hidvfs" / "profiler.onnx").write_bytes(b"half")
-    ep = EpisodeSpec(n_jobs=2)
-    train_board(
-        load_board("rubikpi3"),
-        make_runner("rubikpi3", ep),
-        lambda s: episode_items("rubikpi3", s, ep),
-        1,
-        out,
-        "test",
-        policies=("ztt",),
-        cfg=TrainConfig(episodes=2),
-    )
+    _train_ztt_into(out, run=True)
     assert (out / "manifest.json").is_file() and not (out / ".staging-999999").exists()
 
 
@@ -193,23 +189,9 @@ def test_a_damaged_manifest_is_named_when_training_into_its_folder(tx2_copy):
 
 
 def test_retraining_one_policy_records_its_own_provenance(tmp_path):
-    from agents.train import TrainConfig
-    from agents.trainboard import train_board
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
-
     folder = tmp_path / "rubikpi3"
     shutil.copytree(MODELS_DIR / "rubikpi3", folder)
-    ep = EpisodeSpec(n_jobs=2)
-    train_board(
-        load_board("rubikpi3"),
-        make_runner("rubikpi3", ep),
-        lambda s: episode_items("rubikpi3", s, ep),
-        1,
-        folder,
-        "hidvfs agents train --board rubikpi3 --seed 1 --policy ztt",
-        policies=("ztt",),
-        cfg=TrainConfig(episodes=2),
-    )
+    _train_ztt_into(folder, run=True)
     man = json.loads((folder / "manifest.json").read_text())
     # the top level is the last run (its command names what it retrained); per policy its own
     assert man["seed"] == 1 and "--policy ztt" in man["command"]
