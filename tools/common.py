@@ -120,7 +120,12 @@ def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     not read as "not given": ``--sim "$BOARD"`` with BOARD empty ran the daemon on the real
     board, ``--policy ''`` the default policy."""
     if isinstance(value, str) and not value.strip():
-        raise click.BadParameter("empty; leave the option out for its default", ctx, param)
+        why = (
+            "empty"
+            if getattr(param, "required", False)
+            else ("empty; leave the option out for its default")
+        )
+        raise click.BadParameter(why, ctx, param)
     return value
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -339,7 +340,19 @@ def synth(
     rows = generate_rows(
         SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(spec))
     )
-    write_text_atomic(out, "\n".join(rows) + "\n", mode=0o644)
+    text = "\n".join(rows) + "\n"
+    target = os.path.realpath(out)  # a link's target is written, the link kept
+    if target.startswith(("/dev/", "/proc/")) or (
+        os.path.exists(target) and not os.path.isfile(target)
+    ):  # /dev/stdout, a FIFO: a stream, written as it is (a rename would replace it)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        try:
+            mode = stat.S_IMODE(os.stat(target).st_mode)  # a file replaced keeps its mode
+        except FileNotFoundError:
+            mode = 0o644
+        write_text_atomic(target, text, mode=mode)
     return {"out": os.fspath(out), "jobs": n_jobs, "tasks": len(rows), "seed": seed, "load": load}
 
 

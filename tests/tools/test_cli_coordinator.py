@@ -430,8 +430,9 @@ def test_check_passes_the_shipped_model_and_fails_a_changed_one(tmp_path):
     bad = run("check", "--model", str(tmp_path / "changed.onnx"))
     assert bad.exit_code == 1
     assert "changed.onnx FAIL outputs differ from the training-time network's" in bad.output
-    missing = run("check", "--model", str(tmp_path / "none.onnx"))
-    assert missing.exit_code == 1 and "none.onnx FAIL no such file" in missing.output
+    missing = run("check", "--model", str(tmp_path / "none.onnx"))  # bad input, not a failed check
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert run("check", "--model", "").exit_code == 2  # it checked the shipped model
 
 
 def test_synth_writes_a_trace_simulate_reads_and_is_reproducible(tmp_path):
@@ -456,3 +457,31 @@ def test_synth_writes_a_trace_simulate_reads_and_is_reproducible(tmp_path):
     bad = run("synth", "--out", str(tmp_path / "d.csv"), "--nodes", "bogus:3")
     assert bad.exit_code == 2 and "unknown board 'bogus'" in bad.output
     assert not (tmp_path / "d.csv").exists()
+
+
+def test_synth_writes_through_links_and_streams_and_keeps_a_files_mode(tmp_path):
+    """`--out /dev/stdout` replaced the /dev/stdout link with a regular file (the write went
+    through a rename), a link given as --out became a file, and a 0444 file became 0644."""
+    import os
+    import subprocess
+    import sys
+
+    real = tmp_path / "real.csv"
+    real.write_text("old\n")
+    real.chmod(0o600)
+    link = tmp_path / "link.csv"
+    link.symlink_to(real)
+    assert run("synth", "--out", str(link), "--jobs", "3").exit_code == 0
+    assert link.is_symlink() and real.read_text().count(",j_") >= 3
+    assert oct(real.stat().st_mode & 0o777) == "0o600"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cmd = [sys.executable, "-m", "tools.cli", "coordinator", "synth", "--jobs", "3"]
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    subprocess.run([*cmd, "--out", str(fifo)], check=True, capture_output=True, timeout=60)
+    assert reader.communicate(timeout=30)[0].count(b",j_") >= 3 and fifo.exists()
+    # to stdout: the trace alone there, what was written on stderr
+    out = subprocess.run([*cmd, "--out", "/dev/stdout"], capture_output=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.count(b"\n") == out.stdout.count(b",j_")
+    assert b"3 jobs" in out.stderr
+    assert run("synth", "--out", "", "--jobs", "3").output.endswith("empty\n")
