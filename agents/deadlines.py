@@ -536,7 +536,12 @@ def remove(
         data["profiles"] = [
             r for r in data["profiles"] if (r["name"], r["board"]) != (name, gone[0][0])
         ]
-        write_text_atomic(path, _dump(data), mode=stat.S_IMODE(os.stat(path).st_mode))
+        try:
+            write_text_atomic(path, _dump(data), mode=stat.S_IMODE(os.stat(path).st_mode))
+        except OSError as err:  # an immutable file, a read-only mount: the store is as it was
+            raise ValueError(
+                f"{path}: cannot rewrite it ({err.strerror or err}); nothing was removed"
+            ) from None
     return gone
 
 

@@ -155,3 +155,23 @@ def test_a_running_daemon_finds_a_removed_profile_gone_at_the_next_lookup(store)
     assert lookup("fib") == FIB
     assert run("remove", "fib", "--store", str(store)).exit_code == 0
     assert lookup("fib") is None and lookup("fft") == SPLIT
+
+
+def test_remove_from_a_store_that_cannot_be_rewritten_says_so_and_keeps_it(store, monkeypatch):
+    """An immutable store (chattr +i) failed with the raw rename error naming its temporary
+    file."""
+    before = store.read_bytes()
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "replace", refused)
+    r = run("remove", "fib", "--store", str(store))
+    monkeypatch.undo()
+    assert r.exit_code == 2
+    assert r.stderr == (
+        f"hidvfs: error: {store}: cannot rewrite it (Operation not permitted); nothing was "
+        "removed\n"
+    )
+    assert store.read_bytes() == before
+    assert sorted(p.name for p in store.parent.iterdir()) == ["profiles.json", "profiles.json.lock"]
