@@ -2,8 +2,8 @@
 
 A job registered by name gets the profile stored for it on this board; the store is reread
 when the file changes, so a profile measured while the daemon runs serves the next job.
-:class:`DeadlineCheck` tells, at registration, a deadline the profile says no operating point
-of the board can meet.
+:class:`DeadlineCheck` tells, at registration, a deadline the gate can plan no operating
+point of the board for.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 
 from agents.deadlines import load, span_at, work_bound
+from agents.policy import nearest_freq
 from platforms.errors import SpecError
 from platforms.observation import JobProfile
 from platforms.spec import BoardSpec
@@ -64,9 +65,8 @@ class DeadlineCheck:
     each cluster's top frequency (below its static cap, config ``thermal.cap_khz``). These are
     upper bounds (the gate plans with them; the job may run faster, so it is a warning, not a
     refusal), and it tells only what no placement the gate plans can beat: a deadline below
-    the job's span at the fastest point, or
-    below the time its work takes on every core of the board at once (a HI job may get several
-    clusters together, agents.mixed). A deadline past both may still be more than one cluster
+    the job's span at the fastest point, or below the time its work takes on every core of
+    the board at once (a HI job may get several clusters together, agents.mixed). A deadline past both may still be more than one cluster
     can give; the gate says so once the job runs."""
 
     def __init__(self, spec: BoardSpec, caps_khz: Mapping[str, int] | None = None):
@@ -76,8 +76,8 @@ class DeadlineCheck:
             if not c.freqs_khz or not c.cpus:
                 continue
             cap = caps.get(c.name)
-            allowed = [f for f in c.freqs_khz if cap is None or f <= cap]
-            self.tops.append((c, allowed[-1] if allowed else c.freqs_khz[0]))
+            top = c.freqs_khz[-1] if cap is None else nearest_freq(c.freqs_khz, cap, mode="floor")
+            self.tops.append((c, top))
 
     def __call__(self, profile: JobProfile, deadline_s: float) -> str | None:
         if not self.tops:

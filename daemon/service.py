@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from agents.factory import make_policy_stack
@@ -55,6 +54,7 @@ from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
 from platforms.liveprocs import LiveProcessControl, rival_daemons
 from platforms.observation import Observation
+from platforms.outputs import OutputFolderError, ensure_parent
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
 from platforms.rtbandwidth import planning_margin, rt_share
@@ -164,7 +164,6 @@ def run_live(
     sysfs_root: str = "/",
     state_dir: str | None = None,
     dry_run: bool = False,
-    outputs: Callable[[], None] | None = None,
     **kwargs,
 ) -> dict:
     """Run the daemon on a live or fake tree until stopped (see the module docstring).
@@ -176,8 +175,8 @@ def run_live(
     need no lock (config, root, board, a cpufreq policy, a writable tree, the policy) come
     first, so a refused start creates no state dir and no lock file.
     A dry run, or a non-root user on the live tree, writes nothing and takes no lock.
-    ``outputs`` is called once those checks have passed, before anything else is written
-    (the CLI makes the folders of its output options there, or refuses the start).
+    Then the folders of its output files (status file, recording, socket) are made, or the
+    start refused (:func:`platforms.outputs.ensure_parent`), before anything else is written.
     """
     serve = {k: kwargs.pop(k) for k in _SERVE_KEYS if k in kwargs}
 
@@ -189,10 +188,16 @@ def run_live(
             dry_run=dry_run,
             **kwargs,
         )
-        if outputs is not None:
-            outputs()
-        if serve.get("status_file"):
-            _check_status_file(serve["status_file"])
+        for flag, path in (
+            ("--status-file", serve.get("status_file")),
+            ("--record", serve.get("record")),
+            ("--socket", kwargs.get("socket_path")),
+        ):
+            if path:
+                try:
+                    ensure_parent(flag, path)
+                except OutputFolderError as err:
+                    raise DaemonError(str(err)) from None
         return prepared
 
     writes = not dry_run and not (sysfs_root == "/" and os.geteuid() != 0)
@@ -318,23 +323,6 @@ def _check_listen_host(listen: str, key: str) -> None:
             f"{key}: host {host!r} does not resolve ({err.strerror or err}); give an IP "
             "address, which binds even before the network is up"
         ) from None
-
-
-def _check_status_file(path: str) -> None:
-    """Refuse a start whose status file could never be written (a folder that cannot be
-    made, a folder or a file in the way), before anything is touched."""
-    full = os.path.abspath(path)
-    if os.path.isdir(full):
-        raise DaemonError(f"status file {path} is a directory")
-    parent = os.path.dirname(full)
-    try:
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-    except OSError as err:
-        raise DaemonError(
-            f"cannot make the folder of status file {path}: {err.strerror or err}"
-        ) from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DaemonError(f"cannot write status file {path}: its folder is not writable")
 
 
 class _StatusWriter:

@@ -371,13 +371,11 @@ class TickRecorder:
     def close(self) -> None:
         """Stop recording: what the daemon does afterwards (its restore) is not a decision.
         Never raises for the file system: a failed close only sets :attr:`stopped`."""
-        if self.stopped is None:
+        if self.stopped is None:  # else _stop closed it
             try:
                 self._writer.close()
             except OSError as err:
                 self._stop(f"cannot write ({err.strerror or err})", close=False)
-        else:
-            self._writer.close()  # already closed: a no-op
 
 
 _POLICY_RE = re.compile(r"policy\d+")

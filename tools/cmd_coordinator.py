@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
@@ -110,6 +109,7 @@ def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
     independent task_* jobs; log-normal durations), Poisson arrivals. The traces the
     coordinator is trained and evaluated on come from the same generator (other seeds); it is
     also a way to try `simulate` without the real trace."""
+    from platforms.outputs import is_stream_path
     from tools.coordinator_cmd import synth
 
     try:
@@ -117,7 +117,7 @@ def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     # a trace written to stdout (or a pipe) keeps it clean: what was written goes to stderr
-    stream = not os.path.isfile(os.path.realpath(out))
+    stream = is_stream_path(out)
     if as_json and not stream:
         emit_json(row)
     elif as_json:

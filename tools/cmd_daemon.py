@@ -262,18 +262,6 @@ def daemon_cmd(
 
             cfg = load_config(config_path)
 
-    def make_output_folders() -> None:
-        """The output options' folders, made (or refused in one line) once the start is
-        checked: not at the first status, at the end of a replay, or as a warning that the
-        registry is unavailable once the daemon runs."""
-        for flag, path in (
-            ("--status-file", status_file),
-            ("--record", record_path),
-            ("--socket", socket_path),
-        ):
-            if path:
-                ensure_parent(flag, path)
-
     if sim_board:
         from daemon.stopsignals import StopOnSignals
         from tools import simdaemon
@@ -283,7 +271,8 @@ def daemon_cmd(
                 f"--duration: a --sim run lasts at most {simdaemon.MAX_SIM_DURATION_S:g} "
                 f"virtual seconds (one day, its workload is built up front), not {duration_s:g}"
             )
-        make_output_folders()
+        if status_file:  # its folder made (or refused) now, not at the first status
+            ensure_parent("--status-file", status_file)
         # SIGTERM/SIGINT/SIGHUP stop it as they stop the board daemon: the summary of the run
         # so far, exit 0
         signals = StopOnSignals()
@@ -315,7 +304,8 @@ def daemon_cmd(
         from tools.replay import replay_trace as run_replay
 
         replay_period = period_ms or (cfg.period_ms if cfg else None)
-        make_output_folders()  # the status is written at the end: refused now, not then
+        if status_file:  # the status is written at the end: refused now, not then
+            ensure_parent("--status-file", status_file)
         # as --sim: a signal ends the replay with the summary of what ran, exit 0
         with StopOnSignals() as signals:
             result = run_replay(
@@ -356,7 +346,6 @@ def daemon_cmd(
         record_max_bytes=int(record_max_mb * 1e6) if record_max_mb > 0 else None,
         # stdout is the JSON status alone: the dry run's plan goes to stderr
         plan_out=sys.stderr if as_json else None,
-        outputs=make_output_folders,  # after the start's checks, before the snapshot
     )
     if as_json:
         emit_json(status)

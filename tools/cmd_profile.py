@@ -274,7 +274,7 @@ class StoreUnwritable(ValueError):
 def check_store_writable(store: str) -> None:
     """Refuse a store the measurement could not save (:func:`agents.deadlines.update` locks
     ``STORE.lock`` and replaces the file through a temporary one in the same folder), before
-    any run: its folder is made now if missing (:func:`tools.common.ensure_parent`), a file
+    any run: its folder is made now if missing (:func:`platforms.outputs.ensure_parent`), a file
     must be makeable in it, and a lock file already there must be writable."""
     from tools.common import OutputFolderError, ensure_parent
 

@@ -22,7 +22,7 @@ def _out_problem(out: str, trees: list[str]) -> str | None:
     """Why ``--out`` cannot take the trace, said before anything is recorded (open() names
     neither the option nor the fix), else None. ``trees``: the folders being recorded; a
     trace written in one would overwrite, or be sampled as, a file of the board. A missing
-    folder is no problem: :func:`tools.common.ensure_parent` makes it before the recording."""
+    folder is no problem: :func:`platforms.outputs.ensure_parent` makes it before the recording."""
     if not out:
         return "--out: empty path; give the trace file to write (.jsonl or .jsonl.gz)"
     real = os.path.realpath(out)  # a symlink into the tree is inside it

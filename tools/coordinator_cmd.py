@@ -333,7 +333,7 @@ def synth(
     from platforms.atomicfile import write_text_atomic
     from platforms.cluster.simcluster import capacity
     from platforms.cluster.synthetic import SyntheticConfig, generate_rows
-    from tools.common import ensure_parent
+    from platforms.outputs import is_stream_path
 
     spec = parse_nodes_spec(nodes or DEFAULT_NODES)
     ensure_parent("--out", out)
@@ -341,13 +341,11 @@ def synth(
         SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(spec))
     )
     text = "\n".join(rows) + "\n"
-    target = os.path.realpath(out)  # a link's target is written, the link kept
-    if target.startswith(("/dev/", "/proc/")) or (
-        os.path.exists(target) and not os.path.isfile(target)
-    ):  # /dev/stdout, a FIFO: a stream, written as it is (a rename would replace it)
+    if is_stream_path(out):  # /dev/stdout, a FIFO: written as it is (a rename would replace it)
         with open(out, "w", encoding="utf-8") as f:
             f.write(text)
     else:
+        target = os.path.realpath(out)  # a link's target is written, the link kept
         try:
             mode = stat.S_IMODE(os.stat(target).st_mode)  # a file replaced keeps its mode
         except FileNotFoundError:

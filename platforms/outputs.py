@@ -1,0 +1,125 @@
+"""Output files' folders, checked (and made) before the work that writes them.
+
+Every command option and daemon setting that names an output file (a trace, a database, a
+status file, the registry socket, a model) goes through :func:`ensure_parent`, so a folder
+that is missing is made, and one that cannot hold the file is said before any work rather
+than when its results are written."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+
+__all__ = ["OutputFolderError", "PSEUDO_FILESYSTEMS", "ensure_parent", "is_stream_path"]
+
+
+def is_stream_path(path: str | os.PathLike[str]) -> bool:
+    """``/dev/stdout``, ``/proc/self/fd/N``, a device or a FIFO: a stream written as it is
+    (no folder to make, nothing to rename over it), also when the shell sent it to a file."""
+    full = os.path.abspath(os.fspath(path))
+    try:
+        mode = os.stat(full).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or full.startswith(("/dev/", "/proc/"))
+
+
+class OutputFolderError(ValueError):
+    """An output option whose folder cannot be made or written: one line naming the option,
+    the path and why (the CLI prints it, exit 2; the daemon refuses its start with it)."""
+
+
+#: filesystems that hold the kernel's files, not the user's: no output folder is made there
+#: (a mkdir under /sys/fs/cgroup would make a cgroup)
+PSEUDO_FILESYSTEMS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
+     "configfs", "bpf", "efivarfs", "devpts"}
+)  # fmt: skip
+
+
+def _fs_type(path: str) -> str | None:
+    """The type of the filesystem ``path`` is on (the longest mount point above it in
+    /proc/self/mounts), or None when the mount table cannot be read."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return None
+    real, best, kind = os.path.realpath(path), "", None
+    for point, fstype in mounts:
+        point = point.replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind
+
+
+def _why_not_writable(folder: str, err: OSError | None = None, *, named: bool = False) -> str:
+    """Why no file can be made in ``folder``: a pseudo or read-only filesystem, else the
+    error's reason, else no permission (``named``: said with the folder's name)."""
+    fstype = _fs_type(folder)
+    if fstype in PSEUDO_FILESYSTEMS:
+        return f"{folder} is on the {fstype} pseudo filesystem"
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only filesystem"
+    except OSError:
+        pass
+    if err is not None:
+        return err.strerror or str(err)
+    return f"{folder} is not writable" if named else "permission denied"
+
+
+def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = False) -> None:
+    """Make the missing folders above the output ``path`` of ``option`` (mode 0o755) and check
+    that a file can be made in its folder, or raise :class:`OutputFolderError`: a file in the
+    way, no permission, a read-only or pseudo filesystem (/proc, /sys) are said before any
+    work, not when its results are written. ``folder``: ``path`` is an output folder (the
+    command makes it; an existing one is checked itself). Call it once the option's other
+    checks have passed (an output that is an input, one inside a tree, see
+    :func:`tools.common.check_outputs`) and before the long work. A device or a FIFO (``/dev/null``,
+    ``/dev/stdout``) needs nothing made: it passes as it is."""
+    if is_stream_path(path):
+        return
+    full = os.path.abspath(os.fspath(path))
+    try:
+        mode = os.stat(full).st_mode
+    except OSError:
+        mode = None
+    is_dir = mode is not None and stat.S_ISDIR(mode)
+    if mode is not None and is_dir != folder:
+        kind, want = ("a folder", "a file") if is_dir else ("a file", "a folder")
+        raise OutputFolderError(f"{option} {path}: is {kind}; give {want}")
+    where = full if is_dir else os.path.dirname(full)
+    # the nearest folder that exists: the missing ones are made in it
+    there = where
+    while not os.path.lexists(there):
+        there = os.path.dirname(there)
+    why = None
+    if not os.path.isdir(there):
+        why = f"{there} is a file, not a folder"
+    elif not os.access(there, os.W_OK | os.X_OK) or (
+        there != where and _fs_type(there) in PSEUDO_FILESYSTEMS
+    ):
+        why = _why_not_writable(there, named=there != where)
+    if why is None and there != where:
+        try:
+            os.makedirs(where, mode=0o755, exist_ok=True)
+        except OSError as err:
+            why = _why_not_writable(there, err)
+    if why is not None:
+        what = "is not writable" if os.path.isdir(where) else "cannot be made"
+        raise OutputFolderError(
+            f"{option} {path}: its folder {where} {what} ({why}); choose another {option}"
+        )
+    # os.access says yes to root anywhere (/proc, a read-only mount): make a file for real
+    try:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".hidvfs-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputFolderError(
+            f"{option} {path}: its folder {where} is not writable "
+            f"({_why_not_writable(where, err)}); choose another {option}"
+        ) from None
