@@ -349,7 +349,7 @@ def train_dqn(
     scored on its mixes before training (for reference), every ``selection.every`` episodes
     and at the end, and the best trained one is kept: the model selection hidvfs gets, on the
     same mixes at the same cadence. The board trainer passes hidvfs's own yardstick as the
-    score, so every policy is chosen by the same measure (agents/TRAINING.md says why not
+    score, so every policy is chosen by the same measure (agents/TRAINING-LOG.md says why not
     the ports' own rewards)."""
     log = log or (lambda s: None)
     dqn = BranchDQN(n_in, branches, cfg, seed, restart)

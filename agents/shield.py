@@ -20,7 +20,7 @@ included, is certified at a share of alpha that sums to alpha over the K: the pr
 (weighted Bonferroni). The default share is 1/2: the proposal is what runs on most ticks,
 and at alpha / K for every candidate (``proposal_share=None``, the reference's recipe) the
 rubikpi3 agents spent 2.9 % more energy on 60 tuning mixes, at 1/2 only 0.2 % more than the
-rule before stop 34 (agents/TRAINING.md). That rule kept the proposal at alpha and corrected
+rule before stop 34 (agents/TRAINING-LOG.md). That rule kept the proposal at alpha and corrected
 only the fallbacks, a union bound of alpha (2 - 1/K): a constructed pool of heteroscedastic
 residuals reached 0.149 at alpha 0.1, K = 2. The claim is a violation rate under
 exchangeability, never "never unsafe" (models.md 2.5, 3).
@@ -148,7 +148,7 @@ class AdaptiveConformal:
     * :meth:`update_job`: all the bounds issued for one job, scored when it ends: ONE err
       (did any of its bounds miss?) and ONE score (its largest residual). This is the unit
       when the pool holds one score per job (the shipped shield: ``agents.rtmodel.job_scores``,
-      TRAINING.md "stop 30"): q(alpha) of that pool bounds every decision of a job at once,
+      TRAINING-LOG.md "stop 30"): q(alpha) of that pool bounds every decision of a job at once,
       so its miss event is "some bound of the job missed". Counting one err per bound
       instead would see a per-bound miss rate well below alpha at q(alpha) (a job's largest
       residual is above its others) and drive alpha_t up and q down until alpha of the

@@ -23,7 +23,7 @@ tick, time in units of :data:`TIME_SCALE_S`):
   change: the energy-delay-neutral weight, d log(E T_pending) = 0, is lambda_E = T_pending /
   T_episode, about 0.3-0.45. With the busy time's power and the total rail, lambda_E = 1 is
   that weight for a job alone. The per-board values were chosen on tuning and validation
-  mixes (agents/TRAINING.md), not from these identities. The CPU rail is the energy DVFS
+  mixes (agents/TRAINING-LOG.md), not from these identities. The CPU rail is the energy DVFS
   controls: the
   rest of the board draws power in proportion to time, which the makespan term already charges,
   and on the simulated boards it is 60-75 % of the total, so a total-rail regulariser leaves the
@@ -164,7 +164,7 @@ def validation_seeds(seed: int, cfg: TrainConfig) -> list[int]:
 
 #: per-board training settings that differ from :class:`TrainConfig`'s defaults, chosen on
 #: tuning and validation mixes (never the held-out ones; the comparisons are in
-#: agents/TRAINING.md).
+#: agents/TRAINING-LOG.md).
 #: tx2 and orin-nx: the energy term is the whole board's, over the busy time's maxfreq power
 #: (stop 29): lambda_E = 1 is then the energy-delay-neutral weight for a job alone, and the
 #: rest of the board (most of its power) is charged as it is paid. With the CPU rail over the

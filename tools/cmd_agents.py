@@ -53,7 +53,7 @@ class EpisodeSpec:
 #: training mixes on a hot board: without them no CPU zone passed 0.4 x its trip (C), the
 #: thermal agent's choice was never free, and its network kept its initial weights. 0.1, not
 #: 0.25: at 0.25 the orin-nx profiler carried the slowing a hot board rewards over to cold
-#: lone jobs (4.3 % slower than maxfreq) and rubikpi3's shield grew (agents/TRAINING.md)
+#: lone jobs (4.3 % slower than maxfreq) and rubikpi3's shield grew (agents/TRAINING-LOG.md)
 TRAIN_HOT_FRACTION = 0.1
 #: a hot mix: ambient drawn from this range (C), and the board soaked at a temperature drawn
 #: from [HOT_START_LO x trip, trip - HOT_START_BELOW_TRIP_C] (trip: the lowest passive trip of

@@ -1,7 +1,7 @@
 """What the README says of the shipped Jetson agents on a job alone (the main BOTS campaign):
 they run it as fast as maxfreq for no more board energy. Their reward charges the whole
 board's energy, and on the Jetsons the rest of the board pays for every second a job runs
-(agents/TRAINING.md, stop 29). A retrain that breaks this must change the README too."""
+(agents/TRAINING-LOG.md, stop 29). A retrain that breaks this must change the README too."""
 
 from __future__ import annotations
 

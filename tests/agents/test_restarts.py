@@ -1,6 +1,6 @@
 """Restarts (``agents train --restarts K``): K independent runs per learned policy, the one
 whose exported checkpoint scores best on the shared validation mixes kept. One training seed
-moved rubikpi3's EDP by 3.4 % for hidvfs and 6.3 % for zTT (agents/TRAINING.md, stop 35), so
+moved rubikpi3's EDP by 3.4 % for hidvfs and 6.3 % for zTT (agents/TRAINING-LOG.md, stop 35), so
 a comparison of one run each is a draw; restarts give every policy the same choice."""
 
 from __future__ import annotations
