@@ -18,7 +18,10 @@ soft deadline is ``D = slack * ref_makespan`` with slack >= 1
 (models.md 8), and must leave the critical path room at the fastest point: D >= L(f_max).
 
 Profiles are frozen and versioned per (job name, board) in a small JSON store; the only I/O of
-this module is :func:`load`, :func:`save`, :func:`update` and :func:`remove`.
+this module is :func:`load`, :func:`save`, :func:`update` and :func:`remove`. Beside each
+profile the store may keep its provenance (when, on what and with which hidvfs it was
+measured: :attr:`ProfileStore.provenance`); it is for people deciding whether to measure
+again, and never reaches the :class:`~platforms.observation.JobProfile` the daemon plans with.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from platforms.atomicfile import write_text_atomic
@@ -42,6 +45,9 @@ STORE_VERSION = 1
 _FIELDS = ("name", "work_s", "span_s", "beta", "ref_makespan_s", "ref_khz", "ref_cores", "version")
 #: fields a stored profile may leave out (a profile measured on a board has no split span)
 _OPTIONAL = ("span_cpu_s", "span_mem_s")
+#: the key of a stored row's provenance (an object of strings; absent in rows stored before it
+#: was recorded, which every store version 1 reader ignores, so the format version stays 1)
+PROVENANCE = "provenance"
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,9 +335,16 @@ def profile_from_runs(
 
 @dataclass
 class ProfileStore:
-    """Reference profiles keyed by (job name, board). Frozen: a change needs ``replace=True``."""
+    """Reference profiles keyed by (job name, board). Frozen: a change needs ``replace=True``.
+
+    ``provenance`` holds, per (job name, board), how the stored profile was measured (string
+    keys and values, e.g. ``measured_at``, ``hidvfs_version``, ``git_commit``, ``board``,
+    ``kernel``: :func:`tools.profile_measure.measure` says which); a profile stored before
+    provenance was recorded, or put without one, has no entry. It is kept beside the profiles,
+    not in them: a :class:`JobProfile` is what the daemon plans with on every tick."""
 
     profiles: dict[tuple[str, str], JobProfile] = field(default_factory=dict)
+    provenance: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
     def find(self, name: str, board: str) -> JobProfile | None:
         return self.profiles.get((name, board))
@@ -345,12 +358,32 @@ class ProfileStore:
             )
         return p
 
-    def put(self, board: str, profile: JobProfile, *, replace_existing: bool = False) -> JobProfile:
-        """Add a profile; replacing a different one bumps its version and needs consent."""
+    def provenance_of(self, name: str, board: str) -> dict[str, str] | None:
+        """How the profile of ``name`` on ``board`` was measured; None when unknown (stored
+        before provenance was recorded, or put without one)."""
+        return self.provenance.get((name, board))
+
+    def put(
+        self,
+        board: str,
+        profile: JobProfile,
+        *,
+        replace_existing: bool = False,
+        provenance: Mapping[str, str] | None = None,
+    ) -> JobProfile:
+        """Add a profile; replacing a different one bumps its version and needs consent.
+
+        ``provenance`` (checked by :func:`check_provenance`) is recorded for the stored
+        profile: a profile of the same cost as the stored one keeps the stored one (and its
+        version) and takes the new provenance when given, the latest measurement that gave
+        those numbers; a new profile without provenance drops the old one's."""
         check_profile(profile)
+        prov = None if provenance is None else check_provenance(provenance)
         key = (profile.name, board)
         old = self.profiles.get(key)
         if old is not None and _same_cost(old, profile):
+            if prov is not None:
+                self.provenance[key] = prov
             return old
         if old is not None:
             if not replace_existing:
@@ -360,6 +393,10 @@ class ProfileStore:
                 )
             profile = replace(profile, version=max(old.version + 1, profile.version))
         self.profiles[key] = profile
+        if prov is None:
+            self.provenance.pop(key, None)
+        else:
+            self.provenance[key] = prov
         return profile
 
     def __len__(self) -> int:
@@ -369,6 +406,19 @@ class ProfileStore:
         """(board, profile) pairs in a stable order."""
         for (_, board), p in sorted(self.profiles.items()):
             yield board, p
+
+
+def check_provenance(provenance: object, where: str = "provenance") -> dict[str, str]:
+    """A profile's provenance as stored: a mapping of non-empty string keys to string values
+    (a copy); ValueError otherwise."""
+    if not isinstance(provenance, Mapping):
+        raise ValueError(f"{where} must be a mapping of strings, got {provenance!r}")
+    out: dict[str, str] = {}
+    for k, v in provenance.items():
+        if not isinstance(k, str) or not k or not isinstance(v, str):
+            raise ValueError(f"{where} must map names to strings, got {k!r}: {v!r}")
+        out[k] = v
+    return out
 
 
 def _same_cost(a: JobProfile, b: JobProfile) -> bool:
@@ -444,32 +494,58 @@ def _parse(data: object, path: str) -> ProfileStore:
                 path, where, f"one profile per (job, board); {p.name!r}@{board!r} repeats"
             )
         store.profiles[(p.name, board)] = p
+        # absent in a row stored before provenance was recorded; null (as `profile show
+        # --json` prints an unknown one) is as absent
+        if row.get(PROVENANCE) is not None:
+            try:
+                prov = check_provenance(row[PROVENANCE], f"{where}.{PROVENANCE}")
+            except ValueError:
+                raise SpecError(
+                    path, f"{where}.{PROVENANCE}", "a mapping of names to strings", row[PROVENANCE]
+                ) from None
+            store.provenance[(p.name, board)] = prov
     return store
 
 
 def update(
-    path: str | os.PathLike[str], board: str, profile: JobProfile, *, replace_existing: bool = False
+    path: str | os.PathLike[str],
+    board: str,
+    profile: JobProfile,
+    *,
+    replace_existing: bool = False,
+    provenance: Mapping[str, str] | None = None,
 ) -> JobProfile:
-    """Add one profile to the store on disk under an exclusive lock (load, put, save), so two
-    measurements that end together both land (each used to save its own stale copy)."""
+    """Add one profile, with its ``provenance`` when given (see :meth:`ProfileStore.put`), to
+    the store on disk under an exclusive lock (load, put, save), so two measurements that end
+    together both land (each used to save its own stale copy)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         store = load(path, missing_ok=True)
-        out = store.put(board, profile, replace_existing=replace_existing)
+        out = store.put(board, profile, replace_existing=replace_existing, provenance=provenance)
         save(store, path)
     return out
 
 
 def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
-    """Write atomically (temporary file + rename) so a crash never leaves half a store."""
-    rows = [{"board": board, **asdict(p)} for board, p in store]
+    """Write atomically (temporary file + rename) so a crash never leaves half a store. A
+    profile's provenance, when known, is its row's last key; a row without one is written as
+    before provenance was recorded."""
+    rows = [_row(store, board, p) for board, p in store]
     data = {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}
     # readable by everyone, as the daemon's other state (`hidvfs profile list` without root);
     # profiles hold timings, no secret
     write_text_atomic(os.fspath(path), _dump(data), mode=0o644)
+
+
+def _row(store: ProfileStore, board: str, p: JobProfile) -> dict:
+    row = {"board": board, **asdict(p)}
+    prov = store.provenance_of(p.name, board)
+    if prov is not None:
+        row[PROVENANCE] = dict(prov)
+    return row
 
 
 def _dump(data: dict) -> str:
@@ -559,6 +635,7 @@ __all__ = [
     "soft_deadline",
     "check_profile",
     "check_name",
+    "check_provenance",
     "update",
     "remove",
     "lookup",

@@ -248,6 +248,7 @@ def measure_cmd(
     out = {
         "board": session.spec.name,
         **asdict(prof),
+        "provenance": session.db.provenance_of(prof.name, session.spec.name),
         "times_s": times,
         "store": store,
         "stack_limit": _stack_text(session.stack_soft),
@@ -346,6 +347,7 @@ class MeasureSession:
 
         # SIGTERM and SIGHUP end a measurement as Ctrl-C does: the command killed, the board
         # given back (they used to kill hidvfs with the board pinned and the command running)
+        provenance: dict[str, str] = {}
         with InterruptOnSignals(), stack_limit(stack) as self.stack_soft:
             prof, times = measure(
                 self.spec,
@@ -357,9 +359,13 @@ class MeasureSession:
                 repeat=repeat,
                 timer=timer or time_command,
                 verify=verify,
+                provenance=provenance,
             )
-        prof = deadlines.update(self.store, self.spec.name, prof, replace_existing=replace)
+        prof = deadlines.update(
+            self.store, self.spec.name, prof, replace_existing=replace, provenance=provenance
+        )
         self.db.profiles[(prof.name, self.spec.name)] = prof
+        self.db.provenance[(prof.name, self.spec.name)] = provenance
         return prof, times
 
 
@@ -397,21 +403,30 @@ def _board_option(what: str):
 @_store_option
 @click.option("--json", "as_json", is_flag=True, help="Print the stored profiles as JSON.")
 def list_cmd(store, as_json) -> None:
-    """The profiles in the store, per board."""
-    from dataclasses import asdict
-
+    """The profiles in the store, per board, with the date each was measured (UTC; ``?``
+    for one stored before provenance was recorded)."""
     store, db = _read_store(store)
-    rows = [{"board": b, **asdict(p)} for b, p in db]
+    rows = [_json_row(db, b, p) for b, p in db]
     if as_json:
         emit_json(rows)
         return
     if not rows:
         click.echo(f"no profiles in {store}")
     for r in rows:
+        when = (r["provenance"] or {}).get("measured_at", "")[:10] or "?"
         click.echo(
             f"{r['board']:9s} {r['name']:24s} v{r['version']} C {r['work_s']:.3f} s "
-            f"L {r['span_s']:.3f} s beta {r['beta']:.2f} ref {r['ref_makespan_s']:.3f} s"
+            f"L {r['span_s']:.3f} s beta {r['beta']:.2f} ref {r['ref_makespan_s']:.3f} s "
+            f"measured {when}"
         )
+
+
+def _json_row(db, board: str, p) -> dict:
+    """A profile as `list --json` and `show --json` print it: its stored row, with
+    ``provenance`` null for one stored before provenance was recorded."""
+    from dataclasses import asdict
+
+    return {"board": board, **asdict(p), "provenance": db.provenance_of(p.name, board)}
 
 
 #: ``profile show``'s lines: field, label, unit
@@ -426,6 +441,35 @@ _SHOWN = (
     ("span_cpu_s", "compute-only span", " s"),
     ("span_mem_s", "memory-only span", " s"),
 )
+#: the provenance's lines (key, label) in this order; keys a later hidvfs adds follow, by key
+_PROVENANCE_SHOWN = (
+    ("measured_at", "measured at"),
+    ("hidvfs_version", "hidvfs version"),
+    ("git_commit", "git commit"),
+    ("board", "board"),
+    ("kernel", "kernel"),
+    ("cluster", "measured cluster"),
+    ("cpus", "measured CPUs"),
+    ("low_khz", "beta frequency"),
+    ("repeat", "runs per setting"),
+    ("sysfs_root", "sysfs tree"),
+)
+_PROVENANCE_UNITS = {"low_khz": " kHz"}
+#: what `profile show` says of a profile stored without provenance
+UNKNOWN_PROVENANCE = "unknown (measured before provenance was recorded)"
+
+
+def provenance_lines(prov: dict[str, str] | None) -> list[str]:
+    """`profile show`'s provenance lines (field, label, key as the profile's lines)."""
+    if prov is None:
+        return [f"  {'provenance':<20} {UNKNOWN_PROVENANCE}"]
+    known = [k for k, _ in _PROVENANCE_SHOWN]
+    labels = dict(_PROVENANCE_SHOWN)
+    keys = [k for k in known if k in prov] + sorted(k for k in prov if k not in labels)
+    return [
+        f"  {labels.get(k, k):<20} {prov[k]}{_PROVENANCE_UNITS.get(k, '')}  (provenance.{k})"
+        for k in keys
+    ]
 
 
 @profile.command("show")
@@ -438,9 +482,11 @@ _SHOWN = (
 def show_cmd(name, store, board, as_json) -> None:
     """Every stored field of the profile of job NAME: its reference makespan and operating
     point (frequency, cores), work C, span L, beta, the split span when stored, and its
-    version. C and L are seconds at the reference frequency on a core of capacity 1.0."""
-    from dataclasses import asdict
+    version. C and L are seconds at the reference frequency on a core of capacity 1.0.
 
+    Then its provenance: when it was measured (UTC), with which hidvfs (version, and git
+    commit when run from a checkout), on which board and kernel, on which cluster and CPUs;
+    "unknown" for a profile stored before provenance was recorded."""
     from agents import deadlines
 
     try:
@@ -453,7 +499,7 @@ def show_cmd(name, store, board, as_json) -> None:
     except deadlines.ProfileNotFound as err:
         fail(str(err))
     if as_json:
-        emit_json([{"board": b, **asdict(p)} for b, p in found])
+        emit_json([_json_row(db, b, p) for b, p in found])
         return
     for i, (b, p) in enumerate(found):
         if i:
@@ -465,6 +511,8 @@ def show_cmd(name, store, board, as_json) -> None:
                 continue
             shown = f"{value:.6g}" if isinstance(value, float) else str(value)
             click.echo(f"  {label:<20} {shown}{unit}  ({key})")
+        for line in provenance_lines(db.provenance_of(p.name, b)):
+            click.echo(line)
 
 
 @profile.command("remove")

@@ -6,12 +6,17 @@ frequency sensitivity, beta). :func:`agents.deadlines.profile_from_runs` turns t
 profile the gate and the shield plan deadlines with. The frequencies are pinned through the
 daemon's own actuator, after the same restore snapshot the daemon takes, and given back
 afterwards whatever happens (a crash leaves the snapshot for the next daemon start).
+
+Each measurement can record its provenance (:func:`measure`'s ``provenance``), which the store
+keeps beside the profile for ``hidvfs profile show``: when, on what and with which hidvfs.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import os
+import platform
 import statistics
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -134,6 +139,38 @@ def command_timer(
 time_command = command_timer()
 
 
+def run_context(spec: BoardSpec, sysfs: DirSysfs) -> dict[str, str]:
+    """Where a measurement runs, as its provenance records it (strings): ``hidvfs_version``
+    (the installed package's), ``git_commit`` (of the hidvfs checkout, ``+dirty`` when its
+    tracked files differ: :func:`agents.onnx_export.git_commit`; left out without git or
+    outside a checkout), ``board``, ``kernel`` (``platform.release()``; left out when Python
+    cannot tell) and ``sysfs_root`` (only for a tree other than this machine's ``/``, where the
+    pins change no real clock). Never raises: what cannot be read is left out."""
+    from agents.onnx_export import git_commit
+    from tools import __version__
+
+    out = {"hidvfs_version": str(__version__), "board": spec.name}
+    try:
+        commit = git_commit()
+    except Exception:  # noqa: BLE001 - provenance never costs a measurement
+        commit = "unknown"
+    if commit and commit != "unknown":
+        out["git_commit"] = commit
+    kernel = platform.release()
+    if kernel:
+        out["kernel"] = kernel
+    root = getattr(sysfs, "root", "/")
+    if root != "/":
+        out["sysfs_root"] = str(root)
+    return out
+
+
+def utc_now() -> str:
+    """Now in UTC, ISO 8601 to the second (``2025-06-01T12:00:00+00:00``), what
+    ``datetime.fromisoformat`` reads back."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def measure(
     spec: BoardSpec,
     sysfs: DirSysfs,
@@ -145,13 +182,21 @@ def measure(
     repeat: int = 1,
     timer: Callable[[Sequence[str], Sequence[int], float], float] = time_command,
     verify: Callable[[Sequence[int]], object] | None = None,
+    provenance: dict[str, str] | None = None,
 ) -> tuple[JobProfile, dict[str, float]]:
-    """Pin, time the three runs (the best of ``repeat`` each), restore; the profile and the
+    """Pin, time the three runs (the median of ``repeat`` each), restore; the profile and the
     times. ``timer`` runs one configuration (the tests substitute it). ``verify(cpus)``, when
     given, runs once before the first timed run, pinned as it is (all cores, top), and raises
-    :class:`MeasureError` when the program's results are wrong: nothing is timed then."""
+    :class:`MeasureError` when the program's results are wrong: nothing is timed then.
+
+    ``provenance``, when given, is filled with the measurement's (all strings): the
+    :func:`run_context` read before the runs (the code that runs them), then ``measured_at``
+    (UTC, ISO 8601, when the timed runs ended), the measured ``cluster``, its ``cpus`` (the
+    all-cores runs' CPUs, as many OpenMP threads), ``low_khz`` (the frequency beta is measured
+    at; the reference one is the profile's ``ref_khz``) and ``repeat``."""
     cluster, cpus = measured_cluster(spec, cpufreq.online_cpus(sysfs))
     runs = plan_runs(cluster, cpus)
+    context = run_context(spec, sysfs) if provenance is not None else None
     # the board's lock for the timed runs: a running daemon would move the pins under them
     with TreeLock(sysfs):
         session = Session(sysfs, begin_session(sysfs, spec, state_dir, log), state_dir, log, spec)
@@ -176,6 +221,17 @@ def measure(
                 )
         finally:
             restore_snapshot(sysfs, session.snapshot, log, state_dir=state_dir)
+    if provenance is not None and context is not None:
+        provenance.update(
+            {
+                "measured_at": utc_now(),
+                **context,
+                "cluster": cluster.name,
+                "cpus": ",".join(str(c) for c in runs[0].cpus),
+                "low_khz": str(runs[2].khz),
+                "repeat": str(repeat),
+            }
+        )
     profile = profile_from_runs(
         name,
         ref_khz=runs[0].khz,

@@ -55,7 +55,10 @@ def test_show_json_is_the_stored_row(store):
     r = run("show", "fft", "--store", str(store), "--json")
     assert r.exit_code == 0, r.output
     rows = json.loads(store.read_text())["profiles"]
-    assert json.loads(r.stdout) == [row for row in rows if row["name"] == "fft"]
+    # stored without provenance: the row, and null for it
+    assert json.loads(r.stdout) == [
+        {**row, "provenance": None} for row in rows if row["name"] == "fft"
+    ]
 
 
 def test_show_and_remove_of_an_unknown_name_list_the_known_ones(store, tmp_path):
