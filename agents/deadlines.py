@@ -536,8 +536,14 @@ def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     rows = [_row(store, board, p) for board, p in store]
     data = {"format": STORE_FORMAT, "version": STORE_VERSION, "profiles": rows}
     # readable by everyone, as the daemon's other state (`hidvfs profile list` without root);
-    # profiles hold timings, no secret
-    write_text_atomic(os.fspath(path), _dump(data), mode=0o644)
+    # profiles hold timings, no secret. A store that exists keeps its mode (as `remove`
+    # does): an administrator's 0600 is not undone by the next measurement.
+    path = os.fspath(path)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o644
+    write_text_atomic(path, _dump(data), mode=mode)
 
 
 def _row(store: ProfileStore, board: str, p: JobProfile) -> dict:

@@ -150,3 +150,15 @@ def test_a_null_provenance_reads_as_unknown(tmp_path):
     path = write_old_store(tmp_path / "p.json", [{**OLD_ROWS[0], "provenance": None}])
     s = deadlines.load(path)
     assert s.find("fib", "tx2") == FIB and s.provenance_of("fib", "tx2") is None
+
+
+def test_a_measurement_keeps_the_stores_mode(tmp_path):
+    """An administrator's 0600 on the store survives the next measurement (as `remove`
+    keeps it); a new store is readable by everyone (`profile list` without root)."""
+    path = tmp_path / "p.json"
+    deadlines.update(path, "tx2", FIB, provenance=PROV)
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    os.chmod(path, 0o600)
+    deadlines.update(path, "tx2", SORT)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert deadlines.load(path).find("sort", "tx2") is not None
