@@ -133,6 +133,7 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     default=None,
     type=click.Path(dir_okay=False),
     help="SQLite results store; runs already done in it are skipped, failed ones run again. "
+    "Campaigns run at once on one --db share its runs: each is run by one of them. "
     "Default: a simulated campaign from flags keeps its runs in memory only (pass --db to "
     "keep them for `hidvfs bots report`); --backend native and any --spec campaign write "
     "results.sqlite in the current folder.",

@@ -157,6 +157,12 @@ def run_configs(
         if not rec.get("ok") and not quiet:
             bar.message(f"failed: {cfg.bench}/{cfg.policy}/seed{cfg.seed}: {rec.get('error')}")
 
+    def say(text):  # above the bar on a terminal; a line of its own otherwise (and with --json)
+        if bar.enabled:
+            bar.message(text)
+        else:
+            click.echo(text, err=True)
+
     try:
         # SIGTERM and SIGHUP end a campaign as Ctrl-C does: the running kernel killed, the
         # board given back, nothing half done stored
@@ -169,12 +175,33 @@ def run_configs(
                 on_skip=lambda cfg: bar.skip(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
                 on_start=lambda cfg: bar.start(f"{cfg.bench}/{cfg.policy}/seed{cfg.seed}"),
                 on_done=on_done,
+                on_other=lambda cfg: bar.skip(
+                    f"{cfg.bench}/{cfg.policy}/seed{cfg.seed} (by another campaign)"
+                ),
+                on_wait=say,
             )
     finally:
         bar.close()
         if nb is not None:
             nb.close()
+    if summary.by_others:
+        click.echo(left_to_others(summary, len(configs), store.path), err=True)
     return summary
+
+
+def left_to_others(summary, total: int, path) -> str:
+    """The campaign's last progress line when another campaign on the same --db ran some of
+    its runs: how many, and who (the table still shows every run)."""
+    from bots_bench.store import describe_owners
+
+    count, who = describe_owners(summary.others)
+    other = "another campaign" if count == 1 else f"{count} other campaigns"
+    runs = "run was" if summary.by_others == 1 else "runs were"
+    who = f" ({who})" if who else ""
+    return (
+        f"{summary.by_others} of {total} {runs} left to {other} on {path}{who}; "
+        f"this campaign ran {summary.executed}"
+    )
 
 
 def campaign_records(store, keys) -> list[dict]:
