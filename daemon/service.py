@@ -15,7 +15,7 @@ import os
 import threading
 from dataclasses import dataclass, replace
 
-from agents.factory import make_policy_stack
+from agents.factory import LEARNED_POLICIES, make_policy_stack
 from agents.mixed import daemon_stages
 from agents.policy import Policy
 from daemon.actuator import Actuator
@@ -266,7 +266,7 @@ def _prepare(
         )
     if not dry_run:
         check_writable(sysfs, spec)
-    pol, stages = make_policy_stack(cfg.policy, spec, **policy_options(cfg))
+    pol, stages = policy_stack(cfg, spec)
     stages = daemon_stages(stages, cfg.mixed_criticality.reserve)
     # the config checks that need the board, here, before the state dir is locked: the thermal
     # caps against its clusters, and the HTTP endpoints' token files
@@ -279,6 +279,35 @@ def _prepare(
         _check_listen_host(cfg.telemetry.listen, "telemetry.listen")
     kind = "live" if sysfs_root == "/" else "fake"
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
+
+
+def policy_stack(cfg: Config, spec: BoardSpec) -> tuple[Policy, list]:
+    """The config's policy and its stages. A learned policy on a board hidvfs ships no agents
+    for is refused with what to run instead: the loader's "run `hidvfs agents train`" cannot
+    help there, since training needs the board's plant parameters."""
+    try:
+        return make_policy_stack(cfg.policy, spec, **policy_options(cfg))
+    except FileNotFoundError:
+        if cfg.policy in LEARNED_POLICIES and spec.name not in board_names():
+            raise DaemonError(no_agents_message(cfg.policy, spec)) from None
+        raise
+
+
+def no_agents_message(policy: str, spec: BoardSpec) -> str:
+    """Why a learned policy cannot run on ``spec`` (a probed board or a spec file of a board
+    hidvfs has no agents for), and what runs instead."""
+    what = f"{spec.name}, probed" if spec.name == "unknown" else spec.name
+    if spec.model:
+        what += f": {spec.model[0]}"
+    return (
+        f"policy {policy!r} runs agents trained for one board, and hidvfs ships them for "
+        f"{', '.join(board_names())} only; this board ({what}) is not one of them. Run a "
+        "kernel-governor policy here: --policy schedutil, or `policy: schedutil` in the "
+        "config (hidvfs still saves and restores the board's settings, applies the thermal "
+        "caps, records traces and serves status, but plans no deadlines). Agents for a new "
+        "board are trained in the plant simulator from a board spec with its plant "
+        "parameters (platforms/boards/*.yaml, `sim:`)"
+    )
 
 
 def warn_rivals(log: logging.Logger, find=rival_daemons) -> list[tuple[int, str]]:

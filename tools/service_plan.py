@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grp
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -196,20 +197,65 @@ def _under(prefix: str, path: str) -> str:
     return os.path.join(os.path.abspath(prefix), path.lstrip("/"))
 
 
+#: the policy the default config gets on a board without shipped agents
+FALLBACK_POLICY = "schedutil"
+
+
+def board_without_agents(root: str = "/") -> str | None:
+    """This machine's board when hidvfs ships no learned agents for it ("this board is not
+    one hidvfs ships agents for (probed: MODEL)"); None when it does, or when the tree has no
+    cpufreq policy (the daemon refuses to start there and says why)."""
+    from agents.learned import MANIFEST, MODELS_DIR
+    from platforms import cpufreq
+    from platforms.probe import detect_board, read_model
+    from platforms.sysfs import DirSysfs
+
+    sysfs = DirSysfs(root)
+    try:
+        if not cpufreq.list_policies(sysfs):
+            return None
+        name = detect_board(sysfs)
+        model = read_model(sysfs)
+    except OSError:
+        return None
+    if name and (MODELS_DIR / name / MANIFEST).is_file():
+        return None
+    what = f"probed: {model}" if model else "probed"
+    return f"this board is not one hidvfs ships agents for ({name or what})"
+
+
+def governor_config(text: str, why: str) -> str:
+    """The shipped config with its ``policy:`` line set to :data:`FALLBACK_POLICY`, saying
+    why in a comment (every other line as shipped)."""
+    out, n = re.subn(
+        r"(?m)^policy: *\S+ *$",
+        f"# {why}: the learned policies cannot run here\npolicy: {FALLBACK_POLICY}",
+        text,
+        count=1,
+    )
+    if n != 1:
+        raise ValueError("the shipped config.yaml has no top-level 'policy:' line")
+    return out
+
+
 def install_plan(
     prefix: str = "/",
     exe: str | None = None,
     src: Path | None = None,
     knows_allow_list: Callable[[], bool] = knows_syscall_group,
+    agents_missing: Callable[[], str | None] = board_without_agents,
 ) -> list[Step]:
     """Steps of ``hidvfs service install``: unit, default config (kept if present), group,
     daemon-reload, enable --now. On the live system the unit keeps its system call
     allow-list only where systemd knows its group (``knows_allow_list``); a staging tree's
-    unit keeps it (the target's systemd is not known here)."""
+    unit keeps it (the target's systemd is not known here). On a live board hidvfs ships no
+    agents for (``agents_missing``), the default config runs ``schedutil``: its
+    ``policy: hidvfs`` would fail every start."""
     src = src or source_dir()
     exe = exe if exe is not None else default_exe()
     live = is_live(prefix)
     allow_list = knows_allow_list() if live else True
+    no_agents = agents_missing() if live else None
     home = home_path(exe) if exe else None  # reads the script: once, for the unit and the plan
     unit = render_unit((src / UNIT_NAME).read_text(encoding="utf-8"), exe, allow_list, home)
     steps = [
@@ -234,11 +280,26 @@ def install_plan(
         ),
         Step(
             "copy_if_absent",
-            "install the default config unless one exists",
+            "install the default config unless one exists"
+            + (f" (with policy: {FALLBACK_POLICY}: {no_agents})" if no_agents else ""),
             _under(prefix, CONFIG_PATH),
             source=str(src / "config.yaml"),
+            content=(
+                governor_config((src / "config.yaml").read_text(encoding="utf-8"), no_agents)
+                if no_agents
+                else None
+            ),
         ),
     ]
+    if no_agents:
+        steps.append(
+            Step(
+                "note",
+                f"{no_agents}: the learned policies (hidvfs, geardvfs, ztt) cannot run here; an "
+                f"existing config naming one must say policy: {FALLBACK_POLICY}, or the daemon "
+                "refuses to start",
+            )
+        )
     if live:
         steps += [
             Step(
@@ -381,6 +442,9 @@ def _execute(
             dangling = os.path.islink(s.target) and not os.path.exists(s.target)
             note = f" (a symlink to {os.readlink(s.target)}, not there yet)" if dangling else ""
             out(f"  kept the existing {s.target}{note}")
+            return
+        if s.content is not None:
+            _write_atomic(s.target, s.content, s.mode)
             return
         with open(s.source or "", encoding="utf-8") as f:
             _write_atomic(s.target, f.read(), s.mode)
