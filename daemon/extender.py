@@ -17,15 +17,55 @@ import logging
 import math
 import re
 import socket
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from daemon.httpbounds import BoundedHandler, BoundedServer, HeadTooLarge
+
 log = logging.getLogger("hidvfs.coordinator")
 
+#: the largest request body read (a larger one is a 400). The scheduler sends the feasible
+#: nodes it found: by default n * (50 - n/125) % of n nodes (500 of 5000; ~780 at most, near
+#: n = 3100), all n with ``percentageOfNodesToScore: 100``. NodeNames take ~32 bytes a node
+#: (5000 in 160 KB). A whole Node (``nodeCacheCapable: false``) takes 3 KB (no images) to
+#: 12.5 KB (50 images), a few KB more with managedFields: 8 MiB holds 500-2700 of them, not
+#: 780 fat ones nor a whole 5000-node list (15-60 MB): large clusters want NodeNames.
+#: Parsed, a body takes ~4 times its size
 MAX_BODY = 8 << 20
-#: a connection that sends nothing for this long is closed (idle keep-alive, short bodies)
+#: writing an answer may take this long, and a body gets this long plus its size at
+#: :data:`BODY_MIN_RATE` to arrive whole (one deadline for the body, not one per recv)
 HANDLER_TIMEOUT_S = 10.0
+#: the lowest body rate waited for, bytes/s: an 8 MiB body has 10 + 8 = 18 s in all
+BODY_MIN_RATE = 1 << 20
+#: the whole request head (request line and headers) must arrive within this long; the
+#: scheduler writes it at once, and 5 s is its httpTimeout in docs/k3s-extender.md
+HEAD_TIMEOUT_S = 5.0
+#: a larger request head is refused (414 in the request line, 431 in the headers)
+MAX_HEAD_BYTES = 16 << 10
+#: connections served at once (handler threads: at most twice this); when all are taken, the
+#: oldest one still sending its request (head or body) from the peer holding the most is
+#: dropped for the new one; only when all are being answered is the new one answered 503
+MAX_CONNECTIONS = 64
+#: connections from one address at once (its next one drops its own oldest unfinished one):
+#: the scheduler asks one filter or prioritize at a time and the server closes each connection
+#: after its answer, so it holds one or two; the margin covers several schedulers or probes
+#: behind one address (loopback, NAT), and one address still gets half the slots at most
+MAX_PER_PEER = 32
+#: request bodies (declared Content-Length) held at once, from the read to the end of the
+#: answer; a body that does not fit is answered 503 with Retry-After, its bytes discarded.
+#: Four bodies of MAX_BODY (the scheduler sends one at a time), ~160 MB with their parse
+BODY_BUDGET = 32 << 20
+#: bodies up to this size are not counted against BODY_BUDGET (NodeNames requests: they are
+#: never answered 503 by clients holding the budget with large slow bodies); at most
+#: MAX_CONNECTIONS of them, 16 MiB
+SMALL_BODY = 256 << 10
+#: Retry-After of a 503, seconds
+RETRY_AFTER_S = 1
+#: refused and dropped connections are logged at most once in this long, counted
+REFUSED_LOG_S = 5.0
 #: pod annotations an upstream DAG coordinator sets (seconds on a speed-1 node)
 ANN_WORK = "hidvfs.io/work-s"
 ANN_RANK = "hidvfs.io/rank-s"
@@ -305,21 +345,62 @@ class Verbs:
     status: Callable[[], dict] = lambda: {"ok": True}
 
 
+def _body_deadline(n: int) -> float:
+    """When a body of ``n`` bytes (or a discarded one) must have arrived, from now."""
+    return time.monotonic() + HANDLER_TIMEOUT_S + min(n, MAX_BODY) / BODY_MIN_RATE
+
+
 def make_handler(verbs: Verbs) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(BoundedHandler):
+        server: _Server
         server_version = "hidvfs-coordinator/1"
-        timeout = HANDLER_TIMEOUT_S  # an idle or half-sent request must not hold a thread
+        timeout = HANDLER_TIMEOUT_S  # writing the answer; reads have their own deadlines
+
+        def head_limits(self) -> tuple[float, int]:
+            return HEAD_TIMEOUT_S, MAX_HEAD_BYTES
+
+        def head_complete(self) -> bool:
+            """A POST has arrived only with its body: it keeps its slot from then on."""
+            return True if self.command == "POST" else self.claim_slot()
 
         def log_message(self, fmt, *a):  # route access logs through logging, not stderr
             log.debug("%s %s", self.address_string(), fmt % a)
 
-        def _send(self, code: int, obj) -> None:
+        def _send(self, code: int, obj, headers: dict[str, str] | None = None) -> None:
             body = json.dumps(obj).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def send_error(self, code, message=None, explain=None) -> None:
+            """http.server's own errors (400 on a bad request line, 414, 431, 501) as JSON
+            ``{"Error": ...}`` like every other answer, not an HTML page."""
+            short, long = self.responses.get(code, ("error", ""))
+            self.log_error("code %d, message %s", code, message or short)
+            self.close_connection = True
+            text = f"{message or short}: {explain or long}" if (explain or long) else short
+            self._send(code, {"Error": text}, {"Connection": "close"})
+
+        def _linger(self, n: int | None) -> None:
+            """After an answer sent before the body was read: end the answer (FIN), then
+            discard up to ``n`` bytes (until EOF when unknown) by the body deadline. A socket
+            closed with unread bytes is reset, and the reset can destroy the answer before
+            the client has read it: a 400, 411 or 503 would look like a dropped connection."""
+            self.close_connection = True
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+                left = MAX_BODY if n is None else n
+                self.reader.rearm(_body_deadline(left if n is not None else 0), left)
+                while left > 0 and (chunk := self.rfile.read1(min(left, 1 << 16))):
+                    left -= len(chunk)
+            except (OSError, ValueError, HeadTooLarge):
+                pass  # timed out, reset, or more than declared: close as it is
 
         def do_GET(self):
             if self.path.rstrip("/").rsplit("/", 1)[-1] in ("healthz", "status"):
@@ -329,29 +410,62 @@ def make_handler(verbs: Verbs) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self):
             verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+            length = self.headers.get("Content-Length")
+            chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "")
+            valid = length is not None and length.strip().isascii() and length.strip().isdigit()
+            n = int(length) if valid and not chunked else -1
             if verb not in ("filter", "prioritize"):
                 self._send(404, {"Error": f"unknown verb {verb!r}; expected filter or prioritize"})
+                self._linger(n if n >= 0 else None)
                 return
-            length = self.headers.get("Content-Length")
-            if length is None or "chunked" in (self.headers.get("Transfer-Encoding") or ""):
-                self.close_connection = True  # the body, if any, is still on the socket
+            if length is None or chunked:
                 self._send(411, {"Error": "Content-Length required (chunked bodies are not read)"})
+                self._linger(None)  # the body, if any, is still on the socket
+                return
+            if n < 0 or n > MAX_BODY:
+                err = f"Content-Length {length!r:.40}: expected 0..{MAX_BODY}"
+                log.warning("%s: bad request: %s", verb, err)
+                self._send(400, {"Error": err})
+                self._linger(n if n >= 0 else None)
+                return
+            counted = n if n > SMALL_BODY else 0
+            if not self.server.reserve(counted):
+                self.server.count_refused(
+                    self.client_address[0], f"request bodies over {BODY_BUDGET} bytes at once"
+                )
+                self._send(
+                    503,
+                    {"Error": f"busy: too many request bodies at once; retry in {RETRY_AFTER_S} s"},
+                    {"Retry-After": str(RETRY_AFTER_S)},
+                )
+                self._linger(n)
                 return
             try:
-                n = int(length) if length.strip().isascii() and length.strip().isdigit() else -1
-                if n < 0 or n > MAX_BODY:
-                    self.close_connection = True
-                    raise BadRequest(f"Content-Length {length!r:.40}: expected 0..{MAX_BODY}")
+                self._post(verb, n)
+            finally:
+                self.server.release(counted)
+
+        def _post(self, verb: str, n: int) -> None:
+            try:
+                self.reader.rearm(_body_deadline(n), n)
                 try:
                     body = self.rfile.read(n)
-                except TimeoutError:
+                except (OSError, HeadTooLarge):
+                    body = None
+                if body is None or len(body) < n:
                     self.close_connection = True
-                    raise BadRequest(
-                        f"body shorter than Content-Length {n} (none for {self.timeout:g} s)"
-                    ) from None
-                if len(body) < n:
+                    if not self.server.holds(self.connection):
+                        return  # dropped for another connection: nobody to answer
+                    if body is None:
+                        raise BadRequest(
+                            f"body shorter than Content-Length {n} (not all within "
+                            f"{HANDLER_TIMEOUT_S + n / BODY_MIN_RATE:.3g} s)"
+                        )
                     raise BadRequest(f"body ended after {len(body)} of {n} bytes")
+                if not self.claim_slot():  # dropped for another connection: no answer
+                    return
                 args = parse_args(body)
+                del body
             except BadRequest as err:
                 log.warning("%s: bad request: %s", verb, err)
                 self._send(400, {"Error": str(err)})
@@ -375,9 +489,66 @@ def make_handler(verbs: Verbs) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+_BUSY = json.dumps({"Error": "busy: every connection is being answered; retry"}).encode()
+#: the answer of a connection refused for want of a slot, written from the accepting thread
+_REFUSED = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+class _Server(BoundedServer):
+    """The bounds of :mod:`daemon.httpbounds` (head deadline and size, connection caps with
+    the oldest unfinished request dropped for a new one) with the constants above, and
+    :data:`BODY_BUDGET` on the bodies held at once."""
+
     request_queue_size = 128  # the default 5 reset connections at 32-64 concurrent clients
+    endpoint = "extender"
+    logger = log
+
+    def __init__(self, *args, **kwargs):
+        self._budget_lock = threading.Lock()
+        self.body_bytes = 0  # counted bodies being read or answered
+        super().__init__(*args, **kwargs)
+
+    def max_connections(self) -> int:
+        return MAX_CONNECTIONS
+
+    def max_per_peer(self) -> int:
+        return MAX_PER_PEER
+
+    def refused_log_s(self) -> float:
+        return REFUSED_LOG_S
+
+    def reserve(self, n: int) -> bool:
+        """Room for a body of ``n`` bytes under :data:`BODY_BUDGET` (``release`` it after)."""
+        with self._budget_lock:
+            if n and self.body_bytes + n > BODY_BUDGET:
+                return False
+            self.body_bytes += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._budget_lock:
+            self.body_bytes -= n
+
+    def refuse(self, request, reason: str) -> None:
+        """No slot (every one is being answered): a 503 rather than a silent close, written
+        without blocking from the accepting thread. What the client has sent is read first
+        (a close with unread bytes resets the connection, which can destroy the answer); a
+        request still on its way can make it a reset all the same: best effort."""
+        try:
+            request.setblocking(False)
+            try:
+                for _ in range(16):
+                    if not request.recv(1 << 16):
+                        break
+            except OSError:  # nothing more yet (BlockingIOError) or reset
+                pass
+            request.send(_REFUSED % (RETRY_AFTER_S, len(_BUSY), _BUSY))
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
 
 class _Server6(_Server):
@@ -386,6 +557,7 @@ class _Server6(_Server):
 
 def make_server(host: str, port: int, verbs: Verbs) -> ThreadingHTTPServer:
     """A threading HTTP server (port 0 = ephemeral; read ``server.server_address``); an IPv6
-    host (``::1``) gets an IPv6 socket."""
+    host (``::1``) gets an IPv6 socket. Slow and idle clients are bounded as in
+    :mod:`daemon.httpbounds`: see the constants above."""
     cls = _Server6 if ":" in host else _Server
     return cls((host, port), make_handler(verbs))

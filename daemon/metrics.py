@@ -12,22 +12,17 @@ every request must carry ``Authorization: Bearer <token>`` (compared in constant
 from __future__ import annotations
 
 import hmac
-import io
 import logging
 import math
 import re
 import socket
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from daemon.config import is_loopback, parse_listen
-from daemon.deadlineio import DeadlineReader
+from daemon.httpbounds import BoundedHandler, BoundedServer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -163,7 +158,8 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
 
 
 # --------------------------------------------------------------------------------------------
-# A small HTTP server on a thread (shared with daemon.telemetry)
+# A small HTTP server on a thread (shared with daemon.telemetry); the bounds against slow and
+# idle clients live in daemon.httpbounds (shared with the coordinator's extender)
 
 
 #: a connection must send its whole request head (request line and headers) within this long
@@ -183,47 +179,23 @@ HTTP_MAX_PER_PEER = 8
 HTTP_REFUSED_LOG_S = 5.0
 
 
-class _HeadTooLarge(Exception):
-    """The request head went past :data:`HTTP_MAX_HEAD_BYTES`."""
+class _Server(BoundedServer):
+    """The bounds of :mod:`daemon.httpbounds` with the ``HTTP_*`` constants above."""
 
-
-class _HeadReader(DeadlineReader):
-    """Reads of a request head: under one deadline, and ``limit`` bytes at most."""
-
-    def __init__(self, sock: socket.socket, deadline: float, limit: int):
-        super().__init__(sock, deadline)
-        self.left = limit
-
-    def readinto(self, buf) -> int:
-        if self.left <= 0:
-            raise _HeadTooLarge
-        n = super().readinto(memoryview(buf)[: self.left])
-        self.left -= n
-        return n
-
-
-@dataclass(eq=False)
-class _Conn:
-    peer: str
-    since: float  # accepted at (time.monotonic)
-    in_head: bool = True  # its request head is not complete yet: it may be dropped
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
 
     endpoint = "http"
+    logger = log
 
-    def __init__(self, *args, **kwargs):
-        self._lock = threading.Lock()
-        self._conns: dict[socket.socket, _Conn] = {}  # those holding a slot
-        self._threads_live = 0  # handler threads, dropped ones included until they end
-        self._counts = {"refused": 0, "shed": 0}  # since the last line of each
-        self._logged = {"refused": -math.inf, "shed": -math.inf}
-        self._last = {"refused": ("-", ""), "shed": ("-", "")}  # client, reason
-        super().__init__(*args, **kwargs)
+    def max_connections(self) -> int:
+        return HTTP_MAX_CONNECTIONS
+
+    def max_per_peer(self) -> int:
+        return HTTP_MAX_PER_PEER
+
+    def refused_log_s(self) -> float:
+        return HTTP_REFUSED_LOG_S
 
     def server_bind(self) -> None:
         """Bind even before the address exists (IP_FREEBIND): at boot a board's network may
@@ -233,124 +205,6 @@ class _Server(ThreadingHTTPServer):
         except OSError:
             pass  # not Linux: bind as usual
         super().server_bind()
-
-    def _victim(self, peer: str) -> tuple[socket.socket | None, str]:
-        """Under the lock, with no slot for ``peer``: the connection to drop for it (``None``
-        when every candidate is being answered) and the reason. A peer at its own cap drops its
-        oldest unfinished head; otherwise the peer holding the most slots loses its oldest."""
-        held: dict[str, int] = {}
-        for c in self._conns.values():
-            held[c.peer] = held.get(c.peer, 0) + 1
-        if held.get(peer, 0) >= HTTP_MAX_PER_PEER:
-            reason = "too many connections from one client"
-            pool = [(s, c) for s, c in self._conns.items() if c.peer == peer and c.in_head]
-        else:
-            reason = "too many connections"
-            pool = [(s, c) for s, c in self._conns.items() if c.in_head]
-        if not pool:
-            return None, reason
-        return min(pool, key=lambda sc: (-held[sc[1].peer], sc[1].since))[0], reason
-
-    def process_request(self, request, client_address):
-        peer = str(client_address[0])
-        admitted, victim = True, None
-        with self._lock:
-            mine = sum(1 for c in self._conns.values() if c.peer == peer)
-            if self._threads_live >= 2 * HTTP_MAX_CONNECTIONS:
-                # dropped threads end at once (their recv sees the shutdown): a bound on the
-                # threads even if some did not
-                admitted = False
-                self._count("refused", peer, "too many connections")
-            elif mine >= HTTP_MAX_PER_PEER or len(self._conns) >= HTTP_MAX_CONNECTIONS:
-                victim, reason = self._victim(peer)
-                if victim is None:
-                    admitted = False
-                    self._count("refused", peer, reason)
-                else:
-                    dropped = self._conns.pop(victim)
-                    self._count("shed", dropped.peer, reason)
-                    try:  # wakes its handler, which sees the end of its request and stops
-                        victim.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-            if admitted:
-                self._conns[request] = _Conn(peer, time.monotonic())
-                self._threads_live += 1
-        if not admitted:
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread: give the slot back
-            self._leave(request)
-            self.shutdown_request(request)
-            raise
-
-    def head_done(self, request) -> bool:
-        """The request head is complete: the connection keeps its slot until answered.
-        False when it was dropped for another one meanwhile (it must not be answered)."""
-        with self._lock:
-            conn = self._conns.get(request)
-            if conn is None:
-                return False
-            conn.in_head = False
-            return True
-
-    def _leave(self, request) -> None:
-        with self._lock:
-            self._conns.pop(request, None)
-            self._threads_live -= 1
-
-    def _count(self, kind: str, client: str, reason: str) -> None:
-        self._counts[kind] += 1
-        self._last[kind] = (client, reason)
-        if time.monotonic() - self._logged[kind] >= HTTP_REFUSED_LOG_S:
-            self._log(kind)
-
-    def _log(self, kind: str) -> None:
-        """One line for the refusals (or drops) since the last one (a flood logged one line
-        each): ``event=http_refused ... refused=N`` or ``event=http_shed ... shed=N``."""
-        if not self._counts[kind]:
-            return
-        host, port = self.server_address[:2]
-        client, reason = self._last[kind]
-        log.warning(
-            "event=http_%s endpoint=%s address=%s:%d %s=%d last_client=%s reason=%r",
-            kind,
-            self.endpoint,
-            host,
-            port,
-            kind,
-            self._counts[kind],
-            client,
-            reason,
-        )
-        self._counts[kind] = 0
-        self._logged[kind] = time.monotonic()
-        self._last[kind] = ("-", "")
-
-    def log_refused(self) -> None:
-        """The counts since the last lines (at stop)."""
-        with self._lock:
-            self._log("refused")
-            self._log("shed")
-
-    def process_request_thread(self, request, client_address):
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self._leave(request)  # before the close: a dropped socket is never a closed one
-            self.shutdown_request(request)
-
-    def handle_error(self, request, client_address) -> None:
-        """A client that hangs up early is routine (a scrape timeout): no traceback in the
-        journal; anything else is one event line."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
-            return
-        log.warning("event=http_error client=%s detail=%r", client_address[0], repr(exc))
 
 
 class LocalHttpServer:
@@ -411,40 +265,13 @@ class LocalHttpServer:
     def start(self) -> LocalHttpServer:
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(BoundedHandler):
             server_version = "hidvfs"
             sys_version = ""
             timeout = HTTP_TIMEOUT_S
 
-            def setup(self) -> None:
-                super().setup()
-                # the request line and headers under one deadline and size: a timeout per
-                # recv let clients sending a header byte every few seconds hold every slot
-                deadline = time.monotonic() + HTTP_HEAD_TIMEOUT_S
-                reader = _HeadReader(self.connection, deadline, HTTP_MAX_HEAD_BYTES)
-                self.rfile = io.BufferedReader(reader)
-                self._in_headers = False
-
-            def handle_one_request(self) -> None:
-                try:
-                    super().handle_one_request()
-                except _HeadTooLarge:
-                    if self._in_headers:
-                        self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
-                    else:  # still in the request line (as http.server does past 64 KiB)
-                        self.requestline = self.request_version = self.command = ""
-                        self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
-                    self.close_connection = True
-
-            def parse_request(self) -> bool:
-                self._in_headers = True
-                if not super().parse_request():
-                    return False
-                if not self.server.head_done(self.connection):  # dropped for another client
-                    self.close_connection = True
-                    return False
-                self.connection.settimeout(self.timeout)  # the answer gets its own time
-                return True
+            def head_limits(self) -> tuple[float, int]:
+                return HTTP_HEAD_TIMEOUT_S, HTTP_MAX_HEAD_BYTES
 
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
                 try:
