@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from agents.factory import LEARNED_POLICIES, make_policy_stack
@@ -52,7 +53,7 @@ from daemon.stopsignals import StopOnSignals
 from platforms import cpufreq, paths
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
-from platforms.liveprocs import LiveProcessControl, rival_daemons
+from platforms.liveprocs import LiveProcessControl, boot_id, rival_daemons
 from platforms.observation import Observation
 from platforms.outputs import OutputFolderError, ensure_parent
 from platforms.platform import Platform
@@ -367,6 +368,28 @@ class _StatusWriter:
         try:
             write_status(self.path, status)
         except OSError as err:
+def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles) -> None:
+    """Register again the jobs an earlier run of this boot had, still running (a restart
+    used to drop them: :mod:`daemon.jobpersist`), then keep the table on disk."""
+    from daemon.jobpersist import RegistrationsFile, take_up
+
+    boot = boot_id()
+    store = RegistrationsFile(state_dir, boot, log)
+    for entry in take_up(state_dir, boot, procs.start_time, log):
+        table.register(replace(entry, profile=profiles(entry.name)))
+        log_event(
+            log,
+            "job_taken_up",
+            pid=entry.pid,
+            name=entry.name,
+            criticality=entry.criticality,
+            deadline_s=entry.deadline_s,
+            registered_s_ago=round(time.monotonic() - entry.release_t, 3),
+        )
+    table.on_change = store.save
+    store.save(table.snapshot())  # what did not come back leaves the file now
+
+
             why = err.strerror or str(err)
             if why != self.failing:
                 log_event(
@@ -540,6 +563,8 @@ def _serve(
                 procs,
                 dry_run=dry_run,
                 live_jobs=True,
+        if not dry_run:
+            _take_up_jobs(table, cfg.state_dir, procs, profiles)
                 originals=None if dry_run else JobOriginals(cfg.state_dir),
             ),
         )

@@ -1,0 +1,165 @@
+"""The registered jobs, on disk, so that a restarted daemon takes them up again.
+
+Why: the job table lives in the daemon's memory. A restart (an upgrade's ``service install``,
+``systemctl restart``, a crash and systemd's ``Restart=on-failure``) used to drop every
+registration: the jobs ran on unmanaged, a HI job lost its cluster and every deadline went
+unplanned, while ``hidvfs run`` waited on, unaware. ``registrations.json`` in the state dir
+lists each registered job (pid, its start time, name, deadline, criticality, who registered
+it, when, and its adopter); it is rewritten atomically whenever a job registers or leaves.
+The next start takes up every listed job that is still the same process (same boot, same
+pid and start time) with its deadline counted from its first registration: the daemon's
+clock is ``CLOCK_MONOTONIC``, one clock for the whole boot. The reference profile is looked
+up again by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from daemon.jobs import JobEntry
+from daemon.statusfile import write_json_atomic
+
+FILE_NAME = "registrations.json"
+FORMAT = "hidvfs-registrations"
+VERSION = 1
+
+
+def registrations_path(state_dir: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(state_dir), FILE_NAME)
+
+
+def to_row(e: JobEntry) -> dict[str, Any]:
+    """A job as stored (its profile is not: the next start looks it up by name again)."""
+    return {
+        "pid": e.pid,
+        "start_time": e.start_time,
+        "name": e.name,
+        "release_t": e.release_t,
+        "deadline_s": e.deadline_s,
+        "criticality": e.criticality,
+        "registrant_uid": e.registrant_uid,
+        "adopter": None if e.adopter is None else list(e.adopter),
+    }
+
+
+def from_row(row: Any) -> JobEntry | None:
+    """The job a stored row describes; None for a row this version cannot read whole (a job
+    is taken up with everything it registered with, or not at all)."""
+    try:
+        pid, start, name = int(row["pid"]), row["start_time"], str(row["name"])
+        release_t = float(row["release_t"])
+        deadline = row["deadline_s"]
+        deadline = None if deadline is None else float(deadline)
+        crit, uid, adopter = str(row["criticality"]), row["registrant_uid"], row["adopter"]
+        if start is None or pid <= 0 or not math.isfinite(release_t):
+            return None  # no start time: a reused pid could not be told from the job
+        if crit not in ("hi", "lo") or (deadline is not None and not deadline > 0):
+            return None
+        if adopter is not None:
+            a_pid, a_start = adopter
+            adopter = (int(a_pid), None if a_start is None else float(a_start))
+        return JobEntry(
+            pid=pid,
+            name=name,
+            release_t=release_t,
+            deadline_s=deadline,
+            criticality=crit,
+            registrant_uid=None if uid is None else int(uid),
+            start_time=float(start),
+            adopter=adopter,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class RegistrationsFile:
+    """Keeps ``registrations.json`` equal to the job table (:meth:`save` from its change
+    hook). Writes are serialised and each one is the whole table, so the file never lists a
+    job the table dropped before it."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], boot: str | None, log: logging.Logger):
+        self.path = registrations_path(state_dir)
+        self.boot = boot
+        self.log = log
+        self._lock = threading.Lock()
+        self._failed = False
+
+    def save(self, jobs: Iterable[JobEntry]) -> None:
+        rows = sorted((to_row(e) for e in jobs), key=lambda r: r["pid"])
+        with self._lock:
+            try:
+                if rows:
+                    write_json_atomic(
+                        self.path,
+                        {"format": FORMAT, "version": VERSION, "boot_id": self.boot, "jobs": rows},
+                        dir_mode=0o700,
+                    )
+                else:
+                    try:
+                        os.unlink(self.path)
+                    except FileNotFoundError:
+                        pass
+                if self._failed:
+                    self._failed = False
+                    self.log.info("event=registrations_saved path=%s jobs=%d", self.path, len(rows))
+            except OSError as err:
+                # the jobs are still steered; only a restart would not take them up. Said
+                # once until a write works again (a full disk would say it at every change)
+                if not self._failed:
+                    self._failed = True
+                    self.log.warning(
+                        "event=registrations_unsaved path=%s detail=%r",
+                        self.path,
+                        f"{err.strerror or err}: a restart would not take up the jobs",
+                    )
+
+
+def take_up(
+    state_dir: str | os.PathLike[str],
+    boot: str | None,
+    start_time: Callable[[int], float | None],
+    log: logging.Logger,
+) -> list[JobEntry]:
+    """At start: the jobs an earlier run of this boot had registered that are still the same
+    processes. A file of another boot, or one that does not read, is set aside (logged);
+    nothing in it is taken up."""
+    path = registrations_path(state_dir)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError("not a registrations file")
+        version, rows = data.get("version"), data.get("jobs")
+        if version != VERSION or not isinstance(rows, list):
+            raise ValueError(f"version {version!r} (this hidvfs reads {VERSION})")
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as err:
+        log.error("event=registrations_unreadable path=%s detail=%r", path, str(err))
+        return []
+    if boot is None or data.get("boot_id") != boot:
+        log.info("event=registrations_of_another_boot path=%s jobs=%d", path, len(rows))
+        return []
+    out: list[JobEntry] = []
+    for row in rows:
+        entry = from_row(row)
+        if entry is None:
+            log.warning("event=registration_unreadable path=%s row=%r", path, row)
+            continue
+        if start_time(entry.pid) != entry.start_time:
+            continue  # ended while no daemon ran (or its pid belongs to another process now)
+        adopter = entry.adopter
+        if adopter is not None and adopter[1] is not None and start_time(adopter[0]) != adopter[1]:
+            adopter = None  # its `hidvfs run` is gone: the job's own tree is still the job
+        out.append(replace(entry, adopter=adopter))
+    return out
+
+
+__all__ = ["FILE_NAME", "RegistrationsFile", "from_row", "registrations_path", "take_up", "to_row"]
