@@ -48,14 +48,24 @@ def coordinator() -> None:
     type=click.IntRange(min=0),
     help="Seed of the simulation.",
 )
+@click.option(
+    "--compress",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(1e-3, 1e6),
+    help="Replay the jobs' arrivals this many times faster (their work unchanged): a trace "
+    "of a large, lightly loaded cluster becomes a loaded one on a few boards. The table "
+    "says the offered load.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
-def simulate_cmd(trace_path, policy, nodes, seed, as_json) -> None:
-    """Side-by-side makespan, mean flow and wait time per policy, with ratios to the best heuristic."""
+def simulate_cmd(trace_path, policy, nodes, seed, compress, as_json) -> None:
+    """Side-by-side makespan, mean flow and wait time per policy, with ratios to the best
+    heuristic, and the offered load replayed."""
     from daemon.logs import setup_logging
     from tools.coordinator_cmd import format_table, parse_policies, simulate
 
     setup_logging("warning")  # the trace's skipped jobs and dropped rows, on stderr
-    rows = simulate(trace_path, parse_policies(policy), nodes, seed)
+    rows = simulate(trace_path, parse_policies(policy), nodes, seed, compress)
     if as_json:
         emit_json(rows)
     else:

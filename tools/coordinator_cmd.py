@@ -92,20 +92,25 @@ def simulate(
     policies: Sequence[str] = DEFAULT_POLICIES,
     nodes_spec: str = "tx2:4,orin-nx:2,rubikpi3:2",
     seed: int = 0,
+    compress: float = 1.0,
 ) -> list[dict]:
     """Replay a ``batch_task.csv`` on the simulated cluster under each policy.
 
     One row per policy with the simulator's metrics and ratios to the best heuristic; the
     trace's issues (skipped jobs with file, line and reason) are logged and counted
-    (``skipped_jobs``, ``dropped_rows``, ``imputed``)."""
+    (``skipped_jobs``, ``dropped_rows``, ``imputed``). ``compress`` replays the arrivals that
+    many times faster (:func:`platforms.cluster.simcluster.compress_arrivals`); each row
+    says the ``offered_load`` replayed and the ``compress`` factor."""
     from agents.placement.train import make_placer
     from platforms.cluster.alibaba import read_batch_task
-    from platforms.cluster.simcluster import Workload
+    from platforms.cluster.simcluster import Workload, compress_arrivals, offered_load
     from platforms.cluster.simcluster import simulate as run
 
     # numpy's own error ("expected non-negative integer") named no option
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"--seed: expected an integer >= 0, got {seed!r}")
+    if not (isinstance(compress, (int, float)) and 1e-3 <= compress <= 1e6):
+        raise ValueError(f"--compress: expected a number from 0.001 to 1000000, got {compress!r}")
     policies = parse_policies(",".join(policies))
     nodes = parse_nodes_spec(nodes_spec)  # all checked before the trace is read
     load = read_batch_task(trace_path)
@@ -120,7 +125,8 @@ def simulate(
         log.warning("%s", imputed_summary(trace_path, load))
     if not load.jobs:
         raise ValueError(f"{trace_path}: no usable job ({len(load.issues)} issues)")
-    w = Workload.from_jobs(load.jobs)
+    w = compress_arrivals(Workload.from_jobs(load.jobs), float(compress))
+    offered = offered_load(w, nodes)
     rows = []
     for name in policies:
         res = run(w, nodes, make_placer(name), seed=seed)
@@ -132,6 +138,8 @@ def simulate(
                 "dropped_rows": load.dropped_rows,
                 "imputed": load.imputed,
                 "seed": seed,
+                "compress": float(compress),
+                "offered_load": offered,
             }
         )
     return _with_ratios(rows)
@@ -185,6 +193,18 @@ def format_table(rows: list[dict]) -> str:
         " at the fastest speed, or the work still to arrive over the cluster's capacity);"
         " inf: the best is 0 and this one is not"
     )
+    if "offered_load" in rows[0]:
+        r = rows[0]
+        out.append(
+            f"offered load {r['offered_load']:.3g} (the jobs' work per second of their arrival"
+            f" span over the cluster's capacity), arrivals {r['compress']:g}x as fast as the"
+            " trace's"
+            + (
+                "; below ~0.5 every placement nears the lower bound: try --compress"
+                if r["offered_load"] < 0.5
+                else ""
+            )
+        )
     return "\n".join(out)
 
 
@@ -453,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--policy", default=",".join(DEFAULT_POLICIES))
     p.add_argument("--nodes", default="tx2:4,orin-nx:2,rubikpi3:2")
     p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--compress", type=float, default=1.0)
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("serve")
     p.add_argument("--listen", default="127.0.0.1:8888")
@@ -476,7 +497,7 @@ def _run(a: argparse.Namespace) -> int:
         rows = evaluate(a.model, a.jobs, a.loads)
         print(json.dumps(rows, indent=1) if a.json else format_table(rows))
     elif a.cmd == "simulate":
-        rows = simulate(a.trace, parse_policies(a.policy), a.nodes, a.seed)
+        rows = simulate(a.trace, parse_policies(a.policy), a.nodes, a.seed, a.compress)
         print(json.dumps(rows, indent=1) if a.json else format_table(rows))
     else:
         from daemon.config import parse_listen

@@ -551,6 +551,30 @@ class Placer(Protocol):
     def place(self, view: ClusterView) -> list[tuple[int, int]]: ...
 
 
+def compress_arrivals(w: Workload, factor: float) -> Workload:
+    """``w`` with its jobs arriving ``factor`` times faster after the first (the tasks'
+    work unchanged): a trace recorded on a large, lightly loaded cluster becomes a loaded
+    one on a few boards."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"compression factor must be a finite number > 0, got {factor!r}")
+    if w.n_jobs == 0 or factor == 1.0:
+        return w
+    first = float(w.job_arrival.min())
+    return replace(w, job_arrival=first + (w.job_arrival - first) / factor)
+
+
+def offered_load(w: Workload, nodes: Sequence[NodeSpec]) -> float:
+    """The work the jobs bring per second of their arrival span, over the cluster's
+    speed-weighted cores (the synthetic generator's ``load``); inf when every job arrives
+    at once, 0 without work."""
+    work = float(np.sum(w.work * w.cpu))
+    cap = sum(n.cpus * n.speed for n in nodes)
+    span = float(np.ptp(w.job_arrival)) if w.n_jobs else 0.0
+    if work <= 0 or cap <= 0:
+        return 0.0
+    return work / (cap * span) if span > 0 else math.inf
+
+
 def makespan_lower_bound(
     w: Workload, nodes: Sequence[NodeSpec], cpu: np.ndarray | None = None
 ) -> float:

@@ -485,3 +485,42 @@ def test_synth_writes_through_links_and_streams_and_keeps_a_files_mode(tmp_path)
     assert out.returncode == 0 and out.stdout.count(b"\n") == out.stdout.count(b",j_")
     assert b"3 jobs" in out.stderr
     assert run("synth", "--out", "", "--jobs", "3").output.endswith("empty\n")
+
+
+def test_simulate_compress_replays_the_arrivals_faster_and_says_the_load(tmp_path):
+    """A trace of a lightly loaded cluster: every policy ties at the lower bound until
+    --compress brings the arrivals closer; the rows and the table say the offered load."""
+    from platforms.cluster.synthetic import SyntheticConfig, generate_rows, write_batch_task
+
+    path = tmp_path / "t.csv"
+    write_batch_task(path, generate_rows(SyntheticConfig(n_jobs=60, seed=3, load=0.05)))
+    args = ("simulate", "--trace", str(path), "--policy", "fifo,heft", "--nodes", "tx2:2")
+    light = json.loads(run(*args, "--json").output)
+    heavy = json.loads(run(*args, "--compress", "40", "--json").output)
+    assert [r["compress"] for r in light + heavy] == [1.0, 1.0, 40.0, 40.0]
+    assert heavy[0]["offered_load"] == pytest.approx(40 * light[0]["offered_load"])
+    assert heavy[0]["tasks"] == light[0]["tasks"]  # the same work, sooner
+    assert max(r["makespan_s"] for r in heavy) < min(r["makespan_s"] for r in light)
+    table = run(*args, "--compress", "40").output
+    assert f"offered load {heavy[0]['offered_load']:.3g}" in table and "40x as fast" in table
+    assert "try --compress" in run(*args).output
+    r = run(*args, "--compress", "0")
+    assert r.exit_code == 2 and "--compress" in r.output
+
+
+def test_compressed_arrivals_keep_the_first_and_scale_the_gaps():
+    import numpy as np
+
+    from platforms.cluster.simcluster import NodeSpec, Workload, compress_arrivals, offered_load
+    from platforms.cluster.synthetic import SyntheticConfig, synthetic_trace
+
+    w = Workload.from_jobs(synthetic_trace(SyntheticConfig(n_jobs=20, seed=1)).jobs)
+    c = compress_arrivals(w, 4.0)
+    a0 = w.job_arrival.min()
+    assert np.allclose(c.job_arrival - a0, (w.job_arrival - a0) / 4.0)
+    assert c.work is w.work and np.array_equal(c.rank_u, w.rank_u)
+    nodes = [NodeSpec("n", "tx2", cpus=4, mem=8, speed=1.0)]
+    assert offered_load(c, nodes) == pytest.approx(4 * offered_load(w, nodes))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="compression factor"):
+            compress_arrivals(w, bad)
