@@ -355,19 +355,6 @@ def _check_listen_host(listen: str, key: str) -> None:
         ) from None
 
 
-class _StatusWriter:
-    """The status file, or a warning (once per kind of failure, and once when it is written
-    again): a status file that cannot be written (its folder removed, the disk full) is no
-    reason to stop controlling the board."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.failing: str | None = None
-
-    def __call__(self, status: dict) -> None:
-        try:
-            write_status(self.path, status)
-        except OSError as err:
 def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles) -> None:
     """Register again the jobs an earlier run of this boot had, still running (a restart
     used to drop them: :mod:`daemon.jobpersist`), then keep the table on disk."""
@@ -390,6 +377,19 @@ def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles) -> None:
     store.save(table.snapshot())  # what did not come back leaves the file now
 
 
+class _StatusWriter:
+    """The status file, or a warning (once per kind of failure, and once when it is written
+    again): a status file that cannot be written (its folder removed, the disk full) is no
+    reason to stop controlling the board."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.failing: str | None = None
+
+    def __call__(self, status: dict) -> None:
+        try:
+            write_status(self.path, status)
+        except OSError as err:
             why = err.strerror or str(err)
             if why != self.failing:
                 log_event(
@@ -550,6 +550,8 @@ def _serve(
             ),
         )
         table = JobTable()
+        if not dry_run:
+            _take_up_jobs(table, cfg.state_dir, procs, profiles)
         loop = ControlLoop(
             platform,
             pol,
@@ -563,8 +565,6 @@ def _serve(
                 procs,
                 dry_run=dry_run,
                 live_jobs=True,
-        if not dry_run:
-            _take_up_jobs(table, cfg.state_dir, procs, profiles)
                 originals=None if dry_run else JobOriginals(cfg.state_dir),
             ),
         )
