@@ -259,6 +259,19 @@ def _prepare(
             "(sudo hidvfs daemon ..., or `sudo hidvfs service install`); "
             "use --dry-run to see what it would write"
         )
+    # before the first read: root following a link planted in another user's tree writes a
+    # frequency into a file of the link's choosing (or reads one into the trace)
+    from platforms.sysfs import untrusted_tree_entry
+
+    untrusted = untrusted_tree_entry(sysfs_root)
+    if untrusted:
+        raise DaemonError(
+            f"--sysfs-root {sysfs_root}: {untrusted}, so another user can change what this "
+            "root daemon reads and writes there (a symlink planted in the tree redirects a "
+            "write to any file); as root, run on a tree owned by root in folders no other "
+            "user can write (chown -R root:root it, or copy it), or run as the tree's owner "
+            "without sudo (a fake tree needs no root)"
+        )
     sysfs = DirSysfs(sysfs_root)
     spec = resolve_board(cfg, sysfs)
     if not cpufreq.list_policies(sysfs):

@@ -53,19 +53,24 @@ def write_bytes_atomic(
     removed on any failure or interruption. ``mode`` sets the file's permission bits before
     it appears (else mkstemp's 0600); ``dir_mode`` is used when the folder has to be
     created; ``durable_dir`` also fsyncs the folder so the rename itself survives a power
-    cut."""
+    cut. Nothing is done to the temporary by name but the rename and the cleanup's unlink
+    (neither follows a symlink): the mode is set on the open descriptor, so a user who can
+    write the folder and swaps a symlink in for the temporary cannot make a root writer
+    chmod another file."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
+            # on the descriptor, never by name: in a folder another user can write, the name
+            # may be a symlink by now, and a chmod by path would change the mode of its target
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # a rename acts on the name itself, never on a link's target
     except BaseException:
         try:
             os.unlink(tmp)

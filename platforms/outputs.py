@@ -7,11 +7,20 @@ than when its results are written."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
+from typing import BinaryIO
 
-__all__ = ["OutputFolderError", "PSEUDO_FILESYSTEMS", "ensure_parent", "is_stream_path"]
+__all__ = [
+    "OutputFileError",
+    "OutputFolderError",
+    "PSEUDO_FILESYSTEMS",
+    "ensure_parent",
+    "is_stream_path",
+    "open_output",
+]
 
 
 def is_stream_path(path: str | os.PathLike[str]) -> bool:
@@ -123,3 +132,90 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
             f"{option} {path}: its folder {where} is not writable "
             f"({_why_not_writable(where, err)}); choose another {option}"
         ) from None
+
+
+class OutputFileError(OSError):
+    """An output file hidvfs will not write through (a symbolic link another user may have
+    planted, a block device, a file with other hard links): its message names the option and
+    the path and says what to give instead. An OSError, so the callers that report a file
+    they cannot open report this one the same way."""
+
+    def __init__(self, message: str, err: int = errno.EPERM):
+        super().__init__(err, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _trusted_link(path: str) -> bool:
+    """A symlink this process may write through: owned by root or by this process's user, in
+    a folder of theirs that nobody else can write (``/dev/stdout``, ``/proc/self/fd/N``, a
+    user's own link in their own folder). Another user's link is what turned a root daemon's
+    ``--record`` into a write to a file of the link's choosing; a folder others can write
+    could have had a root-owned link hard-linked into it, or swapped after this look."""
+    trusted = (0, os.geteuid())
+    try:
+        st = os.lstat(path)
+        folder = os.lstat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return (
+        stat.S_ISLNK(st.st_mode)
+        and st.st_uid in trusted
+        and folder.st_uid in trusted
+        and not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def open_output(path: str | os.PathLike[str], option: str = "the output") -> BinaryIO:
+    """Open the output file ``path`` of ``option`` for writing from its start, made if
+    missing (0666 less the umask, as ``open(path, "wb")``), without ever writing through a
+    name another user controls:
+
+    - the last component is opened with ``O_NOFOLLOW``: a symlink there is followed only
+      when root or this process's user owns it and its folder, which nobody else can write
+      (``/dev/stdout`` -> ``/proc/self/fd/1``); another user's link (a dangling one made a
+      root daemon create its target) is refused;
+    - what was opened is looked at before anything is written: a regular file is truncated
+      only then, and refused when it has other hard links (one to a root file made in a
+      folder the user could write); a FIFO or a character device (``/dev/null``, a pipe or
+      terminal behind ``/dev/stdout``) is written as a stream; anything else (a block
+      device) is refused.
+
+    Raises :class:`OutputFileError` (naming ``option``) for a refusal, OSError for the rest."""
+    path = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW, 0o666)
+        linked = False
+    except OSError as err:
+        # ELOOP for a symlink as the last component (EMLINK on some BSDs)
+        if err.errno not in (errno.ELOOP, errno.EMLINK) or not os.path.islink(path):
+            raise
+        if not _trusted_link(path):
+            raise OutputFileError(
+                f"{option} {path}: is a symbolic link that another user owns or could have "
+                "placed (in a folder others can write); hidvfs writes no output through it "
+                "(it could point anywhere): remove it, or give the file's own path"
+            ) from None
+        fd = os.open(path, flags, 0o666)  # a trusted link: followed like /dev/stdout always was
+        linked = True
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if st.st_nlink > 1 and not linked:
+                raise OutputFileError(
+                    f"{option} {path}: this file has {st.st_nlink - 1} other hard link(s); "
+                    "hidvfs does not overwrite a file that is also elsewhere: remove it, or "
+                    "choose another path"
+                )
+            os.ftruncate(fd, 0)
+        elif not (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+            kind = "a block device" if stat.S_ISBLK(st.st_mode) else "not a regular file"
+            raise OutputFileError(
+                f"{option} {path}: is {kind}; give a regular file, a FIFO or /dev/stdout"
+            )
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from abc import ABC, abstractmethod
 
 from platforms.errors import SysfsUnavailable, SysfsWriteError
@@ -172,3 +173,100 @@ class DirSysfs(SysfsBackend):
 
     def writable(self, path: str) -> bool:
         return os.access(self.abspath(path), os.W_OK)
+
+
+def _changeable_by_others(st: os.stat_result, *, inside: bool) -> str | None:
+    """Why another user than root could change the entry ``st`` describes (owned by them, or
+    a folder they can write), or None. Above a tree, a sticky folder (``/tmp``) is fine: its
+    other users can add names but not move the tree's own, root-owned one. Inside a tree it
+    is not: a name the daemon finds by listing (a policy, a thermal zone) or a file it reads
+    when it appears could be theirs."""
+    if st.st_uid != 0:
+        return f"is owned by uid {st.st_uid}"
+    if not stat.S_ISDIR(st.st_mode):
+        return None  # a file's or a link's own bits cannot redirect a path
+    by_others = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
+    if by_others and (inside or not st.st_mode & stat.S_ISVTX):
+        who = "others" if st.st_mode & stat.S_IWOTH else f"group {st.st_gid}"
+        sticky = (
+            " (sticky, but inside the tree a new name is read)"
+            if inside and (st.st_mode & stat.S_ISVTX)
+            else ""
+        )
+        return f"is a folder writable by {who}{sticky}"
+    return None
+
+
+def _folders_above(path: str) -> list[str]:
+    """``/``, ``/a``, ``/a/b`` for ``/a/b/c``: every folder a lookup of ``path`` goes through."""
+    out, cur = [], path
+    while True:
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        out.append(parent)
+        cur = parent
+    return out[::-1]
+
+
+def untrusted_tree_entry(root: str | os.PathLike[str], *, euid: int | None = None) -> str | None:
+    """For a process running as root on a fake tree (``--sysfs-root DIR``, not ``/``): the
+    first path, with why, that lets another user change what the tree's paths name, else
+    None. Checked: the folders above the tree (as given and as resolved: a link on the way
+    counts), the tree's root and every entry under it (``lstat``, links not followed). Each
+    must be owned by root, and no folder writable by another user (above the tree, a sticky
+    one such as ``/tmp`` is fine). :class:`DirSysfs` opens its paths by name and follows
+    links, which a real sysfs needs (``cpuN/cpufreq`` -> ``policyN``) and fake trees have
+    too; on a tree another user controls, a link planted there made root write a frequency
+    into a root-only file, or read one into a world-readable trace. A tree nobody else can
+    change stays so for the whole run, so one look at the start is enough.
+
+    ``euid`` defaults to this process's; any other than 0 is never refused (a user runs on
+    their own tree with their own rights), nor is the live tree ``/``."""
+    euid = os.geteuid() if euid is None else euid
+    root = os.path.abspath(os.fspath(root))
+    if euid != 0 or root == os.path.abspath(os.sep):
+        return None
+    real = os.path.realpath(root)
+    for top in dict.fromkeys((root, real)):
+        for folder in _folders_above(top):
+            try:
+                why = _changeable_by_others(os.lstat(folder), inside=False)
+            except OSError:
+                continue  # what cannot be looked at fails the start later, said as such
+            if why:
+                return f"{folder} {why}"
+        if top != real:  # the tree's own name as given (it may be a link)
+            try:
+                st = os.lstat(top)
+            except OSError:
+                continue
+            if st.st_uid != 0:
+                return f"{top} is owned by uid {st.st_uid}"
+    stack = [real]
+    while stack:
+        folder = stack.pop()
+        try:
+            why = _changeable_by_others(os.lstat(folder), inside=True)
+        except OSError:
+            continue
+        if why:
+            return f"{folder} {why}"
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subfolders = []
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subfolders.append(entry.path)
+                    continue
+                why = _changeable_by_others(entry.stat(follow_symlinks=False), inside=True)
+            except OSError:
+                continue
+            if why:
+                return f"{entry.path} {why}"
+        stack.extend(reversed(subfolders))  # depth first, in name order
+    return None

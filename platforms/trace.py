@@ -286,13 +286,15 @@ def keep_previous_recording(path: str | os.PathLike[str]) -> str | None:
     """Move an existing, non-empty recording at ``path`` to :func:`previous_name` (replacing
     the one kept before) and return that name, else None: a daemon restarted after a failure
     (systemd's Restart=on-failure) with the same ``--record`` would otherwise truncate the
-    trace of the run that failed, the one worth reading."""
+    trace of the run that failed, the one worth reading. What is at ``path`` is looked at,
+    not followed (``lstat``): a symlink (``/dev/stdout``, or one a user planted) is no
+    recording to keep, and the writer decides whether it may write through it."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-        return None  # /dev/null, a FIFO, an empty file: nothing to keep
+        return None  # /dev/null, a FIFO, a symlink, an empty file: nothing to keep
     prev = previous_name(path)
     os.replace(path, prev)
     return prev
@@ -332,7 +334,7 @@ class TickRecorder:
             files=relevant_files(inner, spec),
             extra={RECORDED_BY: "daemon", "policy": policy},
         )
-        self._writer = TraceWriter(out, header).open()
+        self._writer = TraceWriter(out, header, option="--record").open()
         self._t0 = clock.now()
 
     def sample(self, t: float) -> None:
@@ -471,6 +473,7 @@ def record(
     spec: BoardSpec | None = None,
     started: str | None = None,
     stop: threading.Event | None = None,
+    option: str = "--out",
 ) -> int:
     """Sample ``files`` (default: :func:`relevant_files`) every ``period_s`` into ``out``.
 
@@ -480,7 +483,7 @@ def record(
     Setting ``stop`` (a signal handler does) ends the recording early, at once even in the
     middle of a long period, with the file closed as at the end (complete, gzip trailer
     written). ``on_sample(count, t)`` is called after each sample (progress). Returns the
-    sample count.
+    sample count. ``option`` names ``out`` in an error about the file (`trace record --out`).
     """
     if not period_s > 0:
         raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
@@ -490,7 +493,7 @@ def record(
     header = TraceHeader(board=board, period_s=float(period_s), files=names)
     if started is not None:
         header.started = started
-    with TraceWriter(out, header) as writer:
+    with TraceWriter(out, header, option=option) as writer:
         t0 = clock.now()
         k = 0
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from platforms.errors import TraceError
+from platforms.outputs import open_output
 
 FORMAT = "hidvfs-trace"
 VERSION = 1
@@ -107,14 +108,22 @@ class TraceWriter:
 
     Every sample is flushed to the OS (gzip with a sync flush), so a crashed process loses at
     most the line it was writing. Times must not go backwards and values must be text (reads may
-    be None), so the writer never produces a file the reader refuses.
+    be None), so the writer never produces a file the reader refuses. The file is opened by
+    :func:`platforms.outputs.open_output` (no write through another user's symlink, into a
+    block device or a file with other hard links; ``/dev/stdout`` and a FIFO as streams), a
+    refusal naming ``option``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], header: TraceHeader):
+    def __init__(
+        self, path: str | os.PathLike[str], header: TraceHeader, *, option: str = "the trace"
+    ):
         self.path = os.fspath(path)
         self.header = header
+        #: the command option naming the file, for an error about it (``--record``)
+        self.option = option
         self.count = 0
         self._f: IO[bytes] | None = None
+        self._raw: IO[bytes] | None = None  # the file under a GzipFile
         self._last_t: float | None = None
 
     def open(self) -> TraceWriter:
@@ -124,12 +133,21 @@ class TraceWriter:
                 f"{self.path}: period_s must be {MIN_PERIOD_S} to {MAX_T_S:g} s, got {p}"
             )
         if self._f is None:
+            # never through another user's symlink, never into a block device or a file
+            # hard-linked elsewhere (a root daemon's --record in a folder a user can write)
+            raw = open_output(self.path, self.option)
             if self.path.endswith(".gz"):
                 # level 6 (gzip's own default): 4x cheaper than 9 for ~5% more bytes, which
-                # matters when the recorder shares the board with the workload it measures
-                self._f = gzip.open(self.path, "wb", compresslevel=6)
+                # matters when the recorder shares the board with the workload it measures;
+                # the name in the gzip header is the path's, as gzip.open(path) wrote it
+                try:
+                    self._f = gzip.GzipFile(self.path, "wb", compresslevel=6, fileobj=raw)
+                except BaseException:
+                    raw.close()
+                    raise
+                self._raw = raw  # GzipFile leaves a file it was given open: close() does it
             else:
-                self._f = open(self.path, "wb")  # closed in close()
+                self._f = raw  # closed in close()
             self._line(self.header.to_json())
         return self
 
@@ -143,8 +161,13 @@ class TraceWriter:
         """Close the file; a close that fails (a full disk refusing gzip's trailer) still
         releases it and raises once, never again."""
         f, self._f = self._f, None
-        if f is not None:
-            f.close()
+        raw, self._raw = self._raw, None
+        try:
+            if f is not None:
+                f.close()
+        finally:
+            if raw is not None:
+                raw.close()
 
     def size(self) -> int | None:
         """Bytes written to the file so far (compressed, for gzip: each sample is flushed);

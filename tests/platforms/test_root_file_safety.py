@@ -1,0 +1,354 @@
+"""Files a root daemon writes where another user can reach: the atomic writer's temporary
+(F3), the status file's mode (F7), a recording (F5) and a --sysfs-root tree (F6).
+
+Each case plants what the audit's unprivileged user planted, at the moment it mattered (a
+symlink renamed over the temporary name between its write and the chmod; a dangling link
+where the recording goes; a link inside the tree), and checks that root's write lands
+nowhere but where it should."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from platforms import atomicfile, outputs
+from platforms.atomicfile import write_text_atomic
+from platforms.clock import VirtualClock
+from platforms.faketree import write_fake_tree
+from platforms.outputs import OutputFileError, open_output
+from platforms.spec import load_board
+from platforms.sysfs import DirSysfs, untrusted_tree_entry
+from platforms.trace import TickRecorder, keep_previous_recording, read_trace
+from platforms.trace_io import TraceHeader, TraceWriter
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another user")
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _header() -> TraceHeader:
+    return TraceHeader(board="tx2", period_s=0.1, files=["a"])
+
+
+# -- F3: the atomic writer's mode goes on its descriptor -----------------------------------
+
+
+def test_a_symlink_swapped_in_for_the_temporary_does_not_take_the_chmod(tmp_path, monkeypatch):
+    """The audit's race, made deterministic: while the temporary is being written, the
+    folder's other user renames a symlink to a root file over its name. A chmod by name
+    afterwards made that file 0666."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    victim.chmod(0o600)
+    folder = tmp_path / "udir"
+    folder.mkdir()
+    real_fsync = os.fsync
+
+    def swap_then_fsync(fd):
+        (tmp,) = [n for n in os.listdir(folder) if n.startswith(".st.json.")]
+        os.symlink(victim, folder / "planted")
+        os.rename(folder / "planted", folder / tmp)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(atomicfile.os, "fsync", swap_then_fsync)
+    write_text_atomic(folder / "st.json", "{}\n", mode=0o666)
+    monkeypatch.undo()
+    assert _mode(victim) == 0o600  # it became 0666
+    assert victim.read_text() == "root's\n"
+    # the rename moved the user's link to the name: their folder, their link; root's write
+    # went to the temporary it made, never through the link
+    assert (folder / "st.json").is_symlink()
+
+
+def test_the_mode_is_set_before_the_file_appears_and_never_by_name(tmp_path, monkeypatch):
+    def no_chmod_by_name(*a, **kw):
+        raise AssertionError("chmod by name")
+
+    monkeypatch.setattr(atomicfile.os, "chmod", no_chmod_by_name)
+    target = tmp_path / "unit"
+    write_text_atomic(target, "x\n", mode=0o640)
+    assert _mode(target) == 0o640 and target.read_text() == "x\n"
+    assert os.listdir(tmp_path) == ["unit"]
+
+
+# -- F7: the status file's mode is copied only from root's own file, narrowed --------------
+
+
+def test_the_status_mode_is_narrowed_and_never_setuid_or_writable_by_others(tmp_path):
+    from daemon.statusfile import status_mode, write_status
+
+    path = tmp_path / "st.json"
+    assert status_mode(str(path)) == 0o644  # none yet
+    for have, want in ((0o600, 0o600), (0o640, 0o640), (0o644, 0o644), (0o664, 0o644),
+                       (0o4777, 0o644), (0o2666, 0o644), (0o1777, 0o644)):  # fmt: skip
+        path.write_text("{}")
+        os.chmod(path, have)
+        write_status(str(path), {"ok": True})
+        assert _mode(path) == want, oct(have)
+        assert json.loads(path.read_text()) == {"ok": True}
+
+
+def test_the_status_mode_does_not_follow_a_symlink(tmp_path):
+    from daemon.statusfile import write_status
+
+    other = tmp_path / "other"
+    other.write_text("x")
+    other.chmod(0o600)
+    path = tmp_path / "st.json"
+    path.symlink_to(other)
+    write_status(str(path), {"ok": True})
+    assert _mode(path) == 0o644 and not path.is_symlink()  # the default, not the target's
+    assert other.read_text() == "x" and _mode(other) == 0o600
+
+
+@needs_root
+def test_a_status_file_another_user_made_gives_root_no_mode(tmp_path):
+    """The audit: a 4777 st.json pre-made in a 1777 folder became root's -rwsrwxrwx file."""
+    from daemon.statusfile import write_status
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o1777)
+    path = folder / "st.json"
+    path.write_text("{}")
+    os.chown(path, NOBODY, NOBODY)
+    os.chmod(path, 0o4777)
+    write_status(str(path), {"ok": True})
+    st = os.stat(path)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644
+    os.chown(path, NOBODY, NOBODY)  # even a narrow mode of theirs is not taken
+    os.chmod(path, 0o600)
+    write_status(str(path), {"ok": False})
+    assert _mode(path) == 0o644
+
+
+# -- F5: a recording never goes through another user's link --------------------------------
+
+
+def _open_folder(tmp_path) -> Path:
+    """A folder another user can write (as the audit's ``udir``): 0777 without sticky."""
+    folder = tmp_path / "udir"
+    folder.mkdir()
+    folder.chmod(0o777)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["rec.jsonl", "rec.jsonl.gz"])
+def test_a_dangling_link_where_the_recording_goes_creates_nothing(tmp_path, name):
+    folder = _open_folder(tmp_path)
+    target = tmp_path / "anything"
+    (folder / name).symlink_to(target)
+    sysfs = DirSysfs(str(tmp_path / "no-tree"))
+    with pytest.raises(OutputFileError, match=r"--record .*: is a symbolic link"):
+        TickRecorder(sysfs, VirtualClock(), folder / name, board="tx2", period_s=0.1, policy="x")
+    assert not target.exists()  # root created it with the trace in it
+
+
+def test_a_link_to_an_existing_file_is_not_written_through(tmp_path):
+    folder = _open_folder(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("")  # empty: keep_previous_recording does not move it away
+    (folder / "rec.jsonl").symlink_to(victim)
+    assert keep_previous_recording(folder / "rec.jsonl") is None
+    with pytest.raises(OutputFileError, match="symbolic link"):
+        TraceWriter(folder / "rec.jsonl", _header(), option="--record").open()
+    assert victim.read_text() == ""
+
+
+@needs_root
+def test_another_users_link_is_refused_even_in_roots_folder(tmp_path):
+    """A link owned by another uid is theirs wherever it is (a folder root later took)."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "rec.jsonl"
+    link.symlink_to(victim)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    with pytest.raises(OutputFileError, match="symbolic link"):
+        open_output(link, "--record")
+    assert victim.read_text() == "keep"
+
+
+def test_a_link_that_is_not_a_recording_is_not_kept_as_one(tmp_path):
+    """keep_previous_recording followed the link (stat) and moved it to .prev; a symlink is
+    nothing to keep (the writer decides whether it may write through it)."""
+    data = tmp_path / "data"
+    data.write_text("not a recording")
+    (tmp_path / "rec.jsonl").symlink_to(data)
+    assert keep_previous_recording(tmp_path / "rec.jsonl") is None
+    assert (tmp_path / "rec.jsonl").is_symlink()
+    assert not (tmp_path / "rec.prev.jsonl").exists()
+
+
+def test_a_file_with_another_hard_link_is_not_overwritten(tmp_path):
+    folder = _open_folder(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("")
+    os.link(elsewhere, folder / "rec.jsonl")
+    with pytest.raises(OutputFileError, match="other hard link"):
+        open_output(folder / "rec.jsonl", "--record")
+    elsewhere.write_text("precious")
+    with pytest.raises(OutputFileError, match="other hard link"):
+        open_output(folder / "rec.jsonl", "--record")
+    assert elsewhere.read_text() == "precious"  # not truncated before the refusal
+
+
+def test_a_block_device_is_refused(tmp_path, monkeypatch):
+    real = os.fstat
+
+    def as_block_device(fd):
+        st = real(fd)
+        return os.stat_result((stat.S_IFBLK | 0o660,) + tuple(st)[1:])
+
+    monkeypatch.setattr(outputs.os, "fstat", as_block_device)
+    with pytest.raises(OutputFileError, match="--record .*: is a block device"):
+        open_output(tmp_path / "rec.jsonl", "--record")
+
+
+def test_a_regular_file_a_users_own_link_and_a_device_still_record(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_bytes(b"x" * 5000)  # an existing file is truncated, as open(path, "wb") did
+    with TraceWriter(out, _header()) as w:
+        w.write_sample(0.0, {"a": "1"})
+    assert len(read_trace(out).samples) == 1 and out.stat().st_size < 5000
+    link = tmp_path / "mine.jsonl"  # this user's link in this user's own folder
+    link.symlink_to(tmp_path / "target.jsonl")
+    with TraceWriter(link, _header()) as w:
+        w.write_sample(0.0, {"a": "1"})
+    assert len(read_trace(tmp_path / "target.jsonl").samples) == 1
+    with TraceWriter("/dev/null", _header()) as w:
+        w.write_sample(0.0, {"a": "1"})
+
+
+def test_a_gzip_recording_through_the_descriptor_is_as_before(tmp_path):
+    out = tmp_path / "r.jsonl.gz"
+    w = TraceWriter(out, _header()).open()
+    w.write_sample(0.0, {"a": "1"})
+    assert w.size() == out.stat().st_size > 0
+    w.close()
+    w.close()  # once closed, closed
+    raw = out.read_bytes()
+    assert raw[3] & 0x08 and raw[10:].split(b"\0", 1)[0] == b"r.jsonl"  # the name in the header
+    assert len(read_trace(out).samples) == 1
+    with gzip.open(out) as f:
+        assert f.read().count(b"\n") == 2
+
+
+@pytest.mark.parametrize("to", ["file", "pipe"])
+def test_dev_stdout_still_records(tmp_path, to):
+    code = (
+        "from platforms.trace_io import TraceHeader, TraceWriter\n"
+        "from platforms.trace import keep_previous_recording\n"
+        "assert keep_previous_recording('/dev/stdout') is None\n"
+        "w = TraceWriter('/dev/stdout', TraceHeader(board='tx2', period_s=0.1, files=[]))\n"
+        "w.open()\n"
+        "w.write_sample(0.0, {'a': '1'}); w.close()\n"
+    )
+    if to == "file":
+        out = tmp_path / "out.jsonl"
+        out.write_text("what was there\n")
+        with open(out, "wb") as f:
+            subprocess.run([sys.executable, "-c", code], stdout=f, check=True, cwd=ROOT, timeout=60)
+        text = out.read_bytes()
+    else:
+        text = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, check=True, cwd=ROOT, timeout=60
+        ).stdout
+    assert text.count(b"\n") == 2 and text.startswith(b'{"format":"hidvfs-trace"')
+
+
+# -- F6: a root daemon refuses a --sysfs-root tree another user can change -----------------
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    return root
+
+
+def test_a_tree_is_never_refused_to_its_own_user_nor_the_live_root(tree):
+    assert untrusted_tree_entry(tree, euid=1000) is None
+    assert untrusted_tree_entry("/", euid=0) is None
+
+
+@needs_root
+def test_roots_own_fake_tree_passes(tree):
+    assert untrusted_tree_entry(tree) is None
+    tree.chmod(0o775)  # group root: root's own
+    assert untrusted_tree_entry(tree) is None
+
+
+@needs_root
+def test_a_tree_another_user_owns_or_can_write_is_named(tree, tmp_path):
+    pol = tree / "devices/system/cpu/cpufreq/policy0"
+    link = pol / "scaling_setspeed"
+    link.unlink()
+    link.symlink_to(tmp_path / "rootonly")
+    assert untrusted_tree_entry(tree) is None  # root's own link: root's choice
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    assert untrusted_tree_entry(tree) == f"{link} is owned by uid {NOBODY}"
+    os.chown(link, 0, 0, follow_symlinks=False)
+    pol.chmod(0o1777)  # sticky does not help inside: a new name there is read
+    assert untrusted_tree_entry(tree) == (
+        f"{pol} is a folder writable by others (sticky, but inside the tree a new name is read)"
+    )
+    pol.chmod(0o755)
+    os.chown(pol, 0, NOBODY)
+    pol.chmod(0o775)
+    assert untrusted_tree_entry(tree) == f"{pol} is a folder writable by group {NOBODY}"
+    pol.chmod(0o755)
+    os.chown(tree, NOBODY, NOBODY)
+    assert untrusted_tree_entry(tree) == f"{tree} is owned by uid {NOBODY}"
+
+
+@needs_root
+def test_the_folders_above_the_tree_count(tmp_path):
+    above = tmp_path / "above"
+    root = above / "tree"
+    write_fake_tree(load_board("tx2"), root)
+    above.chmod(0o777)  # the tree can be renamed away and another put in its place
+    assert untrusted_tree_entry(root) == f"{above} is a folder writable by others"
+    above.chmod(0o1777)  # sticky, like /tmp: root's tree in it stays root's
+    assert untrusted_tree_entry(root) is None
+    above.chmod(0o755)
+    link = tmp_path / "link"  # given through another user's link
+    link.symlink_to(root)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    assert untrusted_tree_entry(link) == f"{link} is owned by uid {NOBODY}"
+
+
+@needs_root
+def test_the_daemon_refuses_a_tree_with_a_planted_link_before_any_write(tree, tmp_path):
+    from daemon.service import DaemonError, run_live
+
+    rootonly = tmp_path / "rootonly"
+    rootonly.write_text("root only\n")
+    rootonly.chmod(0o600)
+    link = tree / "devices/system/cpu/cpufreq/policy0/scaling_setspeed"
+    link.unlink()
+    link.symlink_to(rootonly)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    state = tmp_path / "state"
+    with pytest.raises(DaemonError, match=rf"--sysfs-root {tree}: {link} is owned by uid"):
+        run_live(
+            sysfs_root=str(tree),
+            policy="maxfreq",
+            period_ms=20,
+            state_dir=str(state),
+            duration_s=0.2,
+            socket_path=str(tmp_path / "s.sock"),
+            record=str(tmp_path / "r.jsonl"),
+        )
+    assert rootonly.read_text() == "root only\n"  # it held the frequency the daemon wrote
+    assert not (tmp_path / "r.jsonl").exists() and not state.exists()
