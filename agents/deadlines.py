@@ -30,11 +30,10 @@ import fcntl
 import json
 import math
 import os
-import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from platforms.atomicfile import write_text_atomic
+from platforms.atomicfile import kept_mode, write_text_atomic
 from platforms.dag import DAG
 from platforms.errors import SpecError
 from platforms.observation import JobProfile
@@ -539,11 +538,7 @@ def save(store: ProfileStore, path: str | os.PathLike[str]) -> None:
     # profiles hold timings, no secret. A store that exists keeps its mode (as `remove`
     # does): an administrator's 0600 is not undone by the next measurement.
     path = os.fspath(path)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        mode = 0o644
-    write_text_atomic(path, _dump(data), mode=mode)
+    write_text_atomic(path, _dump(data), mode=kept_mode(path))
 
 
 def _row(store: ProfileStore, board: str, p: JobProfile) -> dict:
@@ -619,7 +614,7 @@ def remove(
             r for r in data["profiles"] if (r["name"], r["board"]) != (name, gone[0][0])
         ]
         try:
-            write_text_atomic(path, _dump(data), mode=stat.S_IMODE(os.stat(path).st_mode))
+            write_text_atomic(path, _dump(data), mode=kept_mode(path))
         except OSError as err:  # an immutable file, a read-only mount: the store is as it was
             raise ValueError(
                 f"{path}: cannot rewrite it ({err.strerror or err}); nothing was removed"

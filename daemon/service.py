@@ -208,6 +208,7 @@ def run_live(
     prepared = None
     if _left_by_a_crash(state):
         setup_logging()  # the config's logging comes once it has loaded
+        refuse_untrusted_tree(sysfs_root)  # the restore below writes into it
     else:
         prepared = prepare()
     with StateLock(state), TreeLock(DirSysfs(sysfs_root)):
@@ -259,19 +260,7 @@ def _prepare(
             "(sudo hidvfs daemon ..., or `sudo hidvfs service install`); "
             "use --dry-run to see what it would write"
         )
-    # before the first read: root following a link planted in another user's tree writes a
-    # frequency into a file of the link's choosing (or reads one into the trace)
-    from platforms.sysfs import untrusted_tree_entry
-
-    untrusted = untrusted_tree_entry(sysfs_root)
-    if untrusted:
-        raise DaemonError(
-            f"--sysfs-root {sysfs_root}: {untrusted}, so another user can change what this "
-            "root daemon reads and writes there (a symlink planted in the tree redirects a "
-            "write to any file); as root, run on a tree owned by root in folders no other "
-            "user can write (chown -R root:root it, or copy it), or run as the tree's owner "
-            "without sudo (a fake tree needs no root)"
-        )
+    refuse_untrusted_tree(sysfs_root)
     sysfs = DirSysfs(sysfs_root)
     spec = resolve_board(cfg, sysfs)
     if not cpufreq.list_policies(sysfs):
@@ -293,6 +282,23 @@ def _prepare(
         _check_listen_host(cfg.telemetry.listen, "telemetry.listen")
     kind = "live" if sysfs_root == "/" else "fake"
     return _Prepared(cfg, sysfs, kind, spec, pol, stages, dry_run)
+
+
+def refuse_untrusted_tree(sysfs_root: str) -> None:
+    """Before the first read or write of a tree (a crashed run's restore included): root
+    following a link planted in another user's tree writes a frequency into a file of the
+    link's choosing (or reads one into the trace)."""
+    from platforms.sysfs import untrusted_tree_entry
+
+    untrusted = untrusted_tree_entry(sysfs_root)
+    if untrusted:
+        raise DaemonError(
+            f"--sysfs-root {sysfs_root}: {untrusted}, so another user can change what this "
+            "root daemon reads and writes there (a symlink planted in the tree redirects a "
+            "write to any file); as root, run on a tree owned by root in folders no other "
+            "user can write (chown -R root:root it, or copy it), or run as the tree's owner "
+            "without sudo (a fake tree needs no root)"
+        )
 
 
 def policy_stack(cfg: Config, spec: BoardSpec) -> tuple[Policy, list]:

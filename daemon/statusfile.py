@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from platforms.atomicfile import write_text_atomic
+from platforms.atomicfile import kept_mode, write_text_atomic
 
 __all__ = ["status_mode", "write_json_atomic", "write_status"]
 
@@ -36,18 +36,6 @@ STATUS_MODE_MAX = 0o644
 
 
 def status_mode(path: str) -> int:
-    """The mode for a status file rewritten at ``path``: the existing file's permission bits
-    (an administrator's 0600 or 0640 is kept), narrowed to :data:`STATUS_MODE_MAX`, when it
-    is a regular file owned by this process's user; else 0644. What is at the path is looked
-    at, not followed (``lstat``): a symlink, or a file another user made (a 4777 one in a
-    1777 folder made root's status file setuid and world-writable), gives no mode."""
-    import os
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return STATUS_MODE_MAX
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        return STATUS_MODE_MAX
-    return stat.S_IMODE(st.st_mode) & STATUS_MODE_MAX
+    """The mode for a status file rewritten at ``path``
+    (:func:`platforms.atomicfile.kept_mode`, at most :data:`STATUS_MODE_MAX`)."""
+    return kept_mode(path, ceiling=STATUS_MODE_MAX)

@@ -7,6 +7,7 @@ snapshot, the reference-profile store, installed unit and config files, the plac
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 
@@ -80,3 +81,18 @@ def write_bytes_atomic(
     if durable_dir:
         fsync_dir(directory)
     return path
+
+
+def kept_mode(path: str | os.PathLike[str], *, ceiling: int = 0o644) -> int:
+    """The mode for a file rewritten at ``path``: the existing file's permission bits (an
+    administrator's 0600 or 0640 is kept), narrowed to ``ceiling``, when it is a regular
+    file owned by this process's user; else ``ceiling``. What is at the path is looked at,
+    not followed (``lstat``): a symlink, or a file another user made (a 4777 one in a 1777
+    folder made root's status file setuid and world-writable), gives no mode."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ceiling
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        return ceiling
+    return stat.S_IMODE(st.st_mode) & ceiling

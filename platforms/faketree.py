@@ -24,9 +24,11 @@ hotplug) and can emulate what the kernel does after a write (:meth:`FakeWriter.s
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import random
 import shutil
+import tempfile
 from collections.abc import Iterable
 
 from platforms import paths
@@ -79,11 +81,20 @@ class _Files:
             return
         if os.path.isdir(full) and not os.path.islink(full):
             shutil.rmtree(full)  # an ``eagain`` temp being ungated
-        tmp = f"{full}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, full)  # atomic: a concurrent reader sees the old or the new value
+        # a name of mkstemp's (O_EXCL, never an existing link) and the mode on the descriptor:
+        # a predictable name opened by path let a user who can write the folder redirect it
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(full)}.", dir=os.path.dirname(full))
+        try:
+            try:
+                os.write(fd, data)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, full)  # atomic: a concurrent reader sees the old or the new value
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def link(self, rel: str, target_rel: str) -> None:
         """Relative symlink ``rel`` -> ``target_rel`` (both relative to the root)."""

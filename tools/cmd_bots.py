@@ -5,7 +5,15 @@ from __future__ import annotations
 import click
 
 from tools.cmd_profile import measure_options
-from tools.common import FiniteFloatRange, Friendly, emit_json, ensure_parent, fail, not_empty
+from tools.common import (
+    FiniteFloatRange,
+    Friendly,
+    emit_json,
+    ensure_parent,
+    fail,
+    not_empty,
+    trusted_sysfs_root,
+)
 
 
 @click.group("bots", cls=Friendly)
@@ -163,6 +171,7 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     default="/",
     show_default=True,
     type=click.Path(exists=True, file_okay=False),
+    callback=trusted_sysfs_root,
     help="Tree the native backend drives (/ on a board; a fake tree to try it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the run records as a JSON list.")
@@ -582,6 +591,7 @@ def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> No
     default="/",
     show_default=True,
     type=click.Path(exists=True, file_okay=False),
+    callback=trusted_sysfs_root,
     help="Tree for native runs.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

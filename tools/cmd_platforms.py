@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.common import emit_json, guard_errors
+from tools.common import emit_json, guard_errors, trusted_sysfs_root
 
 
 @click.command("boards")
@@ -59,6 +59,7 @@ def boards_cmd(as_json: bool) -> None:
     default="/",
     show_default=True,
     type=click.Path(exists=True, file_okay=False),
+    callback=trusted_sysfs_root,
     help="Root of the tree to probe: / for this machine, or a fake tree made by `hidvfs fake-sysfs`.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

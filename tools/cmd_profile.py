@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json, fail
+from tools.common import FiniteFloatRange, Friendly, emit_json, fail, trusted_sysfs_root
 
 DEFAULT_STORE = "/var/lib/hidvfs/profiles.json"
 #: the smallest ``--stack SIZE``: this process runs under the limit too while it measures
@@ -126,6 +126,7 @@ def measure_options(f):
                 default="/",
                 show_default=True,
                 type=click.Path(exists=True, file_okay=False),
+                callback=trusted_sysfs_root,
                 help="Tree to drive (a fake tree to try it).",
             ),
             click.option(

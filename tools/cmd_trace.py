@@ -6,7 +6,14 @@ import os
 
 import click
 
-from tools.common import FiniteFloatRange, Friendly, emit_json, ensure_parent, fail
+from tools.common import (
+    FiniteFloatRange,
+    Friendly,
+    emit_json,
+    ensure_parent,
+    fail,
+    trusted_sysfs_root,
+)
 
 
 @click.group("trace", cls=Friendly)
@@ -48,6 +55,7 @@ def _out_problem(out: str, trees: list[str]) -> str | None:
     default="/",
     show_default=True,
     type=click.Path(exists=True, file_okay=False),
+    callback=trusted_sysfs_root,
     help="Tree to sample.",
 )
 @click.option(

@@ -116,6 +116,25 @@ class Failed(SystemExit):
         self.message = message
 
 
+def trusted_sysfs_root(ctx, param, value):
+    """``--sysfs-root``: as root, refuse a tree another user could change (a link they plant
+    in it redirects root's reads and writes: :func:`platforms.sysfs.untrusted_tree_entry`)."""
+    if value is None:
+        return value
+    from platforms.sysfs import untrusted_tree_entry
+
+    why = untrusted_tree_entry(value)
+    if why:
+        raise click.BadParameter(
+            f"{why}, so another user can change what root reads and writes there; as root, "
+            "use a tree owned by root in folders no other user can write, or run as the "
+            "tree's owner without sudo",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
 def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Click callback: an option given as ``''`` (an unset shell variable, say) is refused,
     not read as "not given": ``--sim "$BOARD"`` with BOARD empty ran the daemon on the real

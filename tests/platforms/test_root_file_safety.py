@@ -352,3 +352,67 @@ def test_the_daemon_refuses_a_tree_with_a_planted_link_before_any_write(tree, tm
         )
     assert rootonly.read_text() == "root only\n"  # it held the frequency the daemon wrote
     assert not (tmp_path / "r.jsonl").exists() and not state.exists()
+
+
+# -- the other commands that take --sysfs-root, and a crashed run's restore -------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is for root")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["probe"],
+        ["trace", "record", "--out", "{tmp}/t.jsonl", "--duration", "0.1"],
+        ["profile", "measure", "--name", "x", "--store", "{tmp}/p.json", "--", "true"],
+    ],
+)
+def test_root_commands_refuse_a_tree_another_user_can_change(tmp_path, args):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    tree = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), tree)
+    victim = next(tree.glob("**/scaling_setspeed"))
+    os.chown(victim, 65534, 65534)  # a file another user owns: they can make it anything
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = CliRunner().invoke(cli, [*argv[:2], "--sysfs-root", str(tree), *argv[2:]])
+    assert r.exit_code == 2 and "owned by uid 65534" in r.output, r.output
+    assert "--sysfs-root" in r.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is for root")
+def test_a_crashed_runs_restore_is_not_written_into_a_tree_another_user_took(tmp_path):
+    """The restore of a crashed run comes before the start's other checks: the tree is
+    judged before it too."""
+    from daemon.restore import FILE_NAME as SNAPSHOT_NAME
+    from daemon.service import DaemonError, run_live
+
+    tree, state = tmp_path / "tree", tmp_path / "state"
+    write_fake_tree(load_board("tx2"), tree)
+    state.mkdir(mode=0o700)
+    (state / SNAPSHOT_NAME).write_text("{}")  # a crashed run's snapshot
+    os.chown(next(tree.glob("**/scaling_governor")), 65534, 65534)
+    with pytest.raises(DaemonError, match="owned by uid 65534"):
+        run_live(sysfs_root=str(tree), policy="maxfreq", state_dir=str(state), duration_s=0.1)
+    assert (state / SNAPSHOT_NAME).read_text() == "{}"  # nothing restored through it
+
+
+def test_the_profile_store_keeps_a_mode_only_from_its_own_regular_file(tmp_path):
+    from agents import deadlines
+    from platforms.observation import JobProfile
+
+    prof = JobProfile("fib", 1.0, 0.5, 0.2, 1.0, 2035200, 4)
+    path = tmp_path / "p.json"
+    path.write_text("")
+    os.chmod(path, 0o4777)
+    deadlines.update(path, "tx2", prof)
+    assert oct(path.stat().st_mode & 0o7777) == "0o644"  # narrowed, setuid gone
+    target = tmp_path / "target.json"
+    target.write_text("")
+    os.chmod(target, 0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    deadlines.update(link, "tx2", prof)
+    assert not link.is_symlink() and oct(link.stat().st_mode & 0o777) == "0o644"
+    assert target.read_text() == ""  # the link's target untouched
