@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from agents.governors import ClusterView
 from agents.policy import Decision, JobSetting, nearest_freq
+from daemon.logs import log_event
 from platforms import cpufreq, paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.observation import Observation
@@ -146,6 +147,14 @@ class Actuator:
         self._adopters: dict[int, tuple[int, float | None]] = {}
         self._placed_unsaved: set[int] = set()  # jobs whose placement write failed, logged
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
+        #: pid -> the uid that registered the job (None or 0: root, or in-process)
+        self._registrants: dict[int, int | None] = {}
+        #: pid -> (its identity, the lowest RLIMIT_RTPRIO of its tree, when read) for a job a
+        #: user registered: read again when the job execs and at every re-apply
+        self._rt_vetted: dict[int, tuple[tuple | None, int, float]] = {}
+        #: pid -> its start time when its originals were taken: a pid that names another
+        #: process by the time they are given back is left alone
+        self._job_started: dict[int, float | None] = {}
         self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
         self._last_freq: dict[int, int] = {}
@@ -391,6 +400,21 @@ class Actuator:
                 report.error_keys[str(err)] = f"{type(err).__name__} {getattr(err, 'path', err)}"
                 self._mode.pop(c.policy, None)
         # -- jobs ------------------------------------------------------------------------------
+        if decision.jobs:
+            # every tree walk of this round shares one look at the processes (one pass over
+            # /proc), not several per job: the cost of a tick must not grow as jobs x processes
+            with self.procs.process_map():
+                self._apply_jobs(decision, obs, report)
+        keys = [report.error_keys.get(err, err) for err in report.errors]
+        for err, key in zip(report.errors, keys):
+            if key not in self._logged_errors:
+                log.warning("event=actuation_error detail=%r", err)
+        if self._logged_errors and not report.errors:
+            log.info("event=actuation_recovered errors_before=%d", len(self._logged_errors))
+        self._logged_errors = set(keys)
+        return report
+
+    def _apply_jobs(self, decision: Decision, obs: Observation, report: ActuationReport) -> None:
         online = {cpu for c in obs.clusters for cpu in c.online}
         settings = decision.jobs
         if self.live_jobs and settings:
@@ -401,7 +425,8 @@ class Actuator:
                 online = set(machine)
             levels = fifo_levels({s.rt_priority for s in settings.values()})
             settings = below_demoted(
-                settings, {pid: self._safe(pid, s, online, levels) for pid, s in settings.items()}
+                settings,
+                {pid: self._safe(pid, s, online, levels, obs.t) for pid, s in settings.items()},
             )
         for pid, setting in settings.items():
             key = (setting.cpus, setting.rt_priority, setting.nice)
@@ -414,18 +439,20 @@ class Actuator:
                 continue
             try:
                 if self.live_jobs and pid not in self._job_originals:
+                    started = self.procs.start_time(pid)
                     orig = (self.procs.get_affinity(pid), self.procs.get_priority(pid))
                     if self._originals_store is not None:
                         # on disk first: a job is never steered while a crash would leave
                         # it without its originals (a failed write: retried next decision)
                         try:
-                            self._originals_store.record(pid, self.procs.start_time(pid), *orig)
+                            self._originals_store.record(pid, started, *orig)
                         except OSError as err:
                             raise OSError(
                                 f"its settings could not be saved for a crash restore, so it "
                                 f"is not steered ({err})"
                             ) from err
                     self._job_originals[pid] = orig
+                    self._job_started[pid] = started
                 if self.live_jobs and self._last_jobs.get(pid) != key:
                     self._moving(pid, key)
                 if setting.cpus:
@@ -449,14 +476,6 @@ class Actuator:
                 self._last_jobs[pid] = key
                 self._applied_at.pop(pid, None)  # not re-applied every 5 s: logged once
                 report.errors.append(f"pid {pid}: placement failed ({err})")
-        keys = [report.error_keys.get(err, err) for err in report.errors]
-        for err, key in zip(report.errors, keys):
-            if key not in self._logged_errors:
-                log.warning("event=actuation_error detail=%r", err)
-        if self._logged_errors and not report.errors:
-            log.info("event=actuation_recovered errors_before=%d", len(self._logged_errors))
-        self._logged_errors = set(keys)
-        return report
 
     def overridden(self, path: str) -> None:
         """Someone else changed ``path``: stop expecting our value and rewrite on the next
@@ -470,7 +489,8 @@ class Actuator:
         """The job's process has ended: only the children it left behind get theirs back."""
         orig, members, placed = self._drop(pid)
         if orig is not None and not self.dry_run:
-            self._give_back(pid, orig, members, placed, root=False)
+            with self.procs.process_map():
+                self._give_back(pid, orig, members, placed, root=False)
         if orig is not None and self._originals_store is not None:
             self._originals_store.drop(pid)
 
@@ -478,6 +498,15 @@ class Actuator:
         """Job ``pid`` was launched by ``adopter`` (pid, start time), which keeps what the
         job leaves behind below it (registered as such)."""
         self._adopters.setdefault(pid, adopter)
+
+    def registered_by(self, pid: int, uid: int | None) -> None:
+        """Job ``pid`` was registered by ``uid`` (None: in-process, as root). A job a user
+        who is not root registered gets no more real-time priority than its processes'
+        RLIMIT_RTPRIO, even where one of them runs as root (a setuid program)."""
+        if self._registrants.get(pid, -1) != uid:
+            self._registrants[pid] = uid
+            self._rt_allowed.pop(pid, None)
+            self._rt_vetted.pop(pid, None)
 
     def _below(self, pid: int) -> list[tuple[int, float | None]]:
         """The processes that are the job's now: those below it, and those below its
@@ -504,12 +533,33 @@ class Actuator:
     def release(self, pid: int) -> None:
         """A live job left the registry (unregistered, or the daemon stops): give it back the
         affinity and priority it had before the first placement."""
+        started = self._job_started.get(pid)
         orig, members, placed = self._drop(pid)
         if orig is None or self.dry_run:
             return
         if self._originals_store is not None:
             self._originals_store.drop(pid)
-        self._give_back(pid, orig, members, placed, root=True)
+        with self.procs.process_map():
+            now = self.procs.start_time(pid)
+            # the job's process is still the one whose originals these are (not known: as
+            # before); a pid that names another process now (the job ended and its pid was
+            # reused before the loop saw it) is left alone, its members still get theirs
+            same = started is None or now == started
+            if not same and now is not None:
+                log_event(
+                    log,
+                    "job_release_skipped",
+                    pid=pid,
+                    reason="the pid names another process now",
+                    started=started,
+                    now=now,
+                )
+            self._give_back(pid, orig, members, placed, root=same)
+
+    def release_all(self) -> None:
+        with self.procs.process_map():
+            for pid in sorted(self.managed()):
+                self.release(pid)
 
     def _drop(self, pid: int) -> tuple[tuple | None, dict[int, float], tuple | None]:
         """Forget all kept about job ``pid``: its originals and members, to give back, and
@@ -526,7 +576,15 @@ class Actuator:
                 for child, start in self._adopted(adopter, pid)
                 if start is not None and members.get(child) != start
             )
-        for kept in (self._last_jobs, self._narrowed, self._applied_at, self._rt_allowed):
+        for kept in (
+            self._last_jobs,
+            self._narrowed,
+            self._applied_at,
+            self._rt_allowed,
+            self._rt_vetted,
+            self._registrants,
+            self._job_started,
+        ):
             kept.pop(pid, None)
         self._members_full.discard(pid)
         self._placed_unsaved.discard(pid)
@@ -573,10 +631,6 @@ class Actuator:
         if pid in self._placed_unsaved:
             self._placed_unsaved.discard(pid)
             log.info("event=job_placement_saved pid=%d", pid)
-
-    def release_all(self) -> None:
-        for pid in sorted(self.managed()):
-            self.release(pid)
 
     def _check_affinity(self, pid: int, cpus: tuple[int, ...], report: ActuationReport) -> None:
         """The kernel drops CPUs outside the job's cpuset (a container, a cgroup) or offline
@@ -688,23 +742,59 @@ class Actuator:
             log.warning("event=job_release_failed pid=%d detail=%r", target, str(err))
 
     def _safe(
-        self, pid: int, setting: JobSetting, online: set[int], levels: dict[int, int]
+        self,
+        pid: int,
+        setting: JobSetting,
+        online: set[int],
+        levels: dict[int, int],
+        t: float = 0.0,
     ) -> JobSetting:
         """The placement a live process may get: real-time priority scaled below the kernel's
         threaded IRQ handlers (FIFO 50), never above what the process could take itself
-        (RLIMIT_RTPRIO of a non-root owner), and never on every online CPU (a busy real-time
+        (RLIMIT_RTPRIO of a non-root owner; for a job a user registered, the lowest of its
+        processes', whoever they run as), and never on every online CPU (a busy real-time
         job there starves the daemon and the kernel's own threads)."""
         rt = setting.rt_priority
         if rt <= 0:
             return setting
         rt = levels[rt]
-        allowed = self._rt_allowed.get(pid)
-        if allowed is None:  # a process's owner and limit do not change tick to tick
-            try:
-                allowed = self._rt_allowed[pid] = self.procs.rt_allowed(pid)
-            except ProcessGone:
-                return setting
+        try:
+            allowed = self._rt_ceiling(pid, t)
+        except ProcessGone:  # placed next, it fails as gone: nothing real-time meanwhile
+            return replace(setting, rt_priority=0)
         rt = min(rt, allowed)
         if online and online <= set(setting.cpus or online):
             rt = 0
         return replace(setting, rt_priority=rt)
+
+    def _rt_ceiling(self, pid: int, t: float) -> int:
+        """The highest SCHED_FIFO priority job ``pid`` may get (ProcessGone when it has gone).
+
+        Registered by root (or in-process): what its process could take itself, read once
+        (:meth:`ProcessControl.rt_allowed`: any for a process running as root). Registered by
+        a user: the lowest RLIMIT_RTPRIO of the processes the placement sets, root's counting
+        for nothing (a setuid program the user started gives the user no real-time priority),
+        read again when the job's process execs and at every re-apply (REAPPLY_S)."""
+        if self._registrants.get(pid) in (None, 0):
+            allowed = self._rt_allowed.get(pid)
+            if allowed is None:  # a process's owner and limit do not change tick to tick
+                allowed = self._rt_allowed[pid] = self.procs.rt_allowed(pid)
+            return allowed
+        ident = self.procs.identity(pid)
+        if ident is None:
+            raise ProcessGone(pid)
+        kept = self._rt_vetted.get(pid)
+        if kept is not None and kept[0] == ident and 0 <= t - kept[2] < REAPPLY_S:
+            return kept[1]
+        allowed = self.procs.rt_limit(pid)
+        if kept is not None and kept[1] != allowed:
+            log_event(
+                log,
+                "job_rt_limit_changed",
+                pid=pid,
+                rt_limit=allowed,
+                before=kept[1],
+                execed=kept[0] != ident,
+            )
+        self._rt_vetted[pid] = (ident, allowed, t)
+        return allowed

@@ -21,6 +21,7 @@ from daemon.actuator import ActuationReport, Actuator
 from daemon.gchold import collector_held
 from daemon.guard import ThermalGuard
 from daemon.jobs import JobOutcome, JobTable
+from daemon.logs import log_event
 from platforms.observation import JobObs, Observation
 from platforms.platform import Platform
 from platforms.sense import Sensor
@@ -106,12 +107,14 @@ class ControlLoop:
 
     @staticmethod
     def _log_done(out: JobOutcome) -> None:
-        log.info(
-            "event=job_done pid=%d name=%s makespan_s=%.3f deadline_met=%s",
-            out.pid,
-            out.name,
-            out.makespan_s,
-            out.deadline_met,
+        # (log_event quotes the name: one with spaces must not read as more fields)
+        log_event(
+            log,
+            "job_done",
+            pid=out.pid,
+            name=out.name,
+            makespan_s=round(out.makespan_s, 3),
+            deadline_met=out.deadline_met,
         )
 
     # -- one tick ----------------------------------------------------------------------------
@@ -136,6 +139,8 @@ class ControlLoop:
         for e in snapshot:  # what `hidvfs run` adopts below it is the job's too
             if e.adopter is not None:
                 self.actuator.adopted_by(e.pid, e.adopter)
+            # whose job it is bounds its real-time priority (a user's: its RLIMIT_RTPRIO)
+            self.actuator.registered_by(e.pid, e.registrant_uid)
         # jobs unregistered while alive: give them back what they had, and forget what was
         # kept about them (a pid registered again, even between two ticks, is a new job)
         for pid in self.actuator.managed() - {e.pid for e in snapshot}:

@@ -21,8 +21,12 @@ which the control loop reads every tick.
 
 The server is one ``selectors`` thread: requests are tiny and handled inline, so a slow or
 silent client costs a file descriptor, not a thread. The socket is mode 0660 and group
-``hidvfs`` when that group exists (otherwise root-only); a client that is not root may only
-register its own processes (checked with SO_PEERCRED when the daemon supplies ``pid_owner``).
+``hidvfs`` when that group exists (otherwise root-only), born with that mode and checked to
+be the socket bound before it is served; as root, a socket folder another user can write is
+refused. A client that is not root may only register its own processes (checked with
+SO_PEERCRED when the daemon supplies ``pid_owner``): real, effective and saved uids all its
+own, so not a setuid program it started; and at most ``MAX_JOBS_PER_UID`` of them, while the
+last ``ROOT_JOB_RESERVE`` slots of the table stay root's.
 """
 
 from __future__ import annotations
@@ -41,15 +45,17 @@ import stat
 import struct
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agents.deadlines import MAX_NAME  # the names profiles are stored under
 from daemon.jobs import JobEntry, JobTable
-from daemon.logs import log_event
+from daemon.logs import format_value, log_event
 from platforms.errors import HidvfsError
 from platforms.observation import JobProfile
+from platforms.procs import SetidProcess
 
 MAX_LINE = 64 * 1024
 #: a client that never reads its answers is dropped once this much output is queued
@@ -62,6 +68,17 @@ MAX_DRAINING = 16
 DRAIN_TIMEOUT_S = 2.0
 #: after an accept fails (out of descriptors), the listen socket is left alone this long
 ACCEPT_PAUSE_S = 1.0
+#: registered jobs one client that is not root may have at once. Each live job costs the
+#: control loop a look at its process every tick and a placement of its whole tree every
+#: REAPPLY_S; the boards hidvfs runs on have 4 to 12 cores, so 64 jobs of one user are far
+#: more than it can give cores to, while 64 jobs cost the loop little (measured on a fake
+#: TX2 tree: 50 single-process jobs, 10 ticks/s at about 5 % of a core; 200, about 15 %)
+MAX_JOBS_PER_UID = 64
+#: slots of the job table only root may fill: the administrator can still register when
+#: users have filled the rest
+ROOT_JOB_RESERVE = 32
+#: a repeated internal error is logged with its traceback once per this many seconds
+INTERNAL_ERROR_LOG_S = 60.0
 OPS = ("register", "unregister", "status")
 FIELDS = {
     "register": ("op", "pid", "deadline_s", "criticality", "name", "adopter"),
@@ -101,6 +118,8 @@ def parse_request(line: bytes) -> dict[str, Any]:
         raise RequestError(f"malformed JSON: {err.msg} at column {err.colno}") from None
     except RecursionError:  # '[' * 60000: no request nests; not an internal error either
         raise RequestError("malformed JSON: nested too deeply") from None
+    except ValueError as err:  # an integer of more than 4300 digits (int conversion limit)
+        raise RequestError(f"malformed JSON: {str(err)[:120]}") from None
     if not isinstance(req, dict):
         raise RequestError(f"a request must be a JSON object, got {type(req).__name__}")
     if "op" not in req:
@@ -108,13 +127,13 @@ def parse_request(line: bytes) -> dict[str, Any]:
     op = req["op"]
     if not isinstance(op, str) or op not in OPS:
         raise RequestError(
-            f"unknown op {op!r}{_field_hint(str(op), OPS)}; known ops: {', '.join(OPS)}"
+            f"unknown op {op!r:.60}{_field_hint(str(op)[:60], OPS)}; known ops: {', '.join(OPS)}"
         )
     allowed = FIELDS[op]
     for key in req:
         if key not in allowed:
             raise RequestError(
-                f"unknown field {key!r} for op '{op}'{_field_hint(key, allowed)}; allowed: {', '.join(allowed)}"
+                f"unknown field {key!r:.60} for op '{op}'{_field_hint(key[:60], allowed)}; allowed: {', '.join(allowed)}"
             )
     out: dict[str, Any] = {"op": op}
     if op in ("register", "unregister"):
@@ -122,23 +141,23 @@ def parse_request(line: bytes) -> dict[str, Any]:
             raise RequestError(f"missing field 'pid' (a positive integer) for op '{op}'")
         pid = req["pid"]
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise RequestError(f"field 'pid' must be a positive integer, got {pid!r}")
+            raise RequestError(f"field 'pid' must be a positive integer, got {pid!r:.60}")
         out["pid"] = pid
     if op == "register":
         deadline = req.get("deadline_s")
         if deadline is not None:
             if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
                 raise RequestError(
-                    f"field 'deadline_s' must be a number of seconds > 0 or null, got {deadline!r}"
+                    f"field 'deadline_s' must be a number of seconds > 0 or null, got {deadline!r:.60}"
                 )
             if not math.isfinite(deadline) or deadline <= 0:
                 raise RequestError(
-                    f"field 'deadline_s' must be a number of seconds > 0 or null, got {deadline!r}"
+                    f"field 'deadline_s' must be a number of seconds > 0 or null, got {deadline!r:.60}"
                 )
             deadline = float(deadline)
         crit = req.get("criticality", "lo")
         if crit not in ("hi", "lo"):
-            raise RequestError(f"field 'criticality' must be 'hi' or 'lo', got {crit!r}")
+            raise RequestError(f"field 'criticality' must be 'hi' or 'lo', got {crit!r:.60}")
         name = req.get("name", "")
         if (
             not isinstance(name, str)
@@ -199,6 +218,8 @@ class JobRegistry:
         pid_owner: Callable[[int], int | None] | None = None,
         profile_for: Callable[[str], JobProfile | None] | None = None,
         max_jobs: int = 1024,
+        max_jobs_per_uid: int = MAX_JOBS_PER_UID,
+        root_job_reserve: int = ROOT_JOB_RESERVE,
         unmanageable: Callable[[int], str | None] | None = None,
         start_time: Callable[[int], float | None] | None = None,
         parent_of: Callable[[int], int | None] | None = None,
@@ -211,6 +232,11 @@ class JobRegistry:
         self.pid_owner = pid_owner
         self.profile_for = profile_for
         self.max_jobs = max_jobs
+        self.max_jobs_per_uid = max_jobs_per_uid
+        #: slots of the table only root may fill (at most half of it)
+        self.root_job_reserve = max(0, min(root_job_reserve, max_jobs // 2))
+        #: internal errors logged, by where they were raised: (when, repeats since)
+        self._internal_errors: dict[str, tuple[float, int]] = {}
         self.unmanageable = unmanageable
         self.start_time = start_time
         self.parent_of = parent_of
@@ -232,22 +258,24 @@ class JobRegistry:
             raise RequestError(f"pid {pid} cannot be a job: {why}")
         if not self.alive(pid):
             raise RequestError(f"pid {pid} does not exist")
-        if peer_uid not in (None, 0) and self.pid_owner is not None:
-            owner = self.pid_owner(pid)
-            if owner is not None and owner != peer_uid:
-                raise RequestError(
-                    f"pid {pid} belongs to uid {owner}; a client with uid {peer_uid} may only register its own processes"
-                )
+        # the process is known by its start time from here on: read first, so every check
+        # below is about that process and not one that got its pid since
+        start = self._started(pid)
+        self._check_owner(pid, peer_uid)
         name = name or f"pid{pid}"
         # (not `if self.profile_for`: an empty store is falsy, and profiles added to it later
         # must still be found)
         profile = self.profile_for(name) if self.profile_for is not None else None
         warning = self._check_deadline(profile, deadline_s)
         with self._lock:
+            # still the same process, and still the client's (it may have ended, or run a
+            # setuid program, while the profile was looked up)
+            if start is not None and self._started(pid) != start:
+                raise RequestError(f"pid {pid} ended while it was being registered")
+            self._check_owner(pid, peer_uid)
             if self.table.get(pid) is not None:
                 raise RequestError(f"pid {pid} is already registered (unregister it first)")
-            if len(self.table) >= self.max_jobs:
-                raise RequestError(f"too many registered jobs (limit {self.max_jobs})")
+            self._check_room(peer_uid)
             entry = JobEntry(
                 pid=pid,
                 name=name,
@@ -256,7 +284,7 @@ class JobRegistry:
                 criticality=criticality,
                 profile=profile,
                 registrant_uid=peer_uid,
-                start_time=self.start_time(pid) if self.start_time is not None else None,
+                start_time=start,
                 adopter=self._adopter(pid, peer_uid) if adopter else None,
                 warning=warning,
             )
@@ -264,13 +292,16 @@ class JobRegistry:
                 self.table.register(entry)
             except ValueError as err:
                 raise RequestError(str(err)) from None
-        log.info(
-            "event=job_registered pid=%d name=%s criticality=%s deadline_s=%s profile=%s",
-            pid,
-            name,
-            criticality,
-            deadline_s,
-            f"v{profile.version}" if profile else "none",
+        # log_event quotes the name: "fib criticality=hi uid=0" must stay one field
+        log_event(
+            log,
+            "job_registered",
+            pid=pid,
+            name=name,
+            criticality=criticality,
+            deadline_s=deadline_s,
+            profile=f"v{profile.version}" if profile else "none",
+            uid=peer_uid,
         )
         if warning is not None:
             log_event(
@@ -285,6 +316,59 @@ class JobRegistry:
             )
         return entry
 
+    def _started(self, pid: int) -> float | None:
+        """``pid``'s start time; a pid without one has gone (fails closed). None when the
+        daemon supplies no start times."""
+        if self.start_time is None:
+            return None
+        start = self.start_time(pid)
+        if start is None:
+            raise RequestError(f"pid {pid} does not exist")
+        return start
+
+    def _check_owner(self, pid: int, peer_uid: int | None) -> None:
+        """A client that is not root may register only a process of its own: one whose real,
+        effective and saved uids are all the client's. A process running a setuid or setgid
+        program acts with rights the client does not have (``su``: effective uid root's), and
+        one whose owner does not read has gone (fails closed)."""
+        if peer_uid in (None, 0) or self.pid_owner is None:
+            return
+        try:
+            owner = self.pid_owner(pid)
+        except SetidProcess as err:
+            raise RequestError(
+                f"{err}; a client with uid {peer_uid} may only register a process that runs "
+                "with its own ids (only root may register this one)"
+            ) from None
+        if owner is None:
+            raise RequestError(f"pid {pid} does not exist")
+        if owner != peer_uid:
+            raise RequestError(
+                f"pid {pid} belongs to uid {owner}; a client with uid {peer_uid} may only register its own processes"
+            )
+
+    def _check_room(self, peer_uid: int | None) -> None:
+        """Room in the table for one more job of ``peer_uid``: root up to ``max_jobs``; a
+        user up to ``max_jobs_per_uid`` of its own, and only while the slots kept for root
+        (``root_job_reserve``) stay free. Called under the lock."""
+        total = len(self.table)
+        if peer_uid in (None, 0):
+            if total >= self.max_jobs:
+                raise RequestError(f"too many registered jobs (limit {self.max_jobs})")
+            return
+        for_users = self.max_jobs - self.root_job_reserve
+        if total >= for_users:
+            raise RequestError(
+                f"too many registered jobs (limit {for_users} for clients that are not root; "
+                f"the last {self.root_job_reserve} of {self.max_jobs} are kept for root)"
+            )
+        mine = sum(1 for e in self.table.snapshot() if e.registrant_uid == peer_uid)
+        if mine >= self.max_jobs_per_uid:
+            raise RequestError(
+                f"uid {peer_uid} has {mine} registered jobs, the most one user may have "
+                f"(limit {self.max_jobs_per_uid} per uid); unregister some first"
+            )
+
     def _check_deadline(self, profile: JobProfile | None, deadline_s: float | None) -> str | None:
         """Why the gate can plan no operating point for the deadline (None: one may, or nothing to tell
         without a profile or a deadline). A failing check costs the warning, not the job."""
@@ -293,7 +377,7 @@ class JobRegistry:
         try:
             return self.deadline_check(profile, deadline_s)
         except Exception:  # noqa: BLE001 - a warning must never refuse a job
-            log.exception("event=deadline_check_failed name=%s", profile.name)
+            log.exception("event=deadline_check_failed name=%s", format_value(profile.name))
             return None
 
     def unregister(self, pid: int, *, peer_uid: int | None = None) -> JobEntry:
@@ -304,7 +388,10 @@ class JobRegistry:
             if entry is None:
                 raise RequestError(f"pid {pid} is not registered")
             if peer_uid not in (None, 0) and entry.registrant_uid != peer_uid:
-                owner = self.pid_owner(pid) if self.pid_owner is not None else None
+                try:
+                    owner = self.pid_owner(pid) if self.pid_owner is not None else None
+                except SetidProcess:  # running a setuid program: no one user's
+                    owner = None
                 if owner != peer_uid:
                     raise RequestError(
                         f"pid {pid} was registered by uid {entry.registrant_uid}; a client "
@@ -315,12 +402,12 @@ class JobRegistry:
             out = self.table.finish(pid, self.now())
             if out is None:
                 raise RequestError(f"pid {pid} is not registered")
-            log.info("event=job_unregistered pid=%d name=%s ended=true", pid, entry.name)
+            log_event(log, "job_unregistered", pid=pid, name=entry.name, ended=True)
             return entry
         entry = self.table.unregister(pid)
         if entry is None:
             raise RequestError(f"pid {pid} is not registered")
-        log.info("event=job_unregistered pid=%d name=%s", pid, entry.name)
+        log_event(log, "job_unregistered", pid=pid, name=entry.name)
         return entry
 
     def list(self) -> list[JobEntry]:
@@ -339,7 +426,10 @@ class JobRegistry:
         if self.unmanageable is not None and self.unmanageable(parent) is not None:
             return None
         if peer_uid not in (None, 0) and self.pid_owner is not None:
-            if self.pid_owner(parent) != peer_uid:
+            try:
+                if self.pid_owner(parent) != peer_uid:
+                    return None
+            except SetidProcess:  # a setuid parent is no one user's
                 return None
         start = self.start_time(parent) if self.start_time is not None else None
         return parent, start
@@ -378,8 +468,37 @@ class JobRegistry:
         except RequestError as err:
             return {"ok": False, "error": str(err)}
         except Exception as err:  # noqa: BLE001 - the server must keep serving
-            log.exception("event=registry_internal_error")
-            return {"ok": False, "error": f"internal error: {type(err).__name__}: {err}"}
+            self._log_internal(err)
+            return {"ok": False, "error": f"internal error: {type(err).__name__}: {err!s:.200}"}
+
+    def _log_internal(self, err: Exception) -> None:
+        """An internal error, with its traceback the first time it is raised at one place;
+        again at that place within INTERNAL_ERROR_LOG_S only counted, the count logged (one
+        line, no traceback) with the next one after that. One client repeating a request
+        that fails must not flood the journal."""
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        key = f"{type(err).__name__}@{where}"
+        now = time.monotonic()
+        seen = self._internal_errors.get(key)
+        if seen is not None and now - seen[0] < INTERNAL_ERROR_LOG_S:
+            self._internal_errors[key] = (seen[0], seen[1] + 1)
+            return
+        if len(self._internal_errors) >= 64:  # places are few; keep the table small anyway
+            self._internal_errors.clear()
+        self._internal_errors[key] = (now, 0)
+        if seen is None:
+            log.exception("event=registry_internal_error where=%s", format_value(where))
+            return
+        log_event(
+            log,
+            "registry_internal_error",
+            level=logging.ERROR,
+            error=f"{type(err).__name__}: {err!s:.200}",
+            where=where,
+            repeats=seen[1],
+            detail=f"raised {seen[1]} more times in {INTERNAL_ERROR_LOG_S:g} s; traceback logged before",
+        )
 
 
 def encode(answer: dict[str, Any]) -> bytes:
@@ -412,6 +531,31 @@ def peer_uid(sock: socket.socket) -> int | None:
         return None
     _pid, uid, _gid = struct.unpack("3i", raw)
     return uid
+
+
+def _check_socket_dir(folder: str) -> None:
+    """Refuse (root only) a socket folder another user can write: one not owned by root, or
+    group- or other-writable without the sticky bit. Whoever can write there can replace
+    the socket and answer the clients in the daemon's place, or swap it for a link while
+    the daemon sets it up."""
+    try:
+        st = os.stat(folder)
+    except OSError as err:
+        raise RegistryStartError(f"cannot inspect {folder}: {err.strerror}") from None
+    why = None
+    if st.st_uid != 0:
+        why = f"it belongs to uid {st.st_uid}, not root"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        who = "its group" if st.st_mode & 0o020 else "every user"
+        if st.st_mode & 0o022 == 0o022:
+            who = "its group and every user"
+        why = f"{who} can write it (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit)"
+    if why is not None:
+        raise RegistryStartError(
+            f"refusing the socket folder {folder}: {why}; another user could replace the "
+            "socket and answer clients in the daemon's place (use a folder only root can "
+            "write, such as the default /run/hidvfs)"
+        )
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -488,9 +632,14 @@ class RegistryServer:
             raise RegistryStartError(
                 f"cannot create {parent} for the socket: {err.strerror}"
             ) from None
+        if os.geteuid() == 0:
+            _check_socket_dir(parent)
         _remove_stale_socket(self.path)
+        gid, mode = self._permissions()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)  # born 0600: no window in which others can connect
+        # born with its final mode (no chmod by path afterwards, which would follow a
+        # symlink put in its place); until the chown below its group is the daemon's own
+        old_umask = os.umask(0o777 & ~mode)
         try:
             sock.bind(self.path)
         except OSError as err:
@@ -498,42 +647,75 @@ class RegistryServer:
             raise RegistryStartError(f"cannot bind {self.path}: {err.strerror}") from None
         finally:
             os.umask(old_umask)
-        self._apply_permissions()
-        st = os.stat(self.path)
+        try:
+            st = self._verify_ours(os.lstat(self.path))
+            if gid is not None:
+                # never through a symlink: at worst the link itself changes group
+                os.chown(self.path, -1, gid, follow_symlinks=False)
+                after = self._verify_ours(os.lstat(self.path))
+                if (after.st_dev, after.st_ino) != (st.st_dev, st.st_ino) or after.st_gid != gid:
+                    raise RegistryStartError(
+                        f"{self.path} was replaced while its group was set: another process "
+                        "writes the socket's folder; refusing to serve there"
+                    )
+                st = after
+        except OSError as err:
+            sock.close()
+            raise RegistryStartError(
+                f"cannot set up {self.path}: {err.strerror or err}; refusing to serve there"
+            ) from None
+        except RegistryStartError:
+            sock.close()
+            raise
         self._inode = (st.st_dev, st.st_ino)
+        if gid is not None:
+            log.info(
+                "event=socket_ready path=%s group=%s mode=%s", self.path, self.group, oct(mode)
+            )
         sock.listen(socket.SOMAXCONN)  # a burst of `hidvfs run`s waits, not fails
         sock.setblocking(False)
         return sock
 
-    def _apply_permissions(self) -> None:
+    def _verify_ours(self, st: os.stat_result) -> os.stat_result:
+        """``st`` (an lstat of the path) is the socket this daemon just bound: a socket, of
+        this user, with one link (a hard link to someone else's socket has two), else
+        RegistryStartError: something replaced it."""
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            what = (
+                "a symlink"
+                if stat.S_ISLNK(st.st_mode)
+                else f"a socket of uid {st.st_uid}"
+                if stat.S_ISSOCK(st.st_mode)
+                else "not a socket"
+            )
+            raise RegistryStartError(
+                f"{self.path} is not the socket just bound ({what}, {st.st_nlink} link(s)): "
+                "another process replaced it; refusing to serve there"
+            )
+        return st
+
+    def _permissions(self) -> tuple[int | None, int]:
+        """(group id to give the socket, None to keep it root-only; its mode)."""
         if self.group is None:
-            os.chmod(self.path, 0o600)
             log.info("event=socket_root_only path=%s reason=%r", self.path, "socket.group is null")
-            return
+            return None, 0o600
         try:
             gid = grp.getgrnam(self.group).gr_gid
         except KeyError:
-            os.chmod(self.path, 0o600)
             log.warning(
                 "event=socket_root_only path=%s reason=%r",
                 self.path,
                 f"group {self.group!r} does not exist (create it: groupadd --system {self.group})",
             )
-            return
-        try:
-            os.chown(self.path, -1, gid)
-        except OSError as err:
-            os.chmod(self.path, 0o600)
+            return None, 0o600
+        if os.geteuid() != 0 and gid not in (os.getegid(), *os.getgroups()):
             log.warning(
                 "event=socket_root_only path=%s reason=%r",
                 self.path,
-                f"chown to group {self.group!r} failed: {err.strerror}",
+                f"chown to group {self.group!r} is not allowed to uid {os.geteuid()}",
             )
-            return
-        os.chmod(self.path, self.mode)
-        log.info(
-            "event=socket_ready path=%s group=%s mode=%s", self.path, self.group, oct(self.mode)
-        )
+            return None, 0o600
+        return gid, self.mode & 0o777
 
     def start(self) -> RegistryServer:
         if self._thread is not None:
@@ -566,7 +748,7 @@ class RegistryServer:
         if self._sel is not None:
             self._sel.close()
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
             if (st.st_dev, st.st_ino) == self._inode:
                 os.unlink(self.path)
         except OSError:

@@ -10,14 +10,17 @@ that says which right is missing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import resource
 import subprocess
+import threading
 
 import psutil
 
 from platforms import paths
-from platforms.procs import ProcessControl, ProcessGone
+from platforms.procs import ProcessControl, ProcessGone, SetidProcess
 
 #: how many times to re-list threads that appeared while we were setting the others
 _MAX_PASSES = 4
@@ -44,7 +47,71 @@ def thread_group(pid: int) -> int | None:
     return None
 
 
+class ProcessMap:
+    """Every process's parent and start time, from one pass over ``/proc`` (what psutil's
+    ``children(recursive=True)`` reads anew at each call). Zombies are left out: they run
+    nothing, and their children have already gone to a reaper."""
+
+    def __init__(self) -> None:
+        self.children: dict[int, list[int]] = {}
+        self.start: dict[int, float] = {}
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            entries = []
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            fields = _stat_fields(int(entry))
+            try:
+                if fields is None or fields[0] == b"Z":
+                    continue
+                ppid, start = int(fields[1]), float(fields[19])
+            except (ValueError, IndexError):
+                continue
+            self.start[int(entry)] = start
+            self.children.setdefault(ppid, []).append(int(entry))
+
+    def below(self, pid: int) -> list[int]:
+        """The processes below ``pid``, parents before their children."""
+        out: list[int] = []
+        seen = {pid}
+        todo = [pid]
+        while todo:
+            nxt = []
+            for parent in todo:
+                for child in self.children.get(parent, ()):
+                    if child not in seen:
+                        seen.add(child)
+                        out.append(child)
+                        nxt.append(child)
+            todo = nxt
+        return out
+
+
+def proc_ids(pid: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(real, effective, saved uids), (the same gids) of ``pid`` from ``/proc/PID/status``;
+    None when it has gone."""
+    uids = gids = None
+    try:
+        with open(f"/proc/{int(pid)}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    uids = tuple(int(x) for x in line.split()[1:4])
+                elif line.startswith(b"Gid:"):
+                    gids = tuple(int(x) for x in line.split()[1:4])
+                if uids is not None and gids is not None:
+                    return uids, gids
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 class LiveProcessControl(ProcessControl):
+    def __init__(self) -> None:
+        #: the process map of the round the calling thread is in (:meth:`process_map`)
+        self._round = threading.local()
+
     def _root(self, pid: int) -> psutil.Process:
         try:
             proc = psutil.Process(pid)
@@ -54,25 +121,46 @@ class LiveProcessControl(ProcessControl):
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             raise ProcessGone(pid) from None
 
-    def _tree(self, pid: int) -> list[psutil.Process]:
-        root = self._root(pid)
+    @contextlib.contextmanager
+    def process_map(self):
+        """The tree walks of this thread inside share one :class:`ProcessMap`, read at the
+        first walk: one pass over ``/proc`` per round instead of one per walk (several per
+        job). A process forked after the pass is found at the next round; it inherited its
+        parent's affinity and scheduling class meanwhile."""
+        if getattr(self._round, "active", False):  # nested: the outer round's map
+            yield
+            return
+        self._round.active, self._round.map = True, None
         try:
-            children = root.children(recursive=True)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            raise ProcessGone(pid) from None
-        return [root, *children]
+            yield
+        finally:
+            self._round.active, self._round.map = False, None
+
+    def _map(self) -> ProcessMap:
+        if not getattr(self._round, "active", False):
+            return ProcessMap()
+        if self._round.map is None:
+            self._round.map = ProcessMap()
+        return self._round.map
+
+    def _tree_map(self, pid: int) -> tuple[list[int], ProcessMap]:
+        self._root(pid)  # gone or a zombie: ProcessGone
+        pmap = self._map()
+        return [pid, *pmap.below(pid)], pmap
+
+    def _tree(self, pid: int) -> list[int]:
+        """``pid`` and every process below it (pids)."""
+        return self._tree_map(pid)[0]
 
     def tids(self, pid: int) -> list[int]:
         """Every thread id of ``pid``'s process tree (the root's first)."""
         out: list[int] = []
         for i, proc in enumerate(self._tree(pid)):
             try:
-                out.extend(t.id for t in proc.threads())
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                out.extend(self.own_tids(proc))
+            except ProcessGone:
                 if i == 0:
-                    raise ProcessGone(pid) from None
-            except psutil.AccessDenied as err:
-                raise _denied("listing the threads", proc.pid, err) from None
+                    raise
         return out
 
     @staticmethod
@@ -103,12 +191,9 @@ class LiveProcessControl(ProcessControl):
 
     # -- ProcessControl ------------------------------------------------------------------------
     def alive(self, pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return False
-        except psutil.AccessDenied:
-            return True
+        # one read of /proc/PID/stat (the loop asks for every job every tick)
+        fields = _stat_fields(pid)
+        return fields is not None and bool(fields) and fields[0] != b"Z"
 
     def set_affinity(self, pid: int, cpus: tuple[int, ...], *, tree: bool = True) -> None:
         mask = {int(c) for c in cpus}
@@ -178,20 +263,22 @@ class LiveProcessControl(ProcessControl):
         self.set_priority(pid, rt_priority, nice, tree=False)
 
     def descendants(self, pid: int) -> list[tuple[int, float | None]]:
-        return [(proc.pid, self.start_time(proc.pid)) for proc in self._tree(pid)[1:]]
+        tree, pmap = self._tree_map(pid)
+        return [(child, pmap.start.get(child)) for child in tree[1:]]
 
     def cpu_time(self, pid: int) -> float:
         """User + system seconds of the live tree, plus what its reaped children used."""
         total = 0.0
-        for i, proc in enumerate(self._tree(pid)):
+        for i, child in enumerate(self._tree(pid)):
             try:
+                proc = psutil.Process(child)
                 t = proc.cpu_times()
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 if i == 0:
                     raise ProcessGone(pid) from None
                 continue
             except psutil.AccessDenied as err:
-                raise _denied("reading the CPU time", proc.pid, err) from None
+                raise _denied("reading the CPU time", child, err) from None
             total += (
                 t.user
                 + t.system
@@ -212,7 +299,8 @@ class LiveProcessControl(ProcessControl):
 
     def rt_allowed(self, pid: int) -> int:
         """Root's processes may take any priority; another user's only what its own
-        RLIMIT_RTPRIO lets it set (the daemon must not hand out real-time priority)."""
+        RLIMIT_RTPRIO lets it set (the daemon must not hand out real-time priority). For a
+        job root registered: one a user registered gets :meth:`rt_limit`."""
         try:
             proc = psutil.Process(pid)
             if proc.uids().effective == 0:
@@ -221,6 +309,34 @@ class LiveProcessControl(ProcessControl):
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
             return 0
         return 99 if soft == psutil.RLIM_INFINITY else max(0, min(99, int(soft)))
+
+    def rt_limit(self, pid: int) -> int:
+        """The lowest soft RLIMIT_RTPRIO over ``pid``'s tree (every process the placement
+        sets), whoever owns each process: an effective uid 0 (a setuid program the job ran)
+        counts for nothing. One that does not read counts as 0."""
+        lowest = 99
+        for i, proc in enumerate(self._tree(pid)):
+            try:
+                soft, _hard = resource.prlimit(proc, resource.RLIMIT_RTPRIO)
+            except ProcessLookupError:
+                if i == 0:
+                    raise ProcessGone(pid) from None
+                continue
+            except OSError:
+                return 0
+            lowest = min(lowest, 99 if soft == resource.RLIM_INFINITY else max(0, min(99, soft)))
+        return lowest
+
+    def identity(self, pid: int) -> tuple | None:
+        """(start time, executable): another executable is an exec (a setuid one, say)."""
+        start = self.start_time(pid)
+        if start is None:
+            return None
+        try:
+            exe = os.readlink(f"/proc/{int(pid)}/exe")
+        except OSError:
+            exe = None
+        return start, exe
 
     def machine_cpus(self) -> frozenset[int] | None:
         try:
@@ -264,11 +380,17 @@ class LiveProcessControl(ProcessControl):
             return None
 
     def owner_uid(self, pid: int) -> int | None:
-        """Real uid owning ``pid`` (None when it has gone)."""
-        try:
-            return psutil.Process(pid).uids().real
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        """The uid owning ``pid`` (None when it has gone): its real uid, when its effective
+        and saved uids are that uid too and its gids agree among themselves. A process that
+        runs a setuid or setgid program (``su``, ``newgrp``: real uid the user's, effective
+        root's) raises :class:`~platforms.procs.SetidProcess`: it is no one user's."""
+        ids = proc_ids(pid)
+        if ids is None:
             return None
+        uids, gids = ids
+        if len(set(uids)) > 1 or len(set(gids)) > 1:
+            raise SetidProcess(pid, uids, gids)
+        return uids[0]
 
 
 #: prctl(2) options: orphans below this process are reparented to it, not to init

@@ -6,6 +6,7 @@ implement the same interface, so the actuator cannot tell them apart.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 
 
@@ -15,6 +16,21 @@ class ProcessGone(Exception):
     def __init__(self, pid: int):
         self.pid = pid
         super().__init__(f"process {pid} no longer exists")
+
+
+class SetidProcess(Exception):
+    """The process runs with ids it did not start with: its real, effective and saved uids
+    (or gids) differ, as in a setuid or setgid program. It acts with rights its real owner
+    does not have, so it is no one user's process to steer."""
+
+    def __init__(self, pid: int, uids: tuple[int, ...], gids: tuple[int, ...]):
+        self.pid, self.uids, self.gids = pid, tuple(uids), tuple(gids)
+        which = "setuid" if len(set(self.uids)) > 1 else "setgid"
+        super().__init__(
+            f"pid {pid} runs a {which} program (real/effective/saved uids "
+            f"{'/'.join(map(str, self.uids))}, gids {'/'.join(map(str, self.gids))}): it acts "
+            "with rights its owner does not have"
+        )
 
 
 class ProcessControl(ABC):
@@ -66,6 +82,24 @@ class ProcessControl(ABC):
     def rt_allowed(self, pid: int) -> int:
         """The highest SCHED_FIFO priority the process could take itself (99: no limit)."""
         return 99
+
+    def rt_limit(self, pid: int) -> int:
+        """The highest SCHED_FIFO priority every process of ``pid``'s tree could take by its
+        own RLIMIT_RTPRIO, whoever owns it (no shortcut for root's processes): what the
+        daemon may hand a job a user who is not root registered. By default
+        :meth:`rt_allowed`."""
+        return self.rt_allowed(pid)
+
+    def identity(self, pid: int) -> tuple | None:
+        """What changes when ``pid`` execs or is reused (start time, executable); None when
+        it has gone. By default the start time alone."""
+        start = self.start_time(pid)
+        return None if start is None else (start, None)
+
+    def process_map(self) -> contextlib.AbstractContextManager:
+        """A round of tree walks (one apply of the actuator): inside it the walks may share
+        one look at every process instead of one each. By default nothing is shared."""
+        return contextlib.nullcontext()
 
     def unmanageable(self, pid: int) -> str | None:
         """Why ``pid`` must never be steered (init, a kernel thread, the daemon), or None."""

@@ -1,0 +1,139 @@
+"""One look at every process per round of placements (audit F2): the tree walks of a round
+share one pass over /proc instead of several per job, so a tick does not cost jobs x all
+processes; outside a round each walk still reads the processes as they are now."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agents.policy import Decision, JobSetting
+from daemon.actuator import REAPPLY_S, Actuator
+from platforms.liveprocs import LiveProcessControl, ProcessMap
+from platforms.observation import ClusterObs, Observation
+from platforms.sysfs import DirSysfs
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+CPUS = tuple(sorted(os.sched_getaffinity(0)))
+
+# parent -> child -> grandchild, and a child that exits unreaped (a zombie)
+TREE = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\\n"
+    "g = subprocess.Popen(['sleep', '60'])\\n"
+    "print(g.pid, flush=True)\\n"
+    "time.sleep(60)"], stdout=subprocess.PIPE)
+grand = int(child.stdout.readline())
+dead = subprocess.Popen(["true"])
+while True:  # wait until it is a zombie, without reaping it
+    with open(f"/proc/{dead.pid}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+    time.sleep(0.01)
+print(child.pid, grand, dead.pid, flush=True)
+sys.stdin.readline()
+child.kill()
+"""
+
+
+@pytest.fixture
+def tree():
+    p = subprocess.Popen(
+        [sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    child, grand, zombie = map(int, p.stdout.readline().split())
+    yield p, child, grand, zombie
+    for pid in (grand, child):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    p.stdin.close()
+    p.wait(10)
+
+
+@pytest.fixture
+def sleepers():
+    ps = [subprocess.Popen(["sleep", "60"]) for _ in range(8)]
+    yield ps
+    for p in ps:
+        p.kill()
+        p.wait()
+
+
+def obs(t=0.0) -> Observation:
+    c = ClusterObs("c", 0, CPUS, CPUS, (1000,), 1.0, None, None, None, None)
+    return Observation(t, "toy", (c,), (), ())
+
+
+@linux
+def test_the_descendants_come_from_one_map_with_their_start_times(tree):
+    p, child, grand, zombie = tree
+    procs = LiveProcessControl()
+    below = procs.descendants(p.pid)
+    assert [pid for pid, _ in below] == [child, grand]  # parents first; no zombie
+    assert all(start == procs.start_time(pid) for pid, start in below)
+    assert zombie not in ProcessMap().below(p.pid)
+    assert set(procs.tids(p.pid)) >= {p.pid, child, grand}
+
+
+@linux
+def test_a_walk_outside_a_round_sees_a_process_forked_since_one_inside_does_not():
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys\n"
+            "sys.stdin.readline()\n"
+            "c = subprocess.Popen(['sleep', '60'])\n"
+            "print(c.pid, flush=True)\n"
+            "sys.stdin.readline()\n"
+            "c.kill()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        procs = LiveProcessControl()
+        assert procs.descendants(p.pid) == []
+        with procs.process_map():
+            assert procs.descendants(p.pid) == []
+            p.stdin.write(b"\n")
+            p.stdin.flush()
+            child = int(p.stdout.readline())
+            assert procs.descendants(p.pid) == []  # the round's map: found at the next one
+        assert [c for c, _ in procs.descendants(p.pid)] == [child]
+    finally:
+        p.stdin.close()
+        p.wait(10)
+
+
+@linux
+def test_a_round_of_placements_reads_the_process_list_once(tmp_path, sleepers, monkeypatch):
+    scans = []
+    real = os.listdir
+
+    def counting(path="."):
+        if path in ("/proc", b"/proc"):
+            scans.append(path)
+        return real(path)
+
+    procs = LiveProcessControl()
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True)
+    jobs = {p.pid: JobSetting(CPUS, 0, 3) for p in sleepers}
+    monkeypatch.setattr(os, "listdir", counting)
+    act.apply(Decision({}, jobs=jobs), obs(0.0))  # first placement of 8 jobs
+    first = len(scans)
+    act.apply(Decision({}, jobs=jobs), obs(0.1))  # nothing due: no look at all
+    quiet = len(scans) - first
+    act.apply(Decision({}, jobs=jobs), obs(REAPPLY_S + 0.1))  # all 8 re-applied
+    again = len(scans) - first - quiet
+    act.release_all()
+    released = len(scans) - first - quiet - again
+    monkeypatch.undo()
+    assert (first, quiet, again, released) == (1, 0, 1, 1)
+    if os.geteuid() == 0:  # (a user may not lower a nice value back)
+        assert all(os.getpriority(os.PRIO_PROCESS, p.pid) == 0 for p in sleepers)
