@@ -201,12 +201,14 @@ class RegistryClient:
         criticality: str = "lo",
         name: str = "",
         adopter: bool = False,
+        slack: float | None = None,
     ) -> dict[str, Any]:
         """Register ``pid``; returns the job as the daemon recorded it, with ``warning`` when
         the daemon answered one (a deadline the gate can plan no operating point for: the job is
         registered all the same). ``adopter``: this process is ``pid``'s parent and a child
         subreaper, so what ``pid`` leaves behind stays below it and the daemon counts it as
-        the job's."""
+        the job's. ``slack`` instead of ``deadline_s``: the daemon sets the deadline to slack
+        x the job's reference makespan (the job's ``deadline_s`` says it)."""
         req = {
             "op": "register",
             "pid": pid,
@@ -214,11 +216,19 @@ class RegistryClient:
             "criticality": criticality,
             "name": name,
         }
+        if slack is not None:
+            req["slack"] = slack
         if adopter:
             req["adopter"] = True
         try:
             answer = self.request(req)
         except RegistryError as err:
+            if slack is not None and "'slack'" in str(err) and "unknown field" in str(err):
+                raise RegistryError(
+                    "register",
+                    "this daemon does not take a slack (it predates it: restart it after the "
+                    "upgrade), or give a deadline in seconds",
+                ) from None
             if not adopter or "'adopter'" not in str(err):
                 raise
             # a daemon from before the field (upgraded, not restarted yet): as it was
@@ -269,13 +279,17 @@ def wait_reaping(proc) -> int:
     return rc
 
 
-def _check_registration(deadline_s: float | None, criticality: str, name: str) -> None:
+def _check_registration(
+    deadline_s: float | None, criticality: str, name: str, slack: float | None = None
+) -> None:
     """The daemon's own checks of a registration, before anything is launched: a command it
     would refuse must not start (and be stopped again) with its side effects done."""
     from daemon.registry import RequestError, parse_request
 
     req = {"op": "register", "pid": os.getpid(), "deadline_s": deadline_s}
     req.update(criticality=criticality, name=name)
+    if slack is not None:
+        req["slack"] = slack
     try:
         parse_request(json.dumps(req).encode())
     except RequestError as err:
@@ -425,8 +439,12 @@ def run_registered(
     run_if_unreachable: bool = False,
     on_unmanaged: Callable[[dict[str, Any]], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    slack: float | None = None,
 ) -> dict[str, Any]:
     """``hidvfs run``: launch ``command``, register it, wait for it, unregister it.
+
+    ``slack`` instead of ``deadline_s``: the daemon sets the deadline to slack x the job's
+    reference makespan, and the record's ``deadline_s`` is the one it set.
 
     ``on_registered(job)`` is called with the daemon's record of the job right after it
     registered (e.g. to warn that it has no reference profile). A warning the daemon
@@ -461,7 +479,7 @@ def run_registered(
         down = f"the daemon is unreachable: {err.reason}"
     clock = MonotonicClock()
     name = name or os.path.basename(command[0])
-    _check_registration(deadline_s, criticality, name)
+    _check_registration(deadline_s, criticality, name, slack)
     was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
     adopter = was_adopting or adopt_orphans()
     pass_on = _PassOn()
@@ -480,7 +498,10 @@ def run_registered(
                     criticality=criticality,
                     name=name,
                     adopter=adopter,
+                    slack=slack,
                 )
+                if slack is not None and isinstance(job.get("deadline_s"), (int, float)):
+                    deadline_s = float(job["deadline_s"])
         except RegistryError:
             if proc.poll() is None:  # a live child the daemon refused: do not run it unmanaged
                 _stop_refused(proc)

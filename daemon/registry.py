@@ -6,6 +6,9 @@ Requests (one JSON object per line)::
     {"op": "unregister", "pid": 1234}
     {"op": "status"}
 
+``"slack": 1.5`` instead of ``deadline_s`` sets the soft deadline to 1.5 x the reference
+makespan of the profile stored under the job's name (the answer's job carries the deadline
+set); a name without a profile is refused.
 ``"adopter": true`` in a register says the job's parent is a child subreaper (``hidvfs run``):
 what the job leaves behind (a helper that double-forks) stays below that parent, and the daemon
 counts it as the job's when it gives the originals back. Taken only for a parent the client
@@ -80,8 +83,10 @@ ROOT_JOB_RESERVE = 32
 #: a repeated internal error is logged with its traceback once per this many seconds
 INTERNAL_ERROR_LOG_S = 60.0
 OPS = ("register", "unregister", "status")
+#: the largest slack a registration may ask for (a deadline that far out plans nothing)
+MAX_SLACK = 1000.0
 FIELDS = {
-    "register": ("op", "pid", "deadline_s", "criticality", "name", "adopter"),
+    "register": ("op", "pid", "deadline_s", "slack", "criticality", "name", "adopter"),
     "unregister": ("op", "pid"),
     "status": ("op",),
 }
@@ -155,6 +160,21 @@ def parse_request(line: bytes) -> dict[str, Any]:
                     f"field 'deadline_s' must be a number of seconds > 0 or null, got {deadline!r:.60}"
                 )
             deadline = float(deadline)
+        slack = req.get("slack")
+        if slack is not None:
+            if (
+                isinstance(slack, bool)
+                or not isinstance(slack, (int, float))
+                or not math.isfinite(slack)
+                or not 1 <= slack <= MAX_SLACK
+            ):
+                raise RequestError(
+                    f"field 'slack' must be a number from 1 to {MAX_SLACK:g} (the deadline is "
+                    f"slack x the job's reference makespan) or null, got {slack!r:.60}"
+                )
+            if deadline is not None:
+                raise RequestError("give 'deadline_s' or 'slack', not both")
+            slack = float(slack)
         crit = req.get("criticality", "lo")
         if crit not in ("hi", "lo"):
             raise RequestError(f"field 'criticality' must be 'hi' or 'lo', got {crit!r:.60}")
@@ -173,9 +193,25 @@ def parse_request(line: bytes) -> dict[str, Any]:
         if not isinstance(adopter, bool):
             raise RequestError(f"field 'adopter' must be true or false, got {adopter!r:.60}")
         out.update(
-            deadline_s=deadline, criticality=crit, name=name or f"pid{out['pid']}", adopter=adopter
+            deadline_s=deadline,
+            slack=slack,
+            criticality=crit,
+            name=name or f"pid{out['pid']}",
+            adopter=adopter,
         )
     return out
+
+
+def deadline_from_slack(name: str, profile: JobProfile | None, slack: float) -> float:
+    """The soft deadline ``slack x`` the reference makespan of ``name``'s profile; a job
+    without one is refused (there is nothing to take the slack of)."""
+    if profile is None:
+        raise RequestError(
+            f"no reference profile for {name!r} on this board, so a deadline of slack x its "
+            f"reference makespan cannot be set; measure one (sudo hidvfs profile measure "
+            f"--name {name} -- CMD) or give deadline_s"
+        )
+    return slack * profile.ref_makespan_s
 
 
 def job_to_json(entry: JobEntry, now: float | None = None) -> dict[str, Any]:
@@ -252,7 +288,11 @@ class JobRegistry:
         *,
         peer_uid: int | None = None,
         adopter: bool = False,
+        slack: float | None = None,
     ) -> JobEntry:
+        """Register ``pid``. With ``slack`` (instead of ``deadline_s``) its soft deadline is
+        ``slack x`` the reference makespan of the profile stored under its name (models.md
+        8), which it then must have."""
         why = self.unmanageable(pid) if self.unmanageable is not None else None
         if why is not None:
             raise RequestError(f"pid {pid} cannot be a job: {why}")
@@ -266,6 +306,8 @@ class JobRegistry:
         # (not `if self.profile_for`: an empty store is falsy, and profiles added to it later
         # must still be found)
         profile = self.profile_for(name) if self.profile_for is not None else None
+        if slack is not None:
+            deadline_s = deadline_from_slack(name, profile, slack)
         warning = self._check_deadline(profile, deadline_s)
         with self._lock:
             # still the same process, and still the client's (it may have ended, or run a
@@ -445,6 +487,7 @@ class JobRegistry:
                 req["name"],
                 peer_uid=peer_uid,
                 adopter=req.get("adopter", False),
+                slack=req.get("slack"),
             )
             answer = {"ok": True, "job": job_to_json(e)}
             if e.warning is not None:

@@ -460,6 +460,14 @@ def _print_jobs(status: dict) -> None:
     help="Soft deadline in seconds.",
 )
 @click.option(
+    "--slack",
+    default=None,
+    type=FiniteFloatRange(min=1.0, max=1000.0),
+    help="Instead of --deadline: the soft deadline is SLACK x the job's reference makespan, "
+    "from the profile stored under its --name (`hidvfs profile measure`); a job without one "
+    "is refused.",
+)
+@click.option(
     "--criticality",
     default="lo",
     show_default=True,
@@ -487,17 +495,25 @@ def _print_jobs(status: dict) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guard_errors
-def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, command) -> None:
+def run_cmd(
+    deadline_s, slack, criticality, name, socket_path, if_no_daemon, as_json, command
+) -> None:
     """Launch CMD, register it with the daemon, wait, and print its makespan; exit with CMD's
     status (128 + N when hidvfs run is stopped by signal N, which it passes on to CMD).
 
     Everything from CMD on is CMD's, options too; `--` before CMD is optional.
 
     Example: hidvfs run --deadline 5 --criticality hi -- ./fib.gcc.omp-tasks -n 30
+
+    Or with a deadline of 1.5 x the reference makespan measured for the name:
+    hidvfs run --name fib --slack 1.5 -- ./fib.gcc.omp-tasks -n 30
     """
     import signal
 
     from daemon.client import run_registered
+
+    if deadline_s is not None and slack is not None:
+        fail("give --deadline or --slack, not both")
 
     def warn(text: str) -> None:
         """A warning that cannot be written (stderr closed) must not stop the job."""
@@ -526,6 +542,7 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
         on_registered=unplanned,
         run_if_unreachable=if_no_daemon == "run",
         on_unmanaged=unmanaged,
+        slack=slack,
     )
     stopped_by = result.get("stopped_by")
     # as a shell: a run stopped by a signal exits 128 + its number, whatever CMD made of it
@@ -535,7 +552,12 @@ def run_cmd(deadline_s, criticality, name, socket_path, if_no_daemon, as_json, c
             emit_json(result)
         else:
             met = result.get("deadline_met")
-            tail = "" if met is None else (" (deadline met)" if met else " (DEADLINE MISSED)")
+            dl = result.get("deadline_s")
+            tail = (
+                ""
+                if met is None
+                else (f" (deadline {dl:.3f} s met)" if met else f" (DEADLINE {dl:.3f} s MISSED)")
+            )
             if stopped_by:
                 tail += f" (stopped by {stopped_by})"
             click.echo(
