@@ -27,6 +27,9 @@ from daemon.jobs import JobEntry
 from daemon.statusfile import write_json_atomic
 
 FILE_NAME = "registrations.json"
+#: the longest a registration waits for its row to be on disk (a stuck disk must not hang
+#: the registry: past it the job is steered all the same, only a crash would lose it)
+REGISTRATION_WAIT_S = 2.0
 FORMAT = "hidvfs-registrations"
 VERSION = 1
 
@@ -81,44 +84,109 @@ def from_row(row: Any) -> JobEntry | None:
 
 class RegistrationsFile:
     """Keeps ``registrations.json`` equal to the job table (:meth:`save` from its change
-    hook). Writes are serialised and each one is the whole table, so the file never lists a
-    job the table dropped before it."""
+    hook). A writer thread writes the newest table it was given. A departure is only handed
+    to it: it happens on the control loop's thread (a job ends), which must not wait for a
+    disk (an fsync on an SD card takes tenths of a second), and a departure lost in a crash
+    costs nothing (the next start finds the process gone). A registration waits until it is
+    on disk, on the registry's thread, so that no job acknowledged to its client is lost in
+    a crash. :meth:`close` writes what is pending. A write that fails is said once until
+    one works again."""
 
-    def __init__(self, state_dir: str | os.PathLike[str], boot: str | None, log: logging.Logger):
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        boot: str | None,
+        log: logging.Logger,
+        tree: str | None = None,
+    ):
         self.path = registrations_path(state_dir)
         self.boot = boot
+        self.tree = tree
         self.log = log
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending: list[dict[str, Any]] | None = None
+        self._busy = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
         self._failed = False
 
-    def save(self, jobs: Iterable[JobEntry]) -> None:
+    def save(self, jobs: Iterable[JobEntry], registered: bool = False) -> None:
+        """Hand the table to the writer; for a ``registered`` change, wait until it is
+        written (at most :data:`REGISTRATION_WAIT_S`)."""
+        self._hand(jobs)
+        if registered:
+            self.flush(REGISTRATION_WAIT_S)
+
+    def _hand(self, jobs: Iterable[JobEntry]) -> None:
         rows = sorted((to_row(e) for e in jobs), key=lambda r: r["pid"])
-        with self._lock:
+        with self._cond:
+            if self._closed:
+                return
+            self._pending = rows
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="hidvfs-registrations", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Wait until every table handed to :meth:`save` is on disk (False: timed out)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
+
+    def close(self) -> None:
+        """Write what is pending and stop the writer."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=10.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None or self._closed)
+                if self._pending is None:
+                    return  # closed, nothing left
+                rows, self._pending, self._busy = self._pending, None, True
             try:
-                if rows:
-                    write_json_atomic(
-                        self.path,
-                        {"format": FORMAT, "version": VERSION, "boot_id": self.boot, "jobs": rows},
-                        dir_mode=0o700,
-                    )
-                else:
-                    try:
-                        os.unlink(self.path)
-                    except FileNotFoundError:
-                        pass
-                if self._failed:
-                    self._failed = False
-                    self.log.info("event=registrations_saved path=%s jobs=%d", self.path, len(rows))
-            except OSError as err:
-                # the jobs are still steered; only a restart would not take them up. Said
-                # once until a write works again (a full disk would say it at every change)
-                if not self._failed:
-                    self._failed = True
-                    self.log.warning(
-                        "event=registrations_unsaved path=%s detail=%r",
-                        self.path,
-                        f"{err.strerror or err}: a restart would not take up the jobs",
-                    )
+                self._write(rows)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def write_now(self, jobs: Iterable[JobEntry]) -> None:
+        """Write the table on this thread (at start, before anything runs)."""
+        self._write(sorted((to_row(e) for e in jobs), key=lambda r: r["pid"]))
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            if rows:
+                data = {"format": FORMAT, "version": VERSION, "boot_id": self.boot, "jobs": rows}
+                if self.tree is not None:
+                    data["tree"] = self.tree
+                write_json_atomic(self.path, data, dir_mode=0o700)
+            else:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+            if self._failed:
+                self._failed = False
+                self.log.info("event=registrations_saved path=%s jobs=%d", self.path, len(rows))
+        except OSError as err:
+            # the jobs are still steered; only a restart would not take them up. Said once
+            # until a write works again (a full disk would say it at every change)
+            if not self._failed:
+                self._failed = True
+                self.log.warning(
+                    "event=registrations_unsaved path=%s detail=%r",
+                    self.path,
+                    f"{err.strerror or err}: a restart would not take up the jobs",
+                )
 
 
 def take_up(
@@ -126,10 +194,16 @@ def take_up(
     boot: str | None,
     start_time: Callable[[int], float | None],
     log: logging.Logger,
+    *,
+    tree: str | None = None,
+    refuse: Callable[[JobEntry], str | None] | None = None,
 ) -> list[JobEntry]:
     """At start: the jobs an earlier run of this boot had registered that are still the same
-    processes. A file of another boot, or one that does not read, is set aside (logged);
-    nothing in it is taken up."""
+    processes. A file of another boot or of another tree (a test daemon on a fake tree must
+    not steer the live daemon's jobs), or one that does not read, is set aside (logged);
+    nothing in it is taken up. ``refuse(entry)`` gives why a job may no longer be steered
+    for its registrant (a registration now would be refused: another owner, a setuid
+    program since), and that job is left out, logged."""
     path = registrations_path(state_dir)
     try:
         with open(path, encoding="utf-8") as f:
@@ -147,6 +221,14 @@ def take_up(
     if boot is None or data.get("boot_id") != boot:
         log.info("event=registrations_of_another_boot path=%s jobs=%d", path, len(rows))
         return []
+    if data.get("tree") != tree:
+        log.info(
+            "event=registrations_of_another_tree path=%s jobs=%d tree=%r",
+            path,
+            len(rows),
+            data.get("tree"),
+        )
+        return []
     out: list[JobEntry] = []
     for row in rows:
         entry = from_row(row)
@@ -155,6 +237,15 @@ def take_up(
             continue
         if start_time(entry.pid) != entry.start_time:
             continue  # ended while no daemon ran (or its pid belongs to another process now)
+        why = refuse(entry) if refuse is not None else None
+        if why is not None:
+            log.warning(
+                "event=job_not_taken_up pid=%d registrant_uid=%s detail=%r",
+                entry.pid,
+                entry.registrant_uid,
+                why,
+            )
+            continue
         adopter = entry.adopter
         if adopter is not None and adopter[1] is not None and start_time(adopter[0]) != adopter[1]:
             adopter = None  # its `hidvfs run` is gone: the job's own tree is still the job

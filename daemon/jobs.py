@@ -69,10 +69,10 @@ class JobTable:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: set whenever a job registers or leaves, so the loop can decide right away
     changed: threading.Event = field(default_factory=threading.Event, repr=False)
-    #: called with the registered jobs after every registration and departure (the daemon
-    #: keeps them on disk for its next start: :mod:`daemon.jobpersist`); calls are
-    #: serialised, each with the table as it stands then
-    on_change: Callable[[list[JobEntry]], None] | None = field(default=None, repr=False)
+    #: called with the registered jobs after every registration and departure, and whether
+    #: the change was a registration (the daemon keeps them on disk for its next start:
+    #: :mod:`daemon.jobpersist`); calls are serialised, each with the table as it stands then
+    on_change: Callable[[list[JobEntry], bool], None] | None = field(default=None, repr=False)
     _change_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def register(self, entry: JobEntry) -> None:
@@ -83,20 +83,20 @@ class JobTable:
         with self._lock:
             self._jobs[entry.pid] = entry
         self.changed.set()
-        self._tell()
+        self._tell(registered=True)
 
     def unregister(self, pid: int) -> JobEntry | None:
         with self._lock:
             entry = self._jobs.pop(pid, None)
         self.changed.set()
         if entry is not None:
-            self._tell()
+            self._tell(registered=False)
         return entry
 
-    def _tell(self) -> None:
+    def _tell(self, registered: bool) -> None:
         if self.on_change is not None:
             with self._change_lock:  # the snapshot inside: a later change is written later
-                self.on_change(self.snapshot())
+                self.on_change(self.snapshot(), registered)
 
     def finish(self, pid: int, finish_t: float, *, seen: bool = False) -> JobOutcome | None:
         """The job ended at ``finish_t``: record its outcome. One the control loop did not see

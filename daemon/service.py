@@ -33,7 +33,7 @@ from daemon.config import (
 from daemon.gchold import start_frozen
 from daemon.guard import config_guard
 from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
-from daemon.jobs import JobTable
+from daemon.jobs import JobEntry, JobTable
 from daemon.logs import SensorErrorLog, log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
@@ -374,14 +374,18 @@ def _check_listen_host(listen: str, key: str) -> None:
         ) from None
 
 
-def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles) -> None:
-    """Register again the jobs an earlier run of this boot had, still running (a restart
-    used to drop them: :mod:`daemon.jobpersist`), then keep the table on disk."""
+def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles, tree: str):
+    """Register again the jobs an earlier run of this boot on this tree had, still running
+    and still their registrant's to steer (a restart used to drop them:
+    :mod:`daemon.jobpersist`), then keep the table on disk. Returns the file's keeper, to
+    close at the stop."""
     from daemon.jobpersist import RegistrationsFile, take_up
 
     boot = boot_id()
-    store = RegistrationsFile(state_dir, boot, log)
-    for entry in take_up(state_dir, boot, procs.start_time, log):
+    store = RegistrationsFile(state_dir, boot, log, tree=tree)
+    for entry in take_up(
+        state_dir, boot, procs.start_time, log, tree=tree, refuse=_refusal(procs)
+    ):
         table.register(replace(entry, profile=profiles(entry.name)))
         log_event(
             log,
@@ -392,8 +396,32 @@ def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles) -> None:
             deadline_s=entry.deadline_s,
             registered_s_ago=round(time.monotonic() - entry.release_t, 3),
         )
+    store.write_now(table.snapshot())  # what did not come back leaves the file now
     table.on_change = store.save
-    store.save(table.snapshot())  # what did not come back leaves the file now
+    return store
+
+
+def _refusal(procs):
+    """Why a job read back from registrations.json may no longer be steered: what the
+    registry checks at a registration (a process the daemon may not steer; for a user's job,
+    a process that is no longer that user's, or runs a setuid program since)."""
+    from platforms.procs import SetidProcess
+
+    def refuse(entry: JobEntry) -> str | None:
+        why = procs.unmanageable(entry.pid)
+        if why is not None:
+            return why
+        if entry.registrant_uid in (None, 0):
+            return None
+        try:
+            owner = procs.owner_uid(entry.pid)
+        except SetidProcess as err:
+            return str(err)
+        if owner != entry.registrant_uid:
+            return f"it belongs to uid {owner}, not to its registrant"
+        return None
+
+    return refuse
 
 
 class _StatusWriter:
@@ -569,8 +597,9 @@ def _serve(
             ),
         )
         table = JobTable()
-        if not dry_run:
-            _take_up_jobs(table, cfg.state_dir, procs, profiles)
+        registrations = (
+            None if dry_run else _take_up_jobs(table, cfg.state_dir, procs, profiles, root)
+        )
         loop = ControlLoop(
             platform,
             pol,
@@ -732,6 +761,8 @@ def _serve(
                 srv.stop()
             except Exception as err:  # noqa: BLE001 - stopping must go on
                 log_event(log, "server_stop_failed", level=logging.WARNING, detail=str(err))
+        if registrations is not None:  # the last change of the table on disk (a thread's)
+            registrations.close()
         try:  # jobs that outlive the daemon get back their own affinity and priority
             loop.actuator.release_all()
         except Exception as err:  # noqa: BLE001 - the cpufreq restore must still run

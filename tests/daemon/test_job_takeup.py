@@ -72,17 +72,60 @@ def test_the_table_is_on_disk_after_every_change_and_gone_when_empty(tmp_path):
     path = tmp_path / jobpersist.FILE_NAME
     table.register(_entry(pid=1))
     table.register(_entry(pid=2))
+    assert store.flush()
     data = json.loads(path.read_text())
     assert data["boot_id"] == BOOT and [r["pid"] for r in data["jobs"]] == [1, 2]
     table.finish(1, 200.0)
+    assert store.flush()
     assert [r["pid"] for r in json.loads(path.read_text())["jobs"]] == [2]
     table.unregister(2)
+    store.close()
     assert not path.exists()
+
+
+def test_a_departure_never_waits_for_the_disk(tmp_path, monkeypatch):
+    """A job ends on the control loop's thread: the write happens on the writer's thread,
+    which writes the newest table it was given."""
+    import threading
+
+    gate = threading.Event()
+    written = []
+    real = jobpersist.write_json_atomic
+
+    def slow(path, data, **kw):
+        gate.wait(5)  # an SD card's fsync
+        written.append([r["pid"] for r in data["jobs"]])
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(jobpersist, "write_json_atomic", slow)
+    store = RegistrationsFile(tmp_path, BOOT, LOG)
+    table = JobTable()
+    for pid in range(1, 6):
+        table.register(_entry(pid=pid))
+    table.on_change = store.save
+    t0 = time.monotonic()
+    for pid in (1, 2, 3):
+        table.finish(pid, 200.0)
+    assert time.monotonic() - t0 < 1.0  # the writer holds the first write; nobody waits
+    gate.set()
+    store.close()
+    assert written[-1] == [4, 5] and len(written) <= 2  # the newest, not each one
+
+
+def test_a_registration_is_on_disk_before_it_is_acknowledged(tmp_path):
+    store = RegistrationsFile(tmp_path, BOOT, LOG)
+    table = JobTable(on_change=store.save)
+    table.register(_entry(pid=7))  # no flush: the registry answers its client after this
+    rows = json.loads((tmp_path / jobpersist.FILE_NAME).read_text())["jobs"]
+    assert [r["pid"] for r in rows] == [7]
+    store.close()
 
 
 def test_take_up_keeps_the_same_processes_of_this_boot_only(tmp_path):
     store = RegistrationsFile(tmp_path, BOOT, LOG)
-    store.save([_entry(pid=1, start=10.0), _entry(pid=2, start=20.0), _entry(pid=3, start=30.0)])
+    store.write_now(
+        [_entry(pid=1, start=10.0), _entry(pid=2, start=20.0), _entry(pid=3, start=30.0)]
+    )
     starts = {1: 10.0, 2: 99.0, 4000: 1200.0}  # 2: its pid is another process now; 3: ended
     got = take_up(tmp_path, BOOT, starts.get, LOG)
     assert [e.pid for e in got] == [1] and got[0].adopter == (4000, 1200.0)
@@ -92,6 +135,20 @@ def test_take_up_keeps_the_same_processes_of_this_boot_only(tmp_path):
     # another boot: the clock and the pids are another's
     assert take_up(tmp_path, "another-boot", starts.get, LOG) == []
     assert take_up(tmp_path, None, starts.get, LOG) == []
+
+
+def test_take_up_keeps_the_jobs_of_the_same_tree_its_registrant_may_still_steer(tmp_path):
+    """A test daemon on a fake tree must not steer the live daemon's jobs; a job whose
+    process is no longer its registrant's (a setuid program since) is left out."""
+    RegistrationsFile(tmp_path, BOOT, LOG, tree="/").write_now(
+        [_entry(pid=1, start=10.0), _entry(pid=2, start=20.0, registrant_uid=0)]
+    )
+    starts = {1: 10.0, 2: 20.0, 4000: 1200.0}.get
+    assert take_up(tmp_path, BOOT, starts, LOG, tree="/tmp/fake") == []
+    assert [e.pid for e in take_up(tmp_path, BOOT, starts, LOG, tree="/")] == [1, 2]
+    refuse = {1: "it belongs to uid 0, not to its registrant"}.get
+    got = take_up(tmp_path, BOOT, starts, LOG, tree="/", refuse=lambda e: refuse(e.pid))
+    assert [e.pid for e in got] == [2]
 
 
 @pytest.mark.parametrize(
@@ -112,10 +169,13 @@ def test_an_unreadable_file_is_logged_and_takes_up_nothing(tmp_path, caplog, tex
 def test_a_write_that_fails_is_said_once_and_the_table_goes_on(tmp_path, caplog):
     blocker = tmp_path / "state"
     blocker.write_text("a file where the state dir should be")
-    table = JobTable(on_change=RegistrationsFile(blocker, BOOT, LOG).save)
+    store = RegistrationsFile(blocker, BOOT, LOG)
+    table = JobTable(on_change=store.save)
     with caplog.at_level(logging.WARNING):
         table.register(_entry(pid=1))
+        assert store.flush()
         table.register(_entry(pid=2))
+        store.close()
     assert len(table) == 2
     assert caplog.text.count("event=registrations_unsaved") == 1
 
@@ -171,3 +231,24 @@ def test_a_job_that_ended_while_no_daemon_ran_is_not_taken_up(board):  # noqa: F
     assert proc2.returncode == 0, log2.read_text()
     assert "job_taken_up" not in log2.read_text()
     assert not (state / jobpersist.FILE_NAME).exists()
+
+
+def test_the_daemons_refusal_is_the_registrys_owner_rule():
+    """A user's job whose process is now another uid's is not taken up; root's is."""
+    import os
+
+    from daemon.service import _refusal
+    from platforms.liveprocs import LiveProcessControl
+
+    refuse = _refusal(LiveProcessControl())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        start = LiveProcessControl().start_time(child.pid)
+        mine = _entry(pid=child.pid, start=start, registrant_uid=os.geteuid())
+        assert refuse(mine) is None
+        other = _entry(pid=child.pid, start=start, registrant_uid=os.geteuid() + 4242)
+        assert "belongs to uid" in refuse(other)
+        assert refuse(_entry(pid=1, start=1.0, registrant_uid=0)) is not None  # init: never
+    finally:
+        child.kill()
+        child.wait()
