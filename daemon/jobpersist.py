@@ -110,12 +110,12 @@ class RegistrationsFile:
         self._thread: threading.Thread | None = None
         self._failed = False
 
-    def save(self, jobs: Iterable[JobEntry], registered: bool = False) -> None:
-        """Hand the table to the writer; for a ``registered`` change, wait until it is
-        written (at most :data:`REGISTRATION_WAIT_S`)."""
+    def save(self, jobs: Iterable[JobEntry], registered: bool = False):
+        """Hand the table to the writer. For a ``registered`` change, returns the wait until
+        it is written (at most :data:`REGISTRATION_WAIT_S`), for the caller to run once it
+        holds no lock a departure needs (:attr:`daemon.jobs.JobTable.on_change`)."""
         self._hand(jobs)
-        if registered:
-            self.flush(REGISTRATION_WAIT_S)
+        return (lambda: self.flush(REGISTRATION_WAIT_S)) if registered else None
 
     def _hand(self, jobs: Iterable[JobEntry]) -> None:
         rows = sorted((to_row(e) for e in jobs), key=lambda r: r["pid"])

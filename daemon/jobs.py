@@ -71,8 +71,12 @@ class JobTable:
     changed: threading.Event = field(default_factory=threading.Event, repr=False)
     #: called with the registered jobs after every registration and departure, and whether
     #: the change was a registration (the daemon keeps them on disk for its next start:
-    #: :mod:`daemon.jobpersist`); calls are serialised, each with the table as it stands then
-    on_change: Callable[[list[JobEntry], bool], None] | None = field(default=None, repr=False)
+    #: :mod:`daemon.jobpersist`); calls are serialised, each with the table as it stands
+    #: then. What it returns, when callable, is called once the next change may go ahead (a
+    #: wait for the disk that must not hold up a departure on the control loop's thread)
+    on_change: Callable[[list[JobEntry], bool], Callable[[], object] | None] | None = field(
+        default=None, repr=False
+    )
     _change_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def register(self, entry: JobEntry) -> None:
@@ -94,9 +98,12 @@ class JobTable:
         return entry
 
     def _tell(self, registered: bool) -> None:
-        if self.on_change is not None:
-            with self._change_lock:  # the snapshot inside: a later change is written later
-                self.on_change(self.snapshot(), registered)
+        if self.on_change is None:
+            return
+        with self._change_lock:  # the snapshot inside: a later change is written later
+            then = self.on_change(self.snapshot(), registered)
+        if callable(then):
+            then()
 
     def finish(self, pid: int, finish_t: float, *, seen: bool = False) -> JobOutcome | None:
         """The job ended at ``finish_t``: record its outcome. One the control loop did not see

@@ -252,3 +252,33 @@ def test_the_daemons_refusal_is_the_registrys_owner_rule():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_departure_does_not_wait_behind_a_registration_waiting_for_the_disk(
+    tmp_path, monkeypatch
+):
+    """A registration waits for its row on the registry's thread; a job ending meanwhile on
+    the control loop's thread goes ahead at once."""
+    import threading
+
+    gate = threading.Event()
+    real = jobpersist.write_json_atomic
+    monkeypatch.setattr(
+        jobpersist, "write_json_atomic", lambda *a, **k: (gate.wait(5), real(*a, **k))[1]
+    )
+    store = RegistrationsFile(tmp_path, BOOT, LOG)
+    table = JobTable()
+    table.register(_entry(pid=1))
+    table.on_change = store.save
+    registering = threading.Thread(target=table.register, args=(_entry(pid=2),))
+    registering.start()
+    time.sleep(0.2)  # the registration now waits for the held write
+    t0 = time.monotonic()
+    table.finish(1, 200.0)
+    assert time.monotonic() - t0 < 0.5
+    gate.set()
+    registering.join(5)
+    store.close()
+    assert [
+        r["pid"] for r in json.loads((tmp_path / jobpersist.FILE_NAME).read_text())["jobs"]
+    ] == [2]
