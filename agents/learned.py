@@ -48,6 +48,14 @@ AGENT_FILES = ("profiler", "thermal", "priority")
 ADAPTIVE_WINDOW = 5000
 
 
+def boards_with_agents() -> list[str]:
+    """The boards hidvfs ships trained agents for: a folder under ``agents/models`` with a
+    manifest (the learned policies run there and nowhere else)."""
+    if not MODELS_DIR.is_dir():
+        return []
+    return sorted(d.name for d in MODELS_DIR.iterdir() if (d / MANIFEST).is_file())
+
+
 def model_dir(board: str, root: str | os.PathLike[str] | None = None) -> Path:
     """``board``'s models: agents/models/BOARD; under a given ``root`` (``--models``) its
     BOARD subfolder when that holds a manifest, else ``root`` itself, which then serves only

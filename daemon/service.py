@@ -305,10 +305,12 @@ def policy_stack(cfg: Config, spec: BoardSpec) -> tuple[Policy, list]:
     """The config's policy and its stages. A learned policy on a board hidvfs ships no agents
     for is refused with what to run instead: the loader's "run `hidvfs agents train`" cannot
     help there, since training needs the board's plant parameters."""
+    from agents.learned import boards_with_agents
+
     try:
         return make_policy_stack(cfg.policy, spec, **policy_options(cfg))
     except FileNotFoundError:
-        if cfg.policy in LEARNED_POLICIES and spec.name not in board_names():
+        if cfg.policy in LEARNED_POLICIES and spec.name not in boards_with_agents():
             raise DaemonError(no_agents_message(cfg.policy, spec)) from None
         raise
 
@@ -316,12 +318,14 @@ def policy_stack(cfg: Config, spec: BoardSpec) -> tuple[Policy, list]:
 def no_agents_message(policy: str, spec: BoardSpec) -> str:
     """Why a learned policy cannot run on ``spec`` (a probed board or a spec file of a board
     hidvfs has no agents for), and what runs instead."""
+    from agents.learned import boards_with_agents
+
     what = f"{spec.name}, probed" if spec.name == "unknown" else spec.name
     if spec.model:
         what += f": {spec.model[0]}"
     return (
         f"policy {policy!r} runs agents trained for one board, and hidvfs ships them for "
-        f"{', '.join(board_names())} only; this board ({what}) is not one of them. Run a "
+        f"{', '.join(boards_with_agents())} only; this board ({what}) is not one of them. Run a "
         "kernel-governor policy here: --policy schedutil, or `policy: schedutil` in the "
         "config (hidvfs still saves and restores the board's settings, applies the thermal "
         "caps, records traces and serves status, but plans no deadlines). Agents for a new "

@@ -205,7 +205,7 @@ def board_without_agents(root: str = "/") -> str | None:
     """This machine's board when hidvfs ships no learned agents for it ("this board is not
     one hidvfs ships agents for (probed: MODEL)"); None when it does, or when the tree has no
     cpufreq policy (the daemon refuses to start there and says why)."""
-    from agents.learned import MANIFEST, MODELS_DIR
+    from agents.learned import boards_with_agents
     from platforms import cpufreq
     from platforms.probe import detect_board, read_model
     from platforms.sysfs import DirSysfs
@@ -218,7 +218,7 @@ def board_without_agents(root: str = "/") -> str | None:
         model = read_model(sysfs)
     except OSError:
         return None
-    if name and (MODELS_DIR / name / MANIFEST).is_file():
+    if name and name in boards_with_agents():
         return None
     what = f"probed: {model}" if model else "probed"
     return f"this board is not one hidvfs ships agents for ({name or what})"
