@@ -60,9 +60,6 @@ CLAIM_HEARTBEAT_S = 60.0
 CLAIM_POLL_S = 1.0
 #: how often that wait is said again on stderr
 _WAIT_NOTICE_EVERY_S = 60.0
-#: a live PID is the owner if it started within this of the claim's start time (the start
-#: times are the same clock ticks; a wall-clock step in between moves them both)
-_SAME_START_S = 1.0
 _T = TypeVar("_T")
 
 
@@ -439,13 +436,11 @@ class Owner:
 
     @classmethod
     def current(cls) -> Owner:
-        import psutil
-
-        return cls(socket.gethostname(), os.getpid(), psutil.Process().create_time())
+        return cls(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()) or 0.0)
 
     def text(self) -> str:
-        """``host:pid:start`` as stored in ``claims.owner``."""
-        return f"{self.host}:{self.pid}:{self.started:.2f}"
+        """``host:pid:start`` as stored in ``claims.owner`` (start: clock ticks since boot)."""
+        return f"{self.host}:{self.pid}:{self.started:.0f}"
 
     @classmethod
     def parse(cls, text: str) -> Owner | None:
@@ -461,6 +456,16 @@ class Owner:
         return f"pid {self.pid} on host {self.host}"
 
 
+def _start_ticks(pid: int) -> float | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``); None when it
+    has gone. Not psutil's ``create_time``: that adds the boot time in wall-clock seconds,
+    re-read at each call, so a clock step (NTP on a board without a battery clock) made a
+    running campaign look like another process, and its claims were taken over."""
+    from platforms.liveprocs import LiveProcessControl
+
+    return LiveProcessControl().start_time(pid)
+
+
 def owner_alive(owner: Owner) -> bool | None:
     """Whether ``owner`` runs: True or False on this host (its PID, started when the claim
     says, not a zombie), None on another host, where only its heartbeat can tell."""
@@ -468,11 +473,13 @@ def owner_alive(owner: Owner) -> bool | None:
         return None
     import psutil
 
+    started = _start_ticks(owner.pid)
+    if started is None:
+        return False
+    if started != owner.started:
+        return False  # the PID was given to another process since
     try:
-        proc = psutil.Process(owner.pid)
-        if abs(proc.create_time() - owner.started) > _SAME_START_S:
-            return False  # the PID was given to another process since
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(owner.pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:  # not ours to inspect: alive as far as we can tell

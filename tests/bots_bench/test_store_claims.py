@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 import bots_bench.store as store_mod
@@ -28,6 +27,8 @@ from bots_bench.store import (
     RunKey,
     Store,
     StoreError,
+    _start_ticks,
+    owner_alive,
     run_pending,
 )
 
@@ -62,8 +63,7 @@ def other_process():
     """A live process on this host: the owner of another campaign's claims."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        p = psutil.Process(proc.pid)
-        yield proc, Owner(socket.gethostname(), proc.pid, p.create_time())
+        yield proc, Owner(socket.gethostname(), proc.pid, _start_ticks(proc.pid))
     finally:
         proc.kill()
         proc.wait()
@@ -153,7 +153,7 @@ def test_a_claim_of_a_live_campaign_is_left_to_it(tmp_path, other_process):
 @pytest.mark.parametrize("how", ["exited", "pid reused"])
 def test_a_claim_held_by_a_dead_process_is_taken_over(tmp_path, how):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    started = psutil.Process(proc.pid).create_time()
+    started = _start_ticks(proc.pid)
     if how == "exited":
         proc.kill()
         proc.wait()
@@ -350,3 +350,16 @@ def test_a_foreign_claims_table_is_refused(tmp_path):
     con.close()
     with pytest.raises(StoreError, match="claims table lacks column"):
         Store(path)
+
+
+def test_a_clock_step_does_not_make_a_running_campaign_look_dead(other_process, monkeypatch):
+    """The owner's start is clock ticks since boot, not psutil's wall-clock create time,
+    which moved with an NTP step and made a running campaign's claims be taken over."""
+    import psutil._pslinux as pslinux
+
+    proc, owner = other_process
+    assert owner_alive(owner) is True
+    real = pslinux.boot_time
+    monkeypatch.setattr(pslinux, "boot_time", lambda: real() + 120.0)  # the clock stepped
+    assert owner_alive(owner) is True
+    assert Owner.parse(owner.text()) == owner
