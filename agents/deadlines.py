@@ -506,6 +506,25 @@ def _parse(data: object, path: str) -> ProfileStore:
     return store
 
 
+def _open_lock(path: str):
+    """``STORE.lock``, made if missing (0644), opened without following a symlink: with the
+    store in a folder another user can write, a link planted as the lock file made root
+    create (or open) any file it named. Raises ValueError naming the store for a link."""
+    lock = path + ".lock"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o644)
+    except OSError:
+        if os.path.islink(lock):  # ELOOP
+            raise ValueError(
+                f"{path}: its lock file {lock} is a symbolic link; hidvfs does not follow it "
+                "(it could point anywhere): remove it, or keep the store in a folder only "
+                "you can write"
+            ) from None
+        raise
+    return os.fdopen(fd, "w")
+
+
 def update(
     path: str | os.PathLike[str],
     board: str,
@@ -520,7 +539,7 @@ def update(
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    with open(path + ".lock", "a") as lock:
+    with _open_lock(path) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         store = load(path, missing_ok=True)
         out = store.put(board, profile, replace_existing=replace_existing, provenance=provenance)
@@ -599,7 +618,7 @@ def remove(
     path = os.fspath(path)
     if not os.path.exists(path):  # nothing to remove, and no lock file to make
         raise ProfileNotFound(f"no profile {name!r} in {path}: the store is empty")
-    with open(path + ".lock", "a") as lock:
+    with _open_lock(path) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = _read(path, missing_ok=True)
         store = ProfileStore() if data is None else _parse(data, path)

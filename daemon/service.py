@@ -294,10 +294,13 @@ def refuse_untrusted_tree(sysfs_root: str) -> None:
     if untrusted:
         raise DaemonError(
             f"--sysfs-root {sysfs_root}: {untrusted}, so another user can change what this "
-            "root daemon reads and writes there (a symlink planted in the tree redirects a "
-            "write to any file); as root, run on a tree owned by root in folders no other "
-            "user can write (chown -R root:root it, or copy it), or run as the tree's owner "
-            "without sudo (a fake tree needs no root)"
+            "root daemon reads and writes there (a symlink planted in the tree, or one "
+            "leading through a folder of theirs, redirects a write to any file); as root, run "
+            "on a tree root made itself (`hidvfs fake-sysfs BOARD DIR` as root) in folders no "
+            "other user can write, not root's copy or chown of another user's tree (`cp -r` "
+            "and `chown -R` keep their links pointing where they chose, `cp -rL` reads what "
+            "those name with root's rights into the copy), or run as the tree's owner without "
+            "sudo (a fake tree needs no root)"
         )
 
 

@@ -152,18 +152,33 @@ def _trusted_link(path: str) -> bool:
     a folder of theirs that nobody else can write (``/dev/stdout``, ``/proc/self/fd/N``, a
     user's own link in their own folder). Another user's link is what turned a root daemon's
     ``--record`` into a write to a file of the link's choosing; a folder others can write
-    could have had a root-owned link hard-linked into it, or swapped after this look."""
+    could have had a root-owned link hard-linked into it, or swapped after this look.
+
+    The folder is judged as it resolves (its real owner and mode): ``/dev/fd`` is itself a
+    link (to ``/proc/self/fd``), which ``/dev/fd/1`` and bash's ``>(cmd)`` go through. When
+    the folder's name is a link, that link must be root's or this user's too, in a folder
+    nobody else can write (else it could be made to lead to a folder of theirs)."""
     trusted = (0, os.geteuid())
+    shut = stat.S_IWGRP | stat.S_IWOTH
+
+    def mine(st: os.stat_result) -> bool:
+        return st.st_uid in trusted and not (stat.S_ISDIR(st.st_mode) and st.st_mode & shut)
+
+    folder = os.path.dirname(os.path.abspath(path))
     try:
         st = os.lstat(path)
-        folder = os.lstat(os.path.dirname(os.path.abspath(path)))
+        real = os.stat(os.path.realpath(folder))
+        named = os.lstat(folder)
+        above = os.lstat(os.path.dirname(folder)) if stat.S_ISLNK(named.st_mode) else None
     except OSError:
         return False
     return (
         stat.S_ISLNK(st.st_mode)
         and st.st_uid in trusted
-        and folder.st_uid in trusted
-        and not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        and stat.S_ISDIR(real.st_mode)
+        and mine(real)
+        and mine(named)
+        and (above is None or mine(above))
     )
 
 

@@ -175,12 +175,14 @@ class DirSysfs(SysfsBackend):
         return os.access(self.abspath(path), os.W_OK)
 
 
-def _changeable_by_others(st: os.stat_result, *, inside: bool) -> str | None:
+def _changeable_by_others(
+    st: os.stat_result, *, inside: bool, sticky_note: str = "inside the tree a new name is read"
+) -> str | None:
     """Why another user than root could change the entry ``st`` describes (owned by them, or
     a folder they can write), or None. Above a tree, a sticky folder (``/tmp``) is fine: its
     other users can add names but not move the tree's own, root-owned one. Inside a tree it
     is not: a name the daemon finds by listing (a policy, a thermal zone) or a file it reads
-    when it appears could be theirs."""
+    when it appears could be theirs (``sticky_note`` says which of these, for a sticky one)."""
     if st.st_uid != 0:
         return f"is owned by uid {st.st_uid}"
     if not stat.S_ISDIR(st.st_mode):
@@ -188,68 +190,132 @@ def _changeable_by_others(st: os.stat_result, *, inside: bool) -> str | None:
     by_others = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
     if by_others and (inside or not st.st_mode & stat.S_ISVTX):
         who = "others" if st.st_mode & stat.S_IWOTH else f"group {st.st_gid}"
-        sticky = (
-            " (sticky, but inside the tree a new name is read)"
-            if inside and (st.st_mode & stat.S_ISVTX)
-            else ""
-        )
+        sticky = f" (sticky, but {sticky_note})" if inside and st.st_mode & stat.S_ISVTX else ""
         return f"is a folder writable by {who}{sticky}"
     return None
 
 
-def _folders_above(path: str) -> list[str]:
-    """``/``, ``/a``, ``/a/b`` for ``/a/b/c``: every folder a lookup of ``path`` goes through."""
-    out, cur = [], path
-    while True:
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            break
-        out.append(parent)
-        cur = parent
-    return out[::-1]
+#: the kernel's limit on the links one lookup follows (ELOOP beyond it)
+_MAX_LINKS = 40
+
+
+def _judge_lookup(start: str, rel: str) -> tuple[str, str | None, str | None]:
+    """Look up ``rel`` from the resolved folder ``start`` (or from ``/`` when it is absolute)
+    one name at a time, as the kernel does, and judge every place whose owner decides where
+    it ends: each folder a name is looked up in (owned by root and not writable by another
+    user; sticky is fine, its other users cannot move root's names), each symbolic link met on
+    the way, the last name's own owner (root), and, when a name is missing, the folder it is
+    missing from (nobody else may make it there, sticky or not).
+
+    Returns ``(resolved, where, why)``: ``where`` the first such place another user could
+    change (``why`` says how), else both None. A lookup that fails for good (a file where a
+    folder is needed, too many links) reaches nothing, so nothing is said of it."""
+    names = [n for n in rel.split("/") if n not in ("", ".")]
+    names.reverse()
+    cur, links = (os.sep if rel.startswith("/") else start), 0
+    while names:
+        try:
+            here = os.lstat(cur)
+        except OSError:
+            return cur, None, None
+        why = _changeable_by_others(here, inside=False)
+        if why:
+            return cur, cur, why
+        name = names.pop()
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            # whoever can add a name to this folder decides what will be found here
+            why = _changeable_by_others(
+                here, inside=True, sticky_note=f"anyone may make {name} there"
+            )
+            return os.path.join(nxt, *reversed(names)), (cur if why else None), why
+        except OSError:
+            return nxt, None, None
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid != 0:  # a link's owner may replace it, even in a sticky folder
+                return nxt, nxt, f"is owned by uid {st.st_uid}"
+            links += 1
+            if links > _MAX_LINKS:
+                return nxt, None, None
+            try:
+                target = os.readlink(nxt)
+            except OSError:
+                return nxt, None, None
+            if target.startswith("/"):
+                cur = os.sep
+            names.extend(reversed([n for n in target.split("/") if n not in ("", ".")]))
+            continue
+        if not names:  # the end: its owner may change what it holds
+            if st.st_uid != 0:
+                return nxt, nxt, f"is owned by uid {st.st_uid}"
+            return nxt, None, None
+        if not stat.S_ISDIR(st.st_mode):
+            return nxt, None, None  # ENOTDIR: the lookup reaches nothing
+        cur = nxt
+    return cur, None, None
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def untrusted_tree_entry(root: str | os.PathLike[str], *, euid: int | None = None) -> str | None:
     """For a process running as root on a fake tree (``--sysfs-root DIR``, not ``/``): the
     first path, with why, that lets another user change what the tree's paths name, else
-    None. Checked: the folders above the tree (as given and as resolved: a link on the way
-    counts), the tree's root and every entry under it (``lstat``, links not followed). Each
-    must be owned by root, and no folder writable by another user (above the tree, a sticky
-    one such as ``/tmp`` is fine). :class:`DirSysfs` opens its paths by name and follows
-    links, which a real sysfs needs (``cpuN/cpufreq`` -> ``policyN``) and fake trees have
-    too; on a tree another user controls, a link planted there made root write a frequency
-    into a root-only file, or read one into a world-readable trace. A tree nobody else can
-    change stays so for the whole run, so one look at the start is enough.
+    None.
+
+    Judged: the folders :class:`DirSysfs` reads (the tree itself, or ``sys/`` and ``proc/``
+    of a copied root filesystem, whose other folders it never opens) and the lookup of each
+    from ``/`` (every folder above it, as given and as its links resolve; a link on the way
+    counts); then every entry under them (``lstat``): each must be owned by root, and no
+    folder writable by another user (above the tree, a sticky one such as ``/tmp`` is fine,
+    inside it not). :class:`DirSysfs` opens its paths by name and follows links, which a real
+    sysfs needs (``cpuN/cpufreq`` -> ``policyN``) and fake trees have too, so each link in
+    the tree is resolved and judged as well: one that resolves inside the tree is fine; one
+    that resolves outside must get there through folders no other user can change, links
+    owned by root and, when its target exists, a target owned by root (a folder it leads to
+    is judged as the tree is). On a tree another user controls, a link planted there made root
+    write a frequency into a root-only file, or read one into a world-readable trace; a
+    root-owned link in it (``cp -r`` by root of a user's tree) that points through a folder
+    of theirs did the same. A tree nobody else can change stays so for the whole run, so one
+    look at the start is enough.
 
     ``euid`` defaults to this process's; any other than 0 is never refused (a user runs on
-    their own tree with their own rights), nor is the live tree ``/``."""
+    their own tree with their own rights), nor is the live tree ``/``. A tree that does not
+    exist is not refused here: its start fails later, said as such."""
     euid = os.geteuid() if euid is None else euid
     root = os.path.abspath(os.fspath(root))
-    if euid != 0 or root == os.path.abspath(os.sep):
+    if euid != 0 or root == os.path.abspath(os.sep) or not os.path.isdir(root):
         return None
-    real = os.path.realpath(root)
-    for top in dict.fromkeys((root, real)):
-        for folder in _folders_above(top):
-            try:
-                why = _changeable_by_others(os.lstat(folder), inside=False)
-            except OSError:
-                continue  # what cannot be looked at fails the start later, said as such
-            if why:
-                return f"{folder} {why}"
-        if top != real:  # the tree's own name as given (it may be a link)
-            try:
-                st = os.lstat(top)
-            except OSError:
-                continue
-            if st.st_uid != 0:
-                return f"{top} is owned by uid {st.st_uid}"
-    stack = [real]
+    sysfs = DirSysfs(root)
+    tops = [sysfs._sys]
+    if not _within(sysfs._proc, sysfs._sys):
+        tops.append(sysfs._proc)
+    walk: list[str] = []  # resolved folders to walk, each judged as a tree
+    for top in tops:
+        real, where, why = _judge_lookup(os.sep, top)
+        if why:
+            return f"{where} {why}"
+        if os.path.isdir(real) and not os.path.islink(real):
+            walk.append(real)
+    seen: set[tuple[int, int]] = set()
+    walked = list(walk)  # a link resolving under one of these needs no walk of its own
+    stack = list(reversed(walk))
     while stack:
         folder = stack.pop()
         try:
-            why = _changeable_by_others(os.lstat(folder), inside=True)
+            st = os.lstat(folder)
         except OSError:
             continue
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        why = _changeable_by_others(st, inside=True)
         if why:
             return f"{folder} {why}"
         try:
@@ -263,10 +329,24 @@ def untrusted_tree_entry(root: str | os.PathLike[str], *, euid: int | None = Non
                 if entry.is_dir(follow_symlinks=False):
                     subfolders.append(entry.path)
                     continue
-                why = _changeable_by_others(entry.stat(follow_symlinks=False), inside=True)
+                est = entry.stat(follow_symlinks=False)
+                why = _changeable_by_others(est, inside=True)
+                if why is None and stat.S_ISLNK(est.st_mode):
+                    target = os.readlink(entry.path)
             except OSError:
                 continue
             if why:
                 return f"{entry.path} {why}"
+            if not stat.S_ISLNK(est.st_mode):
+                continue
+            real, where, why = _judge_lookup(folder, target)
+            if why:
+                shown = os.path.realpath(entry.path)
+                if where == shown:
+                    return f"{entry.path} links to {shown}, which {why}"
+                return f"{entry.path} links to {shown} by way of {where}, which {why}"
+            if os.path.isdir(real) and not any(_within(real, w) for w in walked):
+                walked.append(real)  # a folder outside the tree: what is under it is read
+                subfolders.append(real)
         stack.extend(reversed(subfolders))  # depth first, in name order
     return None

@@ -127,7 +127,9 @@ def trusted_sysfs_root(ctx, param, value):
     if why:
         raise click.BadParameter(
             f"{why}, so another user can change what root reads and writes there; as root, "
-            "use a tree owned by root in folders no other user can write, or run as the "
+            "use a tree root made itself (`hidvfs fake-sysfs BOARD DIR` as root) in folders "
+            "no other user can write, not root's copy or chown of another user's tree (it "
+            "keeps their links, or with `cp -rL` reads what they name as root), or run as the "
             "tree's owner without sudo",
             ctx=ctx,
             param=param,

@@ -416,3 +416,242 @@ def test_the_profile_store_keeps_a_mode_only_from_its_own_regular_file(tmp_path)
     deadlines.update(link, "tx2", prof)
     assert not link.is_symlink() and oct(link.stat().st_mode & 0o777) == "0o644"
     assert target.read_text() == ""  # the link's target untouched
+
+
+# -- a root-owned link in the tree that leads out of it (a root copy of a user's tree) --------
+
+
+def _theirs(path: Path, mode: int = 0o755) -> Path:
+    """A folder another user owns (as the audit's ``u`` and ``u/evil``)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, NOBODY, NOBODY)
+    path.chmod(mode)
+    return path
+
+
+def _relink(tree: Path, target) -> Path:
+    link = tree / "devices/system/cpu/cpufreq/policy0/scaling_setspeed"
+    link.unlink()
+    link.symlink_to(target)  # root's own link, as `cp -r` by root leaves it
+    return link
+
+
+@needs_root
+def test_a_root_link_through_another_users_folder_is_refused(tree, tmp_path):
+    """The review's repro: root `cp -r` of a user's tree whose scaling_setspeed links into
+    their folder; later their own link there points at a root-only file. Root's daemon wrote
+    a frequency into it, and trace record read it into a 0644 trace."""
+    from daemon.service import DaemonError, run_live
+
+    rootonly = tmp_path / "rootonly"
+    rootonly.write_text("root only\n")
+    rootonly.chmod(0o600)
+    evil = _theirs(_theirs(tmp_path / "u") / "evil")
+    (evil / "s").symlink_to(rootonly)
+    os.chown(evil / "s", NOBODY, NOBODY, follow_symlinks=False)
+    link = _relink(tree, evil / "s")
+    assert untrusted_tree_entry(tree) == (
+        f"{link} links to {rootonly} by way of {tmp_path / 'u'}, which is owned by uid {NOBODY}"
+    )
+    with pytest.raises(DaemonError, match=rf"--sysfs-root {tree}: {link} links to {rootonly}"):
+        run_live(sysfs_root=str(tree), policy="maxfreq", period_ms=20,
+                 state_dir=str(tmp_path / "state"), duration_s=0.2,
+                 socket_path=str(tmp_path / "s.sock"), record=str(tmp_path / "r.jsonl"))  # fmt: skip
+    assert rootonly.read_text() == "root only\n"
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@needs_root
+def test_where_a_link_out_of_the_tree_leads_is_judged(tree, tmp_path):
+    rootonly = tmp_path / "rootonly"
+    rootonly.write_text("0\n")
+    link = _relink(tree, rootonly)
+    assert untrusted_tree_entry(tree) is None  # through root's folders to root's file
+    os.chown(rootonly, NOBODY, NOBODY)  # the target itself is theirs
+    assert (
+        untrusted_tree_entry(tree) == f"{link} links to {rootonly}, which is owned by uid {NOBODY}"
+    )
+    os.chown(rootonly, 0, 0)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp: fine to pass through, but not for a link of theirs in it
+    hop = sticky / "hop"
+    hop.symlink_to(rootonly)
+    os.chown(hop, NOBODY, NOBODY, follow_symlinks=False)
+    _relink(tree, hop)
+    assert untrusted_tree_entry(tree) == (
+        f"{link} links to {rootonly} by way of {hop}, which is owned by uid {NOBODY}"
+    )
+    os.chown(hop, 0, 0, follow_symlinks=False)  # root's link in a sticky folder stays root's
+    assert untrusted_tree_entry(tree) is None
+    _relink(tree, sticky / "not-yet")  # a missing name there: anyone may make it
+    assert untrusted_tree_entry(tree) == (
+        f"{link} links to {sticky / 'not-yet'} by way of {sticky}, which is a folder writable "
+        "by others (sticky, but anyone may make not-yet there)"
+    )
+    outside = tmp_path / "outside"  # a folder out of the tree: what is under it is judged
+    (outside / "deeper").mkdir(parents=True)
+    (outside / "deeper" / "f").write_text("1\n")
+    link.unlink()
+    link.symlink_to(outside)
+    assert untrusted_tree_entry(tree) is None
+    os.chown(outside / "deeper" / "f", NOBODY, NOBODY)
+    assert untrusted_tree_entry(tree) == f"{outside / 'deeper' / 'f'} is owned by uid {NOBODY}"
+
+
+@needs_root
+def test_the_trees_own_name_is_judged_along_every_link(tree, tmp_path):
+    """root link -> their link in a sticky folder -> the tree: they can repoint the middle one
+    (the old check looked only at the name given and where it ended)."""
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    hop = sticky / "hop"
+    hop.symlink_to(tree)
+    os.chown(hop, NOBODY, NOBODY, follow_symlinks=False)
+    given = tmp_path / "given"
+    given.symlink_to(hop)
+    assert untrusted_tree_entry(given) == f"{hop} is owned by uid {NOBODY}"
+    os.chown(hop, 0, 0, follow_symlinks=False)
+    assert untrusted_tree_entry(given) is None
+
+
+# -- a copied root filesystem: only its sys/ and proc/ are read, so only they are judged ------
+
+
+@pytest.fixture
+def rootfs(tmp_path):
+    fake, rootfs = tmp_path / "fake", tmp_path / "rootfs"
+    write_fake_tree(load_board("tx2"), fake)
+    rootfs.mkdir()
+    os.rename(fake / "proc", rootfs / "proc")
+    os.rename(fake, rootfs / "sys")
+    return rootfs
+
+
+@needs_root
+def test_a_copied_root_filesystem_is_judged_by_its_sys_and_proc_only(rootfs):
+    from platforms import cpufreq
+
+    _theirs(rootfs / "home" / "user")  # a user's home and a /tmp are never read
+    (rootfs / "tmp").mkdir()
+    (rootfs / "tmp").chmod(0o1777)
+    assert cpufreq.list_policies(DirSysfs(rootfs))  # read as a full root: sys/, proc/
+    assert untrusted_tree_entry(rootfs) is None  # was: home/user is owned by uid 65534
+    stat_file = rootfs / "proc" / "stat"
+    os.chown(stat_file, NOBODY, NOBODY)
+    assert untrusted_tree_entry(rootfs) == f"{stat_file} is owned by uid {NOBODY}"
+    os.chown(stat_file, 0, 0)
+    gov = next((rootfs / "sys").glob("**/scaling_governor"))
+    os.chown(gov, NOBODY, NOBODY)
+    assert untrusted_tree_entry(rootfs) == f"{gov} is owned by uid {NOBODY}"
+    os.chown(gov, 0, 0)
+    rootfs.chmod(0o777)  # the folder above sys/ and proc/ counts, as above any tree
+    assert untrusted_tree_entry(rootfs) == f"{rootfs} is a folder writable by others"
+
+
+# -- /dev/fd/N (a link in a folder that is itself a link) and bash's >(cmd) ------------------
+
+
+def _write_to(path: str, data: bytes) -> None:
+    with open_output(path, "--out") as f:
+        f.write(data)
+
+
+def test_dev_fd_n_is_written_as_stdout_was(tmp_path):
+    r, w = os.pipe()
+    try:
+        _write_to(f"/dev/fd/{w}", b"through /dev/fd\n")
+    finally:
+        os.close(w)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"through /dev/fd\n"
+
+
+@needs_root
+def test_dev_fd_n_is_written_by_a_user_too():
+    """As a user (a forked child that dropped root); its pipe made after, so it can reopen it."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            r, w = os.pipe()
+            _write_to(f"/dev/fd/{w}", b"as nobody\n")
+            os.close(w)
+            code = 0 if os.read(r, 100) == b"as nobody\n" else 3
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_bash_process_substitution_records(tmp_path):
+    tree = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), tree)
+    cmd = [
+        "bash", "-c", '"$0" -m tools.cli trace record --sysfs-root "$1" --duration 0.15 '
+        '--period-ms 50 --out >(cat)', sys.executable, str(tree),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(b'{"format":"hidvfs-trace"'), (out.stdout[:200], out.stderr)
+
+
+@needs_root
+def test_a_link_in_a_folder_reached_through_a_link_is_judged_where_it_resolves(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "out").symlink_to(tmp_path / "target")
+    via = tmp_path / "via"
+    via.symlink_to(real)
+    _write_to(str(via / "out"), b"ok")  # root's folder through root's link: as /dev/fd
+    assert (tmp_path / "target").read_bytes() == b"ok"
+    os.chown(via, NOBODY, NOBODY, follow_symlinks=False)  # their link: it may lead anywhere
+    with pytest.raises(OutputFileError, match="symbolic link"):
+        _write_to(str(via / "out"), b"no")
+    os.chown(via, 0, 0, follow_symlinks=False)
+    real.chmod(0o777)  # the folder it resolves to, writable by others
+    with pytest.raises(OutputFileError, match="symbolic link"):
+        _write_to(str(via / "out"), b"no")
+    real.chmod(0o755)
+    tmp_path.chmod(0o777)  # the folder holding the folder's link, writable by others
+    try:
+        with pytest.raises(OutputFileError, match="symbolic link"):
+            _write_to(str(via / "out"), b"no")
+    finally:
+        tmp_path.chmod(0o755)
+    assert (tmp_path / "target").read_bytes() == b"ok"
+
+
+# -- the profile store's lock file ------------------------------------------------------------
+
+
+def test_the_store_lock_file_is_not_opened_through_a_link(tmp_path):
+    from agents import deadlines
+    from platforms.observation import JobProfile
+
+    prof = JobProfile("fib", 1.0, 0.5, 0.2, 1.0, 2035200, 4)
+    folder = _open_folder(tmp_path)
+    store = folder / "p.json"
+    made = tmp_path / "made-by-root"
+    (folder / "p.json.lock").symlink_to(made)
+    with pytest.raises(ValueError, match=rf"{store}: its lock file {store}.lock is a symbolic"):
+        deadlines.update(store, "tx2", prof)
+    assert not made.exists() and not store.exists()  # root created the link's target
+    (folder / "p.json.lock").unlink()
+    deadlines.update(store, "tx2", prof)  # a lock file of its own: as before
+    assert _mode(folder / "p.json.lock") == 0o644 & ~_umask()
+    (folder / "p.json.lock").unlink()
+    (folder / "p.json.lock").symlink_to(made)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        deadlines.remove(store, "fib")
+    assert not made.exists()
+    assert [p.name for _, p in deadlines.load(store)] == ["fib"]  # nothing removed
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
