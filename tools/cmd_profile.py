@@ -288,6 +288,11 @@ def check_store_writable(store: str) -> None:
     except OutputFolderError as err:
         raise StoreUnwritable(str(err)) from None
     lock = full + ".lock"
+    if os.path.islink(lock):  # the lock is opened without following links: say it now
+        raise StoreUnwritable(
+            f"--store {store}: its lock file {lock} is a symbolic link; hidvfs opens no lock "
+            "through one (remove it)"
+        )
     if os.path.lexists(lock) and not os.access(lock, os.W_OK):
         raise StoreUnwritable(
             f"--store {store}: its lock file {lock} is not writable; "

@@ -457,3 +457,14 @@ def test_a_zero_byte_store_lists_as_empty_and_a_measurement_fills_it(tx2):
         args[args.index("--store") + 1] = str(bad)
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2 and str(bad) in r.output and bad.read_bytes() == content
+
+
+def test_a_store_whose_lock_is_a_link_is_refused_before_any_run(tmp_path):
+    """The lock is opened without following links: said before the timed runs, not after."""
+    from tools.cmd_profile import StoreUnwritable, check_store_writable
+
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (tmp_path / "p.json.lock").symlink_to(target)
+    with pytest.raises(StoreUnwritable, match="lock file .* is a symbolic link"):
+        check_store_writable(str(tmp_path / "p.json"))
