@@ -10,6 +10,7 @@ the daemon.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field, replace
 
@@ -87,6 +88,42 @@ def below_demoted(
     return out
 
 
+def _not_saved(err: OSError) -> str:
+    return f"its settings could not be saved for a crash restore, so it is not steered ({err})"
+
+
+def fifo_cover_kept(
+    decided: dict[int, JobSetting],
+    safe: dict[int, JobSetting],
+    online: set[int] | frozenset[int],
+    hi: set[int] | frozenset[int] = frozenset(),
+    held: set[int] | frozenset[int] = frozenset(),
+) -> dict[int, JobSetting]:
+    """``safe`` with SCHED_FIFO taken from each job that would complete the cover: the CPUs of
+    all the jobs a round gives real-time priority leave at least one online CPU without one
+    (a job on CPU 0 and another on CPU 1 of a two-CPU machine would hold every CPU between
+    them, as one job on both may not). ``held``: CPUs real-time jobs not in the round hold.
+
+    Jobs keep FIFO in this order: HI jobs first, then the decided priority, highest first,
+    then the lower pid; a job whose CPUs would complete the cover goes SCHED_OTHER (rt 0:
+    :func:`below_demoted` nices best-effort work on its CPUs below it), those after it may
+    still keep theirs. The order is the decision's alone, so the same decision gives the
+    same result every tick (pure: nothing is written here)."""
+    if not online:
+        return safe
+    covered = set(held) & set(online)
+    out = dict(safe)
+    fifo = [pid for pid, s in safe.items() if s.rt_priority > 0]
+    fifo.sort(key=lambda pid: (pid not in hi, -decided[pid].rt_priority, pid))
+    for pid in fifo:
+        cpus = set(safe[pid].cpus or online) & set(online)
+        if covered | cpus >= set(online):
+            out[pid] = replace(safe[pid], rt_priority=0)
+        else:
+            covered |= cpus
+    return out
+
+
 def _as_read(placed: tuple) -> tuple[int, int]:
     """A placement's (rt, nice) as get_priority reads it back: nice does not apply to FIFO."""
     _, rt, nice = placed
@@ -146,6 +183,8 @@ class Actuator:
         #: job's too, a helper that double-forked out of the job's tree included
         self._adopters: dict[int, tuple[int, float | None]] = {}
         self._placed_unsaved: set[int] = set()  # jobs whose placement write failed, logged
+        #: jobs kept off SCHED_FIFO so that the real-time jobs leave a CPU free (logged)
+        self._cover_fallback: set[int] = set()
         self._rt_allowed: dict[int, int] = {}  # pid -> its RLIMIT_RTPRIO ceiling, read once
         #: pid -> the uid that registered the job (None or 0: root, or in-process)
         self._registrants: dict[int, int | None] = {}
@@ -424,10 +463,20 @@ class Actuator:
             if machine is not None and machine != online:
                 online = set(machine)
             levels = fifo_levels({s.rt_priority for s in settings.values()})
-            settings = below_demoted(
-                settings,
-                {pid: self._safe(pid, s, online, levels, obs.t) for pid, s in settings.items()},
-            )
+            safe = {pid: self._safe(pid, s, online, levels, obs.t) for pid, s in settings.items()}
+            # the round's real-time jobs together leave a CPU free too, with those earlier
+            # rounds left real-time (not in this decision)
+            held = {
+                cpu
+                for pid, (cpus, rt, _) in self._last_jobs.items()
+                if rt > 0 and pid not in settings
+                for cpu in (cpus or online)
+            }
+            hi = {j.pid for j in obs.jobs if j.criticality == "hi"}
+            kept = fifo_cover_kept(settings, safe, online, hi, held)
+            self._note_cover(settings, safe, kept)
+            settings = below_demoted(settings, kept)
+        due: list[tuple[int, JobSetting, tuple]] = []
         for pid, setting in settings.items():
             key = (setting.cpus, setting.rt_priority, setting.nice)
             stale = self.live_jobs and obs.t - self._applied_at.get(pid, obs.t) >= REAPPLY_S
@@ -437,45 +486,154 @@ class Actuator:
                 self.planned.append((f"pid {pid} affinity", ",".join(map(str, setting.cpus))))
                 self._last_jobs[pid] = key
                 continue
-            try:
-                if self.live_jobs and pid not in self._job_originals:
+            due.append((pid, setting, key))
+        if not due:
+            return
+        # jobs.json is written a few times a round, not a few times per job (at 1000 jobs the
+        # rewrites took most of a minute): 1. the originals of the jobs steered for the first
+        # time, 2. every new placement with the one it replaces, both before the round's
+        # first write to a process, 3. what the writes left (members, settled placements)
+        failed: set[int] = set()
+        if self.live_jobs:
+            self._take_originals(due, failed, report)
+            moved = []
+            with self._saves_deferred():
+                for pid, _, key in due:
+                    if pid not in failed and self._last_jobs.get(pid) != key:
+                        self._moving(pid, key)
+                        moved.append(pid)
+            self._flush_saves(moved)
+        with self._saves_deferred():
+            for pid, setting, key in due:
+                if pid not in failed:
+                    self._place(pid, setting, key, obs.t, report)
+        if self.live_jobs:
+            self._flush_saves([pid for pid, _, _ in due if pid not in failed])
+
+    def _take_originals(self, due, failed: set[int], report: ActuationReport) -> None:
+        """Read the originals of the jobs ``due`` steered for the first time, and put them on
+        disk (one write): a job is never steered while a crash would leave it without them.
+        Those that fail go in ``failed`` (not placed this round; a failed write is tried
+        again at the next decision)."""
+        store = self._originals_store
+        new: dict[int, tuple] = {}
+        with self._saves_deferred():
+            for pid, _, key in due:
+                if pid in self._job_originals:
+                    continue
+                try:
                     started = self.procs.start_time(pid)
                     orig = (self.procs.get_affinity(pid), self.procs.get_priority(pid))
-                    if self._originals_store is not None:
-                        # on disk first: a job is never steered while a crash would leave
-                        # it without its originals (a failed write: retried next decision)
+                    if store is not None:
                         try:
-                            self._originals_store.record(pid, started, *orig)
+                            store.record(pid, started, *orig)
                         except OSError as err:
-                            raise OSError(
-                                f"its settings could not be saved for a crash restore, so it "
-                                f"is not steered ({err})"
-                            ) from err
-                    self._job_originals[pid] = orig
-                    self._job_started[pid] = started
-                if self.live_jobs and self._last_jobs.get(pid) != key:
-                    self._moving(pid, key)
+                            raise OSError(_not_saved(err)) from err
+                except ProcessGone:
+                    failed.add(pid)
+                    self._gone(pid, report)
+                    continue
+                except (PermissionError, OSError, ValueError) as err:
+                    failed.add(pid)
+                    self._failed(pid, key, err, report)
+                    continue
+                new[pid] = (orig, started, key)
+        try:
+            flush = getattr(store, "flush", None)
+            if new and flush is not None:
+                flush()
+        except OSError as err:
+            with self._saves_deferred():  # not on disk: not kept either
+                for pid in new:
+                    store.drop(pid)
+            for pid, (_, _, key) in new.items():
+                failed.add(pid)
+                self._failed(pid, key, OSError(_not_saved(err)), report)
+            return
+        for pid, (orig, started, _) in new.items():
+            self._job_originals[pid] = orig
+            self._job_started[pid] = started
+
+    def _place(self, pid: int, setting: JobSetting, key: tuple, t: float, report) -> None:
+        """Write job ``pid``'s placement (its originals and the placement it is about to get
+        are kept already)."""
+        try:
+            if setting.cpus:
+                self.procs.set_affinity(pid, setting.cpus)
+            self.procs.set_priority(pid, setting.rt_priority, setting.nice)
+            self._last_jobs[pid] = key
+            self._applied_at[pid] = t
+            self._unsettled.pop(pid, None)  # every process of the job has this one now
+            if self.live_jobs:
+                self._note_members(pid)
                 if setting.cpus:
-                    self.procs.set_affinity(pid, setting.cpus)
-                self.procs.set_priority(pid, setting.rt_priority, setting.nice)
-                self._last_jobs[pid] = key
-                self._applied_at[pid] = obs.t
-                self._unsettled.pop(pid, None)  # every process of the job has this one now
-                if self.live_jobs:
-                    self._note_members(pid)
-                    if setting.cpus:
-                        self._check_affinity(pid, setting.cpus, report)
-                    self._save_placement(pid)
-            except ProcessGone:
-                report.gone.append(pid)
-                self._last_jobs.pop(pid, None)
-            except (PermissionError, OSError, ValueError) as err:
-                # Remember the attempt: retrying the same refused setting every tick only
-                # floods the log. A new decision for this job tries again. (ValueError: a
-                # CPU set the kernel refuses, e.g. CPUs offline or a cpuset.)
-                self._last_jobs[pid] = key
-                self._applied_at.pop(pid, None)  # not re-applied every 5 s: logged once
-                report.errors.append(f"pid {pid}: placement failed ({err})")
+                    self._check_affinity(pid, setting.cpus, report)
+                self._save_placement(pid)
+        except ProcessGone:
+            self._gone(pid, report)
+        except (PermissionError, OSError, ValueError) as err:
+            self._failed(pid, key, err, report)
+
+    def _gone(self, pid: int, report: ActuationReport) -> None:
+        report.gone.append(pid)
+        self._last_jobs.pop(pid, None)
+
+    def _failed(self, pid: int, key: tuple, err: Exception, report: ActuationReport) -> None:
+        # Remember the attempt: retrying the same refused setting every tick only floods the
+        # log. A new decision for this job tries again. (ValueError: a CPU set the kernel
+        # refuses, e.g. CPUs offline or a cpuset.)
+        self._last_jobs[pid] = key
+        self._applied_at.pop(pid, None)  # not re-applied every 5 s: logged once
+        report.errors.append(f"pid {pid}: placement failed ({err})")
+
+    def _saves_deferred(self):
+        """The store's writes in the block wait for :meth:`_flush_saves` (a store that cannot
+        defer writes each change at once)."""
+        deferred = getattr(self._originals_store, "deferred", None)
+        return contextlib.nullcontext() if deferred is None else deferred()
+
+    def _flush_saves(self, pids) -> None:
+        """Write what the store kept back; a failure is logged once per job of ``pids`` (the
+        placements went through: keep them going), the next flush tries again."""
+        flush = getattr(self._originals_store, "flush", None)
+        if flush is None:
+            return
+        try:
+            flush()
+        except OSError as err:
+            for pid in pids:
+                self._placement_unsaved(pid, err)
+            return
+        for pid in sorted(self._placed_unsaved):  # all of it is on disk now
+            log.info("event=job_placement_saved pid=%d", pid)
+        self._placed_unsaved.clear()
+
+    def _placement_unsaved(self, pid: int, err: OSError) -> None:
+        if pid not in self._placed_unsaved:  # retried every re-apply: logged once
+            self._placed_unsaved.add(pid)
+            log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
+
+    def _note_cover(self, decided, safe, kept) -> None:
+        """Log a job that loses SCHED_FIFO since the round's real-time jobs would hold every
+        online CPU, once when it does (not every tick), and once when it has it back."""
+        for pid, s in kept.items():
+            lost = safe[pid].rt_priority > 0 and s.rt_priority == 0
+            if lost and pid not in self._cover_fallback:
+                self._cover_fallback.add(pid)
+                log_event(
+                    log,
+                    "job_fifo_cover_fallback",
+                    logging.WARNING,
+                    pid=pid,
+                    cpus=",".join(map(str, s.cpus)),
+                    rt_priority=decided[pid].rt_priority,
+                    reason="with the other real-time jobs it would hold every online CPU: "
+                    "SCHED_OTHER, best-effort work on its CPUs niced below it",
+                )
+            elif not lost and pid in self._cover_fallback:
+                self._cover_fallback.discard(pid)
+                if s.rt_priority > 0:
+                    log_event(log, "job_fifo_cover_lifted", pid=pid, rt_priority=s.rt_priority)
 
     def overridden(self, path: str) -> None:
         """Someone else changed ``path``: stop expecting our value and rewrite on the next
@@ -588,6 +746,7 @@ class Actuator:
             kept.pop(pid, None)
         self._members_full.discard(pid)
         self._placed_unsaved.discard(pid)
+        self._cover_fallback.discard(pid)
         placements = None if placed is None else [*unsettled, placed]
         return self._job_originals.pop(pid, None), members, placements
 
@@ -624,10 +783,10 @@ class Actuator:
         try:
             self._originals_store.placed(pid, *placed, before=self._unsettled.get(pid, ()))
         except OSError as err:  # the placement itself went through: keep it going
-            if pid not in self._placed_unsaved:  # retried every re-apply: logged once
-                self._placed_unsaved.add(pid)
-                log.warning("event=job_originals_write_failed pid=%d detail=%r", pid, str(err))
+            self._placement_unsaved(pid, err)
             return
+        if hasattr(self._originals_store, "flush"):
+            return  # written (and said so) at the round's flush
         if pid in self._placed_unsaved:
             self._placed_unsaved.discard(pid)
             log.info("event=job_placement_saved pid=%d", pid)

@@ -10,14 +10,19 @@ deletes the file. A member gets back only the settings it still has from that pl
 on a clean release: one it set itself since is its own. A change of placement is on disk
 before its first write, with the placement it replaces (``placed_before``) until every write
 went through, so a crash halfway leaves both named. A row without a placement (version 1
-files) restores its members unconditionally, as before.
+files) restores its members unconditionally, as before. The actuator places a round's jobs
+in at most three writes of the file, not several per job (:meth:`JobOriginals.deferred`): the new
+jobs' originals, then every new placement with the one it replaces, both before the round's
+first write to a process, then what the writes left (members, placements settled).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from daemon.actuator import still_placed
@@ -36,11 +41,34 @@ def jobs_path(state_dir: str | os.PathLike[str]) -> str:
 
 
 class JobOriginals:
-    """Record and drop one job's originals; every change is written atomically."""
+    """Record and drop one job's originals; every change is written atomically, at once or,
+    inside :meth:`deferred`, at the next :meth:`flush`."""
 
     def __init__(self, state_dir: str | os.PathLike[str]):
         self.path = jobs_path(state_dir)
         self.jobs: dict[int, dict[str, Any]] = {}
+        self._deferring = 0
+        #: changes not on disk yet: deferred, or a write that failed (the next one has them)
+        self._dirty = False
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[JobOriginals]:
+        """Changes made in the block are kept, not written: :meth:`flush` writes them all in
+        one go (a round placing N jobs rewrote the whole file N times or more: O(N^2)).
+        Nothing is on disk until then; a caller that must have it there before it goes on
+        (originals before the first placement) flushes first. Nothing raises OSError
+        inside: the flush does."""
+        self._deferring += 1
+        try:
+            yield self
+        finally:
+            self._deferring -= 1
+
+    def flush(self) -> None:
+        """Write every change not on disk yet (OSError when it cannot: they stay pending,
+        and the next write tries them again)."""
+        if self._dirty:
+            self._write()
 
     def record(
         self, pid: int, start_time: float | None, cpus: tuple[int, ...], prio: tuple[int, int]
@@ -67,7 +95,7 @@ class JobOriginals:
         """The placement job ``pid`` last got (or is about to get), with the earlier ones
         ``before`` its processes may still hold while a change is not through; written only
         when it changes (not on each re-apply). Not written: kept as it was, so the next call
-        tries again."""
+        tries again (deferred: kept as it is, pending, so the next flush tries again)."""
         row = self.jobs.get(pid)
         if row is None:
             return
@@ -92,17 +120,24 @@ class JobOriginals:
             self._save()
 
     def _save(self) -> None:
+        self._dirty = True
+        if not self._deferring:
+            self._write()
+
+    def _write(self) -> None:
         if not self.jobs:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            self._dirty = False
             return
         write_json_atomic(
             self.path,
             {"format": FORMAT, "version": VERSION, "jobs": sorted(self.jobs.values(), key=str)},
             dir_mode=0o700,
         )
+        self._dirty = False
 
 
 def _placement_row(placed: tuple) -> dict[str, Any]:
