@@ -715,9 +715,16 @@ class Actuator:
             self._give_back(pid, orig, members, placed, root=same)
 
     def release_all(self) -> None:
-        with self.procs.process_map():
+        """Give every job its settings back (the daemon stops), then write the store once:
+        a stop with N jobs rewrote the shrinking file N times, and a write that failed
+        midway left the jobs after it unreleased. The rows stay on disk until every job had
+        its settings back, so a crash meanwhile has the next start give back the rest."""
+        with self.procs.process_map(), self._saves_deferred():
             for pid in sorted(self.managed()):
                 self.release(pid)
+        flush = getattr(self._originals_store, "flush", None)
+        if flush is not None:
+            flush()  # OSError to the caller, who logs it: every job is released already
 
     def _drop(self, pid: int) -> tuple[tuple | None, dict[int, float], tuple | None]:
         """Forget all kept about job ``pid``: its originals and members, to give back, and

@@ -272,3 +272,20 @@ def test_a_round_whose_placements_cannot_be_written_logs_each_job_once(
         act.apply(jobs(n), obs(t=18.0))
         assert caplog.text.count("event=job_placement_saved") == n
     assert all(r["placed"]["cpus"] == [0] for r in _on_disk(tmp_path).values())
+
+
+def test_a_stop_releases_every_job_and_writes_the_store_once(tmp_path, writes):
+    """release_all: every job gets its settings back, and the store is written once at the
+    end (a stop with N jobs rewrote it N times, and a failing write midway left the jobs
+    after it unreleased)."""
+    procs = _Procs(5)
+    act = Actuator(
+        DirSysfs(str(tmp_path)), procs, live_jobs=True, originals=JobOriginals(tmp_path)
+    )
+    act.apply(jobs(5), obs())
+    assert set(_on_disk(tmp_path)) == set(procs.starts)
+    writes.clear()
+    act.release_all()
+    assert len(writes) <= 1 and not os.path.exists(jobs_path(tmp_path))
+    assert all(procs.aff[pid] == (0, 1, 2) for pid in procs.starts)  # given back
+    assert all(procs.prio[pid] == (0, 0) for pid in procs.starts)
