@@ -556,7 +556,13 @@ class Actuator:
 
     def _place(self, pid: int, setting: JobSetting, key: tuple, t: float, report) -> None:
         """Write job ``pid``'s placement (its originals and the placement it is about to get
-        are kept already)."""
+        are kept already). The process is checked to be the one whose originals were read:
+        a round's phases (and their writes to disk) lie between, and a pid reused meanwhile
+        must not get the job's CPUs or its real-time priority."""
+        started = self._job_started.get(pid) if self.live_jobs else None
+        if started is not None and self.procs.start_time(pid) != started:
+            self._gone(pid, report)
+            return
         try:
             if setting.cpus:
                 self.procs.set_affinity(pid, setting.cpus)
@@ -647,7 +653,7 @@ class Actuator:
         """The job's process has ended: only the children it left behind get theirs back."""
         orig, members, placed = self._drop(pid)
         if orig is not None and not self.dry_run:
-            with self.procs.process_map():
+            with self.procs.process_map(fresh_recheck=True):  # a give-back, as release's
                 self._give_back(pid, orig, members, placed, root=False)
         if orig is not None and self._originals_store is not None:
             self._originals_store.drop(pid)
@@ -697,7 +703,9 @@ class Actuator:
             return
         if self._originals_store is not None:
             self._originals_store.drop(pid)
-        with self.procs.process_map():
+        # the recheck of each walk reads the tree anew: a child forked while the job is given
+        # back would otherwise keep its real-time priority for good (no round follows)
+        with self.procs.process_map(fresh_recheck=True):
             now = self.procs.start_time(pid)
             # the job's process is still the one whose originals these are (not known: as
             # before); a pid that names another process now (the job ended and its pid was
@@ -719,7 +727,7 @@ class Actuator:
         a stop with N jobs rewrote the shrinking file N times, and a write that failed
         midway left the jobs after it unreleased. The rows stay on disk until every job had
         its settings back, so a crash meanwhile has the next start give back the rest."""
-        with self.procs.process_map(), self._saves_deferred():
+        with self.procs.process_map(fresh_recheck=True), self._saves_deferred():
             for pid in sorted(self.managed()):
                 self.release(pid)
         flush = getattr(self._originals_store, "flush", None)

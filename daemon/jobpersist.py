@@ -153,6 +153,8 @@ class RegistrationsFile:
                 rows, self._pending, self._busy = self._pending, None, True
             try:
                 self._write(rows)
+            except Exception:  # noqa: BLE001 - a dead writer would make every registration wait
+                self.log.exception("event=registrations_write_failed path=%s", self.path)
             finally:
                 with self._cond:
                     self._busy = False

@@ -202,6 +202,44 @@ def parse_request(line: bytes) -> dict[str, Any]:
     return out
 
 
+def owner_refusal(
+    pid: int, registrant_uid: int | None, pid_owner: Callable[[int], int | None]
+) -> str | None:
+    """Why a client (or, at a restart, a job's registrant) that is not root may not have
+    ``pid`` steered, or None: only a process whose real, effective and saved uids are all
+    its own. A process running a setuid or setgid program acts with rights the client does
+    not have (``su``: effective uid root's), and one whose owner does not read has gone
+    (fails closed). Shared by the registry and the take-up at a restart."""
+    if registrant_uid in (None, 0):
+        return None
+    try:
+        owner = pid_owner(pid)
+    except SetidProcess as err:
+        return (
+            f"{err}{_program(pid)}; a client with uid {registrant_uid} may only register a "
+            "process that runs with its own ids: a command that needs root is registered by "
+            "root (sudo hidvfs run -- CMD)"
+        )
+    if owner is None:
+        return f"pid {pid} does not exist"
+    if owner != registrant_uid:
+        return (
+            f"pid {pid} belongs to uid {owner}; a client with uid {registrant_uid} may only "
+            "register its own processes"
+        )
+    return None
+
+
+def _program(pid: int) -> str:
+    """`` (passwd)``: the program ``pid`` runs, for a message; empty when it does not read."""
+    try:
+        with open(f"/proc/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
+            name = f.read().strip()
+    except OSError:
+        return ""
+    return f" ({name})" if name else ""
+
+
 def deadline_from_slack(name: str, profile: JobProfile | None, slack: float) -> float:
     """The soft deadline ``slack x`` the reference makespan of ``name``'s profile; a job
     without one is refused (there is nothing to take the slack of)."""
@@ -209,7 +247,7 @@ def deadline_from_slack(name: str, profile: JobProfile | None, slack: float) -> 
         raise RequestError(
             f"no reference profile for {name!r} on this board, so a deadline of slack x its "
             f"reference makespan cannot be set; measure one (sudo hidvfs profile measure "
-            f"--name {name} -- CMD) or give deadline_s"
+            f"--name {name} -- CMD) or give a deadline in seconds (--deadline)"
         )
     return slack * profile.ref_makespan_s
 
@@ -369,25 +407,13 @@ class JobRegistry:
         return start
 
     def _check_owner(self, pid: int, peer_uid: int | None) -> None:
-        """A client that is not root may register only a process of its own: one whose real,
-        effective and saved uids are all the client's. A process running a setuid or setgid
-        program acts with rights the client does not have (``su``: effective uid root's), and
-        one whose owner does not read has gone (fails closed)."""
-        if peer_uid in (None, 0) or self.pid_owner is None:
+        """A client that is not root may register only a process of its own
+        (:func:`owner_refusal`)."""
+        if self.pid_owner is None:
             return
-        try:
-            owner = self.pid_owner(pid)
-        except SetidProcess as err:
-            raise RequestError(
-                f"{err}; a client with uid {peer_uid} may only register a process that runs "
-                "with its own ids (only root may register this one)"
-            ) from None
-        if owner is None:
-            raise RequestError(f"pid {pid} does not exist")
-        if owner != peer_uid:
-            raise RequestError(
-                f"pid {pid} belongs to uid {owner}; a client with uid {peer_uid} may only register its own processes"
-            )
+        why = owner_refusal(pid, peer_uid, self.pid_owner)
+        if why is not None:
+            raise RequestError(why)
 
     def _check_room(self, peer_uid: int | None) -> None:
         """Room in the table for one more job of ``peer_uid``: root up to ``max_jobs``; a

@@ -411,22 +411,14 @@ def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles, tree: str):
 def _refusal(procs):
     """Why a job read back from registrations.json may no longer be steered: what the
     registry checks at a registration (a process the daemon may not steer; for a user's job,
-    a process that is no longer that user's, or runs a setuid program since)."""
-    from platforms.procs import SetidProcess
+    :func:`daemon.registry.owner_refusal`)."""
+    from daemon.registry import owner_refusal
 
     def refuse(entry: JobEntry) -> str | None:
         why = procs.unmanageable(entry.pid)
         if why is not None:
             return why
-        if entry.registrant_uid in (None, 0):
-            return None
-        try:
-            owner = procs.owner_uid(entry.pid)
-        except SetidProcess as err:
-            return str(err)
-        if owner != entry.registrant_uid:
-            return f"it belongs to uid {owner}, not to its registrant"
-        return None
+        return owner_refusal(entry.pid, entry.registrant_uid, procs.owner_uid)
 
     return refuse
 

@@ -122,19 +122,23 @@ class LiveProcessControl(ProcessControl):
             raise ProcessGone(pid) from None
 
     @contextlib.contextmanager
-    def process_map(self):
+    def process_map(self, *, fresh_recheck: bool = False):
         """The tree walks of this thread inside share one :class:`ProcessMap`, read at the
         first walk: one pass over ``/proc`` per round instead of one per walk (several per
         job). A process forked after the pass is found at the next round; it inherited its
-        parent's affinity and scheduling class meanwhile."""
+        parent's affinity and scheduling class meanwhile. With ``fresh_recheck`` (a release:
+        there is no next round for the job, and a child forked while it was given back would
+        keep its real-time priority for good) each walk's second and later looks read the
+        tree as it is now (:meth:`_tree_now`)."""
         if getattr(self._round, "active", False):  # nested: the outer round's map
             yield
             return
         self._round.active, self._round.map = True, None
+        self._round.fresh = fresh_recheck
         try:
             yield
         finally:
-            self._round.active, self._round.map = False, None
+            self._round.active, self._round.map, self._round.fresh = False, None, False
 
     def _map(self) -> ProcessMap:
         if not getattr(self._round, "active", False):
@@ -171,10 +175,50 @@ class LiveProcessControl(ProcessControl):
         except (FileNotFoundError, ProcessLookupError):
             raise ProcessGone(pid) from None
 
+    def _tids_now(self, pid: int) -> list[int]:
+        """:meth:`tids` as the tree is now, whatever the round read."""
+        tree = self._tree_now(pid)
+        out: list[int] = []
+        for i, proc in enumerate(tree):
+            try:
+                out.extend(self.own_tids(proc))
+            except ProcessGone:
+                if i == 0:
+                    raise
+        return out
+
+    def _tree_now(self, pid: int) -> list[int]:
+        """``pid`` and every process below it now: from each thread's ``children`` file
+        (``/proc/PID/task/TID/children``, the tree alone), or where the kernel has none
+        (built without CONFIG_PROC_CHILDREN) from a new pass over ``/proc``."""
+        self._root(pid)
+        out, todo = [pid], [pid]
+        while todo:
+            proc = todo.pop()
+            try:
+                tasks = os.listdir(f"/proc/{int(proc)}/task")
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # gone meanwhile
+            for tid in tasks:
+                try:
+                    with open(f"/proc/{int(proc)}/task/{tid}/children", "rb") as f:
+                        kids = [int(k) for k in f.read().split()]
+                except FileNotFoundError:
+                    if os.path.isdir(f"/proc/{int(proc)}/task/{tid}"):
+                        return [pid, *ProcessMap().below(pid)]  # no such file on this kernel
+                    continue
+                except (ProcessLookupError, ValueError, OSError):
+                    continue
+                out.extend(kids)
+                todo.extend(kids)
+        return out
+
     def _each_thread(self, pid: int, action: str, apply, *, tree: bool = True) -> None:
         listing = self.tids if tree else self.own_tids
         done: set[int] = set()
-        for _ in range(_MAX_PASSES):
+        for n in range(_MAX_PASSES):
+            if n and tree and getattr(self._round, "fresh", False):
+                listing = self._tids_now  # a release's recheck: the tree as it is now
             todo = [t for t in listing(pid) if t not in done]
             if not todo:
                 return

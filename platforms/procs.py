@@ -96,9 +96,12 @@ class ProcessControl(ABC):
         start = self.start_time(pid)
         return None if start is None else (start, None)
 
-    def process_map(self) -> contextlib.AbstractContextManager:
+    def process_map(self, *, fresh_recheck: bool = False) -> contextlib.AbstractContextManager:
         """A round of tree walks (one apply of the actuator): inside it the walks may share
-        one look at every process instead of one each. By default nothing is shared."""
+        one look at every process instead of one each. ``fresh_recheck``: a walk's second
+        look (for processes forked while it wrote) reads the tree as it is now, not the
+        round's (a release: a child missed there would keep the job's settings for good).
+        By default nothing is shared."""
         return contextlib.nullcontext()
 
     def unmanageable(self, pid: int) -> str | None:

@@ -89,3 +89,23 @@ def test_a_backend_without_start_times_is_released_as_before(tmp_path):
     procs.calls.clear()
     act.release(10)
     assert procs.calls[:2] == [("aff", 10, (0, 1)), ("prio", 10, 0, 0)]
+
+
+def test_a_pid_reused_between_the_rounds_phases_is_not_placed(tmp_path):
+    """The originals are read in a round's first phase and the writes come after two saves:
+    a pid that names another process by then gets neither the job's CPUs nor its priority."""
+    from daemon.jobrestore import JobOriginals
+
+    procs = _Procs()
+    store = JobOriginals(tmp_path)
+    real_flush = store.flush
+
+    def flush_then_reuse():
+        real_flush()
+        procs.starts[10] = 99.0  # the job ended and its pid was given to a newcomer
+
+    store.flush = flush_then_reuse
+    act = Actuator(DirSysfs(tmp_path), procs, live_jobs=True, originals=store)
+    report = act.apply(Decision({}, jobs={10: JobSetting((0,), 0, 5)}), obs())
+    assert not [c for c in procs.calls if c[1] == 10]
+    assert 10 in report.gone

@@ -282,3 +282,28 @@ def test_a_departure_does_not_wait_behind_a_registration_waiting_for_the_disk(
     assert [
         r["pid"] for r in json.loads((tmp_path / jobpersist.FILE_NAME).read_text())["jobs"]
     ] == [2]
+
+
+def test_a_writer_that_hits_an_unexpected_error_keeps_writing(tmp_path, monkeypatch, caplog):
+    """Anything but OSError in a write killed the writer thread, and every registration
+    after it waited its full 2 s for a write that never came."""
+    store = RegistrationsFile(tmp_path, BOOT, LOG)
+    real = jobpersist.write_json_atomic
+    calls = []
+
+    def once_broken(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise TypeError("not JSON serializable")
+        return real(*a, **k)
+
+    monkeypatch.setattr(jobpersist, "write_json_atomic", once_broken)
+    table = JobTable(on_change=store.save)
+    with caplog.at_level(logging.ERROR):
+        table.register(_entry(pid=1))
+    t0 = time.monotonic()
+    table.register(_entry(pid=2))
+    assert time.monotonic() - t0 < 1.0  # written at once, no 2 s wait
+    rows = json.loads((tmp_path / jobpersist.FILE_NAME).read_text())["jobs"]
+    assert [r["pid"] for r in rows] == [1, 2] and "registrations_write_failed" in caplog.text
+    store.close()

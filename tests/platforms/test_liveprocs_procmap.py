@@ -137,3 +137,56 @@ def test_a_round_of_placements_reads_the_process_list_once(tmp_path, sleepers, m
     assert (first, quiet, again, released) == (1, 0, 1, 1)
     if os.geteuid() == 0:  # (a user may not lower a nice value back)
         assert all(os.getpriority(os.PRIO_PROCESS, p.pid) == 0 for p in sleepers)
+
+
+def _forking_job():
+    """A job that forks a `sleep` child when sent SIGUSR1."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, subprocess, time\n"
+            "kids = []\n"
+            "signal.signal(signal.SIGUSR1, lambda *a: kids.append(subprocess.Popen(['sleep', '60'])))\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+
+
+@linux
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_child_forked_during_a_release_round_gets_its_settings_back_too(fresh):
+    """A release has no next round: a child forked after the round's look at /proc kept
+    the job's SCHED_FIFO for good. With ``fresh_recheck`` (releases) each walk's recheck
+    reads the tree as it is now; a placement round keeps the shared map (the next one,
+    within 5 s, finds the child)."""
+    import signal
+    import time
+
+    job = _forking_job()
+    job.stdout.readline()
+    procs = LiveProcessControl()
+    try:
+        procs.set_priority(job.pid, 10, 0)
+    except PermissionError:
+        job.kill()
+        pytest.skip("SCHED_FIFO needs root or an RLIMIT_RTPRIO here")
+    try:
+        with procs.process_map(fresh_recheck=fresh):
+            procs.descendants(job.pid)  # the round's map is read: no child yet
+            os.kill(job.pid, signal.SIGUSR1)
+            for _ in range(100):
+                if ProcessMap().below(job.pid):
+                    break
+                time.sleep(0.02)
+            procs.set_priority(job.pid, 0, 0)  # the give-back
+        (child,) = ProcessMap().below(job.pid)
+        expected = os.SCHED_OTHER if fresh else os.SCHED_FIFO
+        assert os.sched_getscheduler(child) == expected
+    finally:
+        for pid in ProcessMap().below(job.pid):
+            os.kill(pid, signal.SIGKILL)
+        job.kill()
+        job.wait()
