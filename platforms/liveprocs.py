@@ -158,8 +158,13 @@ class LiveProcessControl(ProcessControl):
 
     def tids(self, pid: int) -> list[int]:
         """Every thread id of ``pid``'s process tree (the root's first)."""
+        return self._tids_of(self._tree(pid))
+
+    def _tids_of(self, tree: list[int]) -> list[int]:
+        """The thread ids of the processes of ``tree`` (its root first; a process below it
+        that ended meanwhile is left out, the root's end is :class:`ProcessGone`)."""
         out: list[int] = []
-        for i, proc in enumerate(self._tree(pid)):
+        for i, proc in enumerate(tree):
             try:
                 out.extend(self.own_tids(proc))
             except ProcessGone:
@@ -177,15 +182,7 @@ class LiveProcessControl(ProcessControl):
 
     def _tids_now(self, pid: int) -> list[int]:
         """:meth:`tids` as the tree is now, whatever the round read."""
-        tree = self._tree_now(pid)
-        out: list[int] = []
-        for i, proc in enumerate(tree):
-            try:
-                out.extend(self.own_tids(proc))
-            except ProcessGone:
-                if i == 0:
-                    raise
-        return out
+        return self._tids_of(self._tree_now(pid))
 
     def _tree_now(self, pid: int) -> list[int]:
         """``pid`` and every process below it now: from each thread's ``children`` file
