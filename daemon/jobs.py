@@ -79,7 +79,10 @@ class JobTable:
     )
     _change_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def register(self, entry: JobEntry) -> None:
+    def register(self, entry: JobEntry, *, defer_wait: bool = False):
+        """Add ``entry``. What :attr:`on_change` asks to wait for (its row on disk) is done
+        here, or with ``defer_wait`` returned for the caller to run once it holds no lock of
+        its own (the registry: other registrations must not queue behind one fsync)."""
         if entry.criticality not in ("hi", "lo"):
             raise ValueError(f"criticality must be 'hi' or 'lo', got {entry.criticality!r}")
         if entry.deadline_s is not None and not entry.deadline_s > 0:
@@ -87,23 +90,30 @@ class JobTable:
         with self._lock:
             self._jobs[entry.pid] = entry
         self.changed.set()
-        self._tell(registered=True)
+        then = self._tell(registered=True)
+        if defer_wait:
+            return then
+        if then is not None:
+            then()
+        return None
 
     def unregister(self, pid: int) -> JobEntry | None:
         with self._lock:
             entry = self._jobs.pop(pid, None)
         self.changed.set()
         if entry is not None:
-            self._tell(registered=False)
+            then = self._tell(registered=False)
+            if then is not None:
+                then()
         return entry
 
-    def _tell(self, registered: bool) -> None:
+    def _tell(self, registered: bool):
+        """Hand the change to :attr:`on_change`; what it asks to wait for, or None."""
         if self.on_change is None:
-            return
+            return None
         with self._change_lock:  # the snapshot inside: a later change is written later
             then = self.on_change(self.snapshot(), registered)
-        if callable(then):
-            then()
+        return then if callable(then) else None
 
     def finish(self, pid: int, finish_t: float, *, seen: bool = False) -> JobOutcome | None:
         """The job ended at ``finish_t``: record its outcome. One the control loop did not see

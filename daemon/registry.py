@@ -369,9 +369,11 @@ class JobRegistry:
                 warning=warning,
             )
             try:
-                self.table.register(entry)
+                written = self.table.register(entry, defer_wait=True)
             except ValueError as err:
                 raise RequestError(str(err)) from None
+        if written is not None:  # its row on disk before the answer, the lock released
+            written()
         # log_event quotes the name: "fib criticality=hi uid=0" must stay one field
         log_event(
             log,

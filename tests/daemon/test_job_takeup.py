@@ -307,3 +307,41 @@ def test_a_writer_that_hits_an_unexpected_error_keeps_writing(tmp_path, monkeypa
     rows = json.loads((tmp_path / jobpersist.FILE_NAME).read_text())["jobs"]
     assert [r["pid"] for r in rows] == [1, 2] and "registrations_write_failed" in caplog.text
     store.close()
+
+
+def test_a_registration_waits_for_the_disk_without_holding_the_registrys_lock(
+    tmp_path, monkeypatch
+):
+    """Its row is on disk before the client is answered, but another client's unregister
+    (the registry's lock) does not queue behind that fsync."""
+    import os
+    import threading
+
+    from daemon.registry import JobRegistry
+
+    gate = threading.Event()
+    real = jobpersist.write_json_atomic
+    monkeypatch.setattr(
+        jobpersist, "write_json_atomic", lambda *a, **k: (gate.wait(5), real(*a, **k))[1]
+    )
+    store = RegistrationsFile(tmp_path, BOOT, LOG)
+    table = JobTable()
+    table.register(_entry(pid=4242, registrant_uid=None))
+    table.on_change = store.save
+    reg = JobRegistry(table, now=time.monotonic, alive=lambda pid: True)
+    done = threading.Event()
+    registering = threading.Thread(
+        target=lambda: (reg.register(os.getpid(), name="me"), done.set())
+    )
+    registering.start()
+    time.sleep(0.2)
+    assert not done.is_set()  # waiting for its row on disk
+    t0 = time.monotonic()
+    reg.unregister(4242)
+    assert time.monotonic() - t0 < 0.5
+    gate.set()
+    registering.join(5)
+    assert done.is_set()
+    store.close()
+    rows = json.loads((tmp_path / jobpersist.FILE_NAME).read_text())["jobs"]
+    assert [r["pid"] for r in rows] == [os.getpid()]
