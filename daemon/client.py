@@ -242,6 +242,13 @@ class RegistryClient:
     def unregister(self, pid: int) -> dict[str, Any]:
         return self.request({"op": "unregister", "pid": pid})["job"]
 
+    def profile(self, name: str) -> dict[str, Any] | None:
+        """The reference profile the daemon would give a job named ``name`` (its version and
+        reference makespan), or None; raises :class:`RegistryError` from a daemon that
+        predates the op."""
+        prof = self.request({"op": "profile", "name": name}).get("profile")
+        return prof if isinstance(prof, dict) else None
+
     def status(self) -> dict[str, Any]:
         """The daemon's status dict (what ``--status-file`` holds) plus ``jobs``: the
         registered jobs with their elapsed time."""
@@ -294,6 +301,24 @@ def _check_registration(
         parse_request(json.dumps(req).encode())
     except RequestError as err:
         raise RegistryError("register", str(err)) from None
+
+
+def _check_profile(client: RegistryClient, name: str) -> None:
+    """``--slack`` needs the job's reference profile: asked before anything is launched (a
+    daemon that predates the question refuses at the registration instead)."""
+    try:
+        prof = client.profile(name)
+    except RegistryError as err:
+        if "unknown op" in err.error:
+            return
+        raise
+    if prof is None:
+        raise RegistryError(
+            "register",
+            f"no reference profile for {name!r} on this board, so a deadline of slack x its "
+            f"reference makespan cannot be set; measure one (sudo hidvfs profile measure "
+            f"--name {name} -- CMD) or give a deadline in seconds (--deadline)",
+        )
 
 
 def _tree(pid: int) -> list:
@@ -480,6 +505,8 @@ def run_registered(
     clock = MonotonicClock()
     name = name or os.path.basename(command[0])
     _check_registration(deadline_s, criticality, name, slack)
+    if slack is not None and down is None:
+        _check_profile(client, name)
     was_adopting = adopts_orphans()  # (put back after: a caller may be a test runner)
     adopter = was_adopting or adopt_orphans()
     pass_on = _PassOn()

@@ -5,6 +5,7 @@ Requests (one JSON object per line)::
     {"op": "register", "pid": 1234, "deadline_s": 5.0, "criticality": "hi", "name": "fft"}
     {"op": "unregister", "pid": 1234}
     {"op": "status"}
+    {"op": "profile", "name": "fft"}   -> the reference profile a registration would get, or null
 
 ``"slack": 1.5`` instead of ``deadline_s`` sets the soft deadline to 1.5 x the reference
 makespan of the profile stored under the job's name (the answer's job carries the deadline
@@ -82,13 +83,14 @@ MAX_JOBS_PER_UID = 64
 ROOT_JOB_RESERVE = 32
 #: a repeated internal error is logged with its traceback once per this many seconds
 INTERNAL_ERROR_LOG_S = 60.0
-OPS = ("register", "unregister", "status")
+OPS = ("register", "unregister", "status", "profile")
 #: the largest slack a registration may ask for (a deadline that far out plans nothing)
 MAX_SLACK = 1000.0
 FIELDS = {
     "register": ("op", "pid", "deadline_s", "slack", "criticality", "name", "adopter"),
     "unregister": ("op", "pid"),
     "status": ("op",),
+    "profile": ("op", "name"),
 }
 
 log = logging.getLogger("hidvfs.registry")
@@ -141,6 +143,13 @@ def parse_request(line: bytes) -> dict[str, Any]:
                 f"unknown field {key!r:.60} for op '{op}'{_field_hint(key[:60], allowed)}; allowed: {', '.join(allowed)}"
             )
     out: dict[str, Any] = {"op": op}
+    if op == "profile":
+        name = req.get("name")
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise RequestError(
+                f"field 'name' must be a job name of 1 to {MAX_NAME} characters, got {name!r:.60}"
+            )
+        out["name"] = name
     if op in ("register", "unregister"):
         if "pid" not in req:
             raise RequestError(f"missing field 'pid' (a positive integer) for op '{op}'")
@@ -524,6 +533,14 @@ class JobRegistry:
         if op == "unregister":
             entry = self.unregister(req["pid"], peer_uid=peer_uid)
             return {"ok": True, "job": job_to_json(entry)}
+        if op == "profile":  # `hidvfs run --slack` asks before it launches anything
+            prof = self.profile_for(req["name"]) if self.profile_for is not None else None
+            return {
+                "ok": True,
+                "profile": None
+                if prof is None
+                else {"version": prof.version, "ref_makespan_s": prof.ref_makespan_s},
+            }
         now = self.now()
         try:
             status = self.status()

@@ -50,17 +50,51 @@ def test_the_deadline_is_slack_times_the_reference_makespan(server):  # noqa: F8
     assert "(deadline 2.000 s met)" in text
 
 
-def test_a_job_without_a_profile_is_refused_and_its_command_stopped(server, tmp_path):  # noqa: F811
+def test_a_job_without_a_profile_is_refused_before_its_command_starts(server, tmp_path):  # noqa: F811
+    server.registry.profile_for = {"fib": FIB}.get
+    marker = tmp_path / "started"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w'); import time; time.sleep(1)"]
+    r = CliRunner().invoke(
+        cli, ["run", "--socket", server.path, "--name", "sort", "--slack", "1.5", "--", *cmd]
+    )
+    assert r.exit_code == 2
+    assert "no reference profile for 'sort'" in r.output and "profile measure" in r.output
+    assert "--deadline" in r.output
+    assert not marker.exists()  # asked first (op 'profile'): nothing was launched
+    assert len(server.registry.table) == 0
+
+
+def test_a_daemon_that_cannot_be_asked_first_still_refuses_at_the_registration(
+    server,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """A daemon from before the 'profile' op: the command starts, is refused and stopped."""
+    from daemon.client import RegistryClient, RegistryError
+
+    def old_daemon(self, name):
+        raise RegistryError("profile", "unknown op 'profile'; known ops: register, unregister")
+
+    monkeypatch.setattr(RegistryClient, "profile", old_daemon)
     server.registry.profile_for = {"fib": FIB}.get
     marker = tmp_path / "ran-to-the-end"
     cmd = [sys.executable, "-c", f"import time; time.sleep(1); open({str(marker)!r}, 'w')"]
     r = CliRunner().invoke(
         cli, ["run", "--socket", server.path, "--name", "sort", "--slack", "1.5", "--", *cmd]
     )
-    assert r.exit_code == 2
-    assert "no reference profile for 'sort'" in r.output and "profile measure" in r.output
-    assert not marker.exists()
-    assert len(server.registry.table) == 0
+    assert r.exit_code == 2 and "no reference profile for 'sort'" in r.output
+    assert not marker.exists() and len(server.registry.table) == 0
+
+
+def test_the_profile_op_answers_what_a_registration_would_get(server):  # noqa: F811
+    from daemon.client import RegistryClient
+
+    server.registry.profile_for = {"fib": FIB}.get
+    client = RegistryClient(server.path)
+    assert client.profile("fib") == {"version": 1, "ref_makespan_s": 0.8}
+    assert client.profile("sort") is None
+    with pytest.raises(RequestError, match="field 'name'"):
+        parse_request(json.dumps({"op": "profile", "name": ""}).encode())
 
 
 def test_deadline_and_slack_together_are_refused_before_anything_runs(tmp_path):
