@@ -874,6 +874,8 @@ class Actuator:
                 below = {child for child, _ in self.procs.descendants(pid)}
             except ProcessGone:
                 pass
+        if placed is not None:
+            members = {**members, **self._below_members(members, below | {pid})}
         for child, start in sorted(members.items()):
             if child in below or self.procs.start_time(child) != start:
                 continue
@@ -893,6 +895,26 @@ class Actuator:
             self._restore(
                 child, pid, cpus if aff_ours else (), rt, nice, tree=False, priority=prio_ours
             )
+
+    def _below_members(self, members: dict[int, float], known: set[int]) -> dict[int, float]:
+        """The processes below the remembered members that are not members themselves: a
+        child a member forked after the last placement inherited the job's settings and was
+        never seen (it kept the job's SCHED_FIFO for good). They get back what they still have
+        of the placement, like the members (:func:`still_placed`)."""
+        seen = set(members) | known
+        extra: dict[int, float] = {}
+        for member, start in sorted(members.items()):
+            if self.procs.start_time(member) != start:
+                continue
+            try:
+                below = self.procs.descendants(member)
+            except ProcessGone:
+                continue
+            for child, child_start in below:
+                if child not in seen and child_start is not None:
+                    seen.add(child)
+                    extra[child] = child_start
+        return extra
 
     def _restore(self, target, job, cpus, rt, nice, *, tree: bool, priority: bool = True) -> None:
         if not cpus and not priority:

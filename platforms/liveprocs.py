@@ -111,6 +111,9 @@ class LiveProcessControl(ProcessControl):
     def __init__(self) -> None:
         #: the process map of the round the calling thread is in (:meth:`process_map`)
         self._round = threading.local()
+        #: the kernel has no /proc/PID/task/TID/children (built without
+        #: CONFIG_PROC_CHILDREN): :meth:`_tree_now` reads a new process map instead
+        self._no_children_files = False
 
     def _root(self, pid: int) -> psutil.Process:
         try:
@@ -131,7 +134,12 @@ class LiveProcessControl(ProcessControl):
         keep its real-time priority for good) each walk's second and later looks read the
         tree as it is now (:meth:`_tree_now`)."""
         if getattr(self._round, "active", False):  # nested: the outer round's map
-            yield
+            outer = self._round.fresh
+            self._round.fresh = outer or fresh_recheck  # a release inside keeps its recheck
+            try:
+                yield
+            finally:
+                self._round.fresh = outer
             return
         self._round.active, self._round.map = True, None
         self._round.fresh = fresh_recheck
@@ -189,7 +197,9 @@ class LiveProcessControl(ProcessControl):
         (``/proc/PID/task/TID/children``, the tree alone), or where the kernel has none
         (built without CONFIG_PROC_CHILDREN) from a new pass over ``/proc``."""
         self._root(pid)
-        out, todo = [pid], [pid]
+        if self._no_children_files:
+            return [pid, *ProcessMap().below(pid)]
+        out, todo, seen = [pid], [pid], {pid}
         while todo:
             proc = todo.pop()
             try:
@@ -202,12 +212,16 @@ class LiveProcessControl(ProcessControl):
                         kids = [int(k) for k in f.read().split()]
                 except FileNotFoundError:
                     if os.path.isdir(f"/proc/{int(proc)}/task/{tid}"):
-                        return [pid, *ProcessMap().below(pid)]  # no such file on this kernel
+                        self._no_children_files = True  # this kernel has none: said once
+                        return [pid, *ProcessMap().below(pid)]
                     continue
                 except (ProcessLookupError, ValueError, OSError):
                     continue
-                out.extend(kids)
-                todo.extend(kids)
+                for kid in kids:
+                    if kid not in seen:  # a pid reused during the walk must not loop it
+                        seen.add(kid)
+                        out.append(kid)
+                        todo.append(kid)
         return out
 
     def _each_thread(self, pid: int, action: str, apply, *, tree: bool = True) -> None:
