@@ -154,7 +154,9 @@ class RegistrationsFile:
             try:
                 self._write(rows)
             except Exception:  # noqa: BLE001 - a dead writer would make every registration wait
-                self.log.exception("event=registrations_write_failed path=%s", self.path)
+                if not self._failed:  # with its traceback once, until a write works again
+                    self._failed = True
+                    self.log.exception("event=registrations_write_failed path=%s", self.path)
             finally:
                 with self._cond:
                     self._busy = False
