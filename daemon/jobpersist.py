@@ -52,6 +52,10 @@ def to_row(e: JobEntry) -> dict[str, Any]:
     }
 
 
+def _rows(jobs: Iterable[JobEntry]) -> list[dict[str, Any]]:
+    return sorted((to_row(e) for e in jobs), key=lambda r: r["pid"])
+
+
 def from_row(row: Any) -> JobEntry | None:
     """The job a stored row describes; None for a row this version cannot read whole (a job
     is taken up with everything it registered with, or not at all)."""
@@ -118,7 +122,7 @@ class RegistrationsFile:
         return (lambda: self.flush(REGISTRATION_WAIT_S)) if registered else None
 
     def _hand(self, jobs: Iterable[JobEntry]) -> None:
-        rows = sorted((to_row(e) for e in jobs), key=lambda r: r["pid"])
+        rows = _rows(jobs)
         with self._cond:
             if self._closed:
                 return
@@ -164,7 +168,7 @@ class RegistrationsFile:
 
     def write_now(self, jobs: Iterable[JobEntry]) -> None:
         """Write the table on this thread (at start, before anything runs)."""
-        self._write(sorted((to_row(e) for e in jobs), key=lambda r: r["pid"]))
+        self._write(_rows(jobs))
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
         try:

@@ -225,7 +225,7 @@ def owner_refusal(
         owner = pid_owner(pid)
     except SetidProcess as err:
         return (
-            f"{err}{_program(pid)}; a client with uid {registrant_uid} may only register a "
+            f"{err}; a client with uid {registrant_uid} may only register a "
             "process that runs with its own ids: a command that needs root is registered by "
             "root (sudo hidvfs run -- CMD)"
         )
@@ -237,16 +237,6 @@ def owner_refusal(
             "register its own processes"
         )
     return None
-
-
-def _program(pid: int) -> str:
-    """`` (passwd)``: the program ``pid`` runs, for a message; empty when it does not read."""
-    try:
-        with open(f"/proc/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
-            name = f.read().strip()
-    except OSError:
-        return ""
-    return f" ({name})" if name else ""
 
 
 def deadline_from_slack(name: str, profile: JobProfile | None, slack: float) -> float:

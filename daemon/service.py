@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass, replace
 
 from agents.factory import LEARNED_POLICIES, make_policy_stack
@@ -288,20 +287,11 @@ def refuse_untrusted_tree(sysfs_root: str) -> None:
     """Before the first read or write of a tree (a crashed run's restore included): root
     following a link planted in another user's tree writes a frequency into a file of the
     link's choosing (or reads one into the trace)."""
-    from platforms.sysfs import untrusted_tree_entry
+    from platforms.sysfs import UNTRUSTED_TREE_ADVICE, untrusted_tree_entry
 
     untrusted = untrusted_tree_entry(sysfs_root)
     if untrusted:
-        raise DaemonError(
-            f"--sysfs-root {sysfs_root}: {untrusted}, so another user can change what this "
-            "root daemon reads and writes there (a symlink planted in the tree, or one "
-            "leading through a folder of theirs, redirects a write to any file); as root, run "
-            "on a tree root made itself (`hidvfs fake-sysfs BOARD DIR` as root) in folders no "
-            "other user can write, not root's copy or chown of another user's tree (`cp -r` "
-            "and `chown -R` keep their links pointing where they chose, `cp -rL` reads what "
-            "those name with root's rights into the copy), or run as the tree's owner without "
-            "sudo (a fake tree needs no root)"
-        )
+        raise DaemonError(f"--sysfs-root {sysfs_root}: {untrusted}, {UNTRUSTED_TREE_ADVICE}")
 
 
 def policy_stack(cfg: Config, spec: BoardSpec) -> tuple[Policy, list]:
@@ -381,7 +371,7 @@ def _check_listen_host(listen: str, key: str) -> None:
         ) from None
 
 
-def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles, tree: str):
+def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles, tree: str, now):
     """Register again the jobs an earlier run of this boot on this tree had, still running
     and still their registrant's to steer (a restart used to drop them:
     :mod:`daemon.jobpersist`), then keep the table on disk. Returns the file's keeper, to
@@ -390,9 +380,7 @@ def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles, tree: str):
 
     boot = boot_id()
     store = RegistrationsFile(state_dir, boot, log, tree=tree)
-    for entry in take_up(
-        state_dir, boot, procs.start_time, log, tree=tree, refuse=_refusal(procs)
-    ):
+    for entry in take_up(state_dir, boot, procs.start_time, log, tree=tree, refuse=_refusal(procs)):
         table.register(replace(entry, profile=profiles(entry.name)))
         log_event(
             log,
@@ -401,7 +389,7 @@ def _take_up_jobs(table: JobTable, state_dir: str, procs, profiles, tree: str):
             name=entry.name,
             criticality=entry.criticality,
             deadline_s=entry.deadline_s,
-            registered_s_ago=round(time.monotonic() - entry.release_t, 3),
+            registered_s_ago=round(now() - entry.release_t, 3),
         )
     store.write_now(table.snapshot())  # what did not come back leaves the file now
     table.on_change = store.save
@@ -597,7 +585,9 @@ def _serve(
         )
         table = JobTable()
         registrations = (
-            None if dry_run else _take_up_jobs(table, cfg.state_dir, procs, profiles, root)
+            None
+            if dry_run
+            else _take_up_jobs(table, cfg.state_dir, procs, profiles, root, clock.now)
         )
         loop = ControlLoop(
             platform,

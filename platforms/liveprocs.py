@@ -89,19 +89,22 @@ class ProcessMap:
         return out
 
 
-def proc_ids(pid: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(real, effective, saved uids), (the same gids) of ``pid`` from ``/proc/PID/status``;
-    None when it has gone."""
+def proc_ids(pid: int) -> tuple[tuple[int, ...], tuple[int, ...], str] | None:
+    """(real, effective, saved uids), (the same gids) and the program's name of ``pid`` from
+    ``/proc/PID/status``; None when it has gone."""
     uids = gids = None
+    name = ""
     try:
         with open(f"/proc/{int(pid)}/status", "rb") as f:
             for line in f:
-                if line.startswith(b"Uid:"):
+                if line.startswith(b"Name:"):
+                    name = line[5:].strip().decode("utf-8", "replace")
+                elif line.startswith(b"Uid:"):
                     uids = tuple(int(x) for x in line.split()[1:4])
                 elif line.startswith(b"Gid:"):
                     gids = tuple(int(x) for x in line.split()[1:4])
                 if uids is not None and gids is not None:
-                    return uids, gids
+                    return uids, gids, name
     except (OSError, ValueError):
         return None
     return None
@@ -442,9 +445,9 @@ class LiveProcessControl(ProcessControl):
         ids = proc_ids(pid)
         if ids is None:
             return None
-        uids, gids = ids
+        uids, gids, name = ids
         if len(set(uids)) > 1 or len(set(gids)) > 1:
-            raise SetidProcess(pid, uids, gids)
+            raise SetidProcess(pid, uids, gids, program=name)
         return uids[0]
 
 

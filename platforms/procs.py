@@ -23,11 +23,13 @@ class SetidProcess(Exception):
     (or gids) differ, as in a setuid or setgid program. It acts with rights its real owner
     does not have, so it is no one user's process to steer."""
 
-    def __init__(self, pid: int, uids: tuple[int, ...], gids: tuple[int, ...]):
+    def __init__(self, pid: int, uids: tuple[int, ...], gids: tuple[int, ...], program: str = ""):
         self.pid, self.uids, self.gids = pid, tuple(uids), tuple(gids)
+        self.program = program
         which = "setuid" if len(set(self.uids)) > 1 else "setgid"
+        named = f" ({program})" if program else ""
         super().__init__(
-            f"pid {pid} runs a {which} program (real/effective/saved uids "
+            f"pid {pid}{named} runs a {which} program (real/effective/saved uids "
             f"{'/'.join(map(str, self.uids))}, gids {'/'.join(map(str, self.gids))}): it acts "
             "with rights its owner does not have"
         )

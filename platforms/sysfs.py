@@ -264,6 +264,18 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+#: what to do instead, said after :func:`untrusted_tree_entry`'s reason by every command
+UNTRUSTED_TREE_ADVICE = (
+    "so another user can change what root reads and writes there (a symlink planted in the "
+    "tree, or one leading through a folder of theirs, redirects a write to any file); as "
+    "root, use a tree root made itself (`hidvfs fake-sysfs BOARD DIR` as root) in folders "
+    "no other user can write, not root's copy or chown of another user's tree (`cp -r` and "
+    "`chown -R` keep their links pointing where they chose, `cp -rL` reads what those name "
+    "with root's rights into the copy), or run as the tree's owner without sudo (a fake tree "
+    "needs no root)"
+)
+
+
 def untrusted_tree_entry(root: str | os.PathLike[str], *, euid: int | None = None) -> str | None:
     """For a process running as root on a fake tree (``--sysfs-root DIR``, not ``/``): the
     first path, with why, that lets another user change what the tree's paths name, else

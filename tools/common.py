@@ -121,19 +121,11 @@ def trusted_sysfs_root(ctx, param, value):
     in it redirects root's reads and writes: :func:`platforms.sysfs.untrusted_tree_entry`)."""
     if value is None:
         return value
-    from platforms.sysfs import untrusted_tree_entry
+    from platforms.sysfs import UNTRUSTED_TREE_ADVICE, untrusted_tree_entry
 
     why = untrusted_tree_entry(value)
     if why:
-        raise click.BadParameter(
-            f"{why}, so another user can change what root reads and writes there; as root, "
-            "use a tree root made itself (`hidvfs fake-sysfs BOARD DIR` as root) in folders "
-            "no other user can write, not root's copy or chown of another user's tree (it "
-            "keeps their links, or with `cp -rL` reads what they name as root), or run as the "
-            "tree's owner without sudo",
-            ctx=ctx,
-            param=param,
-        )
+        raise click.BadParameter(f"{why}, {UNTRUSTED_TREE_ADVICE}", ctx=ctx, param=param)
     return value
 
 
