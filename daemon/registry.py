@@ -557,7 +557,7 @@ class JobRegistry:
         frames = traceback.extract_tb(err.__traceback__)
         where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
         key = f"{type(err).__name__}@{where}"
-        now = time.monotonic()
+        now = self.now()  # the daemon's clock, as every other time the registry keeps
         seen = self._internal_errors.get(key)
         if seen is not None and now - seen[0] < INTERNAL_ERROR_LOG_S:
             self._internal_errors[key] = (seen[0], seen[1] + 1)
