@@ -494,7 +494,7 @@ def test_a_repeated_internal_error_is_logged_with_its_traceback_once(caplog, mon
 
     reg = _reg(alive=broken)
     clock = [1000.0]
-    monkeypatch.setattr("daemon.registry.time.monotonic", lambda: clock[0])
+    reg.now = lambda: clock[0]  # the registry's clock
     with caplog.at_level(logging.DEBUG, logger="hidvfs.registry"):
         for pid in range(1, 501):  # another message each time: still one place
             answer = reg.handle_line(b'{"op": "register", "pid": %d}' % pid)
