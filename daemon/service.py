@@ -629,7 +629,8 @@ def _serve(
             # during the run has its originals saved before its first write
             session = Session(sysfs, snapshot, cfg.state_dir, log, spec)
             session.attach(loop.actuator)
-        from daemon.registry import JobRegistry, RegistryServer
+        from daemon.registry import JobRegistry
+        from daemon.registryserver import RegistryServer
 
         registry = JobRegistry(
             table,

@@ -17,15 +17,8 @@ import pytest
 
 from daemon.client import DaemonUnreachable, RegistryClient, RegistryError, run_registered
 from daemon.jobs import JobTable
-from daemon.registry import (
-    MAX_LINE,
-    ROOT_RESERVE,
-    JobRegistry,
-    RegistryServer,
-    RegistryStartError,
-    RequestError,
-    parse_request,
-)
+from daemon.registry import JobRegistry, RequestError, parse_request
+from daemon.registryserver import MAX_LINE, ROOT_RESERVE, RegistryServer, RegistryStartError
 from platforms.liveprocs import LiveProcessControl
 
 PROCS = LiveProcessControl()

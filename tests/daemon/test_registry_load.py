@@ -15,7 +15,8 @@ import pytest
 
 from daemon.client import DaemonBusy, DaemonUnreachable, RegistryClient
 from daemon.jobs import JobTable
-from daemon.registry import JobRegistry, RegistryServer, RequestError, parse_request
+from daemon.registry import JobRegistry, RequestError, parse_request
+from daemon.registryserver import RegistryServer
 
 
 @pytest.fixture

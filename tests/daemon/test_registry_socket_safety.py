@@ -15,7 +15,8 @@ import time
 import pytest
 
 from daemon.client import RegistryClient
-from daemon.registry import JobRegistry, RegistryServer, RegistryStartError
+from daemon.registry import JobRegistry
+from daemon.registryserver import RegistryServer, RegistryStartError
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="the folder check applies to root")

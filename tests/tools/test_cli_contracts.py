@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.jobs import JobTable
-from daemon.registry import JobRegistry, RegistryServer
+from daemon.registry import JobRegistry
+from daemon.registryserver import RegistryServer
 from platforms.clock import VirtualClock
 from platforms.faketree import write_fake_tree
 from platforms.spec import load_board

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from agents import deadlines
 from bots_bench.reference import reference_cluster
 from daemon.jobs import JobTable
-from daemon.registry import JobRegistry, RegistryServer
+from daemon.registry import JobRegistry
+from daemon.registryserver import RegistryServer
 from platforms import paths
 from platforms.faketree import write_fake_tree
 from platforms.spec import load_board
