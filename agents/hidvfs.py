@@ -49,9 +49,10 @@ from agents.features import (
     FeatureTracker,
     job_remaining,
 )
-from agents.gate import FederatedGate, jobs_from_obs
+from agents.gate import FederatedGate
 from agents.nn import log_softmax, masked_logits, softmax
 from agents.policy import Decision, JobSetting, Policy
+from agents.schedulability import jobs_from_obs
 from agents.shield import Shield
 from platforms.observation import ClusterObs, JobObs, Observation
 from platforms.spec import BoardSpec

@@ -61,7 +61,7 @@ class DeadlineCheck:
     that meets ``deadline_s`` for a job of ``profile``, or None when it may.
 
     It uses the gate's two-point scaling (:func:`agents.deadlines.span_at` and
-    :func:`~agents.deadlines.work_bound`, what :func:`agents.gate.requirement` plans with) at
+    :func:`~agents.deadlines.work_bound`, what :func:`agents.schedulability.requirement` plans with) at
     each cluster's top frequency (below its static cap, config ``thermal.cap_khz``). These are
     upper bounds (the gate plans with them; the job may run faster, so it is a warning, not a
     refusal), and it tells only what no placement the gate plans can beat: a deadline below

@@ -11,30 +11,27 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agents.deadlines import work_at
-from agents.gate import (
+from agents.gate import FederatedGate, default_cost, gate_decision, order_priorities
+from agents.gate_repair import _Repair
+from agents.policy import Decision, JobSetting
+from agents.schedulability import (
     LIGHT,
     Assignment,
-    FederatedGate,
     GateCluster,
     GateJob,
     _analyse,
-    _Repair,
     analyse,
     clusters_from_obs,
-    default_cost,
     edf_fits,
     feasible,
-    gate_decision,
     jobs_from_obs,
     light_partition,
     light_pool_size,
     min_cores,
-    order_priorities,
     pool_fits,
     requirement,
     requirements,
 )
-from agents.policy import Decision, JobSetting
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 from platforms.spec import load_board
 
@@ -760,7 +757,7 @@ def test_beyond_max_maps_the_gate_still_finds_a_feasible_map(monkeypatch):
     bounded search after it must find one."""
     import random
 
-    import agents.gate as gate_mod
+    import agents.gate_repair as gate_repair_mod
 
     spec = load_board("rubikpi3")
     ks = [GateCluster(c.name, c.cpus, c.freqs_khz, c.capacity) for c in spec.clusters]
@@ -778,7 +775,7 @@ def test_beyond_max_maps_the_gate_still_finds_a_feasible_map(monkeypatch):
         )
         bounded = FederatedGate(ks).repair(dec, jobs)
         with monkeypatch.context() as m:
-            m.setattr(gate_mod, "MAX_MAPS", 10**9)
+            m.setattr(gate_repair_mod, "MAX_MAPS", 10**9)
             exact = FederatedGate(ks).repair(dec, jobs)
         feasible_exists += exact.feasible
         assert bounded.feasible or not exact.feasible

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.deadlines import greedy_bound, profile_from_dag, span_at, work_bound
-from agents.gate import IMPOSSIBLE, GateCluster, GateJob, requirement, requirements
+from agents.schedulability import IMPOSSIBLE, GateCluster, GateJob, requirement, requirements
 from platforms.dag import DagBuilder
 from platforms.sim.plant import Plant, SimJob
 from platforms.spec import load_board

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.gate import FederatedGate, GateCluster, GateJob
+from agents.gate import FederatedGate
 from agents.policy import Decision, JobSetting
+from agents.schedulability import GateCluster, GateJob
 from agents.shield import Candidates, Shield, SplitConformal
 from platforms.observation import JobProfile
 
