@@ -15,9 +15,10 @@ refused rather than misread.
 
 Campaigns sharing a file share the work: a run is claimed (table ``claims``: run key, owner
 ``host:pid:start``, heartbeat) before it runs, and a run another live campaign holds is left
-to it, then waited for at the end (:func:`run_pending`). The claim goes when the result is
-stored (in the same transaction) or the run fails to store or is interrupted; a claim whose
-owner died, or whose heartbeat is older than :data:`CLAIM_STALE_S`, is taken over.
+to it, then waited for at the end (:func:`~bots_bench.campaign_run.run_pending`). The claim
+goes when the result is stored (in the same transaction) or the run fails to store or is
+interrupted; a claim whose owner died, or whose heartbeat is older than
+:data:`~bots_bench.claims.CLAIM_STALE_S`, is taken over.
 
 Time series JSON (``timeseries``): ``{"t": [s, ...], "freq_khz": {cluster: [...]},
 "temp_c": {zone: [...]}, "power_w": {rail: [...]}}``; every list as long as ``t``.
@@ -29,17 +30,16 @@ import csv
 import json
 import math
 import os
-import socket
 import sqlite3
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+from bots_bench import claims
+from bots_bench.claims import Claim, Owner, _Heartbeat, decide_claim, owner_alive
 from platforms.errors import HidvfsError
 
 DEFAULT_DB = "results.sqlite"
@@ -49,17 +49,6 @@ _BUSY_TIMEOUT_S = 30.0
 #: how long a wait for that lock goes on before it is said on stderr (SQLite waits silently)
 _BUSY_NOTICE_S = 1.0
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_CANTOPEN = 5, 6, 8, 14
-#: a claim whose heartbeat is older than this is taken over whoever holds it (an owner on
-#: another host that stopped, or hung); a holder refreshes it every CLAIM_HEARTBEAT_S
-CLAIM_STALE_S = 600.0
-#: how often a campaign refreshes the heartbeat of the claim it holds, from a thread: a
-#: native run blocks the campaign loop for up to 5 x its timeout plus the cool-down (the
-#: verification run has 4x), 52 min with the default 600 s timeout, and longer with a longer one
-CLAIM_HEARTBEAT_S = 60.0
-#: how often a campaign waiting for runs another campaign claimed looks again
-CLAIM_POLL_S = 1.0
-#: how often that wait is said again on stderr
-_WAIT_NOTICE_EVERY_S = 60.0
 _T = TypeVar("_T")
 
 
@@ -145,7 +134,6 @@ _TAKE_CLAIM = (
     "INSERT INTO claims (run_key, owner, heartbeat) VALUES (?, ?, ?) "
     "ON CONFLICT(run_key) DO UPDATE SET owner = excluded.owner, heartbeat = excluded.heartbeat"
 )
-_BEAT = "UPDATE claims SET heartbeat = ? WHERE owner = ?"
 
 
 def _statements(script: str) -> list[str]:
@@ -422,161 +410,6 @@ def _row_to_record(row: sqlite3.Row, with_stdout: bool, with_timeseries: bool) -
     for k, v in _json_object("extra", blob["extra"]).items():
         rec.setdefault(k, v)
     return rec
-
-
-# -- claims: campaigns on one file share its runs ---------------------------------------
-@dataclass(frozen=True)
-class Owner:
-    """The process holding a claim. Its start time tells it from a later process given the
-    same PID, which must not be taken for the owner (nor keep a dead owner's claims)."""
-
-    host: str
-    pid: int
-    started: float
-
-    @classmethod
-    def current(cls) -> Owner:
-        return cls(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()) or 0.0)
-
-    def text(self) -> str:
-        """``host:pid:start`` as stored in ``claims.owner`` (start: clock ticks since boot)."""
-        return f"{self.host}:{self.pid}:{self.started:.0f}"
-
-    @classmethod
-    def parse(cls, text: str) -> Owner | None:
-        """The owner of a stored ``host:pid:start``; None for text no hidvfs wrote."""
-        parts = text.rsplit(":", 2)
-        try:
-            host, pid, started = parts[0], int(parts[1]), float(parts[2])
-        except (IndexError, ValueError):
-            return None
-        return cls(host, pid, started) if host else None
-
-    def describe(self) -> str:
-        return f"pid {self.pid} on host {self.host}"
-
-
-def _start_ticks(pid: int) -> float | None:
-    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``); None when it
-    has gone. Not psutil's ``create_time``: that adds the boot time in wall-clock seconds,
-    re-read at each call, so a clock step (NTP on a board without a battery clock) made a
-    running campaign look like another process, and its claims were taken over."""
-    from platforms.liveprocs import LiveProcessControl
-
-    return LiveProcessControl().start_time(pid)
-
-
-def owner_alive(owner: Owner) -> bool | None:
-    """Whether ``owner`` runs: True or False on this host (its PID, started when the claim
-    says, not a zombie), None on another host, where only its heartbeat can tell."""
-    if owner.host != socket.gethostname():
-        return None
-    import psutil
-
-    started = _start_ticks(owner.pid)
-    if started is None:
-        return False
-    if started != owner.started:
-        return False  # the PID was given to another process since
-    try:
-        return psutil.Process(owner.pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:  # not ours to inspect: alive as far as we can tell
-        return True
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a campaign found for a run: ``claimed`` (it is this campaign's to do now;
-    ``took_over`` says why from ``holder``: ``dead`` or ``stale``), ``done`` (a result is
-    stored) or ``held`` by ``holder``, another live campaign with a fresh heartbeat."""
-
-    status: Literal["claimed", "done", "held"]
-    holder: str | None = None
-    took_over: Literal["dead", "stale"] | None = None
-
-
-def decide_claim(
-    *,
-    stored: tuple | None,
-    redo: tuple | None,
-    holder: str | None,
-    heartbeat: float | None,
-    me: Owner,
-    now: float,
-    stale_s: float = CLAIM_STALE_S,
-    alive: Callable[[Owner], bool | None] = owner_alive,
-) -> Claim:
-    """Whether this campaign may run a key. ``stored``: the stored row's mark (None: no row);
-    ``redo``: the mark of the stored failure this campaign means to run again, so a failure
-    stored since by another campaign counts as done, not as one to retry twice."""
-    if stored is not None and stored != redo:
-        return Claim("done")
-    if holder is None or holder == me.text():
-        return Claim("claimed")
-    if heartbeat is None or now - heartbeat > stale_s:
-        return Claim("claimed", holder, "stale")
-    other = Owner.parse(holder)
-    if other is not None and alive(other) is False:
-        return Claim("claimed", holder, "dead")
-    return Claim("held", holder)
-
-
-def _describe_owner(text: str) -> str:
-    owner = Owner.parse(text)
-    return text if owner is None else owner.describe()
-
-
-def describe_owners(holders: Iterable[str]) -> tuple[int, str]:
-    """(how many campaigns, "pid P on host H, ...") of stored owner texts."""
-    names = sorted({_describe_owner(h) for h in holders})
-    return len(names), ", ".join(names)
-
-
-def waiting_message(n_runs: int, holders: Iterable[str], path: Path) -> str:
-    """What a campaign waiting for runs another one claimed says on stderr."""
-    count, who = describe_owners(holders)
-    runs = "1 run" if n_runs == 1 else f"{n_runs} runs"
-    other = "another campaign" if count == 1 else f"{count} other campaigns"
-    return (
-        f"waiting for {runs} claimed by {other} ({who}) on {path}; a run is taken over if "
-        f"its campaign stops or goes {CLAIM_STALE_S:g} s without a heartbeat"
-    )
-
-
-class _Heartbeat:
-    """Refreshes ``owner``'s claims every ``every_s`` from a thread with a connection of its
-    own, while a run blocks the campaign loop. A missed beat is not an error: it only brings
-    the claim nearer to stale, and the run is at worst done twice."""
-
-    def __init__(self, path: Path, owner: Owner, every_s: float):
-        self.path, self.owner, self.every_s = path, owner.text(), every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hidvfs-claims", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)  # a beat waiting for the lock ends on its own
-
-    def _run(self) -> None:
-        try:
-            db = sqlite3.connect(str(self.path), timeout=self.every_s / 2)
-        except sqlite3.Error:
-            return
-        try:
-            while not self._stop.wait(self.every_s):
-                try:
-                    with db:
-                        db.execute(_BEAT, (time.time(), self.owner))
-                except sqlite3.Error:
-                    pass
-        finally:
-            db.close()
 
 
 class Store:
@@ -980,11 +813,12 @@ class Store:
 
     def heartbeat(self, owner: Owner, every_s: float | None = None) -> AbstractContextManager:
         """Keeps ``owner``'s claims fresh while the ``with`` block runs, every ``every_s``
-        (:data:`CLAIM_HEARTBEAT_S`); nothing for a file in memory, which no other campaign
-        can share."""
+        (:data:`~bots_bench.claims.CLAIM_HEARTBEAT_S`); nothing for a file in memory, which no
+        other campaign can share."""
         if str(self.path) == ":memory:":
             return nullcontext()
-        return _Heartbeat(self.path, owner, every_s or CLAIM_HEARTBEAT_S)
+        # read from the claims module at each call, so that a value set there acts
+        return _Heartbeat(self.path, owner, every_s or claims.CLAIM_HEARTBEAT_S)
 
     def _write(self, attempt: Callable[[], _T], what: str) -> _T:
         """``attempt()`` (a write it rolls back on failure), waiting for the lock."""
@@ -1139,209 +973,3 @@ class Store:
 
 #: the name the sim campaign CLI uses
 ResultStore = Store
-
-
-# -- the resumable campaign loop ----------------------------------------------------------
-@dataclass
-class CampaignSummary:
-    executed: int = 0
-    skipped: int = 0
-    failed: int = 0
-    ids: list[int] | None = None
-    #: the key of every config given, run or skipped (what a caller's table should show)
-    keys: set[RunKey] = field(default_factory=set)
-    #: runs another campaign on the same file ran (it held them, or had stored them, when
-    #: this one came to them); their results are stored like this campaign's
-    by_others: int = 0
-    #: runs this campaign took over from a dead owner or a stale claim
-    taken_over: int = 0
-    #: the owners (``host:pid:start``) of the claims this campaign found held
-    others: set[str] = field(default_factory=set)
-
-
-def _key_of(config: Any) -> RunKey:
-    key = getattr(config, "key", None)
-    return key if isinstance(key, RunKey) else run_key(config)
-
-
-def _base_of(config: Any) -> dict[str, Any]:
-    if hasattr(config, "record_base"):
-        return dict(config.record_base())
-    return dict(config)
-
-
-def _now_iso() -> str:
-    """Wall-clock time with its UTC offset, to the second (a run's ``started``/``ended``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _run_record(cfg: Any, key: RunKey, run_fn: Callable[[Any], Mapping[str, Any]]) -> dict:
-    """The record of one run of ``cfg``: an exception from ``run_fn`` is a failed run, and
-    the config's key fields fill what the record leaves out."""
-    base = _base_of(cfg)
-    started = _now_iso()
-    try:
-        record = dict(run_fn(cfg))
-    except Exception as err:  # a broken run is a result, not the end of the campaign
-        record = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-    record.setdefault("started", started)
-    record.setdefault("ended", _now_iso())
-    for k, v in base.items():
-        record.setdefault(k, v)
-    if run_key(record) != key:
-        raise StoreError(
-            f"run function changed the key of {key.label()}: got {run_key(record).label()}"
-        )
-    return record
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-@dataclass
-class _Campaign:
-    """The state of one :func:`run_pending`: what it ran, what it left to other campaigns
-    (``held``: key -> (config, the holder's owner text)) and what it reports."""
-
-    store: Store
-    run_fn: Callable[[Any], Mapping[str, Any]]
-    owner: Owner
-    #: stored failures to run again: key -> mark (:meth:`Store.failure_marks`)
-    redo: dict[RunKey, tuple]
-    done: set[RunKey]
-    on_start: Callable[[Any], None] | None = None
-    on_done: Callable[[Any, Mapping[str, Any]], None] | None = None
-    on_other: Callable[[Any], None] | None = None
-    on_wait: Callable[[str], None] = _say
-    summary: CampaignSummary = field(default_factory=lambda: CampaignSummary(ids=[]))
-    held: dict[RunKey, tuple[Any, str]] = field(default_factory=dict)
-
-    def offer(self, cfg: Any, key: RunKey) -> None:
-        """Run ``cfg`` if it is this campaign's to run; else leave it to its holder."""
-        got = self.store.claim(key, self.owner, redo=self.redo.get(key))
-        if got.status == "held":
-            self.held[key] = (cfg, got.holder or "")
-            self.summary.others.add(got.holder or "")
-        elif got.status == "done":  # stored by another campaign since this one started
-            self.summary.by_others += 1
-            self.done.add(key)
-            if self.on_other:
-                self.on_other(cfg)
-        else:
-            self.summary.taken_over += got.took_over is not None
-            self.run(cfg, key)
-
-    def run(self, cfg: Any, key: RunKey) -> None:
-        """Run a claimed config and store it; the claim goes with the stored result, or is
-        given back when the run is interrupted or cannot be stored."""
-        if self.on_start:
-            self.on_start(cfg)
-        try:
-            record = _run_record(cfg, key, self.run_fn)
-            self.summary.ids.append(self.store.add(record))
-        except BaseException:
-            self._release(key)
-            raise
-        self.summary.executed += 1
-        self.summary.failed += 0 if record.get("ok") else 1
-        self.done.add(key)
-        if self.on_done:
-            self.on_done(cfg, record)
-
-    def _release(self, key: RunKey) -> None:
-        try:
-            self.store.release(key, self.owner)
-        except StoreError:  # the error in flight says more; the claim will go stale
-            pass
-
-    def wait_for_others(self, poll_s: float) -> None:
-        """Wait for the runs other campaigns held until their results are stored (counted
-        as theirs) or their claims are given back, dead or stale (then run here), saying so
-        on stderr when the wait begins and every minute after."""
-        said_at: float | None = None
-        while self.held:
-            moved = self._poll()
-            if not self.held:
-                break
-            now = time.monotonic()
-            if said_at is None or now - said_at >= _WAIT_NOTICE_EVERY_S:
-                holders = [h for _, h in self.held.values()]
-                self.on_wait(waiting_message(len(self.held), holders, self.store.path))
-                said_at = now
-            if not moved:
-                time.sleep(poll_s)
-
-    def _poll(self) -> bool:
-        """Offer again each held run whose claim is no longer a live campaign's (read first,
-        so a run still held costs no write transaction); whether any moved."""
-        claims, now, moved = self.store.claims(), time.time(), False
-        for key, (cfg, _) in list(self.held.items()):
-            cur = claims.get(key)
-            if cur is not None:
-                got = decide_claim(
-                    stored=None, redo=None, holder=cur[0], heartbeat=cur[1], me=self.owner, now=now
-                )
-                if got.status == "held":
-                    self.held[key] = (cfg, cur[0])
-                    continue
-            del self.held[key]
-            moved = True
-            self.offer(cfg, key)
-        return moved
-
-
-def run_pending(
-    configs: Iterable[Any],
-    run_fn: Callable[[Any], Mapping[str, Any]],
-    store: Store,
-    *,
-    retry_failed: bool = False,
-    on_skip: Callable[[Any], None] | None = None,
-    on_start: Callable[[Any], None] | None = None,
-    on_done: Callable[[Any, Mapping[str, Any]], None] | None = None,
-    on_other: Callable[[Any], None] | None = None,
-    on_wait: Callable[[str], None] = _say,
-    owner: Owner | None = None,
-    poll_s: float = CLAIM_POLL_S,
-) -> CampaignSummary:
-    """Run every config whose key is not stored yet, storing each record as it finishes.
-
-    ``configs`` are :class:`~bots_bench.spec.RunConfig` (``.key``, ``.record_base()``) or run
-    record dicts. ``run_fn(config)`` returns the run record; the key fields of the config
-    fill what it leaves out. An exception from ``run_fn`` is stored as a failed run
-    (``ok=False``, ``error``) and the campaign goes on; ``KeyboardInterrupt`` stops it with
-    every finished run already committed. ``retry_failed`` re-runs stored failures; the new
-    record replaces the failed row (one row per key), and successful runs are never re-run.
-
-    Campaigns on one file share its runs: each run is claimed first (:meth:`Store.claim`),
-    one another live campaign holds is left to it (``on_other`` when its result is found),
-    and those are waited for at the end (``on_wait`` says so), so that every config has a
-    stored result on return. ``owner`` defaults to this process.
-    """
-    # the failures first: one another campaign stores again in between is then not ours
-    redo = store.failure_marks() if retry_failed else {}
-    done = store.done_keys(ok_only=retry_failed)
-    camp = _Campaign(
-        store,
-        run_fn,
-        owner or Owner.current(),
-        redo,
-        done,
-        on_start=on_start,
-        on_done=on_done,
-        on_other=on_other,
-        on_wait=on_wait,
-    )
-    with store.heartbeat(camp.owner):
-        for cfg in configs:
-            key = _key_of(cfg)
-            camp.summary.keys.add(key)
-            if key in done or key in camp.held:  # stored, or given twice
-                camp.summary.skipped += 1
-                if on_skip:
-                    on_skip(cfg)
-                continue
-            camp.offer(cfg, key)
-        camp.wait_for_others(poll_s)
-    return camp.summary

@@ -91,8 +91,8 @@ def run_configs(
     it. Native runs are stored under the board detected on ``sysfs_root``; ``board``, when
     given, must be that board. A stored failure is run again unless ``retry_failed`` is
     False (it is how a run whose profile was missing gets its deadline once measured)."""
+    from bots_bench.campaign_run import run_pending
     from bots_bench.progress import Progress
-    from bots_bench.store import run_pending
     from tools.policies import build_policy_stack
 
     if deadline_slack is not None:
@@ -192,7 +192,7 @@ def run_configs(
 def left_to_others(summary, total: int, path) -> str:
     """The campaign's last progress line when another campaign on the same --db ran some of
     its runs: how many, and who (the table still shows every run)."""
-    from bots_bench.store import describe_owners
+    from bots_bench.claims import describe_owners
 
     count, who = describe_owners(summary.others)
     other = "another campaign" if count == 1 else f"{count} other campaigns"

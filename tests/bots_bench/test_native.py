@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+from bots_bench.campaign_run import run_pending
 from bots_bench.native import open_board, run_native
 from bots_bench.spec import expand, parse_spec
-from bots_bench.store import Store, run_pending
+from bots_bench.store import Store
 from platforms.faketree import write_fake_tree
 from platforms.spec import load_board
 from tools.policies import build_policy_stack

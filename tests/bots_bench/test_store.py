@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bots_bench.campaign_run import run_pending
 from bots_bench.spec import expand, parse_spec
 from bots_bench.store import (
     SCHEMA_VERSION,
@@ -22,7 +23,6 @@ from bots_bench.store import (
     StoreError,
     normalize_timeseries,
     run_key,
-    run_pending,
 )
 
 

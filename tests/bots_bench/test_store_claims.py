@@ -19,18 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import bots_bench.claims as claims_mod
 import bots_bench.store as store_mod
-from bots_bench.store import (
-    CLAIM_STALE_S,
-    SCHEMA_VERSION,
-    Owner,
-    RunKey,
-    Store,
-    StoreError,
-    _start_ticks,
-    owner_alive,
-    run_pending,
-)
+from bots_bench.campaign_run import run_pending
+from bots_bench.claims import CLAIM_STALE_S, Owner, _start_ticks, owner_alive
+from bots_bench.store import SCHEMA_VERSION, RunKey, Store, StoreError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -298,7 +291,7 @@ def test_a_failure_retried_by_another_campaign_is_not_retried_again(tmp_path, ot
 
 
 def test_a_long_run_keeps_its_claim_fresh(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "CLAIM_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(claims_mod, "CLAIM_HEARTBEAT_S", 0.05)
     beats = []
     with Store(tmp_path / "r.db") as s:
 
