@@ -11,6 +11,7 @@ arrives or finishes (the simulator's clock stops at those events; on a board the
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,18 @@ log = logging.getLogger("hidvfs.loop")
 
 #: a decision stage after the policy: the federated gate, the conformal shield, ...
 Stage = Callable[[Decision, Observation], Decision]
+
+#: the measured quantities an intervention's text carries (a deadline's remaining time
+#: ``D=-0.19 s``, a temperature ``72.4``): they move every tick while the intervention holds
+_MEASURED = re.compile(r"(?<=D=)-?[0-9.]+(?:e[-+]?[0-9]+)?|-?\b[0-9]+\.[0-9]+(?:e[-+]?[0-9]+)?")
+
+
+def intervention_key(event: str) -> str:
+    """What makes two ticks' events one held intervention: the text with its measured
+    quantities (decimals, a deadline's remaining time) masked, so a job's "no core count
+    meets D=..." is one intervention while it lasts, not a new one each tick. Whole numbers
+    (pids, cores, kHz) stay: another job or another operating point is another one."""
+    return _MEASURED.sub("#", event)
 
 
 @dataclass
@@ -100,7 +113,7 @@ class ControlLoop:
         #: interventions of the last tick and for how many ticks in a row each has held: one
         #: that repeats (a reserved cluster re-planned every tick) is logged when it starts
         #: and when it ends, not at 10 Hz
-        self._held_events: dict[str, int] = {}
+        self._held_events: dict[str, tuple[int, str]] = {}  # key: (ticks, latest text)
         self.last: TickResult | None = None
         self._last_power: tuple[float, float | None, float | None] | None = None
         self.t0 = platform.clock.now()
@@ -231,17 +244,19 @@ class ControlLoop:
         return result
 
     def _log_interventions(self, events: list[str]) -> None:
-        """Log each intervention when it starts; one held for several ticks also when it ends."""
-        held = {}
+        """Log each intervention when it starts; one held for several ticks also when it ends
+        (with its latest text). Ticks' events are matched by :func:`intervention_key`."""
+        held: dict[str, tuple[int, str]] = {}
         for ev in events:
-            if ev in held:
+            key = intervention_key(ev)
+            if key in held:
                 continue
-            n = self._held_events.get(ev)
-            if n is None:
+            n, _ = self._held_events.get(key, (0, ev))
+            if not n:
                 log.info("event=intervention %s", ev)
-            held[ev] = (n or 0) + 1
-        for ev, n in self._held_events.items():
-            if ev not in held and n > 1:
+            held[key] = (n + 1, ev)
+        for key, (n, ev) in self._held_events.items():
+            if key not in held and n > 1:
                 log.info("event=intervention_ended %s ticks=%d", ev, n)
         self._held_events = held
 

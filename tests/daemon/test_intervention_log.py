@@ -64,3 +64,41 @@ def test_changing_and_one_tick_interventions_are_each_logged_once(tmp_path, capl
         f"event=intervention {b}",
         f"event=intervention_ended {a} ticks=2",
     ]
+
+
+def test_a_deadline_counting_down_is_one_held_intervention(tmp_path, caplog):
+    """A job no core count can save is reported with its remaining time, which moves every
+    tick: it was logged as a new intervention on every tick (ten lines a second at 100 ms)."""
+
+    def missing(d: float) -> str:
+        return (
+            "gate: no feasible assignment (pid 7472: no core count meets "
+            f"D={d:.4g} s on a57 at 2035200 kHz); safest point taken"
+        )
+
+    other = "gate: no feasible assignment (pid 7473: no core count meets D=0.5 s on a57)"
+    ticks = [[missing(0.21 - 0.1 * k)] for k in range(6)] + [[missing(-0.39), other], []]
+    loop, lines = run_logged(tmp_path, caplog, ticks)
+    assert lines == [
+        f"event=intervention {missing(0.21)}",
+        f"event=intervention {other}",  # another pid: another intervention
+        f"event=intervention_ended {missing(-0.39)} ticks=7",  # its latest text
+    ]
+    assert loop.events_total == 8
+
+
+def test_whole_numbers_tell_interventions_apart_and_decimals_do_not():
+    from daemon.loop import intervention_key
+
+    assert intervention_key("thermal_cap cluster=a57 temp_c=81.3 limit_c=80.0 cap_khz=1996800") == (
+        intervention_key("thermal_cap cluster=a57 temp_c=82.0 limit_c=80.0 cap_khz=1996800")
+    )
+    assert intervention_key("pid 7 no core count meets D=12 s") == intervention_key(
+        "pid 7 no core count meets D=1.5e-05 s"
+    )
+    assert intervention_key("gate: pid 7 cores [0] -> [0, 1]") != intervention_key(
+        "gate: pid 8 cores [0] -> [0, 1]"
+    )
+    assert intervention_key("gate: a57 345600 -> 2035200 kHz") != intervention_key(
+        "gate: a57 1267200 -> 2035200 kHz"
+    )
