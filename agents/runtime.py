@@ -42,9 +42,21 @@ class ModelUnreadable(ValueError):
         )
 
 
+def onnxruntime():
+    """The onnxruntime module, imported with its telemetry off unless the environment says
+    otherwise. onnxruntime 1.2x persists a device id under ``~/.cache/Microsoft`` at the first
+    session, and where the home cannot be written (a systemd unit's ``ProtectHome``, a user
+    without one) prints a warning on every start; only ``ORT_DISABLE_TELEMETRY`` read at
+    import time stops it (``disable_telemetry_events()`` comes too late)."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    import onnxruntime as ort
+
+    return ort
+
+
 def _session(path: str | os.PathLike[str]):
     """An onnxruntime session of ``path``; its own exception types become one clear error."""
-    import onnxruntime as ort
+    ort = onnxruntime()
 
     try:
         return ort.InferenceSession(
@@ -57,7 +69,7 @@ def _session(path: str | os.PathLike[str]):
 
 
 def session_options():
-    import onnxruntime as ort
+    ort = onnxruntime()
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1

@@ -122,8 +122,9 @@ class OnnxPolicyModel:
     """The shipped actor-critic run by onnxruntime (1 thread, no spinning)."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        import onnxruntime as ort
+        from agents.runtime import onnxruntime
 
+        ort = onnxruntime()
         self.path = os.fspath(path)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1

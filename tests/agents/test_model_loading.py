@@ -296,3 +296,35 @@ def test_a_changed_action_space_is_refused_by_every_loader(tx2_copy):
     (tx2_copy / "manifest.json").write_text(json.dumps(man))
     report = check_board("tx2", tx2_copy)
     assert not report["ok"] and "action_space" in report["files"][0]["error"]
+
+
+@pytest.mark.parametrize("loader", ["board", "placer"])
+def test_loading_a_model_writes_nothing_to_home_and_warns_of_no_telemetry(tmp_path, loader):
+    """onnxruntime 1.2x persists a telemetry device id under ~/.cache/Microsoft at its first
+    session and, where the home cannot be written (a unit's ProtectHome), warns on every
+    start. The loaders import it with its telemetry off."""
+    import os
+    import subprocess
+    import sys
+
+    load = {
+        "board": "from agents.learned import check_board; check_board('tx2')",
+        "placer": "from agents.placement.higfrl import HigfrlPlacer; HigfrlPlacer()",
+    }[loader]
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    for home, writable in ((tmp_path / "home", True), ("/proc/1/nonexistent-home", False)):
+        if writable:
+            home.mkdir()
+        env.update(HOME=str(home), XDG_CACHE_HOME=str(home) + "/.cache")
+        out = subprocess.run(
+            [sys.executable, "-c", load + "; print('loaded')"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "loaded"
+        assert "telemetry" not in out.stderr.lower(), out.stderr
+        if writable:
+            assert not any(home.rglob("*")), sorted(map(str, home.rglob("*")))
