@@ -90,7 +90,8 @@ def test_the_simulator_notes_that_it_ignores_bots_bin(tmp_path):
     assert json.loads(r.stdout)[0]["ok"]
 
 
-def test_flags_a_spec_replaces_are_noted(tmp_path):
+def test_flags_a_spec_replaces_are_noted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a spec campaign keeps its results in ./results.sqlite
     spec = _spec(tmp_path, "sim", tmp_path)
     r = bots("run", "--spec", spec, "--bench", "sort", "--class", "small", "--json")
     assert r.exit_code == 0, r.output
