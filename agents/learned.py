@@ -323,8 +323,9 @@ def make_hidvfs(
     """The hidvfs policy from ONNX; ``variant="noshaping"`` loads the no-shaping ablation.
     ``adaptive_gamma``: the shield's calibration follows the realised response times online
     (Gibbs-Candes adaptive conformal, step gamma), starting from the shipped calibration."""
-    from agents.hidvfs import HidvfsPolicy, ShieldStage
+    from agents.hidvfs import HidvfsPolicy
     from agents.shield import AdaptiveConformal, Shield, SplitConformal
+    from agents.stages import ShieldStage
 
     folder = model_dir(spec.name, models)
     man = load_manifest(folder, spec.name)

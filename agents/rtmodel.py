@@ -1,7 +1,7 @@
 """The shield's response-time data and predictor.
 
 Every deadline job's rows are recorded during training and calibration episodes
-(:class:`RtCollector`, the features of :func:`agents.hidvfs.rt_features` and the log of the
+(:class:`RtCollector`, the features of :func:`agents.rtfeatures.rt_features` and the log of the
 job's remaining response time); :func:`fit_response_time` fits gradient-boosted trees on the
 training rows and a one-sided split-conformal q on held-out calibration jobs (one score per
 job, its largest residual: :func:`job_scores`), and :func:`coverage` is the empirical check of
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.hidvfs import rt_features
 from agents.policy import Decision
+from agents.rtfeatures import rt_features
 from platforms.observation import Observation
 
 

@@ -555,10 +555,11 @@ SHIELD_LOG_EVERY = 32
 
 
 def _fit_shield(spec, tr: TrainResult, run_episode, make_mix, seed, cfg, out, meta, ref, log):
-    from agents.hidvfs import N_RT, RT_FIELDS, ShieldStage
     from agents.onnx_export import save_sklearn
+    from agents.rtfeatures import N_RT, RT_FIELDS
     from agents.runtime import OnnxModel
     from agents.shield import Shield, SplitConformal
+    from agents.stages import ShieldStage
 
     # calibration: the TRAINED policy (greedy, gate on, no shield) on calibration seeds
     def greedy(coll, shield=None):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from agents.factory import make_policy_stack
-from agents.hidvfs import ShieldStage
 from agents.policy import Decision, JobSetting
 from agents.shield import AdaptiveConformal, Shield, SplitConformal
+from agents.stages import ShieldStage
 from daemon.config import parse_config, policy_options
 from daemon.simrun import run_sim
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation

@@ -716,8 +716,8 @@ def test_light_jobs_the_gate_admits_meet_their_deadlines_in_the_plant():
     """Closed loop: a parallel job (C 4 s, L 0.01 s, D 4.05 s) and a chain (C = L = 3.5 s,
     D 4.1 s), both light, proposed on one core. A shared pool of two cores, which the gate
     once admitted, holds the chain behind the parallel job until 2 s: it ended at 4.15 s."""
-    from agents.hidvfs import GateStage
     from agents.policy import Policy
+    from agents.stages import GateStage
     from daemon.simrun import run_sim
     from platforms.dag import DagBuilder
     from platforms.sim.plant import SimJob

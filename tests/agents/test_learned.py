@@ -16,11 +16,13 @@ from agents.deadlines import span_at, work_at
 from agents.factory import make_policy
 from agents.features import job_remaining
 from agents.gate import FederatedGate
-from agents.hidvfs import ActionSpace, HidvfsPolicy, SpillStage, choose, rt_row, rt_rows_many
+from agents.hidvfs import ActionSpace, HidvfsPolicy, choose
 from agents.learned import MODELS_DIR, check_board, make_hidvfs
 from agents.policy import Decision, JobSetting
+from agents.rtfeatures import rt_row, rt_rows_many
 from agents.runtime import ModelMismatch, OnnxModel
 from agents.schedulability import jobs_from_obs
+from agents.stages import SpillStage
 from platforms.spec import load_board
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")

@@ -12,7 +12,6 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.hidvfs import GateStage
 from agents.mixed import (
     HI_RT_PRIORITY,
     NEED_MARGIN,
@@ -28,6 +27,7 @@ from agents.mixed import (
 )
 from agents.policy import Decision, JobSetting
 from agents.schedulability import jobs_from_obs
+from agents.stages import GateStage
 from platforms.observation import ClusterObs, JobObs, JobProfile, Observation
 
 

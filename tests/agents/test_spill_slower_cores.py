@@ -9,8 +9,8 @@ import pytest
 
 from agents.deadlines import greedy_bound
 from agents.features import job_remaining
-from agents.hidvfs import SpillStage
 from agents.policy import Decision, JobSetting
+from agents.stages import SpillStage
 from tests.agents.test_learned import observations
 
 BOARD = "rubikpi3"  # silver (slow, 4), gold (3), prime (1): silver cannot match gold's speed

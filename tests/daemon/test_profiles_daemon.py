@@ -70,7 +70,7 @@ def test_the_gate_plans_a_board_jobs_deadline_from_its_profile(tmp_path, deadlin
     import time
 
     from agents.governors import make_governor
-    from agents.hidvfs import GateStage
+    from agents.stages import GateStage
     from daemon.jobs import JobEntry
     from daemon.loop import ControlLoop
     from platforms.clock import MonotonicClock
