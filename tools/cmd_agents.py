@@ -174,6 +174,8 @@ MODELS_HELP = (
 
 
 TRAINABLE = ("hidvfs", "noshaping", "geardvfs", "ztt")
+#: the shipped models' training settings (agents/TRAINING.md)
+DEFAULT_EPISODES, DEFAULT_JOBS = 640, 5
 
 
 def train_modules(policies) -> tuple[str, ...]:
@@ -186,7 +188,7 @@ def train_modules(policies) -> tuple[str, ...]:
 
 
 @agents.command("train")
-@click.option("--board", required=True, help="board name (tx2, orin-nx, rubikpi3)")
+@click.option("--board", required=True, help="board name (tx2, orin-nx, rubikpi3)", metavar="BOARD")
 @click.option(
     "--seed",
     type=click.IntRange(0, 49),
@@ -201,11 +203,12 @@ def train_modules(policies) -> tuple[str, ...]:
     default=",".join(TRAINABLE),
     show_default=True,
     help="which to train: hidvfs, noshaping (ablation), geardvfs, ztt",
+    metavar="POLICY",
 )
 @click.option(
     "--episodes",
     type=click.IntRange(1, 10_000),
-    default=640,
+    default=DEFAULT_EPISODES,
     show_default=True,
     help="training episodes per policy (at most 10000: one seed's block of training mixes)",
 )
@@ -213,7 +216,7 @@ def train_modules(policies) -> tuple[str, ...]:
     "--jobs",
     "n_jobs",
     type=click.IntRange(1),
-    default=5,
+    default=DEFAULT_JOBS,
     show_default=True,
     help="jobs per episode",
 )
@@ -225,7 +228,23 @@ def train_modules(policies) -> tuple[str, ...]:
     help="share of the training mixes that start on a hot board (soaked near its passive "
     "trip), so the thermal agent learns when to cool (agents/TRAINING.md)",
 )
-@click.option("--out", "out_dir", default=None, help="output folder (default agents/models/BOARD)")
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    help="output folder; default agents/models/BOARD, the shipped models, but only for the "
+    "run that reproduces them (every default setting): any other run needs --out",
+    metavar="DIR",
+)
+@click.option(
+    "--calib-episodes",
+    type=click.IntRange(20, 1000),
+    default=None,
+    help="episodes of the shield's conformal calibration, and as many for its held-out "
+    "coverage check (default: TrainConfig's 256). Fewer make a quick trial run (with "
+    "--episodes 2 --val-mixes 1 --policy hidvfs: about 15 s) whose shield is looser: a "
+    "candidate certified at a small alpha needs more calibration jobs than it has",
+)
 @click.option(
     "--workers",
     type=click.IntRange(1),
@@ -292,8 +311,9 @@ def train_cmd(
     time_term,
     val_mixes,
     restarts,
+    calib_episodes,
 ) -> None:
-    """Train in the simulator and export ONNX + manifest to agents/models/BOARD."""
+    """Train in the simulator and export ONNX + manifest to agents/models/BOARD (or --out)."""
     from agents.learned import model_dir
     from agents.train import MAX_EPISODES, TrainConfig
     from agents.trainboard import train_board
@@ -339,6 +359,23 @@ def train_cmd(
             )
         overrides["restarts"] = restarts
         command += f" --restarts {restarts}"
+    if calib_episodes is not None:
+        overrides["calib_episodes"] = calib_episodes
+        command += f" --calib-episodes {calib_episodes}"
+    reproduces_shipped = (
+        seed == 0
+        and set(pols) == set(TRAINABLE)
+        and episodes == DEFAULT_EPISODES
+        and n_jobs == DEFAULT_JOBS
+        and hot_fraction == TRAIN_HOT_FRACTION
+        and not overrides
+    )
+    if out_dir is None and not reproduces_shipped:
+        raise click.UsageError(
+            f"--out is needed: {out} holds the shipped models, and only the run that "
+            f"reproduces them (`hidvfs agents train --board {board}` with every other setting "
+            "at its default) writes there by default"
+        )
     cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     if out_dir:  # its parent made (or refused) now; train_board makes the folder itself
         ensure_parent("--out", out_dir, folder=True)
@@ -389,8 +426,9 @@ def train_cmd(
     default="all",
     show_default=True,
     help="board name(s) to check, comma-separated, or all",
+    metavar="BOARD",
 )
-@click.option("--models", default=None, help=MODELS_HELP)
+@click.option("--models", default=None, help=MODELS_HELP, metavar="DIR")
 @click.option("--json", "as_json", is_flag=True, help="print one report per board as JSON")
 def check_cmd(boards, models, as_json) -> None:
     """Verify each ONNX file loads, matches its training-time outputs to 1e-5 (relative where
@@ -664,13 +702,20 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
 
 
 @agents.command("eval")
-@click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
+@click.option(
+    "--board",
+    "boards",
+    required=True,
+    help="board name(s), comma-separated, or all",
+    metavar="BOARD",
+)
 @click.option(
     "--policy",
     "policies",
     default=",".join(BASE_EVAL),
     show_default=True,
     help="policies compared side by side on the same mixes, comma-separated",
+    metavar="POLICY",
 )
 @click.option(
     "--seeds",
@@ -702,7 +747,7 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     "around the clusters HI jobs reserve, then the reservation (the agents train without it)",
 )
 @episode_options
-@click.option("--models", default=None, help=MODELS_HELP)
+@click.option("--models", default=None, help=MODELS_HELP, metavar="DIR")
 @click.option(
     "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
 )
@@ -771,7 +816,13 @@ def eval_cmd(
 
 
 @agents.command("sweep")
-@click.option("--board", "boards", required=True, help="board name(s), comma-separated, or all")
+@click.option(
+    "--board",
+    "boards",
+    required=True,
+    help="board name(s), comma-separated, or all",
+    metavar="BOARD",
+)
 @click.option(
     "--fractions",
     default="1.0,0.9,0.8,0.7,0.6,0.5",

@@ -515,3 +515,57 @@ def test_an_empty_fractions_list_is_refused():
 
     r = CliRunner().invoke(cli, ["agents", "sweep", "--board", "tx2", "--fractions", ""])
     assert r.exit_code == 2 and "Invalid value for '--fractions': empty" in r.output
+
+
+@pytest.fixture
+def train_outs(monkeypatch):
+    """Replaces agents.trainboard.train_board: records the folder each run would write."""
+    import agents.trainboard as t
+
+    outs = []
+
+    def fake(spec, run_episode, make_mix, seed, out, command, **kw):
+        outs.append((str(out), command, kw["cfg"].calib_episodes))
+        return {}
+
+    monkeypatch.setattr(t, "train_board", fake)
+    return outs
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--seed", "1"],
+        ["--episodes", "2"],
+        ["--policy", "ztt"],
+        ["--jobs", "4"],
+        ["--hot-fraction", "0.5"],
+        ["--lambda-e", "0.5"],
+        ["--val-mixes", "2"],
+        ["--restarts", "2"],
+        ["--calib-episodes", "20"],
+    ],
+)
+def test_a_run_that_does_not_reproduce_the_shipped_models_needs_out(train_outs, extra):
+    """`agents train --board tx2 --episodes 2` wrote over the shipped models of tx2."""
+    r = run("train", "--board", "tx2", *extra)
+    assert r.exit_code == 2 and "--out is needed" in r.output, r.output
+    assert "holds the shipped models" in r.output and train_outs == []
+
+
+def test_the_reproducing_run_writes_the_shipped_folder_and_others_write_out(train_outs, tmp_path):
+    from agents.learned import model_dir
+
+    assert run("train", "--board", "tx2").exit_code == 0
+    # the same settings in another order are the same run
+    r = run("train", "--board", "tx2", "--policy", "ztt,geardvfs,noshaping,hidvfs")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "m"
+    r = run(
+        "train", "--board", "tx2", "--episodes", "2", "--calib-episodes", "20", "--out", str(out)
+    )
+    assert r.exit_code == 0, r.output
+    assert [o for o, _, _ in train_outs] == [str(model_dir("tx2"))] * 2 + [str(out)]
+    assert train_outs[2][1].endswith("--calib-episodes 20") and train_outs[2][2] == 20
+    assert train_outs[0][2] == 256  # TrainConfig's calibration
+    assert run("train", "--board", "tx2", "--calib-episodes", "19").exit_code == 2
