@@ -69,6 +69,54 @@ class NotASocket(DaemonUnreachable):
         )
 
 
+class NotAllowed(DaemonUnreachable):
+    """The socket refused this user (EACCES): the daemon may well be running, but its socket
+    is for root and its group only ("is it running?" would send the user the wrong way)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        where, advice = _socket_access(path)
+        self.reason = f"permission denied: this user may not use its socket ({where})"
+        HidvfsError.__init__(
+            self,
+            f"this user is not allowed to use the hidvfs daemon's socket {path} "
+            f"({where}): {advice}",
+        )
+
+
+def _socket_access(path: str) -> tuple[str, str]:
+    """Who the socket at ``path`` lets in (``mode 0660, owner root, group hidvfs``) and what
+    this user can do about it: join the socket's group, or (a socket of its owner's only, a
+    folder closed to this user) run as that owner."""
+    import grp
+    import pwd
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        folder = os.path.dirname(os.path.abspath(path))
+        return (
+            f"its folder {folder} is closed to this user",
+            "run as root, or give a --socket in a folder this user can enter",
+        )
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    mode = stat.S_IMODE(st.st_mode)
+    where = f"mode {mode:04o}, owner {owner}, group {group}"
+    if not mode & 0o020:
+        return where, (
+            f"only {owner} may use it (the daemon's socket.group is unset, or that group is "
+            f"missing): run as {owner}"
+        )
+    return where, f"join the {group!r} group (sudo usermod -aG {group} $USER, then log in again)"
+
+
 def _not_a_socket(path: str) -> str | None:
     """ "a file" / "a folder" when ``path`` exists and is not a socket, else None."""
     try:
@@ -157,11 +205,8 @@ class RegistryClient:
                 raise DaemonUnreachable(
                     self.path, "connection refused (a stale socket of a stopped daemon?)"
                 ) from None
-            except PermissionError:
-                raise DaemonUnreachable(
-                    self.path,
-                    "permission denied (join the 'hidvfs' group: sudo usermod -aG hidvfs $USER, then log in again)",
-                ) from None
+            except PermissionError:  # a daemon this user may not use, not a stopped one
+                raise NotAllowed(self.path) from None
             except TimeoutError:
                 raise DaemonUnreachable(self.path, f"no answer within {self.timeout:g} s") from None
             except OSError as err:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass, replace
 
@@ -60,7 +61,7 @@ from platforms.probe import detect_board, probe
 from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, board_names, load_board, load_board_file
 from platforms.sysfs import DirSysfs
-from platforms.trace import TickRecorder, keep_previous_recording
+from platforms.trace import TickRecorder, keep_previous_recording, previous_name
 from platforms.treelock import TreeLock
 from platforms.yamlfile import read_yaml
 
@@ -188,14 +189,20 @@ def run_live(
             dry_run=dry_run,
             **kwargs,
         )
-        for flag, path in (
-            ("--status-file", serve.get("status_file")),
-            ("--record", serve.get("record")),
-            ("--socket", kwargs.get("socket_path")),
+        # how each is written over: the status renamed over; the recording opened, or (a
+        # non-empty one) moved to its .prev name, over the one there (keep_previous_recording);
+        # the socket judged when it is bound (a live one is another daemon's, said then)
+        record = serve.get("record")
+        moved = record and _kept_as_previous(record)
+        for flag, path, how in (
+            ("--status-file", serve.get("status_file"), "rename"),
+            ("--record", record, "rename" if moved else "open"),
+            ("--record", previous_name(record) if moved else None, "rename"),
+            ("--socket", kwargs.get("socket_path"), None),
         ):
             if path:
                 try:
-                    ensure_parent(flag, path)
+                    ensure_parent(flag, path, replace=how)
                 except OutputFolderError as err:
                     raise DaemonError(str(err)) from None
         return prepared
@@ -215,6 +222,16 @@ def run_live(
         recover_stale(DirSysfs(sysfs_root), state, log)
         restore_stale_jobs(state, LiveProcessControl(), log)
         return _serve(prepared or prepare(), **serve)
+
+
+def _kept_as_previous(record: str) -> bool:
+    """The --record file is one :func:`keep_previous_recording` will move away (a non-empty
+    regular file, not followed), not one written over."""
+    try:
+        st = os.lstat(record)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 @dataclass

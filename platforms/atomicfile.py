@@ -10,6 +10,8 @@ import os
 import stat
 import tempfile
 
+from platforms.outputs import is_stream_path, open_output
+
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make a rename or unlink in ``directory`` durable (best effort)."""
@@ -48,7 +50,8 @@ def write_bytes_atomic(
     dir_mode: int = 0o777,
     durable_dir: bool = False,
 ) -> str:
-    """Write ``data`` to ``path`` atomically and return the path.
+    """Write ``data`` to ``path`` atomically and return the path (a stream,
+    :func:`platforms.outputs.is_stream_path`, is written as it is: nothing is renamed over it).
 
     The temporary file has a name of its own (two writers of one path never share it) and is
     removed on any failure or interruption. ``mode`` sets the file's permission bits before
@@ -59,6 +62,15 @@ def write_bytes_atomic(
     write the folder and swaps a symlink in for the temporary cannot make a root writer
     chmod another file."""
     path = os.fspath(path)
+    if is_stream_path(path):
+        # /dev/null, /dev/stdout, a FIFO: written as a stream. A rename would replace the
+        # device node or the link itself (root's `--status-file /dev/null` made /dev/null a
+        # regular file); open_output refuses a block device and another user's link. A FIFO
+        # is not waited on: no reader (ENXIO) or a full one is an OSError for the caller (the
+        # daemon's status writer warns and goes on; a blocking open stalled its loop)
+        with open_output(path, fifo_nonblocking=True) as f:
+            f.write(data)
+        return path
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)

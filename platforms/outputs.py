@@ -24,14 +24,28 @@ __all__ = [
 
 
 def is_stream_path(path: str | os.PathLike[str]) -> bool:
-    """``/dev/stdout``, ``/proc/self/fd/N``, a device or a FIFO: a stream written as it is
-    (no folder to make, nothing to rename over it), also when the shell sent it to a file."""
+    """``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N`` (a descriptor's name, also when the
+    shell sent it to a file), a character or block device or a FIFO: a stream written as it
+    is (no folder to make, nothing to rename over it: a rename would replace the device node
+    or the link). A regular file elsewhere in /dev (/dev/shm) is a file like any other."""
     full = os.path.abspath(os.fspath(path))
     try:
         mode = os.stat(full).st_mode
     except OSError:
         return False
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or full.startswith(("/dev/", "/proc/"))
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISBLK(mode):
+        return True
+    # a name that is, or leads through links to, a file of /proc (/dev/stdout is a link to
+    # /proc/self/fd/1, /dev/fd one to /proc/self/fd)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if os.path.realpath(os.path.dirname(full)).startswith("/proc/"):
+            return True
+        try:
+            target = os.readlink(full)
+        except OSError:
+            return False
+        full = os.path.normpath(os.path.join(os.path.dirname(full), target))
+    return False
 
 
 class OutputFolderError(ValueError):
@@ -80,7 +94,14 @@ def _why_not_writable(folder: str, err: OSError | None = None, *, named: bool = 
     return f"{folder} is not writable" if named else "permission denied"
 
 
-def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = False) -> None:
+def ensure_parent(
+    option: str,
+    path: str | os.PathLike[str],
+    *,
+    folder: bool = False,
+    replace: str | None = "open",
+    follow: bool = False,
+) -> None:
     """Make the missing folders above the output ``path`` of ``option`` (mode 0o755) and check
     that a file can be made in its folder, or raise :class:`OutputFolderError`: a file in the
     way, no permission, a read-only or pseudo filesystem (/proc, /sys) are said before any
@@ -88,7 +109,15 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
     command makes it; an existing one is checked itself). Call it once the option's other
     checks have passed (an output that is an input, one inside a tree, see
     :func:`tools.common.check_outputs`) and before the long work. A device or a FIFO (``/dev/null``,
-    ``/dev/stdout``) needs nothing made: it passes as it is."""
+    ``/dev/stdout``) needs nothing made: it passes as it is.
+
+    A file already at ``path`` is checked too (:func:`_why_not_replaceable`), as the command
+    will write it: ``replace="open"`` (a trace, a database: opened for writing) needs write
+    permission on the file; ``replace="rename"`` (a status file, a store: a new file renamed
+    over it) needs, in a sticky folder such as /tmp, this user to own the file or the folder;
+    ``None`` checks nothing (the socket: what is there is judged when it is bound).
+    ``follow``: a symbolic link at ``path`` is judged by the file it leads to (the command
+    replaces that file, not the link)."""
     if is_stream_path(path):
         return
     full = os.path.abspath(os.fspath(path))
@@ -101,6 +130,12 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
         kind, want = ("a folder", "a file") if is_dir else ("a file", "a folder")
         raise OutputFolderError(f"{option} {path}: is {kind}; give {want}")
     where = full if is_dir else os.path.dirname(full)
+    if not folder and mode is not None and replace is not None:
+        real = os.path.realpath(full) if follow else full
+        why = _why_not_replaceable(real, replace)
+        if why is not None:
+            led = f"leads to {real}, which " if os.path.islink(full) and follow else ""
+            raise OutputFolderError(f"{option} {path}: {led}{why}; choose another {option}")
     # the nearest folder that exists: the missing ones are made in it
     there = where
     while not os.path.lexists(there):
@@ -117,11 +152,11 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
             os.makedirs(where, mode=0o755, exist_ok=True)
         except OSError as err:
             why = _why_not_writable(there, err)
+    # an output folder that exists is said as itself, not as "its folder"
+    said = f"{option} {path}:" if is_dir else f"{option} {path}: its folder {where}"
     if why is not None:
         what = "is not writable" if os.path.isdir(where) else "cannot be made"
-        raise OutputFolderError(
-            f"{option} {path}: its folder {where} {what} ({why}); choose another {option}"
-        )
+        raise OutputFolderError(f"{said} {what} ({why}); choose another {option}")
     # os.access says yes to root anywhere (/proc, a read-only mount): make a file for real
     try:
         fd, probe = tempfile.mkstemp(dir=where, prefix=".hidvfs-probe-")
@@ -129,9 +164,59 @@ def ensure_parent(option: str, path: str | os.PathLike[str], *, folder: bool = F
         os.unlink(probe)
     except OSError as err:
         raise OutputFolderError(
-            f"{option} {path}: its folder {where} is not writable "
-            f"({_why_not_writable(where, err)}); choose another {option}"
+            f"{said} is not writable ({_why_not_writable(where, err)}); choose another {option}"
         ) from None
+
+
+def _owner(uid: int) -> str:
+    """``uid 0 (root)``, or ``uid N`` for a uid without a name here."""
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _why_not_replaceable(full: str, replace: str) -> str | None:
+    """Why this user cannot write the existing output file ``full`` the way the command will
+    (``replace``, see :func:`ensure_parent`), else None (also when nothing is there, or it is
+    a folder: said elsewhere). Root passes as it always did: it may open or replace any
+    file (but one on a read-only filesystem)."""
+    if replace not in ("open", "rename"):
+        raise ValueError(f"replace must be 'open', 'rename' or None, not {replace!r}")
+    try:  # a rename replaces the name; an open writes the file a link leads to
+        st = os.lstat(full) if replace == "rename" else os.stat(full)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) or (replace == "open" and not stat.S_ISREG(st.st_mode)):
+        return None  # a folder is said by the caller, a device by open_output
+    if replace == "rename":
+        # unlink(2)/rename(2) in a sticky folder: only the file's or the folder's owner
+        # (or CAP_FOWNER) may remove or replace a name in it
+        euid = os.geteuid()
+        try:
+            parent = os.stat(os.path.dirname(full))
+        except OSError:
+            return None
+        if euid != 0 and parent.st_mode & stat.S_ISVTX and euid not in (st.st_uid, parent.st_uid):
+            return (
+                f"belongs to {_owner(st.st_uid)} in the sticky folder "
+                f"{os.path.dirname(full)}, where only its owner may replace or remove it"
+            )
+        return None
+    effective = os.access in os.supports_effective_ids
+    if not os.access(full, os.W_OK, effective_ids=effective):
+        try:
+            if os.statvfs(full).f_flag & os.ST_RDONLY:
+                return "is on a read-only filesystem"
+        except OSError:
+            pass
+        return (
+            f"is not writable by this user (it belongs to {_owner(st.st_uid)}, "
+            f"mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+    return None
 
 
 class OutputFileError(OSError):
@@ -182,7 +267,9 @@ def _trusted_link(path: str) -> bool:
     )
 
 
-def open_output(path: str | os.PathLike[str], option: str = "the output") -> BinaryIO:
+def open_output(
+    path: str | os.PathLike[str], option: str = "the output", *, fifo_nonblocking: bool = False
+) -> BinaryIO:
     """Open the output file ``path`` of ``option`` for writing from its start, made if
     missing (0666 less the umask, as ``open(path, "wb")``), without ever writing through a
     name another user controls:
@@ -197,9 +284,14 @@ def open_output(path: str | os.PathLike[str], option: str = "the output") -> Bin
       terminal behind ``/dev/stdout``) is written as a stream; anything else (a block
       device) is refused.
 
+    ``fifo_nonblocking``: a FIFO is opened and written without waiting (OSError ENXIO when no
+    reader has it open, BlockingIOError when it is full), for a writer that must not stall on
+    a reader (the daemon's status file, written from its control loop); anything else it
+    opens is written blocking as usual.
+
     Raises :class:`OutputFileError` (naming ``option``) for a refusal, OSError for the rest."""
     path = os.fspath(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_NONBLOCK if fifo_nonblocking else 0)
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW, 0o666)
         linked = False
@@ -230,6 +322,8 @@ def open_output(path: str | os.PathLike[str], option: str = "the output") -> Bin
             raise OutputFileError(
                 f"{option} {path}: is {kind}; give a regular file, a FIFO or /dev/stdout"
             )
+        if fifo_nonblocking and not stat.S_ISFIFO(st.st_mode):
+            os.set_blocking(fd, True)
         return os.fdopen(fd, "wb")
     except BaseException:
         os.close(fd)

@@ -638,8 +638,14 @@ def format_info(info: dict[str, Any]) -> str:
         f"board     {info['board'] or 'unknown'}   (format v{info['version']}, started {info['started']})",
         f"samples   {info['samples']} over {info['duration_s']:.3f} s, mean rate {rate} "
         f"(period {info['period_s']} s)",
-        f"files     {info['files']}   unavailable reads {info['unavailable_reads']}   "
-        f"write entries {info['writes']}",
+        f"files     {info['files']}   write entries {info['writes']}",
+        f"unavailable reads {info['unavailable_reads']}"
+        + (
+            " (reads that found no value: a missing or empty file, EAGAIN, a permission or "
+            "read error; a replay fails them the same way)"
+            if info["unavailable_reads"]
+            else ""
+        ),
     ]
     if info.get("truncated"):
         lines.append(f"TRUNCATED {info['truncated']}")

@@ -426,9 +426,9 @@ def train_cmd(
     default="all",
     show_default=True,
     help="board name(s) to check, comma-separated, or all",
-    metavar="BOARD",
+    metavar="BOARDS",
 )
-@click.option("--models", default=None, help=MODELS_HELP, metavar="DIR")
+@click.option("--models", default=None, help=MODELS_HELP, metavar="ROOT")
 @click.option("--json", "as_json", is_flag=True, help="print one report per board as JSON")
 def check_cmd(boards, models, as_json) -> None:
     """Verify each ONNX file loads, matches its training-time outputs to 1e-5 (relative where
@@ -707,7 +707,7 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     "boards",
     required=True,
     help="board name(s), comma-separated, or all",
-    metavar="BOARD",
+    metavar="BOARDS",
 )
 @click.option(
     "--policy",
@@ -715,7 +715,7 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     default=",".join(BASE_EVAL),
     show_default=True,
     help="policies compared side by side on the same mixes, comma-separated",
-    metavar="POLICY",
+    metavar="POLICIES",
 )
 @click.option(
     "--seeds",
@@ -747,7 +747,7 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     "around the clusters HI jobs reserve, then the reservation (the agents train without it)",
 )
 @episode_options
-@click.option("--models", default=None, help=MODELS_HELP, metavar="DIR")
+@click.option("--models", default=None, help=MODELS_HELP, metavar="ROOT")
 @click.option(
     "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
 )
@@ -821,7 +821,7 @@ def eval_cmd(
     "boards",
     required=True,
     help="board name(s), comma-separated, or all",
-    metavar="BOARD",
+    metavar="BOARDS",
 )
 @click.option(
     "--fractions",

@@ -91,12 +91,14 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     "differs from it is refused, and where no board is detected it is used as given (with a "
     "warning).",
     callback=not_empty,
+    metavar="BOARD",
 )
 @click.option(
     "--bench",
     default="all",
     show_default=True,
     help="Kernels: all, or a comma list (fib,sort,...).",
+    metavar="KERNELS",
 )
 @click.option(
     "--class",
@@ -105,12 +107,14 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     show_default=True,
     help="Input class (test, small, medium, ...): the sim classes with --backend sim, the "
     "native ones with --backend native (`hidvfs bots list` shows both).",
+    metavar="CLASS",
 )
 @click.option(
     "--policy",
     default="performance,schedutil,powersave",
     show_default=True,
     help="Comma list of policies; ratios are to the first.",
+    metavar="POLICIES",
 )
 @click.option(
     "--seeds",
@@ -376,8 +380,16 @@ def _list_classes(kernel_name: str, as_json: bool) -> None:
     type=click.Path(file_okay=False),
     help="Folder with the BOTS binaries you built.",
 )
-@click.option("--bench", default="all", show_default=True, help="Kernels: all, or a comma list.")
-@click.option("--class", "cls", default="small", show_default=True, help="Input class.")
+@click.option(
+    "--bench",
+    default="all",
+    show_default=True,
+    help="Kernels: all, or a comma list.",
+    metavar="KERNELS",
+)
+@click.option(
+    "--class", "cls", default="small", show_default=True, help="Input class.", metavar="CLASS"
+)
 @click.option(
     "--variant",
     default="omp-tasks",
@@ -386,6 +398,7 @@ def _list_classes(kernel_name: str, as_json: bool) -> None:
     "for-omp-tasks, serial, ...: `hidvfs bots list` shows the builds). Each build is another "
     "binary with its own profile, stored as BENCH.CLASS.VARIANT (BENCH.CLASS for the "
     "default); a native campaign with --deadline-slack uses the profile of its spec's variant.",
+    metavar="VARIANT",
 )
 @click.option(
     "--label",
@@ -396,6 +409,7 @@ def _list_classes(kernel_name: str, as_json: bool) -> None:
     "own profile, stored with @LABEL appended (BENCH.CLASS@clang, "
     "BENCH.CLASS.VARIANT@clang); a native campaign with --deadline-slack uses the profile of "
     "its spec's label.",
+    metavar="LABEL",
 )
 @measure_options
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
@@ -501,8 +515,8 @@ def profile_cmd(
     "--db",
     default="results.sqlite",
     show_default=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Results store.",
+    type=click.Path(dir_okay=False),
+    help="Results store (written by `hidvfs bots run`: see its --db).",
 )
 @click.option(
     "--out",
@@ -517,6 +531,7 @@ def profile_cmd(
     default=None,
     help="Policy the ratios are taken against (default: the first of schedutil, ondemand, "
     "performance, maxfreq with runs, else the first policy stored).",
+    metavar="POLICY",
 )
 @click.option(
     "--json",
@@ -527,8 +542,20 @@ def profile_cmd(
 def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> None:
     """Write report.md, report.html and PNG plots from a results store."""
     import json
+    import os
 
     from bots_bench.report import write_report
+
+    if not os.path.lexists(db):  # what to do, not click's "File ... does not exist"
+        ctx = click.get_current_context()
+        if ctx.get_parameter_source("db") is click.core.ParameterSource.DEFAULT:
+            fail(
+                f"no results store {db} here: run a campaign first (`hidvfs bots run --spec "
+                f"FILE` and --backend native write {db} in the current folder; a simulated "
+                f"campaign from flags keeps its runs in memory unless given --db {db}), or "
+                "name the store with --db"
+            )
+        fail(f"--db {db}: no such results store; run a campaign with --db {db} first")
 
     # its parent made now; the report folder itself once the store holds something to report
     ensure_parent("--out", out_dir, folder=True)
@@ -553,6 +580,7 @@ def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> No
     default=None,
     help="Board (simulated; default tx2). Native: the detected board; a different one is refused.",
     callback=not_empty,
+    metavar="BOARD",
 )
 @click.option(
     "--backend",
@@ -568,8 +596,16 @@ def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> No
     type=click.IntRange(1, 100),
     help="Seeds per comparison.",
 )
-@click.option("--bench", default="all", show_default=True, help="Kernels for the campaign studies.")
-@click.option("--class", "cls", default="small", show_default=True, help="Input class.")
+@click.option(
+    "--bench",
+    default="all",
+    show_default=True,
+    help="Kernels for the campaign studies.",
+    metavar="KERNELS",
+)
+@click.option(
+    "--class", "cls", default="small", show_default=True, help="Input class.", metavar="CLASS"
+)
 @click.option(
     "--slack",
     default=1.5,
@@ -582,6 +618,7 @@ def report_cmd(db: str, out_dir: str, baseline: str | None, as_json: bool) -> No
     default="hidvfs",
     show_default=True,
     help="Deadline-aware policy for deadline-vs-maxfreq.",
+    metavar="POLICY",
 )
 @click.option(
     "--bots-bin", default=None, type=click.Path(file_okay=False), help="BOTS binaries (native)."

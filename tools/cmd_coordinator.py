@@ -32,6 +32,7 @@ def coordinator() -> None:
     default="all",
     show_default=True,
     help="all, or a comma list of higfrl,fifo,sjf,heft,tetris,cp,random.",
+    metavar="POLICIES",
 )
 @click.option(
     "--nodes",
@@ -40,6 +41,7 @@ def coordinator() -> None:
     help="Cluster: board[:count][:cpus=N][:mem=X][:speed=S],... with each field at most once: "
     "count >= 1 (10000 nodes in all), cpus whole cores 1-1024, mem > 0, speed per core "
     "0.01-100 (reference core 1.0).",
+    metavar="NODES",
 )
 @click.option(
     "--seed",
@@ -111,6 +113,7 @@ def simulate_cmd(trace_path, policy, nodes, seed, compress, as_json) -> None:
     show_default=True,
     callback=not_empty,
     help="The cluster the load is relative to (as simulate's --nodes).",
+    metavar="NODES",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
@@ -122,10 +125,9 @@ def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
     from platforms.outputs import is_stream_path
     from tools.coordinator_cmd import synth
 
-    try:
-        row = synth(out, n_jobs=n_jobs, seed=seed, load=load, nodes=nodes)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
+    # its errors (a bad --nodes, an --out that cannot be written) are one `hidvfs: error:`
+    # line, exit 2, as every command's (the group turns them into it)
+    row = synth(out, n_jobs=n_jobs, seed=seed, load=load, nodes=nodes)
     # a trace written to stdout (or a pipe) keeps it clean: what was written goes to stderr
     stream = is_stream_path(out)
     if as_json and not stream:
@@ -141,18 +143,30 @@ def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
 
 @coordinator.command("serve")
 @click.option(
-    "--listen", default="127.0.0.1:8888", show_default=True, help="HOST:PORT of the extender."
+    "--listen",
+    default="127.0.0.1:8888",
+    show_default=True,
+    help="HOST:PORT of the extender.",
+    metavar="HOST:PORT",
 )
 @click.option(
-    "--policy", default="higfrl", show_default=True, help="Placement policy used to score nodes."
+    "--policy",
+    default="higfrl",
+    show_default=True,
+    help="Placement policy used to score nodes.",
+    metavar="POLICY",
 )
 @click.option(
     "--nodes",
     default=None,
     help="name=board@http://host:port/status,... (each node's daemon telemetry).",
+    metavar="NODES",
 )
 @click.option(
-    "--token", default=None, help="Bearer token for remote telemetry (or HIDVFS_TELEMETRY_TOKEN)."
+    "--token",
+    default=None,
+    help="Bearer token for remote telemetry (or HIDVFS_TELEMETRY_TOKEN).",
+    metavar="TOKEN",
 )
 def serve_cmd(listen, policy, nodes, token) -> None:
     """Run the scheduler extender (filter and prioritize verbs) until interrupted."""

@@ -86,6 +86,7 @@ class _DaemonCommand(click.Command):
     type=click.Path(exists=True, file_okay=False),
     help="Drive a tree under DIR instead of / (e.g. a fake tree).",
     callback=not_empty,
+    metavar="DIR",
 )
 @click.option(
     "--sim",
@@ -93,6 +94,7 @@ class _DaemonCommand(click.Command):
     default=None,
     help="Run on the simulated BOARD with a virtual clock and the built-in BOTS workload.",
     callback=not_empty,
+    metavar="BOARD",
 )
 @click.option(
     "--replay",
@@ -101,6 +103,7 @@ class _DaemonCommand(click.Command):
     type=click.Path(exists=True, dir_okay=False),
     help="Run on a recorded trace (writes are captured, not applied).",
     callback=not_empty,
+    metavar="TRACE",
 )
 @click.option(
     "--policy",
@@ -110,6 +113,7 @@ class _DaemonCommand(click.Command):
     "--sim without --config: hidvfs; --replay without --config: the policy of the daemon that "
     "recorded the trace, else schedutil.",
     callback=not_empty,
+    metavar="POLICY",
 )
 @click.option(
     "--period-ms",
@@ -272,7 +276,7 @@ def daemon_cmd(
                 f"virtual seconds (one day, its workload is built up front), not {duration_s:g}"
             )
         if status_file:  # its folder made (or refused) now, not at the first status
-            ensure_parent("--status-file", status_file)
+            ensure_parent("--status-file", status_file, replace="rename")
         # SIGTERM/SIGINT/SIGHUP stop it as they stop the board daemon: the summary of the run
         # so far, exit 0
         signals = StopOnSignals()
@@ -305,7 +309,7 @@ def daemon_cmd(
 
         replay_period = period_ms or (cfg.period_ms if cfg else None)
         if status_file:  # the status is written at the end: refused now, not then
-            ensure_parent("--status-file", status_file)
+            ensure_parent("--status-file", status_file, replace="rename")
         # as --sim: a signal ends the replay with the summary of what ran, exit 0
         with StopOnSignals() as signals:
             result = run_replay(
@@ -418,6 +422,7 @@ def _power_text(power) -> str:
     show_default=True,
     callback=not_empty,
     help="The daemon's socket.",
+    metavar="SOCKET",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @guard_errors
@@ -474,7 +479,9 @@ def _print_jobs(status: dict) -> None:
     type=click.Choice(["hi", "lo"]),
     help="hi jobs get a reserved cluster.",
 )
-@click.option("--name", default=None, help="Job name (default: the command's basename).")
+@click.option(
+    "--name", default=None, help="Job name (default: the command's basename).", metavar="NAME"
+)
 @click.option(
     "--socket",
     "socket_path",
@@ -482,6 +489,7 @@ def _print_jobs(status: dict) -> None:
     show_default=True,
     callback=not_empty,
     help="The daemon's socket.",
+    metavar="SOCKET",
 )
 @click.option(
     "--if-no-daemon",
@@ -510,7 +518,7 @@ def run_cmd(
     """
     import signal
 
-    from daemon.client import run_registered
+    from daemon.client import DaemonUnreachable, NotASocket, run_registered
 
     if deadline_s is not None and slack is not None:
         fail("give --deadline or --slack, not both")
@@ -533,17 +541,26 @@ def run_cmd(
     def unmanaged(job: dict) -> None:
         warn(f"{job['name']!r} is unmanaged: {job['unmanaged']}")
 
-    result = run_registered(
-        list(command),
-        deadline_s=deadline_s,
-        criticality=criticality,
-        name=name,
-        socket_path=socket_path,
-        on_registered=unplanned,
-        run_if_unreachable=if_no_daemon == "run",
-        on_unmanaged=unmanaged,
-        slack=slack,
-    )
+    try:
+        result = run_registered(
+            list(command),
+            deadline_s=deadline_s,
+            criticality=criticality,
+            name=name,
+            socket_path=socket_path,
+            on_registered=unplanned,
+            run_if_unreachable=if_no_daemon == "run",
+            on_unmanaged=unmanaged,
+            slack=slack,
+        )
+    except DaemonUnreachable as err:
+        if isinstance(err, NotASocket):  # a wrong --socket: its own fix, said alone
+            raise
+        # the way to run it all the same, said where the user is stopped
+        fail(
+            f"{err}; or add --if-no-daemon run before the command to run it without the "
+            "daemon (unmanaged: its deadline neither planned nor protected)"
+        )
     stopped_by = result.get("stopped_by")
     # as a shell: a run stopped by a signal exits 128 + its number, whatever CMD made of it
     code = 128 + signal.Signals[stopped_by] if stopped_by else result["returncode"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.common import emit_json, guard_errors, trusted_sysfs_root
+from tools.common import emit_json, ensure_parent, guard_errors, trusted_sysfs_root
 
 
 @click.command("boards")
@@ -100,5 +100,9 @@ def fake_sysfs_cmd(board: str, directory: str, mode: str, no_quirks: bool) -> No
     from platforms.faketree import write_fake_tree
     from platforms.spec import load_board
 
-    write_fake_tree(load_board(board), directory, mode=mode, quirks=not no_quirks)
+    spec = load_board(board)
+    # its parent made, or DIRECTORY refused, in one line naming it (not the first file the
+    # tree would have failed on)
+    ensure_parent("DIRECTORY", directory, folder=True)
+    write_fake_tree(spec, directory, mode=mode, quirks=not no_quirks)
     click.echo(f"wrote a fake {board} tree to {directory}")

@@ -120,6 +120,7 @@ def measure_options(f):
                 default=DEFAULT_STORE,
                 show_default=True,
                 help="Profile store (the daemon's and the native campaigns').",
+                metavar="FILE",
             ),
             click.option(
                 "--sysfs-root",
@@ -130,13 +131,17 @@ def measure_options(f):
                 help="Tree to drive (a fake tree to try it).",
             ),
             click.option(
-                "--board", default=None, help="Board spec name or .yaml (default: detect)."
+                "--board",
+                default=None,
+                help="Board spec name or .yaml (default: detect).",
+                metavar="BOARD",
             ),
             click.option(
                 "--state-dir",
                 default="/var/lib/hidvfs",
                 show_default=True,
                 help="Where the restore snapshot is kept during the measurement.",
+                metavar="DIR",
             ),
             click.option(
                 "--socket",
@@ -144,6 +149,7 @@ def measure_options(f):
                 default="/run/hidvfs/hidvfs.sock",
                 show_default=True,
                 help="The daemon's socket (the daemon must not run during a measurement).",
+                metavar="SOCKET",
             ),
             click.option(
                 "--timeout",
@@ -168,7 +174,9 @@ def profile() -> None:
 
 
 @profile.command("measure", context_settings={"ignore_unknown_options": True})
-@click.option("--name", default=None, help="Job name (default: the command's basename).")
+@click.option(
+    "--name", default=None, help="Job name (default: the command's basename).", metavar="NAME"
+)
 @measure_options
 @click.option(
     "--repeat",
@@ -284,7 +292,7 @@ def check_store_writable(store: str) -> None:
     if os.path.isdir(full):
         raise StoreUnwritable(f"--store {store}: is a folder; give a file (.json)")
     try:
-        ensure_parent("--store", store)
+        ensure_parent("--store", store, replace="rename")
     except OutputFolderError as err:
         raise StoreUnwritable(str(err)) from None
     lock = full + ".lock"
@@ -380,6 +388,7 @@ _store_option = click.option(
     "--store",
     default=None,
     help=f"Profile store (default {DEFAULT_STORE}; a store given here must exist).",
+    metavar="FILE",
 )
 
 
@@ -402,6 +411,7 @@ def _board_option(what: str):
         "--board",
         default=None,
         help=f"Board the profile was measured on, as `profile list` shows it ({what}).",
+        metavar="BOARD",
     )
 
 

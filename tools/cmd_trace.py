@@ -77,6 +77,7 @@ def _out_problem(out: str, trees: list[str]) -> str | None:
     "--board",
     default=None,
     help="Board name for the header: a shipped board or 'unknown' (default: detected).",
+    metavar="BOARD",
 )
 def record_cmd(
     out: str, sysfs_root: str, period_ms: int, duration_s: float, board: str | None
@@ -121,7 +122,8 @@ def record_cmd(
             param_hint="--board",
         )
     board = board or detected or "unknown"
-    ensure_parent("--out", out)  # its folder made (or refused) now, not when the trace opens
+    # its folder made (or refused) now, not when the trace opens; a file there is written over
+    ensure_parent("--out", out, replace="open")
     clock = MonotonicClock()
     started = clock.now()
     # a signal stops the recording and the file is closed as at the end (a SIGTERM's default
@@ -164,6 +166,7 @@ def info_cmd(trace_file: str, as_json: bool) -> None:
     "--policy",
     default=None,
     help="Policy to run against the trace (default: the recording daemon's, else schedutil).",
+    metavar="POLICY",
 )
 @click.option(
     "--period-ms",

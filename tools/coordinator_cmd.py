@@ -288,7 +288,8 @@ def resolve_train_out(out, shipped, why_not_shipped: str | None = None) -> str:
         )
     if os.path.isdir(path):
         raise ValueError(f"--out {out}: is a directory; give the ONNX file to write")
-    ensure_parent("--out", out)  # its folder made (or refused) before training
+    # its folder made (or refused) before training; the export is renamed over a file there
+    ensure_parent("--out", out, replace="rename")
     return os.fspath(out)
 
 
@@ -356,7 +357,8 @@ def synth(
     from platforms.outputs import is_stream_path
 
     spec = parse_nodes_spec(nodes or DEFAULT_NODES)
-    ensure_parent("--out", out)
+    # written by a rename over the file a link there leads to (below)
+    ensure_parent("--out", out, replace="rename", follow=True)
     rows = generate_rows(
         SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(spec))
     )

@@ -268,8 +268,9 @@ def run_campaign_cli(
     # a flag-driven simulated campaign keeps no file unless --db names one; a spec file or a
     # native campaign (hours of board time) always lands in a results file
     default_db = ":memory:" if spec.backend == "sim" and not spec_file else "results.sqlite"
-    if db and db != ":memory:":
-        ensure_parent("--db", db)  # its folder made now, before the campaign
+    if (db or default_db) != ":memory:":  # its folder made now, before the campaign (the
+        # default results.sqlite too: a file there that cannot be written is said now)
+        ensure_parent("--db", db or default_db, replace="open")
     store = Store(db or default_db)
     explicit = spec_file is not None or board is not None
     summary = run_configs(
