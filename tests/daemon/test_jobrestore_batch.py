@@ -279,9 +279,7 @@ def test_a_stop_releases_every_job_and_writes_the_store_once(tmp_path, writes):
     end (a stop with N jobs rewrote it N times, and a failing write midway left the jobs
     after it unreleased)."""
     procs = _Procs(5)
-    act = Actuator(
-        DirSysfs(str(tmp_path)), procs, live_jobs=True, originals=JobOriginals(tmp_path)
-    )
+    act = Actuator(DirSysfs(str(tmp_path)), procs, live_jobs=True, originals=JobOriginals(tmp_path))
     act.apply(jobs(5), obs())
     assert set(_on_disk(tmp_path)) == set(procs.starts)
     writes.clear()

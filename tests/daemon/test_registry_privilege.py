@@ -141,7 +141,10 @@ def test_a_process_running_a_setuid_program_is_refused_to_a_user_and_taken_from_
         raise SetidProcess(pid, (1000, 0, 0), (1000, 1000, 1000))
 
     reg = _reg(pid_owner=owner)
-    with pytest.raises(RequestError, match=r"setuid program .*1000/0/0.*is registered by root \(sudo hidvfs run -- CMD\)"):
+    with pytest.raises(
+        RequestError,
+        match=r"setuid program .*1000/0/0.*is registered by root \(sudo hidvfs run -- CMD\)",
+    ):
         reg.register(77, peer_uid=1000)
     assert reg.table.get(77) is None
     assert reg.register(77, peer_uid=0).pid == 77  # root keeps today's behaviour
