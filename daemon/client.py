@@ -91,22 +91,35 @@ def _socket_access(path: str) -> tuple[str, str]:
     import grp
     import pwd
 
+    def names(st: os.stat_result) -> tuple[str, str]:
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = str(st.st_uid)
+        try:
+            group = grp.getgrgid(st.st_gid).gr_name
+        except KeyError:
+            group = str(st.st_gid)
+        return owner, group
+
+    def join(group: str) -> str:
+        return f"join the {group!r} group (sudo usermod -aG {group} $USER, then log in again)"
+
     try:
         st = os.stat(path)
-    except OSError:
+    except OSError:  # the folder cannot be entered: who may, is the folder's to say
         folder = os.path.dirname(os.path.abspath(path))
-        return (
-            f"its folder {folder} is closed to this user",
-            "run as root, or give a --socket in a folder this user can enter",
-        )
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
+        try:
+            fst = os.stat(folder)
+        except OSError:
+            return f"its folder {folder} is closed to this user", "run as its owner or root"
+        owner, group = names(fst)
+        fmode = stat.S_IMODE(fst.st_mode)
+        where = f"its folder {folder} is closed to this user: mode {fmode:04o}, owner {owner}, group {group}"
+        if fmode & 0o010:
+            return where, join(group)
+        return where, f"only {owner} may enter it: run as {owner}"
+    owner, group = names(st)
     mode = stat.S_IMODE(st.st_mode)
     where = f"mode {mode:04o}, owner {owner}, group {group}"
     if not mode & 0o020:
@@ -114,7 +127,7 @@ def _socket_access(path: str) -> tuple[str, str]:
             f"only {owner} may use it (the daemon's socket.group is unset, or that group is "
             f"missing): run as {owner}"
         )
-    return where, f"join the {group!r} group (sudo usermod -aG {group} $USER, then log in again)"
+    return where, join(group)
 
 
 def _not_a_socket(path: str) -> str | None:

@@ -438,8 +438,8 @@ class _StatusWriter:
         self.failing: str | None = None
 
     def __call__(self, status: dict) -> None:
-        try:
-            write_status(self.path, status)
+        try:  # a FIFO without a reader is not waited on: the loop calls this
+            write_status(self.path, status, stream_nonblocking=True)
         except OSError as err:
             why = err.strerror or str(err)
             if why != self.failing:

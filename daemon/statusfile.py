@@ -17,18 +17,27 @@ def write_json_atomic(
     mode: int | None = None,
     dir_mode: int = 0o777,
     durable_dir: bool = False,
+    stream_nonblocking: bool = False,
 ) -> str:
     """Write ``obj`` as JSON to ``path`` atomically (``mode``: its permission bits, else
-    0600); ``durable_dir`` also fsyncs the folder."""
+    0600); ``durable_dir`` also fsyncs the folder; ``stream_nonblocking``: a FIFO is not
+    waited on (:func:`platforms.atomicfile.write_bytes_atomic`)."""
     text = json.dumps(obj, indent=1, sort_keys=True) + "\n"
-    return write_text_atomic(path, text, mode=mode, dir_mode=dir_mode, durable_dir=durable_dir)
+    return write_text_atomic(
+        path,
+        text,
+        mode=mode,
+        dir_mode=dir_mode,
+        durable_dir=durable_dir,
+        stream_nonblocking=stream_nonblocking,
+    )
 
 
-def write_status(path: str, status: dict) -> None:
+def write_status(path: str, status: dict, *, stream_nonblocking: bool = False) -> None:
     """The daemon's JSON status (``--status-file``), for dashboards and scripts to read: a new
     file is 0644 (the status holds no secret), an existing one keeps its mode (an atomic
     rewrite used to turn it into mkstemp's 0600) when :func:`status_mode` trusts it."""
-    write_json_atomic(path, status, mode=status_mode(path))
+    write_json_atomic(path, status, mode=status_mode(path), stream_nonblocking=stream_nonblocking)
 
 
 #: the widest mode a status file gets: never writable by others, never setuid/setgid/sticky

@@ -10,7 +10,7 @@ import os
 import stat
 import tempfile
 
-from platforms.outputs import is_stream_path, open_output
+from platforms.outputs import is_stream_path, open_output, trusted_link
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -34,12 +34,44 @@ def write_text_atomic(
     mode: int | None = None,
     dir_mode: int = 0o777,
     durable_dir: bool = False,
+    stream_nonblocking: bool = False,
 ) -> str:
     """Write ``text`` (UTF-8) to ``path`` atomically and return the path (see
     :func:`write_bytes_atomic`)."""
     return write_bytes_atomic(
-        path, text.encode("utf-8"), mode=mode, dir_mode=dir_mode, durable_dir=durable_dir
+        path,
+        text.encode("utf-8"),
+        mode=mode,
+        dir_mode=dir_mode,
+        durable_dir=durable_dir,
+        stream_nonblocking=stream_nonblocking,
     )
+
+
+def written_as_stream(path: str) -> bool:
+    """Whether ``path`` is a stream to write as it is rather than a name to rename over: a
+    FIFO or a character device (``/dev/null``) that is root's or this user's, or sits in a
+    folder nobody else can write, or a symlink this process may write through
+    (:func:`platforms.outputs.trusted_link`) that leads to a stream
+    (:func:`platforms.outputs.is_stream_path`: ``/dev/stdout``, ``/dev/fd/N``, a user's own
+    link to a FIFO). Anything else (a link to a regular file, another user's FIFO in /tmp, a
+    link another user planted, a name under a planted link to a folder in /proc) is renamed
+    over, which writes into nothing but the folder the name is in."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if stat.S_ISLNK(st.st_mode):  # a link to a regular file is renamed over, as it always was
+        return trusted_link(path) and is_stream_path(path)
+    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        return False
+    if st.st_uid in (0, os.geteuid()):
+        return True
+    try:
+        folder = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def write_bytes_atomic(
@@ -49,9 +81,11 @@ def write_bytes_atomic(
     mode: int | None = None,
     dir_mode: int = 0o777,
     durable_dir: bool = False,
+    stream_nonblocking: bool = False,
 ) -> str:
     """Write ``data`` to ``path`` atomically and return the path (a stream,
-    :func:`platforms.outputs.is_stream_path`, is written as it is: nothing is renamed over it).
+    :func:`written_as_stream`, is written as it is: nothing is renamed over it;
+    ``stream_nonblocking``: a FIFO is not waited on, for the daemon's status file).
 
     The temporary file has a name of its own (two writers of one path never share it) and is
     removed on any failure or interruption. ``mode`` sets the file's permission bits before
@@ -62,13 +96,15 @@ def write_bytes_atomic(
     write the folder and swaps a symlink in for the temporary cannot make a root writer
     chmod another file."""
     path = os.fspath(path)
-    if is_stream_path(path):
+    if written_as_stream(path):
         # /dev/null, /dev/stdout, a FIFO: written as a stream. A rename would replace the
         # device node or the link itself (root's `--status-file /dev/null` made /dev/null a
-        # regular file); open_output refuses a block device and another user's link. A FIFO
-        # is not waited on: no reader (ENXIO) or a full one is an OSError for the caller (the
-        # daemon's status writer warns and goes on; a blocking open stalled its loop)
-        with open_output(path, fifo_nonblocking=True) as f:
+        # regular file); open_output refuses a block device and another user's link. With
+        # stream_nonblocking a FIFO is not waited on: no reader (ENXIO) or a full one is an
+        # OSError for the caller (the daemon's status writer warns and goes on: a blocking
+        # open would stall its control loop). Other writers block, as a shell's `>` does: a
+        # pipe they feed gets every byte
+        with open_output(path, fifo_nonblocking=stream_nonblocking) as f:
             f.write(data)
         return path
     directory = os.path.dirname(os.path.abspath(path)) or "."

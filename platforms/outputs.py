@@ -20,6 +20,7 @@ __all__ = [
     "ensure_parent",
     "is_stream_path",
     "open_output",
+    "trusted_link",
 ]
 
 
@@ -117,10 +118,19 @@ def ensure_parent(
     over it) needs, in a sticky folder such as /tmp, this user to own the file or the folder;
     ``None`` checks nothing (the socket: what is there is judged when it is bound).
     ``follow``: a symbolic link at ``path`` is judged by the file it leads to (the command
-    replaces that file, not the link)."""
+    replaces that file, not the link), in that file's folder; a link another user owns or
+    could have placed (:func:`trusted_link`) is refused, as :func:`open_output` refuses it."""
+    if follow and os.path.islink(path) and not trusted_link(os.fspath(path)):
+        raise OutputFolderError(
+            f"{option} {path}: is a symbolic link that another user owns or could have placed "
+            "(in a folder others can write); hidvfs writes no output through it (it could "
+            "point anywhere): remove it, or give the file's own path"
+        )
     if is_stream_path(path):
         return
     full = os.path.abspath(os.fspath(path))
+    if follow:  # the file a link leads to is what gets written, in its own folder
+        full = os.path.realpath(full)
     try:
         mode = os.stat(full).st_mode
     except OSError:
@@ -131,10 +141,10 @@ def ensure_parent(
         raise OutputFolderError(f"{option} {path}: is {kind}; give {want}")
     where = full if is_dir else os.path.dirname(full)
     if not folder and mode is not None and replace is not None:
-        real = os.path.realpath(full) if follow else full
-        why = _why_not_replaceable(real, replace)
+        why = _why_not_replaceable(full, replace)
         if why is not None:
-            led = f"leads to {real}, which " if os.path.islink(full) and follow else ""
+            linked = follow and os.path.islink(os.path.abspath(os.fspath(path)))
+            led = f"leads to {full}, which " if linked else ""
             raise OutputFolderError(f"{option} {path}: {led}{why}; choose another {option}")
     # the nearest folder that exists: the missing ones are made in it
     there = where
@@ -232,7 +242,7 @@ class OutputFileError(OSError):
         return self.strerror
 
 
-def _trusted_link(path: str) -> bool:
+def trusted_link(path: str) -> bool:
     """A symlink this process may write through: owned by root or by this process's user, in
     a folder of theirs that nobody else can write (``/dev/stdout``, ``/proc/self/fd/N``, a
     user's own link in their own folder). Another user's link is what turned a root daemon's
@@ -299,7 +309,7 @@ def open_output(
         # ELOOP for a symlink as the last component (EMLINK on some BSDs)
         if err.errno not in (errno.ELOOP, errno.EMLINK) or not os.path.islink(path):
             raise
-        if not _trusted_link(path):
+        if not trusted_link(path):
             raise OutputFileError(
                 f"{option} {path}: is a symbolic link that another user owns or could have "
                 "placed (in a folder others can write); hidvfs writes no output through it "

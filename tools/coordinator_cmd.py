@@ -351,21 +351,22 @@ def synth(
     """Write a synthetic ``batch_task.csv`` (Alibaba v2018 format, no header) whose arrivals
     offer ``load`` times the capacity of the ``nodes`` cluster; returns what was written."""
     from agents.placement.train import DEFAULT_NODES
-    from platforms.atomicfile import write_text_atomic
+    from platforms.atomicfile import write_text_atomic, written_as_stream
     from platforms.cluster.simcluster import capacity
     from platforms.cluster.synthetic import SyntheticConfig, generate_rows
-    from platforms.outputs import is_stream_path
+    from platforms.outputs import open_output
 
     spec = parse_nodes_spec(nodes or DEFAULT_NODES)
-    # written by a rename over the file a link there leads to (below)
+    # written by a rename over the file a link there leads to (below): only a link this user
+    # or root placed where nobody else could (another user's is refused)
     ensure_parent("--out", out, replace="rename", follow=True)
     rows = generate_rows(
         SyntheticConfig(n_jobs=n_jobs, seed=seed, load=load, capacity=capacity(spec))
     )
     text = "\n".join(rows) + "\n"
-    if is_stream_path(out):  # /dev/stdout, a FIFO: written as it is (a rename would replace it)
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text)
+    if written_as_stream(out):  # /dev/stdout, a FIFO: written as it is (a rename replaces it)
+        with open_output(out, "--out") as f:
+            f.write(text.encode("utf-8"))
     else:
         target = os.path.realpath(out)  # a link's target is written, the link kept
         try:

@@ -171,8 +171,16 @@ def test_a_socket_this_user_may_not_use_says_so_not_is_it_running(root_only_sock
 
 
 def test_a_socket_in_a_folder_closed_to_this_user(tmp_path, monkeypatch):
+    """The folder says who may come in: its group (join it), or its owner alone. The advice
+    was "run as root, or give a --socket in a folder this user can enter", which reaches no
+    daemon."""
+    import grp
+    import pwd
+
     _refuse(monkeypatch)
-    sock = tmp_path / "closed" / "h.sock"
+    folder = tmp_path / "closed"
+    folder.mkdir()
+    sock = folder / "h.sock"
     real_stat = os.stat
 
     def stat(p, *a, **k):
@@ -181,10 +189,17 @@ def test_a_socket_in_a_folder_closed_to_this_user(tmp_path, monkeypatch):
         return real_stat(p, *a, **k)
 
     monkeypatch.setattr(os, "stat", stat)
+    st = real_stat(folder)
+    me, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
+    head = f"this user is not allowed to use the hidvfs daemon's socket {sock} (its folder {folder} is closed to this user: "
+    folder.chmod(0o750)
     assert str(NotAllowed(str(sock))) == (
-        f"this user is not allowed to use the hidvfs daemon's socket {sock} (its folder "
-        f"{sock.parent} is closed to this user): run as root, or give a --socket in a folder "
-        "this user can enter"
+        f"{head}mode 0750, owner {me}, group {group}): join the {group!r} group (sudo usermod "
+        f"-aG {group} $USER, then log in again)"
+    )
+    folder.chmod(0o700)
+    assert str(NotAllowed(str(sock))) == (
+        f"{head}mode 0700, owner {me}, group {group}): only {me} may enter it: run as {me}"
     )
 
 

@@ -364,3 +364,30 @@ def test_as_nobody_each_output_that_cannot_be_written_over_is_one_line(nobody, s
     # and root's files are as they were
     assert status.read_text() == "" and csv.read_text() == "" and trace.read_text() == "old"
     assert list((shared / "tx2").iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a link to another user")
+def test_root_synth_refuses_another_users_link_before_writing(sticky):
+    """Root's `coordinator synth --out LINK` wrote, by rename, over the file another user's
+    link named (it followed the link with realpath): a root 0600 file became a CSV."""
+    victim = sticky.parent / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    link = sticky / "trace.csv"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)
+    r = hv("coordinator", "synth", "--out", link, "--jobs", "3")
+    assert r.exit_code == 2, r.output
+    assert "is a symbolic link that another user owns or could have placed" in r.output
+    assert r.output.startswith(f"hidvfs: error: --out {link}: ")
+    assert victim.read_text() == "secret\n" and link.is_symlink()
+
+
+def test_synth_through_a_users_own_link_writes_its_target(tmp_path):
+    target = tmp_path / "data" / "t.csv"
+    target.parent.mkdir()
+    link = tmp_path / "t.csv"
+    link.symlink_to(target)
+    r = hv("coordinator", "synth", "--out", link, "--jobs", "3")
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and len(target.read_text().splitlines()) >= 3
