@@ -33,8 +33,9 @@ log = logging.getLogger("hidvfs.loop")
 Stage = Callable[[Decision, Observation], Decision]
 
 #: the measured quantities an intervention's text carries (a deadline's remaining time
-#: ``D=-0.19 s``, a temperature ``72.4``): they move every tick while the intervention holds
-_MEASURED = re.compile(r"(?<=D=)-?[0-9.]+(?:e[-+]?[0-9]+)?|-?\b[0-9]+\.[0-9]+(?:e[-+]?[0-9]+)?")
+#: ``D=-0.19 s``, the shield's bound ``U=1204 s``, a temperature ``72.4``): they move every
+#: tick while the intervention holds
+_MEASURED = re.compile(r"(?<=[DU]=)-?[0-9.]+(?:e[-+]?[0-9]+)?|-?\b[0-9]+\.[0-9]+(?:e[-+]?[0-9]+)?")
 
 
 def intervention_key(event: str) -> str:

@@ -96,6 +96,9 @@ def test_whole_numbers_tell_interventions_apart_and_decimals_do_not():
     assert intervention_key("pid 7 no core count meets D=12 s") == intervention_key(
         "pid 7 no core count meets D=1.5e-05 s"
     )
+    assert intervention_key("shield: cheapest certified candidate 2 (U=1204 s)") == (
+        intervention_key("shield: cheapest certified candidate 2 (U=1.3e+04 s)")
+    )
     assert intervention_key("gate: pid 7 cores [0] -> [0, 1]") != intervention_key(
         "gate: pid 8 cores [0] -> [0, 1]"
     )
