@@ -127,6 +127,13 @@ def ensure_parent(
             "point anywhere): remove it, or give the file's own path"
         )
     if is_stream_path(path):
+        if os.path.islink(path) and not trusted_link(os.fspath(path)):
+            # said now, naming the option, not at the first write
+            raise OutputFolderError(
+                f"{option} {path}: is a symbolic link that another user owns or could have "
+                "placed (in a folder others can write); hidvfs writes no output through it: "
+                "remove it, or give the stream's own name (/dev/stdout, the FIFO's path)"
+            )
         return
     full = os.path.abspath(os.fspath(path))
     if follow:  # the file a link leads to is what gets written, in its own folder
@@ -306,8 +313,9 @@ def open_output(
         fd = os.open(path, flags | os.O_NOFOLLOW, 0o666)
         linked = False
     except OSError as err:
-        # ELOOP for a symlink as the last component (EMLINK on some BSDs)
-        if err.errno not in (errno.ELOOP, errno.EMLINK) or not os.path.islink(path):
+        # ELOOP for a symlink as the last component (EMLINK on some BSDs); EACCES for another
+        # user's link in a sticky folder under fs.protected_symlinks, even with O_NOFOLLOW
+        if err.errno not in (errno.ELOOP, errno.EMLINK, errno.EACCES) or not os.path.islink(path):
             raise
         if not trusted_link(path):
             raise OutputFileError(

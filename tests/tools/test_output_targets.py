@@ -391,3 +391,16 @@ def test_synth_through_a_users_own_link_writes_its_target(tmp_path):
     r = hv("coordinator", "synth", "--out", link, "--jobs", "3")
     assert r.exit_code == 0, r.output
     assert link.is_symlink() and len(target.read_text().splitlines()) >= 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a link to another user")
+def test_another_users_link_to_a_stream_is_refused_up_front_naming_the_option(sticky):
+    """It passed the up-front check as a stream and failed at the first write, as "the
+    output ...: is a symbolic link" (no option named) or a raw EACCES."""
+    link = sticky / "s.json"
+    link.symlink_to("/dev/stdout")
+    os.lchown(link, 65534, 65534)
+    with pytest.raises(OutputFolderError) as err:
+        ensure_parent("--status-file", link, replace="rename")
+    assert str(err.value).startswith(f"--status-file {link}: is a symbolic link that another")
+    ensure_parent("--status-file", "/dev/stdout", replace="rename")  # root's own link passes
