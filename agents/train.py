@@ -5,7 +5,7 @@ runs one episode of the real control loop and returns its result (``jobs`` with 
 ``release_t``, ``finish_t``, ``deadline_s``, ``criticality``; ``t_end``, ``energy_j``,
 ``makespan_s``, ``peak_temp_c``; ``cold=True`` starts the board idle at its ambient whatever
 the mix draws), and ``make_mix(seed)`` returns that episode's items. The CLI
-(:mod:`tools.cmd_agents`) wires :func:`daemon.simrun.run_sim` and :mod:`bots_bench.workload`.
+(:mod:`tools.agents_episodes`) wires :func:`daemon.simrun.run_sim` and :mod:`bots_bench.workload`.
 
 Reward, per decision tick i (from the observations the policy recorded, Delta t to the next
 tick, time in units of :data:`TIME_SCALE_S`):

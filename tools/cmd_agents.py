@@ -1,21 +1,39 @@
-"""``hidvfs agents train|check|eval``: train the learned policies in the simulator, verify the
-shipped ONNX files, and compare policies on held-out job mixes.
+"""``hidvfs agents train|check|eval|sweep``: train the learned policies in the simulator,
+verify the shipped ONNX files, compare policies on held-out job mixes, and sweep fixed
+operating points.
 
-This module is the glue the layering asks for: the learners in ``agents/`` take the episode
-runner and the workload generator as arguments; here they are :func:`daemon.simrun.run_sim`
-and :func:`bots_bench.workload.default_items`.
+The commands parse options, call the layers above and print. The simulated episodes the agents
+train and are evaluated on (the glue between ``agents/`` and ``bots_bench`` the layering asks
+for) are :mod:`tools.agents_episodes`; the evaluation behind ``eval`` and ``sweep`` is
+:mod:`tools.agents_eval`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
+from tools.agents_episodes import (
+    HOT_START_BELOW_TRIP_C,
+    HOT_START_LO,
+    TRAIN_HOT_FRACTION,
+    EpisodeSpec,
+    episode_items,
+    make_runner,
+)
+from tools.agents_eval import (
+    ABLATIONS,
+    BASE_EVAL,
+    _build,
+    _floor_jobs,
+    _floor_row,
+    _mean_std,
+    _record,
+    evaluate,
+)
 from tools.common import (
     FiniteFloatRange,
     Friendly,
@@ -28,122 +46,6 @@ from tools.common import (
 )
 
 BOARDS = ("tx2", "orin-nx", "rubikpi3")
-
-
-#: kernels whose `test`-class reference makespan (50-500 ms) leaves a 50 ms control loop room
-#: to act on a 1.5x deadline; the sub-10 ms kernels (floorplan, knapsack, nqueens, sparselu,
-#: strassen) finish before a second decision could be taken
-EPISODE_KERNELS = ("fib", "sort", "fft", "health", "uts", "alignment", "concom")
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    n_jobs: int = 5
-    cls: str = "test"
-    load: float = 0.6
-    slack: float = 1.5
-    deadline_fraction: float = 0.7
-    hi_fraction: float = 0.2
-    period_s: float = 0.05
-    #: share of the mixes that start on a hot board (:func:`thermal_start`); eval's default
-    #: is 0 (every board idle at 25 C), training's :data:`TRAIN_HOT_FRACTION`
-    hot_fraction: float = 0.0
-
-
-#: training mixes on a hot board: without them no CPU zone passed 0.4 x its trip (C), the
-#: thermal agent's choice was never free, and its network kept its initial weights. 0.1, not
-#: 0.25: at 0.25 the orin-nx profiler carried the slowing a hot board rewards over to cold
-#: lone jobs (4.3 % slower than maxfreq) and rubikpi3's shield grew (agents/TRAINING-LOG.md)
-TRAIN_HOT_FRACTION = 0.1
-#: a hot mix: ambient drawn from this range (C), and the board soaked at a temperature drawn
-#: from [HOT_START_LO x trip, trip - HOT_START_BELOW_TRIP_C] (trip: the lowest passive trip of
-#: the CPU zones), where the thermal agent's "take work / must cool" is its own choice (from
-#: 0.7 x trip). The top stays 1 C below the thermal guard's default limit (trip - 5 C): a board
-#: soaked above it stays there for the whole episode (its heat sink's time constant is minutes),
-#: and the guard caps every policy alike to its lowest OPP, which teaches nothing
-HOT_AMBIENT_C = (25.0, 45.0)
-HOT_START_LO = 0.65
-HOT_START_BELOW_TRIP_C = 6.0
-#: the thermal draw's own stream: a mix's jobs are the same whether it starts hot or not
-_HOT_STREAM = 0x7E4A1
-
-
-def thermal_start(board: str, seed: int, hot_fraction: float) -> tuple[float, float] | None:
-    """(ambient C, start C) of mix ``seed`` when it starts on a hot board, None when it starts
-    idle at the board's ambient. Seeded: the same mix starts the same way every time."""
-    import numpy as np
-
-    from agents.features import BoardScale
-    from platforms.spec import load_board
-
-    if hot_fraction <= 0.0:
-        return None
-    rng = np.random.default_rng([seed, _HOT_STREAM])
-    if rng.random() >= hot_fraction:
-        return None
-    trip = min(BoardScale.of(load_board(board)).trips_c)
-    ambient = float(rng.uniform(*HOT_AMBIENT_C))
-    start = float(rng.uniform(max(ambient, HOT_START_LO * trip), trip - HOT_START_BELOW_TRIP_C))
-    return ambient, start
-
-
-def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
-    """A random mix of ``n_jobs`` BOTS jobs with deadlines (slack x reference), seeded; for a
-    lone-job validation seed (:func:`agents.train.lone_index`), one job alone on the board
-    without a deadline, as the main BOTS campaign runs it (kernel by index, task graph by
-    seed)."""
-    from agents.train import lone_index
-    from bots_bench.reference import measure_reference
-    from bots_bench.workload import WorkloadSpec, default_items, lone_item
-    from platforms.spec import load_board
-
-    spec = load_board(board)
-    k = lone_index(seed)
-    if k is not None:
-        return [lone_item(spec, EPISODE_KERNELS[k % len(EPISODE_KERNELS)], ep.cls, seed)]
-    refs = {k: measure_reference(board, k, ep.cls, 0) for k in EPISODE_KERNELS}
-    mean_ref = sum(p.ref_makespan_s for p in refs.values()) / len(refs)
-    w = WorkloadSpec(
-        duration_s=4.0 * ep.n_jobs * mean_ref / max(ep.load, 1e-3),
-        load=ep.load,
-        cls=ep.cls,
-        deadline_fraction=ep.deadline_fraction,
-        hi_fraction=ep.hi_fraction,
-        slack=ep.slack,
-        kernels=EPISODE_KERNELS,
-    )
-    return default_items(spec, seed, w)[: ep.n_jobs]
-
-
-def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False, kernel_rates: bool = False):
-    """Runs one mix under a policy with its own stages; with ``reserve``, with the stages the
-    daemon runs (the policy's planned around the mixed-criticality reservation, then it). The
-    plant's seed is the mix's, and so is its thermal start (:func:`thermal_start`; ``cold``:
-    idle at the board's ambient whatever the mix draws). Every policy decides every
-    ``ep.period_s``; with ``kernel_rates`` a governor that samples the load (``samples_load``)
-    decides at its kernel's rate instead: every 50 ms schedutil needed about 13 decisions,
-    650 ms, to climb orin-nx's table, and missed 6 x as many deadlines."""
-    from agents.mixed import daemon_stages
-    from daemon.simrun import run_sim
-
-    def run_episode(policy, items, seed, cold: bool = False):
-        stages = list(getattr(policy, "stages", []) or [])
-        hot = None if cold else thermal_start(board, seed, ep.hot_fraction)
-        period = ep.period_s
-        if kernel_rates and getattr(policy, "samples_load", False):
-            period = None  # run_sim: the policy's own, as a BOTS campaign runs it (>= 5 ms)
-        return run_sim(
-            board,
-            policy,
-            items,
-            seed=seed,
-            period_s=period,
-            stages=daemon_stages(stages) if reserve else stages,
-            ambient_c=None if hot is None else hot[0],
-            start_c=None if hot is None else hot[1],
-        )
-
-    return run_episode
 
 
 @click.group("agents", cls=Friendly)
@@ -446,6 +348,9 @@ def check_cmd(boards, models, as_json) -> None:
     else:
         for r in reports:
             for f in r["files"]:
+                if f.get("skipped"):  # a trial folder's policy it never trained
+                    click.echo(f"{r['board']:9s} {f['file']:32s} -- {f['skipped']}")
+                    continue
                 line = f"{r['board']:9s} {f['file']:32s} {'ok' if f['ok'] else 'FAIL'}"
                 if "max_abs_diff" in f:  # rows that failed before the comparison have none
                     line += f" max|diff| {f['max_abs_diff']:.2e} (tol {f['tolerance']:.1e})"
@@ -461,198 +366,6 @@ def check_cmd(boards, models, as_json) -> None:
 
 # --------------------------------------------------------------------------------------------
 # eval
-
-BASE_EVAL = ("hidvfs", "geardvfs", "ztt", "schedutil", "maxfreq")
-ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
-#: energy_j is the whole board (the plant's VDD_IN); cpu_energy_j the CPU rail alone (what DVFS
-#: controls; on the RUBIK Pi 3, which has no monitor, the plant's CPU energy)
-#: capped_s: time some cluster's frequency was capped for temperature, by the daemon's thermal
-#: guard or the kernel's throttling (hot starts)
-METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c", "capped_s")
-
-
-def _build(name: str, spec, models):
-    from agents.factory import make_policy
-    from agents.learned import make_hidvfs
-
-    if name.startswith("hidvfs"):
-        opts = {"models": models}
-        if name == "hidvfs-noshield":
-            opts["shield"] = False
-        elif name == "hidvfs-nogate":
-            opts["gate"] = False
-        elif name == "hidvfs-noshaping":
-            opts["variant"] = "noshaping"
-        elif name != "hidvfs":
-            raise ValueError(f"unknown hidvfs variant {name!r}")
-        return make_hidvfs(spec, **opts)
-    if name in ("geardvfs", "ztt"):
-        return make_policy(name, spec, models=models)
-    return make_policy(name, spec)
-
-
-def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
-    """One run's row; ``overload``: the mix's densest window (platforms.sim.feasibility)."""
-    dl = [j for j in res.jobs if j.deadline_s is not None]
-    miss = sum(1 for j in dl if not j.deadline_met)
-    hi_miss = sum(1 for j in dl if not j.deadline_met and j.criticality == "hi")
-    ms = res.makespan_s
-    energy, cpu_energy = res.jobs_energy()  # to the last finish: the run's, not its idle tail
-    return {
-        "kind": "run",
-        "bench": "mix",
-        "class": ep.cls,
-        "policy": policy,
-        "seed": seed,
-        "board": board,
-        "backend": "sim",
-        "makespan_s": ms,
-        "energy_j": energy,
-        "cpu_energy_j": cpu_energy,
-        "edp": None if ms is None else energy * ms,
-        "peak_temp_c": res.peak_temp_c,
-        "capped_s": res.capped_s,
-        "deadline_s": None,
-        "deadline_met": miss == 0 if dl else None,
-        "deadline_jobs": len(dl),
-        "hi_jobs": sum(1 for j in dl if j.criticality == "hi"),
-        "misses": miss,
-        "hi_misses": hi_miss,
-        "miss_ratio": miss / len(dl) if dl else None,  # None: no deadline in the mix
-        "jobs": len(res.jobs),
-        "interventions": res.interventions,
-        # the mix's densest window over what the cores can hold: above 1 no policy meets
-        # every deadline (a necessary condition; below 1 does not prove they can be met)
-        "window_load": None if overload is None else overload.load,
-        "deadlines_infeasible": overload is not None and overload.infeasible,
-        # no schedule of the mix is shorter; a Graham bound is a single DAG's (bots run)
-        "lower_bound_s": _mix_lower_bound(res, board),
-        "graham_bound_s": None,
-        "ok": ms is not None,
-        "error": None if ms is not None else "a job did not finish",
-    }
-
-
-def _mix_lower_bound(res, board: str) -> float | None:
-    from bots_bench.campaign_sim import mix_lower_bound
-    from platforms.spec import load_board
-
-    if not res.jobs or any(j.pid not in res.executed_dags for j in res.jobs):
-        return None
-    jobs = [(j.release_t, res.executed_dags[j.pid]) for j in res.jobs]
-    return mix_lower_bound(jobs, load_board(board))
-
-
-def miss_ratios(runs: list[dict]) -> dict:
-    """The deadline-miss ratio over every deadline job of ``runs``, per criticality and in
-    all, with its Clopper-Pearson 95 % interval (DESIGN.md: pooled over the jobs, not a mean
-    of per-mix ratios, where a mix without deadlines would count as 0): ``miss_ratio`` and
-    ``miss_ci95`` (None without deadline jobs), and ``hi``/``lo`` objects of misses, jobs,
-    ratio and ci95."""
-    from bots_bench.report import clopper_pearson
-
-    def one(k: int, n: int) -> tuple[float | None, list[float] | None]:
-        return (k / n, list(clopper_pearson(k, n))) if n else (None, None)
-
-    out: dict = {}
-    hi_k = sum(r["hi_misses"] for r in runs)
-    hi_n = sum(r["hi_jobs"] for r in runs)
-    k = sum(r["misses"] for r in runs)
-    n = sum(r["deadline_jobs"] for r in runs)
-    out["miss_ratio"], out["miss_ci95"] = one(k, n)
-    for crit, ck, cn in (("hi", hi_k, hi_n), ("lo", k - hi_k, n - hi_n)):
-        ratio, ci = one(ck, cn)
-        out[f"{crit}_miss"] = {"misses": ck, "jobs": cn, "ratio": ratio, "ci95": ci}
-    return out
-
-
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return math.nan, math.nan
-    m = sum(xs) / len(xs)
-    v = sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
-    return m, math.sqrt(v)
-
-
-def evaluate(
-    board: str,
-    names: list[str],
-    seeds: int,
-    ep: EpisodeSpec,
-    models=None,
-    log=None,
-    mixes: str = "held-out",
-    reserve: bool = False,
-):
-    """Side-by-side runs of every policy on the same mixes (held-out, or the tuning mixes
-    training settings are chosen on); records and summary. ``reserve``: every policy runs
-    with the daemon's mixed-criticality reservation (:func:`agents.mixed.daemon_stages`)."""
-    from agents.train import EVAL_SEEDS, TUNING_SEEDS
-    from platforms.sim.feasibility import worst_window
-    from platforms.spec import load_board
-
-    first = TUNING_SEEDS if mixes == "tuning" else EVAL_SEEDS
-
-    spec = load_board(board)
-    run = make_runner(board, ep, reserve, kernel_rates=True)
-    records = []
-    policies = {n: _build(n, spec, models) for n in names}
-    for i in range(seeds):
-        s = first + i
-        items = episode_items(board, s, ep)
-        overload = None
-        for n, pol in policies.items():
-            res = run(pol, items, s)
-            if overload is None:  # the executed DAGs are the same under every policy
-                overload = worst_window(spec, _floor_jobs(res))
-            records.append(_record(board, n, s, res, ep, overload))
-            if log:
-                r = records[-1]
-                log(
-                    f"[eval {board}] seed {s} {n:18s} makespan {r['makespan_s']:.3f}s "
-                    f"energy {r['energy_j']:.2f}J misses {r['misses']}/{r['deadline_jobs']}"
-                )
-    summary = []
-    by = {n: [r for r in records if r["policy"] == n] for n in names}
-    for n in names:
-        row = {
-            "kind": "summary",
-            "board": board,
-            "policy": n,
-            "seeds": seeds,
-            "mixes": mixes,
-            "reserve": reserve,
-            "hot_fraction": ep.hot_fraction,
-        }
-        for m in METRICS:
-            row[m] = _mean_std([r[m] for r in by[n]])
-        tot_dl = sum(r["deadline_jobs"] for r in by[n])
-        row["misses_total"] = sum(r["misses"] for r in by[n])
-        row["hi_misses_total"] = sum(r["hi_misses"] for r in by[n])
-        row["deadline_jobs_total"] = tot_dl
-        row["hi_jobs_total"] = sum(r["hi_jobs"] for r in by[n])
-        row.update(miss_ratios(by[n]))
-        row["infeasible_mixes"] = sum(1 for r in by[n] if r["deadlines_infeasible"])
-        row["misses_on_infeasible"] = sum(r["misses"] for r in by[n] if r["deadlines_infeasible"])
-        summary.append(row)
-    ratios = []
-    for n in names:
-        if not n.startswith("hidvfs"):
-            continue
-        for b in names:
-            if b == n or b.startswith("hidvfs"):
-                continue
-            row = {"kind": "ratio", "board": board, "policy": n, "baseline": b}
-            for m in ("makespan_s", "energy_j", "cpu_energy_j", "edp"):
-                xs = [
-                    a[m] / c[m]
-                    for a, c in zip(by[n], by[b])
-                    if a[m] is not None and c[m] not in (None, 0)
-                ]
-                row[m] = _mean_std(xs)
-            ratios.append(row)
-    return records, summary, ratios
 
 
 def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
@@ -916,49 +629,6 @@ def sweep_cmd(
             f"CPU {r['cpu_energy_j']:.2f}J ({r['cpu_energy_vs_maxfreq'] - 1:+.1%}) "
             f"EDP x{r['edp_vs_maxfreq']:.3f} misses {r['misses']}/{r['deadline_jobs']}"
         )
-
-
-def _floor_jobs(res) -> list:
-    """The episode's jobs as the energy floor wants them: executed DAGs, absolute deadlines."""
-    from platforms.sim.energy_floor import FloorJob
-
-    return [
-        FloorJob(
-            j.release_t,
-            res.executed_dags[j.pid],
-            None if j.deadline_s is None else j.release_t + j.deadline_s,
-        )
-        for j in res.jobs
-    ]
-
-
-def _floor_row(board: str, floors: list, base: list[dict]) -> dict:
-    """The sweep's "floor" row: mean floors over the mixes and the per-mix saving ceilings
-    against maxfreq (its ratios are of the means, as the other rows')."""
-    n = len(floors)
-    ceil = [f.saving_ceiling(r["energy_j"], r["cpu_energy_j"]) for f, r in zip(floors, base)]
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {
-        "board": board,
-        "policy": "floor",
-        "seeds": n,
-        "makespan_s": None,
-        "episode_min_s": mean([f.t_min_s for f in floors]),
-        "energy_j": mean([f.total_j for f in floors]),
-        "cpu_energy_j": mean([f.cpu_j for f in floors]),
-        "edp": None,
-        "energy_vs_maxfreq": mean([f.total_j for f in floors])
-        / mean([r["energy_j"] for r in base]),
-        "cpu_energy_vs_maxfreq": mean([f.cpu_j for f in floors])
-        / mean([r["cpu_energy_j"] for r in base]),
-        "board_ceiling_min": min(c[0] for c in ceil),
-        "board_ceiling_max": max(c[0] for c in ceil),
-        "cpu_ceiling_min": min(c[1] for c in ceil),
-        "cpu_ceiling_max": max(c[1] for c in ceil),
-        "deadlines_assumed_met": all(f.deadlines for f in floors),
-        "misses": 0,
-        "deadline_jobs": sum(r["deadline_jobs"] for r in base),
-    }
 
 
 def _fmt(ms: tuple[float, float], digits: int = 3) -> str:

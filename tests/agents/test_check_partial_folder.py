@@ -37,3 +37,15 @@ def test_a_listed_policy_whose_file_is_gone_still_fails(tx2_without_ztt):
     rows = {r["file"]: r for r in report["files"]}
     assert not report["ok"] and not rows["geardvfs.onnx"]["ok"]
     assert "skipped" not in rows["geardvfs.onnx"]
+
+
+def test_the_check_command_says_which_policies_a_folder_did_not_train(tx2_without_ztt):
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    r = CliRunner().invoke(cli, ["agents", "check", "--board", "tx2", "--models", tx2_without_ztt])
+    assert r.exit_code == 0, r.output
+    lines = {ln.split()[1]: ln for ln in r.output.splitlines()}
+    assert lines["ztt.onnx"].endswith("-- ztt not trained in this folder")
+    assert " ok max|diff| " in lines["geardvfs.onnx"]

@@ -9,7 +9,7 @@ import agents.hidvfs as hidvfs_mod
 from agents.features import BoardScale
 from daemon.guard import ThermalGuard
 from platforms.spec import load_board
-from tools.cmd_agents import (
+from tools.agents_episodes import (
     HOT_AMBIENT_C,
     HOT_START_BELOW_TRIP_C,
     HOT_START_LO,

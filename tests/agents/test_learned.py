@@ -32,7 +32,7 @@ BOARDS = ("tx2", "orin-nx", "rubikpi3")
 def observations(board: str, seed: int = 900_123) -> tuple:
     """Observations with running jobs, from a maxfreq run of a held-out-style mix."""
     from daemon.simrun import run_sim
-    from tools.cmd_agents import EpisodeSpec, episode_items
+    from tools.agents_episodes import EpisodeSpec, episode_items
 
     seen = []
     items = episode_items(board, seed, EpisodeSpec(n_jobs=4))

@@ -120,7 +120,7 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
     one."""
     from agents.geardvfs import metered, train_geardvfs
     from agents.ztt import train_ztt, ztt_config
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     spec = load_board("rubikpi3")
     ep = EpisodeSpec(n_jobs=2)
@@ -161,7 +161,7 @@ def test_baseline_training_keeps_its_best_validated_network(kind):
 def test_baseline_selection_follows_the_score_it_is_given():
     """The board trainer hands the baselines hidvfs's yardstick; any score is followed."""
     from agents.ztt import train_ztt, ztt_config
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     spec = load_board("rubikpi3")
     ep = EpisodeSpec(n_jobs=2)

@@ -172,7 +172,7 @@ def test_an_interrupted_training_leaves_the_folder_as_it_was(tmp_path):
     """hidvfs trained, its agents exported, then the run stopped during the shield's
     calibration: the new profiler/thermal/priority files used to sit in the folder beside
     the old reference.npz and manifest, and the daemon loaded the mix."""
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     folder = tmp_path / "rubikpi3"
     shutil.copytree(MODELS_DIR / "rubikpi3", folder)
@@ -204,7 +204,7 @@ def test_parallel_training_saves_each_policy_as_it_arrives(tmp_path):
     """With --workers 2 the results were saved only once every job had finished: a failure
     of the slower one lost the finished one, whose files had already replaced the old ones."""
     from agents.geardvfs import GearDvfsPolicy
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     folder = tmp_path / "rubikpi3"
     shutil.copytree(MODELS_DIR / "rubikpi3", folder)

@@ -140,7 +140,7 @@ def _train_ztt_into(folder, board="rubikpi3", *, run=False):
     runner is given, so one that got past them would fail)."""
     from agents.train import TrainConfig
     from agents.trainboard import train_board
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     ep = EpisodeSpec(n_jobs=2)
     train_board(
@@ -309,7 +309,7 @@ def test_loading_a_model_writes_nothing_to_home_and_warns_of_no_telemetry(tmp_pa
 
     load = {
         "board": "from agents.learned import check_board; check_board('tx2')",
-        "placer": "from agents.placement.higfrl import HigfrlPlacer; HigfrlPlacer()",
+        "placer": "from agents.placement.higfrl import HigfrlPlacer; HigfrlPlacer()._model()",
     }[loader]
     env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
     for home, writable in ((tmp_path / "home", True), ("/proc/1/nonexistent-home", False)):

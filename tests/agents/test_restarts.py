@@ -120,7 +120,7 @@ def test_the_cli_refuses_more_restarts_than_the_block_holds():
 
 
 def test_the_board_trainer_exports_the_chosen_restart_and_says_so(tmp_path):
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     spec = load_board("rubikpi3")
     ep = EpisodeSpec(n_jobs=2)

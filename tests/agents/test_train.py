@@ -231,7 +231,7 @@ def test_forked_jobs_return_in_order_and_report_failures():
 
 def test_parallel_board_training_matches_serial(tmp_path):
     from agents.trainboard import train_board
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     spec = load_board("rubikpi3")
     ep = EpisodeSpec(n_jobs=2)
@@ -412,7 +412,7 @@ def test_a_lone_job_validation_episode_is_one_job_alone_without_a_deadline():
     """The main BOTS campaign's case, which 5-job mixes never show: every episode kernel
     once, released at once, no deadline."""
     from agents.train import TrainConfig, seed_ranges, validation_seeds
-    from tools.cmd_agents import EPISODE_KERNELS, EpisodeSpec, episode_items
+    from tools.agents_episodes import EPISODE_KERNELS, EpisodeSpec, episode_items
 
     r = seed_ranges(0, 640)
     jobs = [episode_items("tx2", s, EpisodeSpec()) for s in r["lone"]]

@@ -20,7 +20,7 @@ RUBIK = load_board("rubikpi3")
 
 
 def _train(folder, policies, cfg, logs):
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     ep = EpisodeSpec(n_jobs=2)
     return train_board(

@@ -292,7 +292,7 @@ def test_ztt_records_the_executed_action_for_replay():
 def test_shipped_ztt_runs_its_guard_on_a_hot_board():
     """The evaluation path (ONNX network from agents/models, run_sim) runs the guard."""
     from daemon.simrun import run_sim
-    from tools.cmd_agents import EpisodeSpec, episode_items
+    from tools.agents_episodes import EpisodeSpec, episode_items
 
     spec = load_board("rubikpi3")
     pol = make_policy("ztt", spec)

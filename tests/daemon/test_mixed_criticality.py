@@ -63,7 +63,7 @@ def test_overlapping_hi_jobs_all_meet_their_deadlines(board, seed, policy):
     boards HI jobs overlap, and one cluster stays for LO work. The HI jobs that found no
     cluster of their own used to run as LO work and missed (1-3 of 3-5 under these
     governors); sharing the LO cluster above its LO work, none does."""
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     ep = EpisodeSpec(n_jobs=6, load=0.8, hi_fraction=0.6)
     items = episode_items(board, seed, ep)
@@ -76,7 +76,7 @@ def test_a_hi_job_that_fits_no_free_cluster_alone_takes_them_together():
     """rubikpi3 stress mix 900050 under hidvfs: the first HI uts job holds gold; the second
     fits neither silver nor prime alone. It took silver and missed by 3 ms, prime kept for
     LO work; holding both (LO work sharing below it) it meets its deadline."""
-    from tools.cmd_agents import EpisodeSpec, episode_items, make_runner
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
 
     board, seed = "rubikpi3", 900050
     ep = EpisodeSpec(n_jobs=6, load=0.8, hi_fraction=0.6)

@@ -359,7 +359,7 @@ def test_train_refuses_an_empty_policy_list_before_making_anything(tmp_path):
 def test_eval_miss_ratio_is_pooled_per_criticality_with_an_interval():
     """A mix without deadline jobs has no miss ratio (it was 0.0, and a mean of per-mix
     ratios then understated the pooled one); the summary pools the jobs per criticality."""
-    from tools.cmd_agents import miss_ratios
+    from tools.agents_eval import miss_ratios
 
     runs = [
         {"misses": 2, "hi_misses": 1, "deadline_jobs": 4, "hi_jobs": 1},
@@ -382,7 +382,8 @@ def test_eval_miss_ratio_is_pooled_per_criticality_with_an_interval():
 
 
 def test_eval_records_carry_a_mix_lower_bound_no_policy_beats():
-    from tools.cmd_agents import EpisodeSpec, evaluate
+    from tools.agents_episodes import EpisodeSpec
+    from tools.agents_eval import evaluate
 
     records, _, _ = evaluate("orin-nx", ["maxfreq", "powersave"], 3, EpisodeSpec(n_jobs=3))
     for r in records:
@@ -488,7 +489,7 @@ def test_eval_runs_a_sampling_kernel_governor_at_its_own_rate(monkeypatch):
     import daemon.simrun
     from agents.governors import make_governor
     from platforms.spec import load_board
-    from tools.cmd_agents import EpisodeSpec, make_runner
+    from tools.agents_episodes import EpisodeSpec, make_runner
 
     seen = {}
 
