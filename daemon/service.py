@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 from dataclasses import dataclass, replace
 
@@ -61,7 +60,12 @@ from platforms.probe import detect_board, probe
 from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, board_names, load_board, load_board_file
 from platforms.sysfs import DirSysfs
-from platforms.trace import TickRecorder, keep_previous_recording, previous_name
+from platforms.trace import (
+    TickRecorder,
+    is_recording_to_keep,
+    keep_previous_recording,
+    previous_name,
+)
 from platforms.treelock import TreeLock
 from platforms.yamlfile import read_yaml
 
@@ -193,7 +197,7 @@ def run_live(
         # non-empty one) moved to its .prev name, over the one there (keep_previous_recording);
         # the socket judged when it is bound (a live one is another daemon's, said then)
         record = serve.get("record")
-        moved = record and _kept_as_previous(record)
+        moved = record and is_recording_to_keep(record)
         for flag, path, how in (
             ("--status-file", serve.get("status_file"), "rename"),
             ("--record", record, "rename" if moved else "open"),
@@ -222,16 +226,6 @@ def run_live(
         recover_stale(DirSysfs(sysfs_root), state, log)
         restore_stale_jobs(state, LiveProcessControl(), log)
         return _serve(prepared or prepare(), **serve)
-
-
-def _kept_as_previous(record: str) -> bool:
-    """The --record file is one :func:`keep_previous_recording` will move away (a non-empty
-    regular file, not followed), not one written over."""
-    try:
-        st = os.lstat(record)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 @dataclass

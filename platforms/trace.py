@@ -282,19 +282,26 @@ def previous_name(path: str | os.PathLike[str]) -> str:
     return os.path.join(folder, base + ".prev")
 
 
-def keep_previous_recording(path: str | os.PathLike[str]) -> str | None:
-    """Move an existing, non-empty recording at ``path`` to :func:`previous_name` (replacing
-    the one kept before) and return that name, else None: a daemon restarted after a failure
-    (systemd's Restart=on-failure) with the same ``--record`` would otherwise truncate the
-    trace of the run that failed, the one worth reading. What is at ``path`` is looked at,
-    not followed (``lstat``): a symlink (``/dev/stdout``, or one a user planted) is no
-    recording to keep, and the writer decides whether it may write through it."""
+def is_recording_to_keep(path: str | os.PathLike[str]) -> bool:
+    """Whether :func:`keep_previous_recording` will move what is at ``path`` away: a
+    non-empty regular file, looked at, not followed (``lstat``). /dev/null, a FIFO, a symlink
+    (``/dev/stdout``, or one a user planted) or an empty file is no recording to keep: the
+    writer decides whether it may write through it."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
+
+
+def keep_previous_recording(path: str | os.PathLike[str]) -> str | None:
+    """Move an existing, non-empty recording at ``path`` to :func:`previous_name` (replacing
+    the one kept before) and return that name, else None (:func:`is_recording_to_keep`): a
+    daemon restarted after a failure (systemd's Restart=on-failure) with the same
+    ``--record`` would otherwise truncate the trace of the run that failed, the one worth
+    reading."""
+    if not is_recording_to_keep(path):
         return None
-    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-        return None  # /dev/null, a FIFO, a symlink, an empty file: nothing to keep
     prev = previous_name(path)
     os.replace(path, prev)
     return prev
