@@ -23,7 +23,9 @@ ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
 METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c", "capped_s")
 
 
-def _build(name: str, spec, models):
+def build_policy(name: str, spec, models):
+    """The policy ``name`` of eval's list (an ablation is hidvfs with one stage off), with
+    the learned ones loaded from ``models``."""
     from agents.factory import make_policy
     from agents.learned import make_hidvfs
 
@@ -43,7 +45,7 @@ def _build(name: str, spec, models):
     return make_policy(name, spec)
 
 
-def _record(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
+def run_row(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
     """One run's row; ``overload``: the mix's densest window (platforms.sim.feasibility)."""
     dl = [j for j in res.jobs if j.deadline_s is not None]
     miss = sum(1 for j in dl if not j.deadline_met)
@@ -118,7 +120,8 @@ def miss_ratios(runs: list[dict]) -> dict:
     return out
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation of the finite values (NaN, NaN when none)."""
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return math.nan, math.nan
@@ -149,7 +152,7 @@ def evaluate(
     spec = load_board(board)
     run = make_runner(board, ep, reserve, kernel_rates=True)
     records = []
-    policies = {n: _build(n, spec, models) for n in names}
+    policies = {n: build_policy(n, spec, models) for n in names}
     for i in range(seeds):
         s = first + i
         items = episode_items(board, s, ep)
@@ -157,8 +160,8 @@ def evaluate(
         for n, pol in policies.items():
             res = run(pol, items, s)
             if overload is None:  # the executed DAGs are the same under every policy
-                overload = worst_window(spec, _floor_jobs(res))
-            records.append(_record(board, n, s, res, ep, overload))
+                overload = worst_window(spec, floor_jobs(res))
+            records.append(run_row(board, n, s, res, ep, overload))
             if log:
                 r = records[-1]
                 log(
@@ -178,7 +181,7 @@ def evaluate(
             "hot_fraction": ep.hot_fraction,
         }
         for m in METRICS:
-            row[m] = _mean_std([r[m] for r in by[n]])
+            row[m] = mean_std([r[m] for r in by[n]])
         tot_dl = sum(r["deadline_jobs"] for r in by[n])
         row["misses_total"] = sum(r["misses"] for r in by[n])
         row["hi_misses_total"] = sum(r["hi_misses"] for r in by[n])
@@ -202,12 +205,12 @@ def evaluate(
                     for a, c in zip(by[n], by[b])
                     if a[m] is not None and c[m] not in (None, 0)
                 ]
-                row[m] = _mean_std(xs)
+                row[m] = mean_std(xs)
             ratios.append(row)
     return records, summary, ratios
 
 
-def _floor_jobs(res) -> list:
+def floor_jobs(res) -> list:
     """The episode's jobs as the energy floor wants them: executed DAGs, absolute deadlines."""
     from platforms.sim.energy_floor import FloorJob
 
@@ -221,7 +224,7 @@ def _floor_jobs(res) -> list:
     ]
 
 
-def _floor_row(board: str, floors: list, base: list[dict]) -> dict:
+def floor_row(board: str, floors: list, base: list[dict]) -> dict:
     """The sweep's "floor" row: mean floors over the mixes and the per-mix saving ceilings
     against maxfreq (its ratios are of the means, as the other rows')."""
     n = len(floors)

@@ -27,12 +27,12 @@ from tools.agents_episodes import (
 from tools.agents_eval import (
     ABLATIONS,
     BASE_EVAL,
-    _build,
-    _floor_jobs,
-    _floor_row,
-    _mean_std,
-    _record,
+    build_policy,
     evaluate,
+    floor_jobs,
+    floor_row,
+    mean_std,
+    run_row,
 )
 from tools.common import (
     FiniteFloatRange,
@@ -517,7 +517,7 @@ def eval_cmd(
             model_dir(b, models)
             spec = load_board(b)
             for n in learned:
-                _build(n, spec, models)
+                build_policy(n, spec, models)
     out = []
     for b in todo:
         recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes, reserve=reserve)
@@ -588,9 +588,9 @@ def sweep_cmd(
             items = episode_items(b, s, ep)
             for p in pols:
                 res = run(p, items, s)
-                recs[p.name].append(_record(b, p.name, s, res, ep))
+                recs[p.name].append(run_row(b, p.name, s, res, ep))
                 if p.name == "maxfreq":
-                    floors.append(episode_energy_floor(spec, _floor_jobs(res)))
+                    floors.append(episode_energy_floor(spec, floor_jobs(res)))
         base = recs["maxfreq"]
         for p in pols:
             rs = recs[p.name]
@@ -602,13 +602,13 @@ def sweep_cmd(
                 sum(r["cpu_energy_j"] for r in base) / seeds
             )
             # per mix, then the mean, as agents eval's ratio rows
-            row["edp_vs_maxfreq"] = _mean_std(
+            row["edp_vs_maxfreq"] = mean_std(
                 [r["edp"] / c["edp"] for r, c in zip(rs, base) if r["edp"] and c["edp"]]
             )[0]
             row["misses"] = sum(r["misses"] for r in rs)
             row["deadline_jobs"] = sum(r["deadline_jobs"] for r in rs)
             rows.append(row)
-        rows.append(_floor_row(b, floors, base))
+        rows.append(floor_row(b, floors, base))
     if as_json:
         emit_json(rows)
         return
