@@ -264,13 +264,15 @@ def train_cmd(
     if calib_episodes is not None:
         overrides["calib_episodes"] = calib_episodes
         command += f" --calib-episodes {calib_episodes}"
+    cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
+    # decided on the settings, not on which options were given: a default given explicitly
+    # (`--calib-episodes 256`) reproduces the shipped models as well
     reproduces_shipped = (
         seed == 0
         and set(pols) == set(TRAINABLE)
-        and episodes == DEFAULT_EPISODES
         and n_jobs == DEFAULT_JOBS
         and hot_fraction == TRAIN_HOT_FRACTION
-        and not overrides
+        and cfg == TrainConfig.for_board(board, episodes=DEFAULT_EPISODES, period_s=ep.period_s)
     )
     if out_dir is None and not reproduces_shipped:
         raise click.UsageError(
@@ -278,7 +280,6 @@ def train_cmd(
             f"reproduces them (`hidvfs agents train --board {board}` with every other setting "
             "at its default) writes there by default"
         )
-    cfg = TrainConfig.for_board(board, episodes=episodes, period_s=ep.period_s, **overrides)
     if out_dir:  # its parent made (or refused) now; train_board makes the folder itself
         ensure_parent("--out", out_dir, folder=True)
     t0 = time.monotonic()

@@ -554,6 +554,24 @@ def test_a_run_that_does_not_reproduce_the_shipped_models_needs_out(train_outs, 
     assert "holds the shipped models" in r.output and train_outs == []
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--calib-episodes", "256"],
+        ["--val-mixes", "16", "--energy-rail", "total", "--power-ref", "busy"],
+        ["--restarts", "1", "--seed", "0"],
+    ],
+)
+def test_defaults_given_explicitly_still_reproduce_the_shipped_models(train_outs, extra):
+    """`--calib-episodes 256` is the default: the run is the reproducing one, not a trial that
+    needs --out (tx2's board defaults given by hand are its defaults too)."""
+    from agents.learned import model_dir
+
+    r = run("train", "--board", "tx2", *extra)
+    assert r.exit_code == 0, r.output
+    assert [o for o, _, _ in train_outs] == [str(model_dir("tx2"))]
+
+
 def test_the_reproducing_run_writes_the_shipped_folder_and_others_write_out(train_outs, tmp_path):
     from agents.learned import model_dir
 
