@@ -13,14 +13,15 @@ more compute or more memory stalls than the job's mean):
 
 Light-job test (the adaptation of the ``n_low > 2 sum u`` test to one-shot jobs released now):
 light jobs that share a core set may each spread over all of it, at priorities in deadline
-order, so a job's critical path waits only while every core runs work of its priority or
-above: the group passes when R_k <= L_k + (W_k - L_k) / m <= D_k for each job k, W_k the work
-of the jobs up to k (:func:`pool_fits`; on one core, their sequential sum). Light groups with
-different core sets must be disjoint. The repair looks for the fewest cores of a cluster that
-hold its light jobs: a shared pool when it fits, else a split of them over single cores, each
-job pinned to one core and the jobs of a core run in deadline order (:func:`light_partition`,
-a non-preemptive list schedule per core, exact up to :data:`MAX_EXACT_LIGHTS` light jobs per
-cluster). The tests assume deadline-ordered execution, which :func:`order_priorities` sets.
+order, so a job's critical path waits only while every core runs work of its priority or above:
+the group passes when R_k <= L_k + (W_k - L_k) / m <= D_k for each job k, W_k the work of the
+jobs up to k (:func:`~agents.schedulability.pool_fits`; on one core, their sequential sum).
+Light groups with different core sets must be disjoint. The repair looks for the fewest cores
+of a cluster that hold its light jobs: a shared pool when it fits, else a split of them over
+single cores, each job pinned to one core and the jobs of a core run in deadline order
+(:func:`~agents.schedulability.light_partition`, a non-preemptive list schedule per core, exact
+up to :data:`~agents.schedulability.MAX_EXACT_LIGHTS` light jobs per cluster). The tests assume
+deadline-ordered execution, which :func:`order_priorities` sets.
 
 Heavy cores are exclusive: no other job of the decision (deadline or best-effort) may use them.
 
@@ -43,10 +44,10 @@ Repair of an infeasible proposal, cheapest change first:
 3. If that fails, jobs may move between clusters (every job-to-cluster map is tried, the
    cheapest wins, fewest moves on a tie), so the gate finds a feasible point whenever one
    exists: feasibility is monotone in f (C, L and n(f) never grow with f), so the raise-only
-   restriction loses none. Beyond :data:`MAX_MAPS` maps (8 deadline jobs on three clusters)
-   a greedy placement comes first and, where it finds none, a search bounded to
-   :data:`MAX_NODES` steps for any feasible map: past that bound a feasible point can be
-   missed.
+   restriction loses none. Beyond :data:`~agents.gate_repair.MAX_MAPS` maps (8 deadline jobs on
+   three clusters) a greedy placement comes first and, where it finds none, a search bounded to
+   :data:`~agents.gate_repair.MAX_NODES` steps for any feasible map: past that bound a feasible
+   point can be missed.
 4. If no point is feasible: the safest point (every cluster at its maximum, each job in
    deadline order on the largest/fastest cluster that still fits it, a job no core count
    can save last) and ``feasible=False``.
@@ -61,10 +62,12 @@ memoised, and a job that fits no cluster even alone sends the repair straight to
 point (no map can be feasible then), so no search runs for nothing.
 
 Layout: this module is the entry point (:class:`FederatedGate`, :func:`gate_decision`,
-:func:`order_priorities` and the cost model). The model and its tests (:func:`requirement`,
-:func:`pool_fits`, :func:`light_partition`, :func:`analyse`, ...) are in
-:mod:`agents.schedulability`; the repair search (steps 2-4 above, :data:`MAX_MAPS`,
-:data:`MAX_NODES`) and :class:`GateResult` are in :mod:`agents.gate_repair`.
+:func:`order_priorities` and the cost model). The model and its tests
+(:func:`~agents.schedulability.requirement`, :func:`~agents.schedulability.pool_fits`,
+:func:`~agents.schedulability.light_partition`, :func:`~agents.schedulability.analyse`, ...)
+are in :mod:`agents.schedulability`; the repair search (steps 2-4 above,
+:data:`~agents.gate_repair.MAX_MAPS`, :data:`~agents.gate_repair.MAX_NODES`) and
+:class:`GateResult` are in :mod:`agents.gate_repair`.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class _Point:
 
 
 class _Repair:
-    """One repair: the search state of :meth:`FederatedGate.repair` (not reused)."""
+    """One repair: the search state of :meth:`agents.gate.FederatedGate.repair` (not reused)."""
 
     def __init__(
         self,
@@ -150,7 +150,8 @@ class _Repair:
         return self.g._cost(ki, self.d.freq_khz[k.name], len(used)), heavy
 
     def req(self, ji: int, ki: int) -> list[Requirement | None]:
-        """:func:`requirement` of job ``ji`` at every OPP of cluster ``ki`` from ``base`` up.
+        """:func:`~agents.schedulability.requirement` of job ``ji`` at every OPP of cluster
+        ``ki`` from ``base`` up.
 
         The repair only raises frequencies, so the OPPs below the proposal's (``None``
         here) are never looked at; the proposal often sits near the top of the table.
