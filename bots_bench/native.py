@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from bots_bench import registry
 from bots_bench.parser import BotsParseError, parse_output, run_error
-from bots_bench.spec import RunConfig
+from bots_bench.spec import MeasuredOn, RunConfig
 from daemon.actuator import Actuator
 from daemon.jobs import JobEntry, JobTable
 from daemon.loop import ControlLoop
@@ -75,6 +75,9 @@ class NativeBoard:
     #: ``state_dir`` is the per-tree default (:func:`native_state_dir`), not one the user
     #: gave: :meth:`close` removes it when a clean end left it empty
     owns_state_dir: bool = False
+    #: where a campaign's notes go while it runs (the cool-down's wait); its progress bar
+    #: takes them over, above the bar
+    say: Callable[[str], None] = field(default=log.info, repr=False)
 
     def settle(self) -> None:
         """Give the board its own settings back between runs, keeping the snapshot (and
@@ -170,7 +173,11 @@ def open_board(
     for pid in kill_orphaned_jobs(state_dir):
         say(f"note: killed pid {pid}, a BOTS kernel left running by a campaign that was killed")
     nb = NativeBoard(
-        platform, can_set_frequency=writable, state_dir=state_dir, owns_state_dir=owns_state_dir
+        platform,
+        can_set_frequency=writable,
+        state_dir=state_dir,
+        owns_state_dir=owns_state_dir,
+        say=say,
     )
     if not writable:
         say(
@@ -189,18 +196,61 @@ def open_board(
     return nb
 
 
+def file_sha256(path: str | os.PathLike[str]) -> str | None:
+    """Hex SHA-256 of a file's content; None when it cannot be read (missing, a folder, no
+    permission): the run then fails on its own, with the registry's message."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def measured_on(
+    cfg: RunConfig, nb: NativeBoard, digests: dict[str, str | None] | None = None
+) -> MeasuredOn:
+    """What ``cfg`` measures on ``nb`` beyond its spec (see :class:`MeasuredOn`).
+    ``digests`` caches the binaries' hashes by path over a campaign's runs."""
+    path = os.path.join(cfg.bots_bin or "", registry.binary_name(cfg.bench, cfg.variant, cfg.label))
+    if digests is None:
+        digests = {}
+    if path not in digests:
+        digests[path] = file_sha256(path)
+    return MeasuredOn(
+        sysfs_root=nb.platform.sysfs.root,
+        frequency_control=nb.can_set_frequency,
+        binary_sha256=digests[path],
+    )
+
+
 def cool_down(
     nb: NativeBoard, start_temp_c: float, max_wait_s: float
 ) -> tuple[float | None, float]:
-    """Wait until the hottest CPU zone is at or below ``start_temp_c`` (or ``max_wait_s``)."""
+    """Wait until the hottest CPU zone is at or below ``start_temp_c`` (or ``max_wait_s``).
+    A wait is said when it starts and, when the zone is still hot at its end, that the run
+    starts hot: minutes of silence looked like a hang."""
     clock = nb.platform.clock
     sensor = Sensor(nb.platform.spec, nb.platform.sysfs)
     t0 = clock.now()
+    said = False
     while True:
         temp = sensor.read(clock.now()).max_cpu_temp_c
         waited = clock.now() - t0
-        if temp is None or temp <= start_temp_c or waited >= max_wait_s:
+        if temp is None or temp <= start_temp_c:
             return temp, waited
+        if waited >= max_wait_s:
+            nb.say(
+                f"note: the CPU is still at {temp:.1f} °C after {waited:.0f} s of cool-down "
+                f"(start below {start_temp_c:g} °C): the run starts hot (its start_temp_c "
+                "is stored)"
+            )
+            return temp, waited
+        if not said:
+            said = True
+            nb.say(
+                f"cooling down: the hottest CPU zone is at {temp:.1f} °C; waiting up to "
+                f"{max_wait_s:g} s for {start_temp_c:g} °C before the run"
+            )
         clock.sleep(0.5)
 
 

@@ -463,7 +463,8 @@ _SETTINGS = (
 
 def setting_label(config: Mapping[str, Any]) -> str:
     """What sets a run's measurement apart, in words ("deadline slack 1.5x, 4 threads"); ''
-    for the defaults. The variant and build are named only when not the registry's default."""
+    for the defaults. The variant and build are named only when not the registry's default;
+    a native run on a fake tree or without frequency control says so."""
     defaults = {"variant": DEFAULT_VARIANT, "label": DEFAULT_LABEL}
     parts = []
     for key, default, fmt in _SETTINGS:
@@ -472,6 +473,14 @@ def setting_label(config: Mapping[str, Any]) -> str:
             continue
         text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
         parts.append(fmt.format(text, s="" if v == 1 and not isinstance(v, bool) else "s"))
+    # where a native run measured (bots_bench.spec.MeasuredOn): named when it is not the
+    # board itself with its frequencies set; another build of the binary is another table
+    # of the same words, told apart by its spec hash
+    on = config.get("measured_on") or {}
+    if on.get("sysfs_root", "/") != "/":
+        parts.append(f"tree {on['sysfs_root']}")
+    if on.get("frequency_control") is False:
+        parts.append("no frequency control (affinity and priority only)")
     return ", ".join(parts)
 
 

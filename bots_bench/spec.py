@@ -118,6 +118,23 @@ class CampaignSpec:
 
 
 @dataclass(frozen=True)
+class MeasuredOn:
+    """Where a native run measures, beyond the spec: a fake tree or the board itself, whether
+    the campaign could set CPU frequencies, and which build of the kernel ran. Part of the
+    run's key (:attr:`RunConfig.spec_hash`), so a re-run on another tree, after the first
+    one could not set frequencies, or with a rebuilt binary measures again instead of
+    reusing runs measured otherwise. The binary is named by its content: the same build in
+    another folder still resumes."""
+
+    #: the sysfs tree the campaign drove (absolute); "/" on the board itself
+    sysfs_root: str
+    #: False when no cpufreq policy could be written (runs had affinity and priority only)
+    frequency_control: bool
+    #: SHA-256 of the kernel binary (hex); None when it is missing or unreadable
+    binary_sha256: str | None
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run of the matrix: everything a runner needs, plus the run key."""
 
@@ -138,6 +155,9 @@ class RunConfig:
     bots_bin: str | None = None
     #: deadline = slack x the job's reference makespan (``--deadline-slack``); None: no slack
     deadline_slack: float | None = None
+    #: native runs: the tree, frequency control and binary they measure (set by the campaign
+    #: when it opens the board); None in the simulator
+    measured_on: MeasuredOn | None = None
 
     @property
     def spec_hash(self) -> str:
@@ -145,9 +165,10 @@ class RunConfig:
 
         Adding seeds, repetitions, kernels or policies leaves it alone (a re-run resumes);
         changing threads, variant, deadline, deadline slack, check or cool-down starts fresh
-        rows. The timeout and the BOTS path do not change a measurement and are left out.
-        The slack enters the hash only when set, so runs stored before it was a key field
-        keep their hash and still resume.
+        rows. The timeout and the BOTS path do not change a measurement and are left out;
+        the binary's content, the tree and frequency control do (:class:`MeasuredOn`, native
+        runs). The slack and ``measured_on`` enter the hash only when set, so simulated runs
+        stored before they were key fields keep their hash and still resume.
         """
         payload = {
             "threads": self.threads,
@@ -159,6 +180,8 @@ class RunConfig:
         }
         if self.deadline_slack is not None:
             payload["deadline_slack"] = self.deadline_slack
+        if self.measured_on is not None:
+            payload["measured_on"] = asdict(self.measured_on)
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -79,7 +79,8 @@ def run_configs(
     retry_failed=True,
 ):
     """Run a matrix into ``store`` (skipping what is done); returns the CampaignSummary,
-    whose ``keys`` are the stored keys of every selected run.
+    whose ``keys`` are the stored keys of every selected run. ``store`` may be a function
+    that opens it, called once the board is open (a refused start then creates no file).
 
     Natively each job gets the reference profile of its build stored for the board
     (``registry.job_name``: ``BENCH.CLASS``, ``BENCH.CLASS.VARIANT`` for a variant other than
@@ -99,40 +100,21 @@ def run_configs(
         configs = [replace(c, deadline_slack=deadline_slack) for c in configs]
     nb = None
     if backend == "native":
-        from bots_bench.native import open_board, run_native
+        from bots_bench.native import open_board
 
         nb = open_board(sysfs_root, board, state_dir, say=lambda m: click.echo(m, err=True))
-        detected = nb.platform.spec.name
-        configs = [replace(c, board=detected) for c in configs]
-        from agents import deadlines
-        from bots_bench.registry import DEFAULT_LABEL, job_name
-        from daemon.config import DEFAULT_PROFILES
-
-        profiles_path = profiles_path or DEFAULT_PROFILES
-        profiles = deadlines.load(profiles_path, missing_ok=True)
-
-        def run_fn(cfg):
-            # the profile of the binary that runs: a cut-off, tied or serial build, or another
-            # compiler's, has its own
-            name = job_name(cfg.bench, cfg.cls, cfg.variant, cfg.label)
-            board_name = nb.platform.spec.name
-            prof = profiles.find(name, board_name)
-            if cfg.deadline_slack is not None:
-                if prof is None:
-                    # the options of the build's name (a default variant or label is left out)
-                    default = name == job_name(cfg.bench, cfg.cls, label=cfg.label)
-                    build = "" if default else f" --variant {cfg.variant}"
-                    build += "" if cfg.label == DEFAULT_LABEL else f" --label {cfg.label}"
-                    raise LookupError(
-                        f"no reference profile {name!r} for {board_name} in {profiles_path}, so "
-                        f"no deadline can be set: measure it first (sudo hidvfs bots profile "
-                        f"--bots-bin {cfg.bots_bin} --bench {cfg.bench} --class {cfg.cls}"
-                        f"{build})"
-                    )
-                cfg = replace(cfg, deadline_s=cfg.deadline_slack * prof.ref_makespan_s)
-            return run_native(cfg, nb, build_policy_stack, profile=prof)
+        try:
+            configs, run_fn = _native_runs(configs, nb, profiles_path, sysfs_root)
+            if callable(store):
+                store = store()
+        except BaseException:  # a bad profiles file: the board given back before the error
+            nb.close()
+            raise
     else:
         from bots_bench.campaign_sim import SimRunConfig, run_one
+
+        if callable(store):
+            store = store()
 
         def run_fn(cfg):
             return run_one(
@@ -163,6 +145,9 @@ def run_configs(
         else:
             click.echo(text, err=True)
 
+    if nb is not None:
+        nb.say = say
+
     try:
         # SIGTERM and SIGHUP end a campaign as Ctrl-C does: the running kernel killed, the
         # board given back, nothing half done stored
@@ -187,6 +172,77 @@ def run_configs(
     if summary.by_others:
         click.echo(left_to_others(summary, len(configs), store.path), err=True)
     return summary
+
+
+def _refuse_learned_without_agents(configs, board_name: str) -> None:
+    """A learned policy on a board hidvfs ships no agents for is refused before any run
+    (exit 2); every run of it failed with the loader's "run `hidvfs agents train`", which
+    cannot help there: training needs the board's plant parameters."""
+    from agents.factory import LEARNED_POLICIES
+    from agents.learned import boards_with_agents
+
+    shipped = boards_with_agents()
+    learned = sorted({c.policy for c in configs if c.policy in LEARNED_POLICIES})
+    if learned and board_name not in shipped:
+        fail(
+            f"--policy {','.join(learned)}: these policies run agents trained for one board, "
+            f"and hidvfs ships them for {', '.join(shipped)} only; this board ({board_name}) is "
+            "not one of them. Compare kernel governors here (e.g. --policy "
+            "schedutil,performance,powersave), or give --board when the board is one of those "
+            "and was not detected"
+        )
+
+
+def _native_runs(configs, nb, profiles_path, sysfs_root):
+    """The configs of a native campaign on the opened board ``nb`` and the function that runs
+    one. Each run's key gets the tree, frequency control and binary it measures
+    (:class:`~bots_bench.spec.MeasuredOn`): a re-run on a fake tree, after a first run that
+    could not set frequencies (no sudo) or with a rebuilt BOTS measures again instead of
+    reusing those runs.
+
+    Each job gets the reference profile of its build stored for the board; with a deadline
+    slack, a job without one is a failed run saying how to measure it."""
+    from agents import deadlines
+    from bots_bench.native import measured_on, run_native
+    from bots_bench.registry import DEFAULT_LABEL, job_name
+    from daemon.config import DEFAULT_PROFILES
+    from tools.policies import build_policy_stack
+
+    board_name = nb.platform.spec.name
+    _refuse_learned_without_agents(configs, board_name)
+    digests: dict = {}
+    configs = [
+        replace(c, board=board_name, measured_on=measured_on(c, nb, digests)) for c in configs
+    ]
+    store_opt = "" if profiles_path is None else f" --store {profiles_path}"
+    root_opt = "" if os.path.abspath(sysfs_root) == "/" else f" --sysfs-root {sysfs_root}"
+    profiles_path = profiles_path or DEFAULT_PROFILES
+    profiles = deadlines.load(profiles_path, missing_ok=True)
+
+    def run_fn(cfg):
+        # the profile of the binary that runs: a cut-off, tied or serial build, or another
+        # compiler's, has its own
+        name = job_name(cfg.bench, cfg.cls, cfg.variant, cfg.label)
+        prof = profiles.find(name, board_name)
+        if cfg.deadline_slack is not None:
+            if prof is None:
+                # the options of the build's name (a default variant or label is left out)
+                default = name == job_name(cfg.bench, cfg.cls, label=cfg.label)
+                build = "" if default else f" --variant {cfg.variant}"
+                build += "" if cfg.label == DEFAULT_LABEL else f" --label {cfg.label}"
+                return {
+                    "ok": False,
+                    "error": (
+                        f"no reference profile {name!r} for {board_name} in {profiles_path}, "
+                        f"so no deadline can be set: measure it first (sudo hidvfs bots "
+                        f"profile --bots-bin {cfg.bots_bin} --bench {cfg.bench} --class "
+                        f"{cfg.cls}{build}{store_opt}{root_opt})"
+                    ),
+                }
+            cfg = replace(cfg, deadline_s=cfg.deadline_slack * prof.ref_makespan_s)
+        return run_native(cfg, nb, build_policy_stack, profile=prof)
+
+    return configs, run_fn
 
 
 def left_to_others(summary, total: int, path) -> str:
@@ -271,11 +327,16 @@ def run_campaign_cli(
     if (db or default_db) != ":memory:":  # its folder made now, before the campaign (the
         # default results.sqlite too: a file there that cannot be written is said now)
         ensure_parent("--db", db or default_db, replace="open")
-    store = Store(db or default_db)
+    stores = []
+
+    def open_store():  # opened once the board is: a refused start leaves no empty file
+        stores.append(Store(db or default_db))
+        return stores[0]
+
     explicit = spec_file is not None or board is not None
     summary = run_configs(
         configs,
-        store,
+        open_store,
         backend=spec.backend,
         sysfs_root=sysfs_root,
         board=spec.board if spec.backend == "sim" or explicit else None,
@@ -284,6 +345,7 @@ def run_campaign_cli(
         profiles_path=profiles_path,
         retry_failed=retry_failed,
     )
+    store = stores[0]
     records = campaign_records(store, summary.keys)
     if as_json:
         emit_json(
@@ -294,6 +356,14 @@ def run_campaign_cli(
         )
     else:
         click.echo(ratio_table(records, list(spec.policies)))
+    if blind := sum(1 for r in records if r.get("frequency_control") is False):
+        # the start said so once, before hours of runs; the table must say it too
+        click.echo(
+            f"note: {blind} of {len(records)} runs could not set CPU frequencies (no writable "
+            "cpufreq policy): their governors differ only in affinity and priority, so the "
+            "ratios above do not compare frequency policies (run as root on the board)",
+            err=True,
+        )
     failed = sum(1 for r in records if not r["ok"])
     if failed:
         where = "" if as_json else " (errors above)"

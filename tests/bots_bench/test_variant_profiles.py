@@ -187,7 +187,13 @@ def test_a_native_campaign_of_a_variant_plans_from_that_variant_s_profile(
     rec = campaign(_profiles(tmp_path / "default.json", default))
     assert not rec["ok"]
     assert "no reference profile 'fib.smoke.omp-tasks-manual'" in rec["error"]
-    assert "--bench fib --class smoke --variant omp-tasks-manual)" in rec["error"]
+    # the store and the tree it was asked for, so that the command measures where the
+    # campaign looks (without them it measured / into the default store)
+    store = tmp_path / "default.json"
+    assert (
+        f"--bench fib --class smoke --variant omp-tasks-manual --store {store} --sysfs-root {tree})"
+        in rec["error"]
+    )
 
 
 def test_a_default_campaign_s_missing_profile_message_names_no_variant(tree, tmp_path):
@@ -195,17 +201,19 @@ def test_a_default_campaign_s_missing_profile_message_names_no_variant(tree, tmp
     configs = [replace(c, variant="omp-tasks") for c in _manual_campaign(tmp_path / "bin")]
     rec = _native_run(configs, tree, tmp_path, tmp_path / "none.json")
     assert "no reference profile 'fib.smoke'" in rec["error"]
-    assert rec["error"].endswith("--bench fib --class smoke)")
+    assert rec["error"].endswith(
+        f"--bench fib --class smoke --store {tmp_path / 'none.json'} --sysfs-root {tree})"
+    )
 
 
 @pytest.mark.parametrize(
     ("variant", "name", "options"),
     [
-        ("omp-tasks", "fib.smoke@clang", "--class smoke --label clang)"),
+        ("omp-tasks", "fib.smoke@clang", "--class smoke --label clang"),
         (
             "omp-tasks-manual",
             "fib.smoke.omp-tasks-manual@clang",
-            "--class smoke --variant omp-tasks-manual --label clang)",
+            "--class smoke --variant omp-tasks-manual --label clang",
         ),
     ],
     ids=["default-variant", "manual"],
@@ -231,7 +239,8 @@ def test_a_native_campaign_of_a_label_plans_from_that_label_s_profile(
     rec = campaign(_profiles(tmp_path / "gcc.json", gcc))
     assert not rec["ok"]
     assert f"no reference profile {name!r}" in rec["error"]
-    assert rec["error"].endswith(f"--bench fib {options}")
+    where = f"--store {tmp_path / 'gcc.json'} --sysfs-root {tree})"
+    assert rec["error"].endswith(f"--bench fib {options} {where}")
 
 
 def test_a_native_study_of_a_variant_hands_the_job_that_variant_s_profile(
