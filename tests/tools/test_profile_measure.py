@@ -103,7 +103,7 @@ def test_a_board_another_process_controls_is_not_measured(tx2):
     original = tree_state(tmp / "tree", spec)
     ran = []
     with TreeLock(DirSysfs(tmp / "tree")):
-        with pytest.raises(TreeBusy, match="another hidvfs daemon is controlling"):
+        with pytest.raises(TreeBusy, match="another hidvfs process is controlling"):
             measure(
                 spec,
                 sysfs,
