@@ -399,21 +399,50 @@ def find_binaries(
     listing can show what is missing. ``label`` keeps only one compiler label (``gcc``).
     """
     out: dict[str, dict[str, Path]] = {name: {} for name in KERNEL_NAMES}
+    for m, entry in _named_files(bots_bin, label):
+        if os.access(entry, os.X_OK):
+            _add_build(out[m["kernel"]], m, entry, label)
+    return out
+
+
+def find_unexecutable(
+    bots_bin: str | os.PathLike[str], label: str | None = None
+) -> dict[str, dict[str, Path]]:
+    """Kernel -> {variant: path} for the BOTS binaries in ``bots_bin`` that are there but not
+    executable (copied without their mode, say), which :func:`find_binaries` leaves out: a
+    listing shows them as such, not as missing. A variant :func:`find_binaries` already
+    names for another build gets its ``@LABEL`` here too."""
+    found = find_binaries(bots_bin, label)
+    out: dict[str, dict[str, Path]] = {name: {} for name in KERNEL_NAMES}
+    for m, entry in _named_files(bots_bin, label):
+        if not os.access(entry, os.X_OK):
+            _add_build(out[m["kernel"]], m, entry, label, taken=found[m["kernel"]])
+    return out
+
+
+def _named_files(bots_bin: str | os.PathLike[str], label: str | None):
+    """(name match, path) of each file in ``bots_bin`` named as a known kernel's binary (of
+    compiler ``label`` when given), by name."""
     root = Path(bots_bin)
     if not root.is_dir():
-        return out
+        return
     for entry in sorted(root.iterdir()):
         m = _BINARY_RE.match(entry.name)
-        if not m or m["kernel"] not in out:
+        if not m or m["kernel"] not in KERNELS:
             continue
         if label is not None and m["label"] != label:
             continue
-        if entry.is_file() and os.access(entry, os.X_OK):
-            variant = m["variant"]
-            if label is None and variant in out[m["kernel"]]:
-                variant = f"{variant}@{m['label']}"
-            out[m["kernel"]][variant] = entry
-    return out
+        if entry.is_file():
+            yield m, entry
+
+
+def _add_build(builds: dict, m: re.Match, entry: Path, label: str | None, taken=()) -> None:
+    """``builds[variant] = entry``; a second compiler's build of a variant (every label
+    listed) is ``VARIANT@LABEL``."""
+    variant = m["variant"]
+    if label is None and (variant in builds or variant in taken):
+        variant = f"{variant}@{m['label']}"
+    builds[variant] = entry
 
 
 def binary_path(

@@ -272,9 +272,10 @@ def run_cmd(
 def list_cmd(bots_bin: str | None, kernel_name: str | None, as_json: bool) -> None:
     """The 12 kernels: the binary `bots run` runs by default (KERNEL.gcc.VARIANT, other
     builds with a spec's variant and label), the input classes, and with --bots-bin the
-    builds found there (by variant; a second compiler's build of one is VARIANT@LABEL)."""
+    builds found there (by variant; a second compiler's build of one is VARIANT@LABEL; one
+    that is there but not executable is marked so)."""
     from bots_bench.dags import CLASSES
-    from bots_bench.registry import KERNELS, binary_name, find_binaries
+    from bots_bench.registry import KERNELS, binary_name, find_binaries, find_unexecutable
 
     if kernel_name is not None:
         _list_classes(kernel_name, as_json)
@@ -284,6 +285,8 @@ def list_cmd(bots_bin: str | None, kernel_name: str | None, as_json: bool) -> No
 
         check_bots_bin(bots_bin)
     found = find_binaries(bots_bin) if bots_bin else {}
+    # `bots run` refuses these with "not executable (chmod +x ...)": not "none" here
+    unexecutable = find_unexecutable(bots_bin) if bots_bin else {}
     rows = []
     for name, k in KERNELS.items():
         rows.append(
@@ -295,6 +298,9 @@ def list_cmd(bots_bin: str | None, kernel_name: str | None, as_json: bool) -> No
                 "sim_classes": list(CLASSES.get(name, ())),
                 "check_runs_sequential": k.check_runs_sequential,
                 "binaries_found": {v: str(p) for v, p in found.get(name, {}).items()},
+                "binaries_not_executable": {
+                    v: str(p) for v, p in unexecutable.get(name, {}).items()
+                },
             }
         )
     if as_json:
@@ -312,7 +318,7 @@ def list_cmd(bots_bin: str | None, kernel_name: str | None, as_json: bool) -> No
             ",".join(KERNELS[name].classes),
         ]
         if bots_bin:
-            cells.append(",".join(sorted(r["binaries_found"])) or "none")
+            cells.append(_found_cell(r["binaries_found"], r["binaries_not_executable"]))
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -326,6 +332,15 @@ def list_cmd(bots_bin: str | None, kernel_name: str | None, as_json: bool) -> No
             "(pass --bots-bin DIR to look for built binaries; --kernel NAME shows a kernel's "
             "classes, model parameters beside native arguments)"
         )
+
+
+def _found_cell(found: dict, unexecutable: dict) -> str:
+    """The builds found (``omp-tasks,serial``), then those there but not executable, which
+    `bots run` would refuse: ``serial; omp-tasks (not executable: chmod +x)``."""
+    cells = [",".join(sorted(found))] if found else []
+    if unexecutable:
+        cells.append(f"{','.join(sorted(unexecutable))} (not executable: chmod +x)")
+    return "; ".join(cells) or "none"
 
 
 def class_rows(kernel_name: str) -> list[dict]:

@@ -306,3 +306,28 @@ def test_bots_list_kernel_shows_each_class_on_both_backends():
     assert by["test"]["native"] == ["-n", "100000"] and by["test"]["sim"]["nodes"] == 1000
     r = bots("list", "--kernel", "nope")
     assert r.exit_code == 2 and "unknown BOTS kernel 'nope'" in r.output
+
+
+def test_bots_list_shows_a_binary_that_is_not_executable_as_such(tmp_path):
+    """It was "none", as if it were not built, while `bots run` said "not executable"."""
+    for name, mode in (
+        ("fib.gcc.omp-tasks", 0o644),
+        ("fib.gcc.serial", 0o755),
+        ("sort.gcc.omp-tasks", 0o600),
+    ):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(mode)
+    r = bots("list", "--bots-bin", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    head, *lines = r.output.splitlines()
+    at = head.index(f"found in {tmp_path}")
+    found = {x.split()[0]: x[at:] for x in lines if x.split()[0] in ("fib", "sort", "uts")}
+    assert found == {
+        "fib": "serial; omp-tasks (not executable: chmod +x)",
+        "sort": "omp-tasks (not executable: chmod +x)",
+        "uts": "none",
+    }
+    r = bots("list", "--bots-bin", str(tmp_path), "--json")
+    fib = json.loads(r.stdout)[3]
+    assert fib["binaries_found"] == {"serial": str(tmp_path / "fib.gcc.serial")}
+    assert fib["binaries_not_executable"] == {"omp-tasks": str(tmp_path / "fib.gcc.omp-tasks")}

@@ -236,3 +236,28 @@ def test_bots_exit_statuses(bots_tree):
     # the plain build rejects a cut-off, as BOTS does
     assert subprocess.run([fib, "-x", "3"], capture_output=True, timeout=30).returncode == 100
     assert subprocess.run([fib, "-v", "2"], capture_output=True, timeout=30).returncode == 100
+
+
+def test_binaries_that_are_there_but_not_executable_are_found_apart(tmp_path):
+    """`bots list` shows them as such (`bots run` says "not executable"); find_binaries, which
+    the runs use, still leaves them out. A variant found executable under another compiler's
+    label keeps VARIANT for that one and gives this one its @LABEL."""
+    for name, mode in (
+        ("fib.gcc.omp-tasks", 0o644),
+        ("fib.gcc.serial", 0o755),
+        ("sort.clang.omp-tasks", 0o644),
+        ("sort.gcc.omp-tasks", 0o755),
+    ):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(mode)
+    (tmp_path / "nqueens.gcc.omp-tasks").mkdir(mode=0o755)  # a folder is no binary at all
+    found = find_binaries(tmp_path)
+    assert found["fib"] == {"serial": tmp_path / "fib.gcc.serial"}
+    assert found["sort"] == {"omp-tasks": tmp_path / "sort.gcc.omp-tasks"}
+    lost = registry.find_unexecutable(tmp_path)
+    assert set(lost) == set(EXPECTED)
+    assert lost["fib"] == {"omp-tasks": tmp_path / "fib.gcc.omp-tasks"}
+    assert lost["sort"] == {"omp-tasks@clang": tmp_path / "sort.clang.omp-tasks"}
+    assert lost["nqueens"] == {} and lost["fft"] == {}
+    assert registry.find_unexecutable(tmp_path, label="gcc")["sort"] == {}
+    assert all(v == {} for v in registry.find_unexecutable(tmp_path / "missing").values())
