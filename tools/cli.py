@@ -23,8 +23,10 @@ class _Root(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+        except KeyboardInterrupt as err:
+            # a command may say what the interrupt kept (a campaign: its finished runs)
+            hint = getattr(err, "hint", None)
+            click.echo(f"interrupted: {hint}" if hint else "interrupted", err=True)
             ctx.exit(130)
 
 

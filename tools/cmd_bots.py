@@ -694,6 +694,12 @@ def study_cmd(
             res = studies.vs_geardvfs(board, seeds=seeds, kernels=kernels, cls=cls, runner=runner)
         else:
             res = studies.mixed_criticality(board, seeds=seeds)
+    except KeyboardInterrupt as err:  # the line the CLI ends with says what was kept
+        err.hint = (
+            "nothing was kept: a study keeps its runs in memory (the same command again starts "
+            "it over)"
+        )
+        raise
     finally:
         if nb is not None:
             nb.close()

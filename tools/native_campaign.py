@@ -245,6 +245,21 @@ def _native_runs(configs, nb, profiles_path, sysfs_root):
     return configs, run_fn
 
 
+def interrupted_hint(db: str, opened: bool) -> str:
+    """What an interrupted campaign kept: its finished runs in ``db``, resumed by the same
+    command again, or nothing (a simulated campaign from flags keeps its runs in memory)."""
+    if db == ":memory:":
+        return (
+            "nothing was kept: a simulated campaign from flags keeps its runs in memory "
+            "(pass --db FILE to keep them, and a re-run resumes)"
+        )
+    if not opened:
+        return f"before any run; nothing was stored in {db}"
+    return (
+        f"the runs finished before it are kept in {db}; the same command again resumes the campaign"
+    )
+
+
 def left_to_others(summary, total: int, path) -> str:
     """The campaign's last progress line when another campaign on the same --db ran some of
     its runs: how many, and who (the table still shows every run)."""
@@ -334,17 +349,21 @@ def run_campaign_cli(
         return stores[0]
 
     explicit = spec_file is not None or board is not None
-    summary = run_configs(
-        configs,
-        open_store,
-        backend=spec.backend,
-        sysfs_root=sysfs_root,
-        board=spec.board if spec.backend == "sim" or explicit else None,
-        quiet=as_json,
-        deadline_slack=deadline_slack,
-        profiles_path=profiles_path,
-        retry_failed=retry_failed,
-    )
+    try:
+        summary = run_configs(
+            configs,
+            open_store,
+            backend=spec.backend,
+            sysfs_root=sysfs_root,
+            board=spec.board if spec.backend == "sim" or explicit else None,
+            quiet=as_json,
+            deadline_slack=deadline_slack,
+            profiles_path=profiles_path,
+            retry_failed=retry_failed,
+        )
+    except KeyboardInterrupt as err:  # the line the CLI ends with says what was kept
+        err.hint = interrupted_hint(db or default_db, opened=bool(stores))
+        raise
     store = stores[0]
     records = campaign_records(store, summary.keys)
     if as_json:
