@@ -291,7 +291,8 @@ def _verification_run(cfg: RunConfig, nb: NativeBoard, build_policy: Callable) -
     if rec["ok"]:
         return None
     hint = (
-        "; raise timeout_s, or set check: false in the spec to time it unverified"
+        "; raise --timeout (timeout_s in a spec), or set check: false in a spec to time it "
+        "unverified"
         if str(rec["error"]).startswith("timeout")
         else ""
     )

@@ -73,7 +73,31 @@ def _check_selection(backend, bench, cls, policy="performance", board=None, bots
 
 
 #: the ``bots run`` parameters a --spec file sets instead
-SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
+SPEC_SETS = (
+    "backend",
+    "board",
+    "bench",
+    "cls",
+    "policy",
+    "seeds",
+    "bots_bin",
+    "timeout_s",
+    "cooldown_start_temp",
+    "cooldown_max_wait",
+)
+#: what a native run does by default (bots_bench.spec: Cooldown, RunConfig.timeout_s)
+NATIVE_ONLY = ("timeout_s", "cooldown_start_temp", "cooldown_max_wait")
+
+
+def _given_on_command_line(ctx: click.Context, names) -> list[str]:
+    """The options among the parameters ``names`` given on the command line, as spelled
+    there (``--class``, ``--timeout``)."""
+    opts = {p.name: p.opts[0] for p in ctx.command.params}
+    return [
+        opts[n]
+        for n in names
+        if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE
+    ]
 
 
 @bots.command("run")
@@ -178,6 +202,32 @@ SPEC_SETS = ("backend", "board", "bench", "cls", "policy", "seeds", "bots_bin")
     callback=trusted_sysfs_root,
     help="Tree the native backend drives (/ on a board; a fake tree to try it).",
 )
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=600.0,
+    show_default=True,
+    type=FiniteFloatRange(min=0.1),
+    help="Native: seconds before a run is killed (a failed run; a kernel's untimed -c "
+    "verification run gets 4 x this).",
+)
+@click.option(
+    "--cooldown-start-temp",
+    default=45.0,
+    show_default=True,
+    type=FiniteFloatRange(min=0.0),
+    help="Native: before each run, wait until the hottest CPU zone is at or below this (°C).",
+    metavar="CELSIUS",
+)
+@click.option(
+    "--cooldown-max-wait",
+    default=120.0,
+    show_default=True,
+    type=FiniteFloatRange(min=0.0),
+    help="Native: wait at most this long for it (s); the run then starts hot, said on stderr "
+    "and stored as its start_temp_c. 0: no cool-down.",
+    metavar="SECONDS",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the run records as a JSON list.")
 def run_cmd(
     backend,
@@ -193,6 +243,9 @@ def run_cmd(
     bots_bin,
     spec_file,
     sysfs_root,
+    timeout_s,
+    cooldown_start_temp,
+    cooldown_max_wait,
     as_json,
 ) -> None:
     """Run a campaign and print run records (--json) or a table with ratios to the first policy.
@@ -225,17 +278,30 @@ def run_cmd(
         _check_class(backend, bench, cls)
     if spec_file:
         ctx = click.get_current_context()
-        given = [
-            "--" + p.replace("_", "-").replace("cls", "class")
-            for p in SPEC_SETS
-            if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE
-        ]
+        given = _given_on_command_line(ctx, SPEC_SETS)
         if given:
             click.echo(
                 f"note: --spec {spec_file} sets the campaign: {', '.join(given)} ignored",
                 err=True,
             )
 
+    native = {}
+    if backend == "native" and not spec_file:
+        native = {
+            "timeout_s": timeout_s,
+            "cooldown": None
+            if cooldown_max_wait == 0
+            else {"start_temp_c": cooldown_start_temp, "max_wait_s": cooldown_max_wait},
+        }
+    elif backend == "sim" and not spec_file:
+        ctx = click.get_current_context()
+        given = _given_on_command_line(ctx, NATIVE_ONLY)
+        if given:
+            click.echo(
+                f"note: {', '.join(given)} ignored with the sim backend (the simulator has "
+                "no run timeout nor cool-down)",
+                err=True,
+            )
     run_campaign_cli(
         backend=backend,
         board=board,
@@ -251,6 +317,7 @@ def run_cmd(
         sysfs_root=sysfs_root,
         profiles_path=profiles_path,
         retry_failed=not no_retry_failed,
+        **native,
     )
 
 

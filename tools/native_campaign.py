@@ -10,6 +10,8 @@ import click
 from daemon.stopsignals import InterruptOnSignals
 from tools.common import emit_json, ensure_parent, fail
 
+#: build_spec's "leave the spec's cool-down" (None means no cool-down there)
+DEFAULT_COOLDOWN = object()
 SIM_IGNORES_BOTS_BIN = "the simulator runs the kernels' DAG models, not the binaries"
 
 
@@ -41,9 +43,11 @@ def build_spec(
     bots_bin,
     spec_file,
     deadline_s=None,
-    cooldown=None,
+    cooldown=DEFAULT_COOLDOWN,
     timeout_s=600.0,
 ):
+    """The campaign of ``spec_file``, or of the flags; ``cooldown`` is a spec's value (a
+    mapping, or None for no cool-down), the spec's default when left out."""
     from bots_bench.spec import load_spec, parse_spec
 
     if spec_file:
@@ -59,7 +63,7 @@ def build_spec(
         "timeout_s": timeout_s,
         "deadline_s": deadline_s,
     }
-    if cooldown is not None:
+    if cooldown is not DEFAULT_COOLDOWN:
         data["cooldown"] = cooldown
     return parse_spec(data, "<command line>")
 
@@ -309,8 +313,12 @@ def run_campaign_cli(
     sysfs_root="/",
     profiles_path=None,
     retry_failed=True,
+    timeout_s=600.0,
+    cooldown=DEFAULT_COOLDOWN,
 ):
     """``hidvfs bots run``: exits 1 after the table when a selected run is not ok.
+    ``timeout_s`` and ``cooldown`` (a spec's ``cooldown`` value: a mapping, or None for no
+    cool-down) apply to a campaign from flags.
 
     ``board`` None means: tx2 in the simulator, the detected board natively; a board named
     on the command line or in a spec file must match the native board."""
@@ -329,6 +337,8 @@ def run_campaign_cli(
         seeds=seeds,
         bots_bin=bots_bin,
         spec_file=spec_file,
+        timeout_s=timeout_s,
+        cooldown=cooldown,
     )
     what = f"{spec_file}: bots_bin" if spec_file else "--bots-bin"
     if spec.backend == "native":  # before anything runs or a failed row per run is stored

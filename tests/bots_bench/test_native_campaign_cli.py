@@ -163,3 +163,45 @@ def test_the_cool_down_says_when_it_waits_and_when_a_run_starts_hot(tmp_path):
         assert cool_down(nb, 45.0, 0.6)[0] == 40.0 and said == []
     finally:
         nb.close()
+
+
+def test_a_campaign_from_flags_sets_its_timeout_and_cool_down(bots_tree, tmp_path):
+    """They were fixed at 600 s and 45 °C / 120 s for a campaign from flags: a spec file was
+    the only way to change them, and the timeout's hint said to edit a spec there was none of."""
+    tree = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), tree)
+    args = ["bots", "run", "--backend", "native", "--bench", "fib", "--class", "smoke"]
+    args += ["--policy", "performance", "--bots-bin", str(bots_tree.bin)]
+    args += ["--sysfs-root", str(tree), "--db", str(tmp_path / "r.sqlite")]
+    r = CliRunner().invoke(cli, [*args, "--timeout", "30", "--cooldown-max-wait", "0"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, [*args, "--cooldown-start-temp", "60", "--cooldown-max-wait", "5"])
+    assert r.exit_code == 0, r.output
+    configs = sorted(
+        (x["config"] for x in Store(tmp_path / "r.sqlite").runs()), key=lambda c: c["timeout_s"]
+    )
+    assert [(c["timeout_s"], c["cooldown"]) for c in configs] == [
+        (30.0, None),
+        (600.0, {"start_temp_c": 60.0, "max_wait_s": 5.0}),
+    ]
+
+
+def test_the_native_only_flags_are_named_as_ignored_in_the_simulator():
+    args = ["bots", "run", "--bench", "fib", "--class", "test", "--policy", "maxfreq"]
+    r = CliRunner().invoke(cli, [*args, "--timeout", "5", "--cooldown-max-wait", "0"])
+    assert r.exit_code == 0, r.output
+    assert "note: --timeout, --cooldown-max-wait ignored with the sim backend" in r.output
+
+
+def test_a_spec_file_names_the_run_flags_it_replaces(tmp_path):
+    spec = tmp_path / "c.yaml"
+    spec.write_text(
+        "kernels: [fib]\nclasses: [test]\npolicies: [maxfreq]\nseeds: 1\nboard: tx2\nbackend: sim\n"
+    )
+    r = CliRunner().invoke(
+        cli,
+        ["bots", "run", "--spec", str(spec), "--class", "small", "--timeout", "5"]
+        + ["--db", str(tmp_path / "r.sqlite")],
+    )
+    assert r.exit_code == 0, r.output
+    assert f"note: --spec {spec} sets the campaign: --class, --timeout ignored" in r.output
