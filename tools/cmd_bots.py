@@ -747,6 +747,11 @@ def study_cmd(
         board = nb.platform.spec.name
     board = board or "tx2"
     try:
+        if nb is not None:  # the study's policies on a board hidvfs has agents for
+            from tools.native_campaign import refuse_learned_without_agents
+
+            ran = [policy, "maxfreq"] if name == "deadline-vs-maxfreq" else ["hidvfs", "geardvfs"]
+            refuse_learned_without_agents(ran, board)
         if name == "deadline-vs-maxfreq":
             res = studies.deadline_vs_maxfreq(
                 board,

@@ -178,7 +178,7 @@ def run_configs(
     return summary
 
 
-def _refuse_learned_without_agents(configs, board_name: str) -> None:
+def refuse_learned_without_agents(policies, board_name: str) -> None:
     """A learned policy on a board hidvfs ships no agents for is refused before any run
     (exit 2); every run of it failed with the loader's "run `hidvfs agents train`", which
     cannot help there: training needs the board's plant parameters."""
@@ -186,10 +186,11 @@ def _refuse_learned_without_agents(configs, board_name: str) -> None:
     from agents.learned import boards_with_agents
 
     shipped = boards_with_agents()
-    learned = sorted({c.policy for c in configs if c.policy in LEARNED_POLICIES})
+    learned = sorted({p for p in policies if p in LEARNED_POLICIES})
     if learned and board_name not in shipped:
         fail(
-            f"--policy {','.join(learned)}: these policies run agents trained for one board, "
+            f"policy {', '.join(learned)}: {'it runs' if len(learned) == 1 else 'these run'} "
+            "agents trained for one board, "
             f"and hidvfs ships them for {', '.join(shipped)} only; this board ({board_name}) is "
             "not one of them. Compare kernel governors here (e.g. --policy "
             "schedutil,performance,powersave), or give --board when the board is one of those "
@@ -213,7 +214,7 @@ def _native_runs(configs, nb, profiles_path, sysfs_root):
     from tools.policies import build_policy_stack
 
     board_name = nb.platform.spec.name
-    _refuse_learned_without_agents(configs, board_name)
+    refuse_learned_without_agents([c.policy for c in configs], board_name)
     digests: dict = {}
     configs = [
         replace(c, board=board_name, measured_on=measured_on(c, nb, digests)) for c in configs

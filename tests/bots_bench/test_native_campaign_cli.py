@@ -117,7 +117,7 @@ def test_a_learned_policy_on_a_board_without_agents_is_refused_before_any_run(bo
     args += ["--bots-bin", str(bots_tree.bin), "--sysfs-root", str(tree), "--db", str(db)]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 2, r.output
-    assert "--policy hidvfs,ztt: these policies run agents trained for one board" in r.output
+    assert "policy hidvfs, ztt: these run agents trained for one board" in r.output
     assert "this board (unknown) is not one of them" in r.output
     assert "Traceback" not in r.output and "hidvfs agents train" not in r.output
     assert not db.exists() or Store(db).runs() == []
@@ -205,3 +205,19 @@ def test_a_spec_file_names_the_run_flags_it_replaces(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert f"note: --spec {spec} sets the campaign: --class, --timeout ignored" in r.output
+
+
+def test_a_native_study_of_learned_policies_on_a_board_without_agents_is_refused(
+    bots_tree, tmp_path
+):
+    from platforms import paths
+
+    tree = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), tree)
+    for name in (paths.DT_COMPATIBLE, paths.DT_MODEL):
+        (tree / name).unlink(missing_ok=True)
+    args = ["bots", "study", "vs-geardvfs", "--backend", "native", "--bench", "fib"]
+    args += ["--class", "smoke", "--bots-bin", str(bots_tree.bin), "--sysfs-root", str(tree)]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2, r.output
+    assert "policy geardvfs, hidvfs: these run agents trained for one board" in r.output
