@@ -108,8 +108,9 @@ def _list(v: object, what: str) -> list:
     return v
 
 
-def _cluster_rates(c: object, i: int, throttled: bool) -> tuple[float, float, float]:
-    """(reachable rate, top rate, idle cores) of one status cluster.
+def _cluster_rates(c: object, i: int, throttled: bool) -> tuple[float, float, float | None]:
+    """(reachable rate, top rate, idle cores) of one status cluster; idle cores None when the
+    cluster reports no utilisation (0.0 is a busy cluster, not an unknown one).
 
     The rate a new pod can get is the cluster's frequency ceiling now, not ``cur_khz``: an
     idle board's governor lowers ``cur_khz`` (orin-nx idle: 115200 of 1984000 kHz), which
@@ -141,7 +142,7 @@ def _cluster_rates(c: object, i: int, throttled: bool) -> tuple[float, float, fl
     else:
         ceiling = top
     ceiling = min(max(ceiling, 0.0), top)
-    idle = 0.0
+    idle = None
     util = ci_get(c, "util")
     mean_util = ci_get(c, "mean_util")
     if isinstance(util, list) and util:
@@ -186,12 +187,17 @@ def _parse_status(node: str, data: object) -> NodeTelemetry:
     clusters = ci_get(data, "clusters")
     if clusters is not None:
         num = den = idle = 0.0
+        known = False  # some cluster reported its utilisation
         for i, c in enumerate(_list(clusters, "clusters")):
             reach, top, free_i = _cluster_rates(c, i, bool(thr))
-            num, den, idle = num + reach, den + top, idle + free_i
+            num, den = num + reach, den + top
+            if free_i is not None:
+                known, idle = True, idle + free_i
         if speed is None and den > 0:
             speed = min(num / den, 1.0)
-        if free is None and idle > 0:
+        if free is None and known:
+            # 0 free cores is a saturated node (every core at util 1.0), not an unknown one:
+            # taken as unknown, it was filtered in and scored as an idle node
             free = idle
     return NodeTelemetry(node, True, "", speed, free, temp, thr)
 

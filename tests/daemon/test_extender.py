@@ -1007,3 +1007,26 @@ def test_filter_reply_splits_unresolvable_reasons():
         out = filter_reply(args, {"a": "busy", "b": Unresolvable("too small")})
         assert _filter_split(out) == (["c"], {"a": "busy"}, {"b": "too small"})
         assert json.loads(json.dumps(out)) == out
+
+
+def test_a_saturated_node_has_no_free_cores_and_is_not_an_idle_one(node_daemon):
+    """Every online core at util 1.0 (what `daemon --sim orin-nx --load 3` serves while jobs
+    run) is 0 free cores; 0 was read as "unknown", so the node was kept by filter and scored
+    10 by prioritize, as an idle one. A status without util still means unknown."""
+    assert parse_status("n", _orin_status(1984000, 1.0)).free_cpus == 0.0
+    assert parse_status("n", _orin_status(1984000, 0.5)).free_cpus == pytest.approx(4.0)
+    no_util = _orin_status(1984000, 0.0)
+    for c in no_util["clusters"]:
+        del c["util"]
+    assert parse_status("n", no_util).free_cpus is None
+    busy, _ = node_daemon(_orin_status(1984000, 1.0))
+    idle, _ = node_daemon(_orin_status(115200, 0.0))
+    srv, base = _serve(f"busy=orin-nx@{busy},idle=orin-nx@{idle}")
+    try:
+        code, out = _post(base + "/filter", {"Pod": POD, "NodeNames": ["busy", "idle"]})
+        assert code == 200 and out["NodeNames"] == ["idle"] and "busy" in out["FailedNodes"]
+        _, out = _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["busy", "idle"]})
+        scores = {e["Host"]: e["Score"] for e in out}
+        assert scores["idle"] == 10 and scores["busy"] < scores["idle"]
+    finally:
+        _stop(srv)
