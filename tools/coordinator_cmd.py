@@ -39,11 +39,12 @@ def parse_policies(text: str) -> list[str]:
     known = ", ".join(DEFAULT_POLICIES)
     if not names:
         raise ValueError(f"--policy {text!r} names no policy; expected all or some of {known}")
-    if "all" in names:
-        return list(DEFAULT_POLICIES)
-    unknown = [p for p in names if p not in DEFAULT_POLICIES]
+    # checked before `all` is expanded: `all,hefft` ran every policy and hid the typo
+    unknown = [p for p in names if p not in DEFAULT_POLICIES and p != "all"]
     if unknown:
         raise ValueError(f"unknown placement policy {unknown[0]!r}; known: all, {known}")
+    if "all" in names:
+        return list(DEFAULT_POLICIES)
     return list(dict.fromkeys(names))
 
 
@@ -141,6 +142,14 @@ def simulate(
                 "compress": float(compress),
                 "offered_load": offered,
             }
+        )
+    if rows and rows[0]["clamped_tasks"]:
+        # said once: the count was in --json alone, and these tasks replay lighter than asked
+        log.warning(
+            "%s: %d tasks ask for more cores or memory than the largest node of --nodes has; "
+            "they run as if they asked for that node's (clamped_tasks)",
+            os.fspath(trace_path),
+            rows[0]["clamped_tasks"],
         )
     return _with_ratios(rows)
 

@@ -36,6 +36,7 @@ def trace(tmp_path):
     [
         (["--policy", ","], "names no policy"),
         (["--policy", "fifo,nope"], "known: all, higfrl"),
+        (["--policy", "all,hefft"], "unknown placement policy 'hefft'"),  # ran every policy
         (["--nodes", "tx2:cpus=nan"], "cpus='nan' must be a whole number of cores"),
         (["--nodes", "tx2:speed=inf"], "finite"),
         (["--nodes", "tx2:2:3"], "nodes spec 'tx2:2:3': count given twice"),
@@ -524,3 +525,15 @@ def test_compressed_arrivals_keep_the_first_and_scale_the_gaps():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="compression factor"):
             compress_arrivals(w, bad)
+
+
+def test_tasks_larger_than_every_node_are_said_once(tmp_path):
+    """A task of 8 cores on 4-core boards ran as a 4-core one with nothing said but a
+    clamped_tasks count in --json."""
+    path = tmp_path / "big.csv"
+    path.write_text("M1,1,j_1,1,Terminated,0,10,800,0.1\nM2_1,1,j_1,1,Terminated,10,20,100,0.1\n")
+    r = run("simulate", "--trace", str(path), "--policy", "fifo,sjf", "--nodes", "tx2:2")
+    assert r.exit_code == 0, r.output
+    said = [ln for ln in r.stderr.splitlines() if "ask for more cores or memory" in ln]
+    assert len(said) == 1 and "level=warning" in said[0], r.stderr
+    assert f"{path}: 1 tasks ask for more cores or memory than the largest node" in said[0]
