@@ -25,7 +25,7 @@ def coordinator() -> None:
     "trace_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
-    help="batch_task.csv (a first line of the column names is skipped).",
+    help="batch_task.csv, or batch_task.csv.gz (a first line of the column names is skipped).",
 )
 @click.option(
     "--policy",
@@ -39,7 +39,8 @@ def coordinator() -> None:
     default="tx2:4,orin-nx:2,rubikpi3:2",
     show_default=True,
     help="Cluster: board[:count][:cpus=N][:mem=X][:speed=S],... with each field at most once: "
-    "count >= 1 (10000 nodes in all), cpus whole cores 1-1024, mem > 0, speed per core "
+    "count >= 1 (10000 nodes in all), cpus whole cores 1-1024, mem > 0 in the trace's "
+    "plan_mem units (one unit read as 1 GB; default the board's, 8 or 16), speed per core "
     "0.01-100 (reference core 1.0).",
     metavar="NODES",
 )
@@ -153,13 +154,15 @@ def synth_cmd(out, n_jobs, seed, load, nodes, as_json) -> None:
     "--policy",
     default="higfrl",
     show_default=True,
-    help="Placement policy used to score nodes.",
+    help="Placement policy used to score nodes: higfrl, fifo, sjf, heft, tetris, cp or random.",
     metavar="POLICY",
 )
 @click.option(
     "--nodes",
     default=None,
-    help="name=board@http://host:port/status,... (each node's daemon telemetry).",
+    help="name=board@http://host:port/status,... (each node's daemon telemetry); "
+    "name=board without a URL, or name=@url with the board from the node's hidvfs.io/board "
+    "label (docs/k3s-extender.md).",
     metavar="NODES",
 )
 @click.option(
@@ -245,7 +248,7 @@ def check_cmd(model_path, as_json) -> None:
     default=500,
     show_default=True,
     type=click.IntRange(10),
-    help="Jobs per held-out trace.",
+    help="Jobs per held-out trace (500: about 7 minutes on 2 cores).",
 )
 @click.option(
     "--model",
