@@ -29,6 +29,7 @@ trace's normalised units (0-100).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -508,20 +509,32 @@ def parse_batch_task(
 
 def _open_lines(path: str) -> Iterator[str]:
     """The file's lines; ``utf-8-sig`` drops a leading byte-order mark (an editor's or
-    Excel's export), which would otherwise spoil the first task name and skip its job."""
-    if path.endswith(".gz"):
-        import gzip
-        import zlib
+    Excel's export), which would otherwise spoil the first task name and skip its job.
 
-        try:
-            with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
+    A gzip file is known by its first bytes, not its name (one not named ``.gz`` read as a
+    file of NUL bytes, "no usable job"); a tar archive (the published ``batch_task.tar.gz``)
+    is refused with what to do, not read with its header glued to the first row."""
+    import gzip
+    import zlib
+
+    try:
+        # one open (a --trace <(zcat ...) pipe cannot be opened twice), its first bytes peeked
+        with open(path, "rb") as fh:
+            packed = fh.peek(2)[:2] == b"\x1f\x8b"
+            if not packed and path.endswith(".gz"):
+                raise ValueError(f"{path}: not a readable .gz file (not gzip-compressed)")
+            raw = gzip.GzipFile(fileobj=fh, mode="rb") if packed else fh
+            if raw.peek(512)[257:262] == b"ustar":
+                raise ValueError(
+                    f"{path}: is a tar archive; extract the CSV from it first (tar -xzf "
+                    f"{path}) and give that file"
+                )
+            # a bad byte becomes U+FFFD and spoils its row only (_split_line), not the file
+            with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as f:
                 yield from f
-        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
-            # gzip's own message names no file ("Not a gzipped file (b'no')")
-            raise ValueError(f"{path}: not a readable .gz file ({err})") from None
-    else:  # a bad byte becomes U+FFFD and spoils its row only (_split_line), not the file
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-            yield from f
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        # gzip's own message names no file ("Not a gzipped file (b'no')")
+        raise ValueError(f"{path}: not a readable .gz file ({err})") from None
 
 
 def read_batch_task(

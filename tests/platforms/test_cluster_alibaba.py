@@ -487,3 +487,52 @@ def test_filled_in_values_are_counted():
     assert load.imputed == 3 and [i.line for i in load.imputed_issues] == [1, 2, 2]
     assert sum(i.kind == "imputed" for i in load.issues) == 5  # every one still noted
     assert parse_batch_task(_good_job("j_1")).imputed == 0
+
+
+def test_gzip_is_known_by_its_bytes_and_a_tar_archive_is_refused(tmp_path):
+    """A gzip file not named .gz read as NUL bytes ("no usable job"); the published
+    batch_task.tar.gz was read with its tar header glued to the first row, losing that job."""
+    import gzip
+    import io
+    import tarfile
+
+    from platforms.cluster.alibaba import read_batch_task
+
+    rows = b"M1,1,j_1,1,Terminated,0,10,100,0.5\nM2_1,1,j_1,1,Terminated,10,20,100,0.5\n"
+    unnamed = tmp_path / "batch_task.download"
+    unnamed.write_bytes(gzip.compress(rows))
+    load = read_batch_task(unnamed)
+    assert [j.name for j in load.jobs] == ["j_1"] and not load.issues
+    for name, mode in (("batch_task.tar.gz", "w:gz"), ("batch_task.tar", "w")):
+        archive = tmp_path / name
+        with tarfile.open(archive, mode) as tar:
+            info = tarfile.TarInfo("batch_task.csv")
+            info.size = len(rows)
+            tar.addfile(info, io.BytesIO(rows))
+        with pytest.raises(ValueError, match=f"{archive}: is a tar archive; extract the CSV"):
+            read_batch_task(archive)
+
+
+def test_a_trace_from_a_pipe_is_read_whole(tmp_path):
+    """The file is opened once: a `--trace <(zcat ...)` pipe cannot be opened again."""
+    import gzip
+    import os
+    import threading
+
+    from platforms.cluster.alibaba import read_batch_task
+
+    rows = b"M1,1,j_1,1,Terminated,0,10,100,0.5\nM2_1,1,j_1,1,Terminated,10,20,100,0.5\n"
+    for data in (rows, gzip.compress(rows)):
+        fifo = tmp_path / "trace.fifo"
+        os.mkfifo(fifo)
+
+        def feed(data=data, fifo=fifo):
+            with open(fifo, "wb") as f:
+                f.write(data)
+
+        t = threading.Thread(target=feed)
+        t.start()
+        load = read_batch_task(fifo)
+        t.join()
+        fifo.unlink()
+        assert [len(j.tasks) for j in load.jobs] == [2] and not load.issues
