@@ -222,14 +222,26 @@ def _obj(d: object, key: str, where: str) -> dict:
     return v
 
 
+def _str_or_none(d: dict, key: str, where: str) -> str | None:
+    """``d[key]`` (case-insensitive) as a string: absent or null is None, else a 400."""
+    v = ci_get(d, key)
+    if v is not None and not isinstance(v, str):
+        raise BadRequest(f"{where}: expected a string, got {type(v).__name__}")
+    return v
+
+
 def parse_pod(pod: object) -> PodRequest:
     if not isinstance(pod, dict):
         raise BadRequest("Pod: expected an object")
     meta = _obj(pod, "metadata", "Pod.metadata")
-    name = str(ci_get(meta, "name", "") or "")
-    ns = ci_get(meta, "namespace")
+    # a wrong type is a 400 like the others (a number or a list was taken as a name, a
+    # `containers` of 0, false, "" or {} as no containers)
+    name = _str_or_none(meta, "name", "Pod.metadata.name") or ""
+    ns = _str_or_none(meta, "namespace", "Pod.metadata.namespace")
     ann = _obj(meta, "annotations", "Pod.metadata.annotations")
-    containers = ci_get(_obj(pod, "spec", "Pod.spec"), "containers") or []
+    containers = ci_get(_obj(pod, "spec", "Pod.spec"), "containers")
+    if containers is None:
+        containers = []
     if not isinstance(containers, list):
         raise BadRequest(f"Pod.spec.containers: expected a list, got {type(containers).__name__}")
     cpu = mem = 0.0

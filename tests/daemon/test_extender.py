@@ -610,6 +610,14 @@ MALFORMED_REQUESTS = [
     ({"Pod": {"spec": {"containers": 5}}, "NodeNames": ["a"]}, "containers"),
     ({"Pod": {"spec": {"containers": True}}, "NodeNames": ["a"]}, "containers"),
     ({"Pod": {"spec": {"containers": [5]}}, "NodeNames": ["a"]}, "containers[0]"),
+    # falsy wrong types were taken as no containers (200), other wrong names as names
+    ({"Pod": {"spec": {"containers": 0}}, "NodeNames": ["a"]}, "containers: expected a list"),
+    ({"Pod": {"spec": {"containers": False}}, "NodeNames": ["a"]}, "containers: expected a"),
+    ({"Pod": {"spec": {"containers": ""}}, "NodeNames": ["a"]}, "containers: expected a list"),
+    ({"Pod": {"spec": {"containers": {}}}, "NodeNames": ["a"]}, "containers: expected a list"),
+    ({"Pod": {"metadata": {"name": 7}}, "NodeNames": ["a"]}, "metadata.name: expected a string"),
+    ({"Pod": {"metadata": {"name": ["p"]}}, "NodeNames": ["a"]}, "metadata.name: expected a"),
+    ({"Pod": {"metadata": {"namespace": 1}}, "NodeNames": ["a"]}, "namespace: expected a"),
     ({"Pod": {"metadata": []}, "NodeNames": ["a"]}, "metadata"),
     ({"Pod": _pod({"cpu": {"x": 1}}), "NodeNames": ["a"]}, "cpu"),
     (
