@@ -211,6 +211,18 @@ class BoundedServer(ThreadingHTTPServer):
             self._log("refused")
             self._log("shed")
 
+    def drain(self, timeout_s: float) -> int:
+        """After :meth:`shutdown` (no new connection accepted): wait up to ``timeout_s`` for
+        the requests being answered (arrived whole) to be answered; returns how many were
+        still being answered then. A client still sending its request is not waited for."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                busy = sum(1 for c in self._conns.values() if not c.receiving)
+            if busy == 0 or time.monotonic() >= deadline:
+                return busy
+            time.sleep(0.02)
+
     def server_close(self) -> None:
         self.log_refused()
         super().server_close()

@@ -229,6 +229,10 @@ def _token(token: str | None) -> str | None:
     return None
 
 
+#: how long a stop waits for the requests being answered (the unit's TimeoutStopSec is 10)
+DRAIN_S = 5.0
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 8888,
@@ -264,6 +268,10 @@ def serve(
     finally:
         if thread.is_alive():
             srv.shutdown()
+        # a pod being scored gets its answer (its telemetry reads end within timeout_s): a
+        # stop in the middle of a prioritize was a RemoteDisconnected for the scheduler
+        if left := srv.drain(DRAIN_S):
+            log.warning("%d requests still being answered after %g s: closed", left, DRAIN_S)
         srv.server_close()
         srv.coordinator.telemetry.close()
 

@@ -1038,3 +1038,50 @@ def test_a_saturated_node_has_no_free_cores_and_is_not_an_idle_one(node_daemon):
         assert scores["idle"] == 10 and scores["busy"] < scores["idle"]
     finally:
         _stop(srv)
+
+
+def test_drain_waits_for_the_requests_being_answered():
+    """A stop waits (bounded) for a pod being scored instead of closing its connection: the
+    scheduler got RemoteDisconnected for a prioritize that waited on a slow node."""
+    from http.server import BaseHTTPRequestHandler
+
+    asked, release = threading.Event(), threading.Event()
+
+    class SlowNode(BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.set()
+            release.wait(10)
+            body = json.dumps({"speed_factor": 1.0, "free_cpus": 8}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    node = ThreadingHTTPServer(("127.0.0.1", 0), SlowNode)
+    threading.Thread(target=node.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{node.server_address[1]}/status"
+    srv, base = _serve(f"a=orin-nx@{url}", timeout_s=5.0)
+    answer = {}
+    asker = threading.Thread(
+        target=lambda: answer.update(
+            zip(("code", "body"), _post(base + "/prioritize", {"Pod": POD, "NodeNames": ["a"]}))
+        )
+    )
+    try:
+        asker.start()
+        assert asked.wait(10)
+        srv.shutdown()  # no new connection from here
+        assert srv.drain(0.1) == 1  # still waiting on the node: not answered yet
+        threading.Timer(0.2, release.set).start()
+        assert srv.drain(5.0) == 0
+        asker.join(5)
+        assert answer["code"] == 200 and [e["Host"] for e in answer["body"]] == ["a"]
+    finally:
+        release.set()
+        srv.server_close()
+        srv.coordinator.telemetry.close()
+        node.shutdown()
+        node.server_close()
