@@ -219,7 +219,12 @@ def _native_runs(configs, nb, profiles_path, sysfs_root):
     configs = [
         replace(c, board=board_name, measured_on=measured_on(c, nb, digests)) for c in configs
     ]
-    store_opt = "" if profiles_path is None else f" --store {profiles_path}"
+    # the options that make the suggested `bots profile` measure where this campaign looks
+    store_opt = (
+        ""
+        if profiles_path is None or os.path.abspath(profiles_path) == DEFAULT_PROFILES
+        else f" --store {profiles_path}"
+    )
     root_opt = "" if os.path.abspath(sysfs_root) == "/" else f" --sysfs-root {sysfs_root}"
     profiles_path = profiles_path or DEFAULT_PROFILES
     profiles = deadlines.load(profiles_path, missing_ok=True)

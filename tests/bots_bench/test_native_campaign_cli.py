@@ -221,3 +221,53 @@ def test_a_native_study_of_learned_policies_on_a_board_without_agents_is_refused
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 2, r.output
     assert "policy geardvfs, hidvfs: these run agents trained for one board" in r.output
+
+
+def test_the_missing_profile_hint_names_only_the_options_that_differ(
+    bots_tree, tmp_path, monkeypatch
+):
+    """The default store is left out of the suggested `bots profile` (it is its default);
+    another store and a fake tree are named, so that it measures where the campaign looks."""
+    import agents.deadlines as deadlines
+    from bots_bench.spec import expand, parse_spec
+    from daemon.config import DEFAULT_PROFILES
+    from tools.native_campaign import run_configs
+
+    tree = tmp_path / "tree"
+    write_fake_tree(load_board("tx2"), tree)
+    real_load = deadlines.load
+    monkeypatch.setattr(
+        deadlines, "load", lambda path, **kw: real_load(tmp_path / "none.json", **kw)
+    )
+    spec = parse_spec(
+        {
+            "kernels": ["fib"],
+            "classes": ["smoke"],
+            "policies": ["maxfreq"],
+            "seeds": 1,
+            "board": "tx2",
+            "backend": "native",
+            "bots_bin": str(bots_tree.bin),
+            "cooldown": None,
+        }
+    )
+    errors = []
+    for store in (DEFAULT_PROFILES, str(tmp_path / "mine.json")):
+        db = Store(":memory:")
+        run_configs(
+            expand(spec),
+            db,
+            backend="native",
+            sysfs_root=str(tree),
+            state_dir=str(tmp_path / "state"),
+            quiet=True,
+            deadline_slack=1.5,
+            profiles_path=store,
+            say=lambda m: None,
+        )
+        (rec,) = db.runs()
+        errors.append(rec["error"])
+    assert errors[0].endswith(f"--bench fib --class smoke --sysfs-root {tree})")
+    assert errors[1].endswith(
+        f"--class smoke --store {tmp_path / 'mine.json'} --sysfs-root {tree})"
+    )
