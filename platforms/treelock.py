@@ -19,8 +19,11 @@ import errno
 import fcntl
 import os
 
+import psutil
+
 from platforms import paths
 from platforms.errors import HidvfsError
+from platforms.liveprocs import program_name
 from platforms.sysfs import DirSysfs
 
 
@@ -129,9 +132,8 @@ def lock_holder(fd: int) -> int | None:
 def holder_command(pid: int) -> tuple[str, ...] | None:
     """The hidvfs command ``pid`` runs (:func:`command_words`); None when it is gone."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return command_words(f.read().decode(errors="replace").split("\0"))
-    except OSError:
+        return command_words(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return None
 
 
@@ -155,12 +157,10 @@ def command_words(argv: list[str]) -> tuple[str, ...] | None:
 def hidvfs_args(argv: list[str]) -> list[str] | None:
     """What follows the program in a hidvfs command line (``hidvfs ...``, ``python3
     /usr/bin/hidvfs ...`` as a console script runs, ``python -m tools.cli ...``); None for
-    another program's."""
-    for i, arg in enumerate(argv):
-        if os.path.basename(arg) == "hidvfs":
-            return argv[i + 1 :]
-        if arg == "-m":
-            return argv[i + 2 :] if argv[i + 1 : i + 2] == ["tools.cli"] else None
-        if i and not arg.startswith("-"):
-            return None  # the interpreter runs another script
-    return None
+    another program's. The program is told as for the rival daemons
+    (:func:`platforms.liveprocs.program_name`)."""
+    prog = program_name("", argv)
+    if prog not in ("hidvfs", "tools.cli"):
+        return None
+    i = next(i for i, a in enumerate(argv) if a and os.path.basename(a) == prog)
+    return argv[i + 1 :]
