@@ -120,20 +120,20 @@ def ensure_parent(
     ``follow``: a symbolic link at ``path`` is judged by the file it leads to (the command
     replaces that file, not the link), in that file's folder; a link another user owns or
     could have placed (:func:`trusted_link`) is refused, as :func:`open_output` refuses it."""
-    if follow and os.path.islink(path) and not trusted_link(os.fspath(path)):
+    stream = is_stream_path(path)
+    # a link followed, or one to a stream, is written through: another user's is refused
+    # now, naming the option, not at the first write
+    if (follow or stream) and os.path.islink(path) and not trusted_link(os.fspath(path)):
+        instead = (
+            " (it could point anywhere): remove it, or give the file's own path"
+            if follow
+            else ": remove it, or give the stream's own name (/dev/stdout, the FIFO's path)"
+        )
         raise OutputFolderError(
             f"{option} {path}: is a symbolic link that another user owns or could have placed "
-            "(in a folder others can write); hidvfs writes no output through it (it could "
-            "point anywhere): remove it, or give the file's own path"
+            f"(in a folder others can write); hidvfs writes no output through it{instead}"
         )
-    if is_stream_path(path):
-        if os.path.islink(path) and not trusted_link(os.fspath(path)):
-            # said now, naming the option, not at the first write
-            raise OutputFolderError(
-                f"{option} {path}: is a symbolic link that another user owns or could have "
-                "placed (in a folder others can write); hidvfs writes no output through it: "
-                "remove it, or give the stream's own name (/dev/stdout, the FIFO's path)"
-            )
+    if stream:
         return
     full = os.path.abspath(os.fspath(path))
     if follow:  # the file a link leads to is what gets written, in its own folder
