@@ -424,3 +424,25 @@ def test_the_serial_profile_name_is_the_one_a_run_registers_under(board, tmp_pat
     rec = run_native(cfg, board, build_policy_stack)
     assert rec["ok"], rec["error"]
     assert names == ["fib.smoke.serial"]
+
+
+def test_the_missing_profile_hint_names_only_the_options_that_differ(tree, tmp_path, monkeypatch):
+    """The default store is left out of the suggested `bots profile` (it is its default);
+    another store and a fake tree are named, so that it measures where the campaign looks."""
+    import agents.deadlines as deadlines
+    from daemon.config import DEFAULT_PROFILES
+
+    _stand_in(tmp_path / "bin", "fib.gcc.omp-tasks", FIB)
+    configs = [replace(c, variant="omp-tasks") for c in _manual_campaign(tmp_path / "bin")]
+    real_load = deadlines.load
+    monkeypatch.setattr(
+        deadlines, "load", lambda path, **kw: real_load(tmp_path / "none.json", **kw)
+    )
+    errors = [
+        _native_run(configs, tree, tmp_path, store)["error"]
+        for store in (DEFAULT_PROFILES, tmp_path / "mine.json")
+    ]
+    assert errors[0].endswith(f"--bench fib --class smoke --sysfs-root {tree})")
+    assert errors[1].endswith(
+        f"--class smoke --store {tmp_path / 'mine.json'} --sysfs-root {tree})"
+    )
