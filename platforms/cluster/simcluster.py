@@ -566,8 +566,14 @@ def compress_arrivals(w: Workload, factor: float) -> Workload:
 def offered_load(w: Workload, nodes: Sequence[NodeSpec]) -> float:
     """The work the jobs bring per second of their arrival span, over the cluster's
     speed-weighted cores (the synthetic generator's ``load``); inf when every job arrives
-    at once, 0 without work."""
-    work = float(np.sum(w.work * w.cpu))
+    at once, 0 without work. A task larger than every node counts as the simulator runs it,
+    shrunk to the largest node (``clamped_tasks``), not as the trace asks."""
+    if w.n_tasks == 0 or not nodes:
+        return 0.0
+    cap_cpu = np.array([n.cpus for n in nodes], dtype=float)
+    cap_mem = np.array([n.mem for n in nodes], dtype=float)
+    cpu, _, _ = _clamp_demands(w, cap_cpu, cap_mem)
+    work = float(np.sum(w.work * cpu))
     cap = sum(n.cpus * n.speed for n in nodes)
     span = float(np.ptp(w.job_arrival)) if w.n_jobs else 0.0
     if work <= 0 or cap <= 0:

@@ -527,6 +527,26 @@ def test_compressed_arrivals_keep_the_first_and_scale_the_gaps():
             compress_arrivals(w, bad)
 
 
+def test_offered_load_counts_a_task_larger_than_every_node_as_it_runs(tmp_path):
+    """An 8-core task on 4-core nodes replays as a 4-core one; the offered load said beside
+    the table counted its 8 cores (twice the load that was replayed)."""
+    from platforms.cluster.alibaba import read_batch_task
+    from platforms.cluster.simcluster import NodeSpec, Workload, offered_load
+    from tools.coordinator_cmd import parse_nodes_spec
+
+    path = tmp_path / "big.csv"
+    path.write_text("M1,1,j_1,1,Terminated,0,10,800,0.1\nM1,1,j_2,1,Terminated,10,20,400,0.1\n")
+
+    w = Workload.from_jobs(read_batch_task(path).jobs)
+    nodes = [NodeSpec("n", "tx2", cpus=4, mem=8, speed=1.0)]
+    # 10 s at 4 cores (clamped from 8) + 10 s at 4 cores, over 4 cores, arrivals 10 s apart
+    assert offered_load(w, nodes) == pytest.approx((10 * 4 + 10 * 4) / (4 * 10))
+    r = run("simulate", "--trace", str(path), "--policy", "fifo", "--nodes", "tx2:1", "--json")
+    assert r.exit_code == 0, r.output
+    (tx2,) = parse_nodes_spec("tx2:1")  # 4 cores at speed 1.0176
+    assert json.loads(r.stdout)[0]["offered_load"] == pytest.approx(2.0 / tx2.speed)
+
+
 def test_tasks_larger_than_every_node_are_said_once(tmp_path):
     """A task of 8 cores on 4-core boards ran as a 4-core one with nothing said but a
     clamped_tasks count in --json."""
