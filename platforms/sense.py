@@ -155,6 +155,8 @@ class Sensor:
         self._last_trips: float | None = None
         #: the fallback zones last logged (type -> clusters), so a rediscovery logs no repeat
         self._fallback_logged: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        #: the online CPUs of no known cluster last logged (:meth:`_warn_uncontrolled`)
+        self._uncontrolled_logged: tuple[int, ...] = ()
         #: how many discoveries ran (tests and logs use it to see caching work)
         self.discoveries = 0
         self.rediscover()
@@ -206,6 +208,25 @@ class Sensor:
                 )
             )
         self._clusters = plans
+        self._warn_uncontrolled(plans)
+
+    def _warn_uncontrolled(self, plans: list[_ClusterPlan]) -> None:
+        """Say once per set when online CPUs belong to no cluster of the spec: on a board the
+        daemon probed, a cluster whose CPUs were all offline at start had no cpufreq policy
+        to find, and its CPUs come online later under their kernel governor, uncontrolled
+        (a shipped spec names such clusters, e.g. the TX2's Denver, and is not affected)."""
+        known = {c for p in plans for c in p.cpus} | set(self.spec.cpus)
+        stray = tuple(c for c in self._online if c not in known)
+        if stray and stray != self._uncontrolled_logged:
+            log.warning(
+                "event=cpus_uncontrolled board=%s cpus=%s detail=%r",
+                self.spec.name,
+                ",".join(map(str, stray)),
+                f"CPUs {list(stray)} are online but belong to no cluster found when hidvfs "
+                "started (their cpufreq policy did not exist then): their frequency is left "
+                "to the kernel; restart hidvfs to control them",
+            )
+        self._uncontrolled_logged = stray
 
     def _discover_zones(self) -> None:
         wanted = [z for z in self.spec.zones if thermal.skip_reason(z.type, z) is None]

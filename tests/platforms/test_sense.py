@@ -127,6 +127,27 @@ def test_hotplug_rediscovers_and_back(tmp_path):
     assert sensor.discoveries == n  # the online set drove it, not a full rediscovery
 
 
+def test_cpus_of_no_known_cluster_coming_online_are_said_once(tmp_path, caplog):
+    """A probed board whose Denver-like cluster was offline at start has no cluster for it:
+    when its CPUs come online they run uncontrolled, which used to go unsaid."""
+    w = write_fake_tree(TX2, tmp_path, mode="default")
+    probed = replace(TX2, clusters=tuple(c for c in TX2.clusters if c.name == "a57"))
+    sensor = Sensor(probed, DirSysfs(tmp_path), refresh_s=None)
+    caplog.set_level(logging.WARNING, logger="hidvfs.sense")
+    sensor.read(0.0)
+    assert not [r for r in caplog.records if "cpus_uncontrolled" in r.getMessage()]
+    w.set_cpu_online(1, True)
+    w.set_cpu_online(2, True)
+    for t in (1.0, 2.0, 3.0):
+        sensor.read(t)
+    said = [r.getMessage() for r in caplog.records if "cpus_uncontrolled" in r.getMessage()]
+    assert len(said) == 1 and "cpus=1,2" in said[0] and "restart hidvfs" in said[0], said
+    # the shipped spec names the cluster: nothing to say
+    caplog.clear()
+    Sensor(TX2, DirSysfs(tmp_path), refresh_s=None).read(4.0)
+    assert not [r for r in caplog.records if "cpus_uncontrolled" in r.getMessage()]
+
+
 def test_policy_vanishing_under_the_sensor(tmp_path):
     """A policy folder disappears while its CPUs still look online (a racing hotplug): once
     rediscovered its files are no longer read, yet each stays reported unavailable (the
