@@ -196,6 +196,10 @@ class Actuator:
         self._job_started: dict[int, float | None] = {}
         self._narrowed: dict[int, tuple] = {}  # pid -> (CPU set asked, what the kernel gave)
         self._mode: dict[int, str] = {}  # policy -> "setspeed" | "limits" | "governor:<name>"
+        #: policies whose scaling_setspeed took a write this run; those where the first one
+        #: failed (missing, read-only) are pinned with min = max for the rest of the run
+        self._setspeed_ok: set[int] = set()
+        self._setspeed_refused: set[int] = set()
         self._last_freq: dict[int, int] = {}
         #: policy -> the frequency the kernel held it at after we wrote the target again
         #: (a thermal or firmware cap): the same reading again means writing changes nothing
@@ -362,7 +366,7 @@ class Actuator:
         if mode in ("setspeed", "limits"):
             return mode
         mode = "limits"
-        if "userspace" in governors:
+        if "userspace" in governors and policy not in self._setspeed_refused:
             try:
                 self._set_governor(policy, "userspace", report)
                 mode = "setspeed"
@@ -372,6 +376,26 @@ class Actuator:
                 )
         self._mode[policy] = mode
         return mode
+
+    def _speed_or_limits(self, policy: int, khz: int, report: ActuationReport) -> str:
+        """Write the setspeed; the mode to go on in. A policy whose setspeed never took a
+        write (missing, read-only) falls back to min/max bounds for the rest of the run:
+        retrying it re-selected userspace every tick and applied no frequency, nor any cap.
+        One that worked before raises as any failure (retried: the governor may have moved)."""
+        try:
+            self._set_speed(policy, khz, report)
+        except SysfsWriteError as err:
+            if policy in self._setspeed_ok:
+                raise
+            self._setspeed_refused.add(policy)
+            self._mode[policy] = "limits"
+            report.errors.append(
+                f"policy{policy}: scaling_setspeed refused ({err}); using min/max bounds"
+            )
+            return "limits"
+        if not self.dry_run:
+            self._setspeed_ok.add(policy)
+        return "setspeed"
 
     def apply(self, decision: Decision, obs: Observation) -> ActuationReport:
         report = ActuationReport()
@@ -423,11 +447,12 @@ class Actuator:
             else:
                 self._clamped_at.pop(c.policy, None)
             try:
-                if self._ensure_userspace(c.policy, c.governors, report) == "setspeed":
+                mode = self._ensure_userspace(c.policy, c.governors, report)
+                if mode == "setspeed":
                     if c.policy in self._pinned:  # our old pins would clamp the setspeed
                         self._unpin(c.policy, report)
-                    self._set_speed(c.policy, target, report)
-                else:
+                    mode = self._speed_or_limits(c.policy, target, report)
+                if mode == "limits":
                     if c.policy not in self._pinned and None not in (c.min_khz, c.max_khz):
                         self._envelope[c.policy] = (c.min_khz, c.max_khz)  # not ours: keep
                     self._pin_limits(c.policy, target, report)

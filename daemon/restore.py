@@ -17,7 +17,9 @@ Restore undoes the changes in reverse order (limits and setspeed, then the gover
 write on its own: a failure is logged and reported, and the rest still runs. A policy whose
 CPUs are all offline when it is restored has no cpufreq files (boards.md 1.1): one of its CPUs
 is brought online for the writes and taken offline again after them. ``scaling_min_freq`` and
-``scaling_max_freq`` are written in the order that keeps min <= max after every single write.
+``scaling_max_freq`` are written in the order that keeps min <= max after every single write;
+an original minimum above its maximum (a broken or fake tree) is never written back, and the
+report counts it as skipped.
 A snapshot without ``touched`` (an earlier hidvfs's file, or one taken outside a session)
 gives back every policy file it holds.
 """
@@ -151,8 +153,8 @@ class Snapshot:
         except (KeyError, TypeError, ValueError) as err:
             raise SnapshotError(f"{file}: malformed snapshot ({err!r})") from None
         for p in policies:  # the kernel never holds min > max: such a file is not originals
-            mn, mx = _int_or_none(p.min_khz), _int_or_none(p.max_khz)
-            if mn is not None and mx is not None and mn > mx:
+            if _inverted_pair(p):
+                mn, mx = p.min_khz, p.max_khz
                 raise SnapshotError(
                     f"{file}: policy{p.policy} min_khz {mn} > max_khz {mx}: not a snapshot "
                     "of a board"
@@ -210,13 +212,20 @@ class RestoreReport:
     restored: list[str] = field(default_factory=list)  # paths written back
     unchanged: list[str] = field(default_factory=list)  # already at the original value
     failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    #: (path, reason) of originals no write can give back (an inverted min/max pair): not a
+    #: failure, since a retry cannot do better, but never counted as unchanged either
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.failed
 
     def summary(self) -> str:
-        return f"restored={len(self.restored)} unchanged={len(self.unchanged)} failed={len(self.failed)}"
+        skipped = f" skipped={len(self.skipped)}" if self.skipped else ""
+        return (
+            f"restored={len(self.restored)} unchanged={len(self.unchanged)}{skipped} "
+            f"failed={len(self.failed)}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,6 +437,23 @@ def _limit_writes(sysfs: SysfsBackend, p: PolicySnapshot) -> list[Write]:
     ]
 
 
+def _inverted_pair(p: PolicySnapshot) -> bool:
+    """Whether ``p`` holds a minimum above its maximum (only a broken or fake tree shows one)."""
+    mn, mx = _int_or_none(p.min_khz), _int_or_none(p.max_khz)
+    return mn is not None and mx is not None and mn > mx
+
+
+def _inverted_min(p: PolicySnapshot) -> str | None:
+    """The path of an original minimum above its maximum that hidvfs wrote over: only a
+    broken or fake tree shows such a pair and kernels refuse to write one, so the restore
+    gives back the maximum alone (None when there is no such file)."""
+    if not _inverted_pair(p):
+        return None
+    if p.touched is not None and "scaling_min_freq" not in p.touched:
+        return None
+    return paths.policy_file(p.policy, "scaling_min_freq")
+
+
 def _policy_writes(sysfs: SysfsBackend, p: PolicySnapshot) -> list[Write]:
     """Last changed first: setspeed/limits, then the governor, then the original setspeed
     (only writable under userspace, so after the governor); only the files hidvfs wrote."""
@@ -497,7 +523,25 @@ def restore_snapshot(
         except Exception as err:  # noqa: BLE001 - one broken item must not stop the rest
             report.failed.append((w.path, f"{type(err).__name__}: {err}"))
             log.exception("event=restore_failed path=%s value=%s", w.path, w.value)
-    level = logging.INFO if report.ok else logging.ERROR
+    for p in snapshot.policies:  # after the writes: what each such minimum is left at
+        path = _inverted_min(p)
+        if path is None:
+            continue
+        now = sysfs.read_or(path)
+        if _same(now, p.min_khz):
+            report.unchanged.append(path)
+            continue
+        why = f"original min {p.min_khz} > max {p.max_khz} kHz: kernels refuse that pair"
+        report.skipped.append((path, why))
+        log.warning(
+            "event=restore_skipped policy=%d min_khz=%s max_khz=%s now=%s detail=%r",
+            p.policy,
+            p.min_khz,
+            p.max_khz,
+            now,
+            f"scaling_min_freq not restored: {why}",
+        )
+    level = logging.ERROR if not report.ok else logging.WARNING if report.skipped else logging.INFO
     log.log(level, "event=restore_done %s", report.summary())
     if state_dir is not None and report.ok:
         try:
@@ -649,6 +693,14 @@ def begin_session(
             f"cannot read the original value of {', '.join(missing)} "
             f"({ORIGINAL_READS} tries): hidvfs takes control only of settings it can give back; "
             "check that the file is readable (cat it) and start again"
+        )
+    inverted = [p for p in snap.policies if _inverted_pair(p)]
+    if inverted:  # a snapshot the restart after a crash would refuse; and not restorable
+        p = inverted[0]
+        raise SnapshotError(
+            f"policy{p.policy} shows scaling_min_freq {p.min_khz} > scaling_max_freq "
+            f"{p.max_khz} kHz, a pair no kernel holds or accepts: hidvfs takes control only of "
+            "settings it can give back; fix the tree (a fake one?) and start again"
         )
     try:
         save_snapshot(snap, state_dir)

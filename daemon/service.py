@@ -118,19 +118,41 @@ def resolve_board(cfg: Config, sysfs: DirSysfs) -> BoardSpec:
 
 
 def check_writable(sysfs: DirSysfs, spec: BoardSpec) -> None:
-    """Refuse to start on a tree we could not restore: every policy's limits must be writable."""
+    """Refuse to start when some policy could not be driven at all. The actuator sets a
+    frequency by pinning min = max, or through the userspace governor and its setspeed: a
+    policy needs the files of one of them, not of both (a read-only governor is fine with
+    writable limits)."""
     bad = []
     for c in spec.clusters:
-        if not sysfs.exists(f"devices/system/cpu/cpufreq/policy{c.policy}"):
+        base = f"devices/system/cpu/cpufreq/policy{c.policy}"
+        if not sysfs.exists(base):
             continue
-        for name in ("scaling_governor", "scaling_min_freq", "scaling_max_freq"):
-            path = f"devices/system/cpu/cpufreq/policy{c.policy}/{name}"
-            if not sysfs.writable(path):
-                bad.append(path)
+        can = {n: sysfs.writable(f"{base}/{n}") for n in cpufreq.WRITABLE_FILES}
+        if can["scaling_min_freq"] and can["scaling_max_freq"]:
+            continue
+        governors = (sysfs.read_or(f"{base}/scaling_available_governors") or "").split()
+        if "userspace" in governors and can["scaling_governor"] and can["scaling_setspeed"]:
+            continue
+        why = [
+            f"{n} {'read-only' if sysfs.exists(f'{base}/{n}') else 'missing'}"
+            for n, ok in can.items()
+            if not ok
+        ]
+        if "userspace" not in governors:
+            why.append("no userspace governor")
+        bad.append(f"{base} ({', '.join(why)})")
     if bad:
+        hint = (
+            "read-only tree: root cannot write them either (a read-only mount, or files no one "
+            "may write); check the tree"
+            if os.geteuid() == 0
+            else "read-only tree or missing permission; run as root or give this user write "
+            "access to them"
+        )
         raise DaemonError(
-            f"cannot write {bad[0]} under {sysfs.root} (read-only tree or missing permission; "
-            f"{len(bad)} file(s)); run as root, or use --dry-run to see what would be written"
+            f"cannot set a frequency on {bad[0]} under {sysfs.root}: neither min = max limits "
+            "nor the userspace governor and its setspeed can be written "
+            f"({len(bad)} policy folder(s)); {hint}, or use --dry-run to see what would be written"
         )
 
 

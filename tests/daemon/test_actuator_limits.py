@@ -342,3 +342,42 @@ def test_a_ceiling_set_during_the_run_is_what_the_stop_gives_back(no_userspace, 
     saved = next(p for p in load_snapshot(state).policies if p.policy == a57.policy)
     assert (saved.min_khz, saved.max_khz) == (str(a57.freqs_khz[0]), str(start[1]))
     assert found != start  # the first run's stop kept nvpmodel's limits
+
+
+def test_a_setspeed_that_never_takes_a_write_falls_back_to_pinned_limits(tmp_path, caplog):
+    """userspace listed but scaling_setspeed missing: the first failed write switches the
+    policy to min = max pins for the run (it re-selected userspace every tick and applied no
+    frequency, not even the guard's cap), said once; the stop gives back governor and limits."""
+    import logging
+
+    from agents.policy import Decision
+    from daemon.restore import Session, begin_session, restore_snapshot
+
+    spec = load_board("tx2")
+    write_fake_tree(spec, tmp_path / "tree")
+    sysfs = KernelLimits(tmp_path / "tree")
+    a57 = spec.cluster("a57")
+    (tmp_path / "tree" / paths.policy_file(a57.policy, "scaling_setspeed")).unlink()
+    gov = paths.policy_file(a57.policy, "scaling_governor")
+    found = (sysfs.read(gov), limits(sysfs, a57.policy))
+    log = logging.getLogger("test.limits.setspeed")
+    state = tmp_path / "state"
+    session = Session(sysfs, begin_session(sysfs, spec, state, log), state, log, spec)
+    act, sensor = Actuator(sysfs, NoProcesses()), Sensor(spec, sysfs)
+    session.attach(act)
+    caplog.set_level("INFO", logger="hidvfs")
+    cap = a57.freqs_khz[5]
+    writes = []
+    for t in range(4):
+        o = act.envelope(sensor.read(float(t)))
+        writes += act.apply(Decision({"a57": a57.fmax_khz}, cap_khz={"a57": cap}), o).writes
+        assert limits(sysfs, a57.policy) == (cap, cap)  # the cap holds from the first tick
+    assert [v for p, v in writes if p == gov] == ["userspace"]  # selected once, not every tick
+    said = [r.getMessage() for r in caplog.records if "actuation_error" in r.getMessage()]
+    assert len(said) == 1 and "scaling_setspeed refused" in said[0], said
+    act.overridden(gov)  # the drift check forgets the modes: still no userspace again
+    o = act.envelope(sensor.read(5.0))
+    assert not act.apply(Decision({"a57": a57.freqs_khz[0]}), o).errors
+    assert limits(sysfs, a57.policy) == (a57.freqs_khz[0],) * 2
+    assert restore_snapshot(sysfs, session.snapshot, log, state_dir=state).ok
+    assert (sysfs.read(gov), limits(sysfs, a57.policy)) == found

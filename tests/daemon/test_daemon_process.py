@@ -788,6 +788,51 @@ def test_job_originals_left_by_a_crash_are_restored_before_a_refusal(board, monk
     assert not (state / "jobs.json").exists()  # restored (nothing to do) and removed
 
 
+def _read_only(tree, *names):
+    """The tree as the daemon sees it when ``names`` of every policy cannot be written."""
+    from platforms.sysfs import DirSysfs
+
+    class ReadOnly(DirSysfs):
+        def writable(self, path: str) -> bool:
+            return path.rsplit("/", 1)[-1] not in names and super().writable(path)
+
+    return ReadOnly(tree)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("scaling_governor",), ("scaling_min_freq", "scaling_max_freq"), ("scaling_setspeed",)],
+)
+def test_one_way_of_setting_a_frequency_is_enough_to_start(board, names):
+    """min = max pins never write the governor, the userspace governor never writes the
+    limits: a policy needs the files of one of them (both used to be required)."""
+    from daemon.service import check_writable
+
+    spec, tree, _ = board
+    check_writable(_read_only(tree, *names), spec)  # no DaemonError
+
+
+def test_a_policy_no_way_can_drive_is_refused_naming_why(board, monkeypatch):
+    """Read-only limits with no userspace governor (or its setspeed read-only) is refused;
+    the hint fits who runs it: root is not told to run as root."""
+    from daemon.service import DaemonError, check_writable
+
+    spec, tree, _ = board
+    for c in spec.clusters:
+        f = tree / paths.policy_file(c.policy, "scaling_available_governors")
+        f.write_text(" ".join(g for g in f.read_text().split() if g != "userspace") + "\n")
+    ro = _read_only(tree, "scaling_min_freq", "scaling_max_freq")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(DaemonError, match="no userspace governor") as err:
+        check_writable(ro, spec)
+    assert "read-only tree: root cannot write them either" in str(err.value)
+    assert "run as root" not in str(err.value)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    ro = _read_only(tree, "scaling_min_freq", "scaling_max_freq", "scaling_setspeed")
+    with pytest.raises(DaemonError, match="scaling_setspeed read-only.*run as root"):
+        check_writable(ro, spec)
+
+
 # -- what nvpmodel changes during a run (boards.md 1.1, 5.1) ---------------------------------
 
 

@@ -494,6 +494,48 @@ def test_a_snapshot_with_min_above_max_is_not_originals(tmp_path):
     assert {p: fs.read(p) for p in before} == before
 
 
+def test_an_inverted_min_found_at_start_is_reported_not_restored(tmp_path, caplog):
+    """A tree that showed min > max (no kernel does; a fake or broken one): the run pinned
+    min = max, and the restore writes back the maximum only (that pair would be refused). The
+    minimum is counted as skipped with a line naming the policy and values, not as unchanged."""
+    from dataclasses import replace
+
+    fs = make_tree(tmp_path)
+    mn, mx = paths.policy_file(0, "scaling_min_freq"), paths.policy_file(0, "scaling_max_freq")
+    fs.write(mn, str(TABLE[4]))
+    fs.write(mx, str(TABLE[3]))
+    snap = take_snapshot(fs, LAYOUT)
+    touched = ("scaling_min_freq", "scaling_max_freq")
+    snap = replace(snap, policies=tuple(replace(p, touched=touched) for p in snap.policies))
+    fs.write(mn, str(TABLE[1]))  # the run's min = max pin
+    fs.write(mx, str(TABLE[1]))
+    caplog.set_level("INFO", logger=LOG.name)
+    report = restore_snapshot(fs, snap, LOG)
+    assert (fs.read(mn), fs.read(mx)) == (str(TABLE[1]), str(TABLE[3]))  # never inverted
+    assert report.ok and report.restored == [mx]
+    assert [path for path, _ in report.skipped] == [mn] and mn not in report.unchanged
+    assert "skipped=1" in report.summary()
+    said = [r.getMessage() for r in caplog.records if "restore_skipped" in r.getMessage()]
+    assert said and f"policy=0 min_khz={TABLE[4]} max_khz={TABLE[3]}" in said[0], said
+    # a minimum the run never wrote is left alone without a word
+    snap = replace(snap, policies=tuple(replace(p, touched=()) for p in snap.policies))
+    assert restore_snapshot(fs, snap, LOG).skipped == []
+
+
+def test_a_tree_showing_min_above_max_is_refused_before_any_write(tmp_path):
+    """Such a pair cannot be given back (kernels refuse it), and the snapshot saved of it was
+    refused by the restart after a crash ("not a snapshot of a board"), leaving the
+    overwritten minimum for good: the session refuses to start instead, writing nothing."""
+    fs = make_tree(tmp_path / "tree")
+    fs.write(paths.policy_file(0, "scaling_min_freq"), str(TABLE[4]))
+    fs.write(paths.policy_file(0, "scaling_max_freq"), str(TABLE[3]))
+    before = read_all(tmp_path / "tree")
+    state = tmp_path / "state"
+    with pytest.raises(SnapshotError, match=r"policy0 shows scaling_min_freq \d+ > scaling_max"):
+        begin_session(fs, LAYOUT, state, LOG)
+    assert read_all(tmp_path / "tree") == before and not (state / "restore.json").exists()
+
+
 def test_a_snapshot_is_given_back_to_its_own_tree_only(tmp_path):
     """A crash on a fake tree with the default state dir, then a start on the board: the fake
     tree's originals must never be written to the board (nor the file lost)."""
