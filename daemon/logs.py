@@ -18,11 +18,14 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from platforms import power
+from platforms import paths, power
+
+if TYPE_CHECKING:
+    from platforms.spec import ZoneSpec
 
 _FIELDS = "hidvfs_fields"
 _EVENT = "hidvfs_event"
@@ -235,11 +238,35 @@ class SensorErrorLog:
     and having no CPU temperature at all (the thermal guard cannot act) are WARNINGs.
     """
 
-    def __init__(self, logger: logging.Logger):
+    def __init__(self, logger: logging.Logger, zones: Iterable[ZoneSpec] | None = None):
+        """``zones``: the board spec's, named in the warning when none of them is a CPU zone."""
         self.log = logger
         self.failing: dict[str, str] = {}  # file -> the error that started it
         self.started = False
         self.cpu_temp: bool | None = None  # a CPU temperature was read at the last tick
+        self.zones = None if zones is None else tuple(zones)
+
+    def _no_cpu_temperature(self, errors) -> str:
+        """Why no CPU temperature was read. A CPU zone either reads or fails under
+        ``class/thermal``, so no such failure means that no zone is a CPU zone at all (on a
+        board without a spec: no type reads as a CPU sensor), which no retry cures."""
+        if self.zones is not None:
+            unclassified = not any(z.role == "cpu" for z in self.zones)
+        else:
+            unclassified = not any(str(e).startswith(paths.THERMAL) for e in errors)
+        if not unclassified:
+            return "no CPU thermal zone can be read: the thermal guard cannot act until one can"
+        if self.zones is None:
+            seen = "`hidvfs probe` lists the zones and their roles"
+        elif self.zones:
+            seen = "zones: " + ", ".join(f"{z.type} ({z.role})" for z in self.zones)
+        else:
+            seen = "the board has no thermal zone"
+        return (
+            f"no thermal zone is classified as a CPU zone ({seen}): the thermal guard cannot "
+            "act; a board spec (config board:) giving the CPU zone role cpu and the clusters "
+            "it watches turns it on"
+        )
 
     @staticmethod
     def _file(error: str) -> str:
@@ -274,8 +301,7 @@ class SensorErrorLog:
         self.failing = now
         if cpu_temp is False and self.cpu_temp is not False:
             self.log.warning(
-                "event=no_cpu_temperature detail=%r",
-                "no CPU thermal zone can be read: the thermal guard cannot act until one can",
+                "event=no_cpu_temperature detail=%r", self._no_cpu_temperature(now.values())
             )
         elif cpu_temp and self.cpu_temp is False:
             self.log.info("event=cpu_temperature_back")

@@ -719,7 +719,7 @@ def _serve(
             loop.on_idle.append(pinger.tick)
         last_status = [-1e18]
 
-        sensor_log = SensorErrorLog(log)
+        sensor_log = SensorErrorLog(log, zones=spec.zones)
         limits_watch = LimitsWatch()
 
         def after_tick(res: TickResult) -> None:

@@ -52,12 +52,44 @@ class PolicyState:
     errors: tuple[str, ...] = ()
 
     @property
+    def synthesized(self) -> bool:
+        """No table of the driver's, but hardware bounds to span a grid between."""
+        lo, hi = self.cpuinfo_min_khz, self.cpuinfo_max_khz
+        return not self.available_frequencies and bool(lo and hi and lo < hi)
+
+    @property
     def freq_table(self) -> tuple[int, ...]:
-        """The frequency table, or the hardware bounds when the driver exposes no table."""
+        """The frequency table; for a driver without one, a grid between the hardware bounds
+        (:func:`frequency_grid`), else the bounds that could be read."""
         if self.available_frequencies:
             return self.available_frequencies
-        bounds = {f for f in (self.cpuinfo_min_khz, self.cpuinfo_max_khz) if f}
-        return tuple(sorted(bounds))
+        lo, hi = self.cpuinfo_min_khz, self.cpuinfo_max_khz
+        if lo and hi and lo < hi:
+            return frequency_grid(lo, hi)
+        return tuple(sorted({f for f in (lo, hi) if f}))
+
+
+#: grid step of a synthesized table: drivers without a table (intel_pstate, amd-pstate, cppc)
+#: take any kHz between their bounds, and intel_pstate's P-states are 100 MHz apart
+GRID_STEP_KHZ = 100_000
+#: most points in a synthesized table: an absurd range widens the step instead
+GRID_MAX_OPPS = 64
+
+
+def grid_step_khz(lo_khz: int, hi_khz: int) -> int:
+    """The step of :func:`frequency_grid`: 100 MHz, or a multiple of it that keeps the grid
+    within :data:`GRID_MAX_OPPS` points."""
+    inner = GRID_MAX_OPPS - 2
+    return GRID_STEP_KHZ * max(1, -(-(hi_khz - lo_khz) // (GRID_STEP_KHZ * inner)))
+
+
+def frequency_grid(lo_khz: int, hi_khz: int) -> tuple[int, ...]:
+    """A table for a driver without one: both bounds exactly (a policy's limits start there)
+    and the multiples of the step between them. Without it every target floored to one of
+    the two bounds: ondemand flipped between them, a thermal cap's first step fell to the
+    minimum."""
+    step = grid_step_khz(lo_khz, hi_khz)
+    return (lo_khz, *range((lo_khz // step + 1) * step, hi_khz, step), hi_khz)
 
 
 # -- CPU sets ---------------------------------------------------------------------------------

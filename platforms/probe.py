@@ -9,6 +9,7 @@ so an unknown board still gets a usable spec.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,9 @@ class ProbeResult:
     online: tuple[int, ...]
     policies: dict[int, cpufreq.PolicyState] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: zone type -> why the daemon will not use its reading (EIO, a value in °C), for a zone
+    #: no spec describes; a blank or gated reading is a quirk of the zone instead
+    zone_problems: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``spec`` uses the board YAML schema, so it loads with ``parse_board``."""
@@ -183,10 +187,15 @@ def _discover_clusters(
             notes.append(str(err))
             continue
         states[p] = st
-        notes.extend(st.errors)
+        no_table = (
+            f"{paths.policy_file(p, 'scaling_available_frequencies')}: unavailable (no such file)"
+        )
+        notes.extend(e for e in st.errors if not (st.synthesized and e == no_table))
         ref = _known_cluster(known, p)
         cpus = st.related_cpus or st.affected_cpus or (p,)
         table = st.freq_table
+        if st.synthesized:
+            notes.append(f"policy{p}: {_grid_text(st.driver, table)}")
         if not table:
             notes.append(f"policy{p}: no frequency table or cpuinfo bounds; skipped")
             continue
@@ -237,24 +246,47 @@ def _discover_clusters(
     return sorted(clusters, key=lambda c: c.policy), states
 
 
-def _zone_quirk(sysfs: SysfsBackend, info: thermal.ZoneInfo) -> str | None:
-    reason = thermal.skip_reason(info.type)
-    if reason is not None:
-        return "stuck100" if info.type.upper().startswith("PMIC") else "not-temperature"
-    try:
-        sysfs.read(info.temp_path)
-    except SysfsUnavailable as err:
-        return "blank" if "empty" in err.reason else "eagain"
-    return None
+def _grid_text(driver: str | None, table: tuple[int, ...]) -> str:
+    """How a synthesized table (:func:`platforms.cpufreq.frequency_grid`) came about."""
+    lo, hi = table[0], table[-1]
+    step = cpufreq.grid_step_khz(lo, hi)
+    return (
+        f"no frequency table (driver {driver or 'unknown'}): a {step // 1000} MHz grid "
+        f"from {lo / 1000:g} to {hi / 1000:g} MHz ({len(table)} OPPs)"
+    )
+
+
+#: how a power-gated sensor fails a read (a fake tree makes its ``temp`` a folder)
+_GATED = ("(read failed: EAGAIN)", "(read failed: ENODATA)", "(is a directory)")
+
+
+def _zone_quirk(sysfs: SysfsBackend, info: thermal.ZoneInfo) -> tuple[str | None, str | None]:
+    """(quirk, problem) of a zone no spec describes, from one reading as the daemon reads it:
+    blank or gated (EAGAIN, ENODATA) is a quirk the daemon rides out; any other reading it
+    refuses (EIO, a value in °C, an implausible one) is a problem, worded as it logs it."""
+    if thermal.skip_reason(info.type) is not None:
+        return ("stuck100" if info.type.upper().startswith("PMIC") else "not-temperature"), None
+    _, problem = thermal.read_temp_c(sysfs, info.temp_path)
+    if problem is None:
+        return None, None
+    if problem.endswith("(empty file)"):
+        return "blank", None
+    if problem.endswith(_GATED):
+        return "eagain", None
+    return None, problem
 
 
 def _discover_zones(
-    sysfs: SysfsBackend, known: BoardSpec | None, clusters: tuple[str, ...] = ()
+    sysfs: SysfsBackend,
+    known: BoardSpec | None,
+    clusters: tuple[str, ...] = (),
+    problems: dict[str, str] | None = None,
 ) -> list[ZoneSpec]:
     """The tree's zones; a zone the known spec does not describe (by type or alias) takes a
     role from its type, and a CPU zone among them watches every discovered cluster: which
     cores a sensor sits by is not in sysfs, and a guard that links it to none never caps
-    anything. Zones keep the tree's type and no aliases: the spec describes this tree."""
+    anything. Zones keep the tree's type and no aliases: the spec describes this tree.
+    ``problems`` gets the readings of such zones that the daemon would refuse."""
     zones = known.zones if known is not None else ()
     known_zones = {a: z for z in zones for a in z.aliases} | {z.type: z for z in zones}
     cluster_names = {c.name for c in known.clusters} if known is not None else set()
@@ -267,16 +299,14 @@ def _discover_zones(
         role = ref.role if ref else thermal.guess_zone_role(info.type)
         if ref:
             linked = tuple(c for c in ref.clusters if c in cluster_names)
+            quirk = ref.quirk
         else:
             linked = clusters if role == "cpu" else ()
+            quirk, problem = _zone_quirk(sysfs, info)
+            if problem is not None and problems is not None:
+                problems[info.type] = problem
         out.append(
-            ZoneSpec(
-                type=info.type,
-                role=role,
-                clusters=linked,
-                trips=info.trips,
-                quirk=ref.quirk if ref else _zone_quirk(sysfs, info),
-            )
+            ZoneSpec(type=info.type, role=role, clusters=linked, trips=info.trips, quirk=quirk)
         )
     return out
 
@@ -307,10 +337,27 @@ def probe(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> ProbeRes
     clusters, states = _discover_clusters(sysfs, known, online, notes)
     if not clusters:
         notes.append(f"no cpufreq policy under {paths.CPUFREQ}")
-    zones = _discover_zones(sysfs, known, tuple(c.name for c in clusters))
+    problems: dict[str, str] = {}
+    zones = _discover_zones(sysfs, known, tuple(c.name for c in clusters), problems)
+    notes.extend(
+        f"thermal zone {t}: {why}; the daemon refuses such a reading" for t, why in problems.items()
+    )
+    if zones and not any(z.role == "cpu" for z in zones):
+        notes.append(
+            "no thermal zone is classified as a CPU zone (zones: "
+            + ", ".join(f"{z.type} ({z.role})" for z in zones)
+            + "): the thermal guard will not act; a board spec (config board:) giving the "
+            "CPU zone role cpu and the clusters it watches turns it on"
+        )
     rails = _discover_rails(sysfs, known)
     if not rails:
         notes.append("no INA3221 power monitor found: energy is unavailable")
+    elif not any(r.role == "total" for r in rails):
+        notes.append(
+            "no rail is the board's input (a label such as VDD_IN or POM_5V_IN): board "
+            "(total) energy is unavailable"
+            + "".join(f"; CPU energy is read from {r.name}" for r in rails if r.role == "cpu")
+        )
     model = read_model(sysfs)
     spec = BoardSpec(
         name=board or "unknown",
@@ -327,7 +374,7 @@ def probe(sysfs: SysfsBackend, specs: list[BoardSpec] | None = None) -> ProbeRes
         p: {f: sysfs.writable(paths.policy_file(p, f)) for f in cpufreq.WRITABLE_FILES}
         for p in states
     }
-    return ProbeResult(board, spec, writable, online, states, tuple(notes))
+    return ProbeResult(board, spec, writable, online, states, tuple(notes), problems)
 
 
 def _known(value: object) -> str:
@@ -346,6 +393,15 @@ def _format_live(st: cpufreq.PolicyState) -> str:
     return f"governor {_known(st.governor)}, cur {cur}, limits {limits}"
 
 
+def _problem_tag(problem: str | None) -> str:
+    """`` [EIO]`` for a failed read (its errno, as the daemon names it), `` [unusable]`` for
+    a reading it refuses; the notes say why."""
+    if problem is None:
+        return ""
+    m = re.search(r"read failed: (E[A-Z]+)\)", problem)
+    return f" [{m.group(1) if m else 'unusable'}]"
+
+
 def format_probe(result: ProbeResult) -> str:
     """Human-readable probe report (``hidvfs probe``)."""
     spec = result.spec
@@ -361,7 +417,8 @@ def format_probe(result: ProbeResult) -> str:
         ro = [f for f, ok in w.items() if not ok]
         lines.append(
             f"  policy{c.policy} {c.name} ({c.core_type}) cpus {','.join(map(str, c.cpus))}: "
-            f"{len(c.freqs_khz)} OPPs {c.fmin_khz // 1000}-{c.fmax_khz // 1000} MHz, "
+            f"{len(c.freqs_khz)}{' synthesized' if st and st.synthesized else ''} OPPs "
+            f"{c.fmin_khz // 1000}-{c.fmax_khz // 1000} MHz, "
             f"driver {c.scaling_driver}"
         )
         lines.append(f"      {live}; governors: {' '.join(c.governors)}")
@@ -370,7 +427,7 @@ def format_probe(result: ProbeResult) -> str:
     lines.append(f"thermal zones ({len(spec.zones)}):")
     for z in spec.zones:
         trips = ", ".join(f"{t.temp_mc / 1000:g} {t.type}" for t in z.trips) or "no trips"
-        quirk = f" [{z.quirk}]" if z.quirk else ""
+        quirk = f" [{z.quirk}]" if z.quirk else _problem_tag(result.zone_problems.get(z.type))
         lines.append(f"  {z.type:<20} {z.role:<6} {trips}{quirk}")
     lines.append("power rails:" if spec.rails else "power rails: none (energy unavailable)")
     for r in spec.rails:

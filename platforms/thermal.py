@@ -165,12 +165,17 @@ _ROLE_HINTS = (
     ("gpu", ("gpu",)),
     ("board", ("board", "skin", "xo-", "quiet", "fan", "tdiode", "diode", "ambient")),
     ("soc", ("soc", "cv", "pll", "tj", "ddr", "aoss", "mdm", "nsp", "video", "camera", "ao-")),
+    # CPU package and core-cluster sensors without "cpu" in the name (x86 ``x86_pkg_temp``,
+    # RK3588 ``bigcore0-thermal``/``littlecore-thermal``/``package-thermal``): last, so a
+    # gpu, board or soc marker in the same name wins
+    ("cpu", ("x86_pkg", "package", "bigcore", "midcore", "littlecore", "coretemp")),
 )
 
 
 def guess_zone_role(zone_type: str) -> str:
     """A zone's role from its type alone (for a board no spec describes, or a zone the spec
-    does not name): cpu, gpu, board, soc, ignore or other."""
+    does not name): cpu, gpu, board, soc, ignore or other. A CPU zone missed here leaves the
+    thermal guard off, so the CPU package names common on x86 and RK35xx count as cpu."""
     low = zone_type.lower()
     if skip_reason(zone_type) is not None:
         return "ignore"

@@ -211,11 +211,28 @@ def test_unreadable_policy_file_is_none_and_listed(tx2_default, tmp_path):
     assert any("scaling_cur_freq" in e for e in st.errors)
 
 
-def test_table_less_driver_uses_cpuinfo_bounds(tx2_default, tmp_path):
+def test_table_less_driver_gets_a_100mhz_grid_between_the_cpuinfo_bounds(tx2_default, tmp_path):
+    """intel_pstate, amd-pstate and cppc have no table but take any kHz between their bounds:
+    the bounds alone floored every target to the minimum or the maximum."""
     (tmp_path / paths.policy_file(0, "scaling_available_frequencies")).unlink()
     st = cpufreq.read_policy(tx2_default, 0)
-    assert st.available_frequencies is None
-    assert st.freq_table == (345600, 2035200)
+    assert st.available_frequencies is None and st.synthesized
+    assert st.freq_table == (345600, *range(400000, 2000001, 100000), 2035200)
+
+
+def test_table_less_grid_widens_its_step_for_an_absurd_range_and_keeps_both_ends():
+    assert cpufreq.frequency_grid(400000, 4700000) == tuple(range(400000, 4700001, 100000))
+    grid = cpufreq.frequency_grid(399999, 90_000_000)
+    assert grid[0] == 399999 and grid[-1] == 90_000_000 and len(grid) <= cpufreq.GRID_MAX_OPPS
+    assert list(grid) == sorted(set(grid)) and all(f % 100000 == 0 for f in grid[1:-1])
+    assert cpufreq.frequency_grid(400000, 400001) == (400000, 400001)
+
+
+def test_table_less_driver_without_bounds_keeps_what_it_has(tx2_default, tmp_path):
+    for name in ("scaling_available_frequencies", "cpuinfo_max_freq"):
+        (tmp_path / paths.policy_file(0, name)).unlink()
+    st = cpufreq.read_policy(tx2_default, 0)
+    assert not st.synthesized and st.freq_table == (345600,)
 
 
 def test_set_governor_refuses_modular_governor_with_hint(rubik):

@@ -182,6 +182,17 @@ def test_unknown_board_zone_quirks_and_roles_by_reading(tmp_path):
         ("PMIC-Die", "ignore"),
         ("sdm-skin-thermal", "board"),
         ("mystery", "other"),
+        # CPU package and core-cluster sensors without "cpu" in the name (x86, RK3588)
+        ("x86_pkg_temp", "cpu"),
+        ("bigcore0-thermal", "cpu"),
+        ("bigcore1-thermal", "cpu"),
+        ("littlecore-thermal", "cpu"),
+        ("package-thermal", "cpu"),
+        ("coretemp", "cpu"),
+        ("acpitz", "other"),
+        ("npu-thermal", "other"),
+        ("gpu-package", "gpu"),
+        ("soc-thermal", "soc"),
     ],
 )
 def test_guess_zone_role(zone_type, role):
@@ -458,3 +469,239 @@ def test_unreadable_live_values_read_unknown_not_none(tmp_path):
         "affected_cpus": [0, 3, 4, 5],
     }
     assert live["policy1"]["max_khz"] is None and live["policy1"]["min_khz"] == 345600
+
+
+# -- boards hidvfs ships no spec for: x86 and RK3588 names, table-less drivers --------------
+
+
+def _stranger(tmp_path, zones, *, base="tx2", table=True, **cluster):
+    """A fake tree of an unknown board: ``base``'s CPUs under other names, ``zones`` as
+    (type, temp °C, passive trip °C or None); ``cluster`` replaces fields of every cluster,
+    and ``table=False`` removes the frequency tables (intel_pstate, amd-pstate, cppc)."""
+    from platforms.spec import Trip, ZoneSpec
+
+    spec = load_board(base)
+    spec = dataclasses.replace(
+        spec,
+        name="x",
+        compatible=("acme,x1",),
+        model=("Acme X1",),
+        title="Acme X1",
+        clusters=tuple(dataclasses.replace(c, **cluster) for c in spec.clusters),
+        zones=tuple(
+            ZoneSpec(t, "other", trips=(Trip(trip * 1000, "passive", 2000),) if trip else ())
+            for t, _, trip in zones
+        ),
+        rails=(),
+    )
+    writer = write_fake_tree(spec, tmp_path)
+    for t, temp, _ in zones:
+        writer.set_temp(t, temp)
+    if not table:
+        for c in spec.clusters:
+            (tmp_path / paths.policy_file(c.policy, "scaling_available_frequencies")).unlink()
+    return spec, DirSysfs(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "zones",
+    [
+        [("acpitz", 28.0, None), ("INT3400 Thermal", 20.0, None), ("x86_pkg_temp", 99.5, 100)],
+        [
+            ("soc-thermal", 45.0, 85),
+            ("bigcore0-thermal", 84.5, 85),
+            ("bigcore1-thermal", 46.0, 85),
+            ("littlecore-thermal", 44.0, 85),
+            ("gpu-thermal", 40.0, 85),
+        ],
+    ],
+    ids=["x86", "rk3588"],
+)
+def test_x86_and_rk3588_cpu_zones_are_cpu_zones_and_the_guard_caps_on_them(tmp_path, zones):
+    """x86_pkg_temp and RK3588's bigcore/littlecore zones read as "other" left the thermal
+    guard off without a word: a zone 0.5 °C below its trip never capped anything."""
+    from agents.policy import Decision
+    from daemon.guard import ThermalGuard
+    from platforms.sense import Sensor
+
+    _, sysfs = _stranger(tmp_path, zones)
+    result = probe(sysfs)
+    roles = {z.type: z.role for z in result.spec.zones}
+    hot = next(t for t, temp, trip in zones if trip and temp > trip - 1)
+    assert roles[hot] == "cpu"
+    assert roles.get("gpu-thermal", "gpu") == "gpu" and roles.get("soc-thermal", "soc") == "soc"
+    assert roles.get("acpitz", "other") == "other"
+    assert not any("no thermal zone is classified" in n for n in result.notes)
+    sensor, guard = Sensor(result.spec, sysfs), ThermalGuard()
+    for t in range(5):
+        obs = sensor.read(float(t))
+        top = Decision(freq_khz={c.name: c.freqs_khz[-1] for c in obs.clusters})
+        out = guard.apply(top, obs)
+    assert obs.max_cpu_temp_c == pytest.approx(max(temp for _, temp, _ in zones))
+    assert all(out.freq_khz[c.name] < c.freqs_khz[-1] for c in obs.clusters)
+
+
+def test_no_cpu_zone_is_said_by_probe_and_by_the_daemon_warning_naming_the_zones(tmp_path, caplog):
+    """Zones that read fine but none of them a CPU zone: "no CPU thermal zone can be read"
+    sent the user after a sensor that works; the true reason is that none is a CPU zone."""
+    import logging
+
+    from daemon.logs import SensorErrorLog
+    from platforms.sense import Sensor
+
+    _, sysfs = _stranger(tmp_path, [("acpitz", 28.0, None), ("mystery", 50.0, 100)])
+    result = probe(sysfs)
+    said = [n for n in result.notes if n.startswith("no thermal zone is classified")]
+    assert said and "acpitz (other), mystery (other)" in said[0], result.notes
+    assert said[0] in format_probe(result)
+    obs = Sensor(result.spec, sysfs).read(0.0)
+    assert obs.max_cpu_temp_c is None and obs.errors == ()
+    logger = logging.getLogger("probe-test.no-cpu-zone")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        SensorErrorLog(logger).update(obs.errors, cpu_temp=False)
+        SensorErrorLog(logger, zones=result.spec.zones).update(obs.errors, cpu_temp=False)
+    warned = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert len(warned) == 2 and all("event=no_cpu_temperature" in m for m in warned)
+    assert not any("can be read" in m for m in warned), warned
+    assert all("no thermal zone is classified as a CPU zone" in m for m in warned)
+    assert "zones: acpitz (other), mystery (other)" in warned[1]
+
+
+def test_an_unreadable_cpu_zone_is_still_said_to_be_unreadable(tmp_path, caplog):
+    import logging
+
+    from daemon.logs import SensorErrorLog
+    from platforms.sense import Sensor
+
+    _, sysfs = _stranger(tmp_path, [("acpitz", 28.0, None), ("x86_pkg_temp", 50.0, 100)])
+    spec = probe(sysfs).spec
+    (tmp_path / paths.zone_file(1, "temp")).write_text("\n")
+    obs = Sensor(spec, sysfs).read(0.0)
+    logger = logging.getLogger("probe-test.unreadable-cpu-zone")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        SensorErrorLog(logger).update(obs.errors, cpu_temp=False)
+        SensorErrorLog(logger, zones=spec.zones).update(obs.errors, cpu_temp=False)
+    warned = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert sum("no CPU thermal zone can be read" in m for m in warned) == 2, warned
+
+
+_X86 = {
+    "scaling_driver": "intel_pstate",
+    "freqs_khz": (400000, 4700000),
+    "governors": ("performance", "powersave"),
+    "modular_governors": (),
+    "default_governor": "powersave",
+}
+_X86_ZONES = [("x86_pkg_temp", 50.0, 100)]
+
+
+def test_a_table_less_driver_is_probed_as_a_synthesized_100mhz_grid(tmp_path):
+    """Without scaling_available_frequencies the table was {min, max}: every target floored
+    to one of the two. Probe says the grid is synthesized, in text and JSON."""
+    from click.testing import CliRunner
+
+    from tools.cli import cli
+
+    spec, sysfs = _stranger(tmp_path, _X86_ZONES, table=False, **_X86)
+    result = probe(sysfs)
+    grid = tuple(range(400000, 4700001, 100000))
+    assert all(c.freqs_khz == grid for c in result.spec.clusters)
+    note = (
+        "policy0: no frequency table (driver intel_pstate): a 100 MHz grid from 400 to 4700 MHz"
+        " (44 OPPs)"
+    )
+    assert note in result.notes
+    assert not any(
+        n.endswith("scaling_available_frequencies: unavailable (no such file)")
+        for n in result.notes
+    )
+    text = format_probe(result)
+    assert "44 synthesized OPPs 400-4700 MHz, driver intel_pstate" in text and note in text
+    r = CliRunner().invoke(cli, ["probe", "--sysfs-root", str(tmp_path), "--json"])
+    data = json.loads(r.output)
+    assert note in data["notes"]
+    assert parse_board(data["spec"], "probed.json").clusters[0].freqs_khz == grid
+
+
+def test_a_table_less_policy_under_a_cap_pins_the_cap_and_its_limits_come_back_exactly(
+    tmp_path,
+):
+    """An operator cap of 2.05 GHz made maxfreq pin the minimum (400 MHz, the grid floor of
+    {min, max}); on the grid it pins 2.0 GHz, and the stop gives back the off-grid limits as
+    they were read, not snapped to the grid."""
+    import logging
+
+    from agents.governors import make_governor
+    from daemon.loop import ControlLoop
+    from daemon.restore import restore_snapshot, take_snapshot
+    from platforms.clock import VirtualClock
+    from platforms.platform import Platform
+    from platforms.procs import NoProcesses
+
+    _, sysfs = _stranger(tmp_path, _X86_ZONES, table=False, **_X86)
+    spec = probe(sysfs).spec
+    for name, khz in (("scaling_min_freq", "412345"), ("scaling_max_freq", "2050000")):
+        sysfs.write(paths.policy_file(0, name), khz)
+    snapshot = take_snapshot(sysfs, spec)
+    clock = VirtualClock(0.0)
+    lp = ControlLoop(
+        Platform(spec, sysfs, NoProcesses(), clock, kind="fake"),
+        make_governor("maxfreq"),
+        period_s=0.1,
+    )
+    for _ in range(3):
+        lp.tick()
+        clock.set(clock.now() + 0.1)
+    assert cpufreq.read_limits(sysfs, 0) == (2000000, 2000000)
+    assert restore_snapshot(sysfs, snapshot, logging.getLogger("probe-test.grid")).ok
+    assert cpufreq.read_limits(sysfs, 0) == (412345, 2050000)
+
+
+def test_probe_flags_the_zone_readings_the_daemon_refuses(tmp_path, monkeypatch):
+    """EIO was shown as [eagain], and a reading in °C (52) passed without a word while the
+    daemon refused it: probe now says both as the daemon does."""
+    import errno
+
+    from platforms import thermal
+    from platforms.faketree import inject_read_error
+
+    _, sysfs = _stranger(
+        tmp_path,
+        [("cpu-thermal", 50.0, 100), ("gpu-thermal", 40.0, 100), ("soc-thermal", 40.0, 100)],
+    )
+    inject_read_error(monkeypatch, sysfs, paths.zone_file(0, "temp"), errno.EIO)
+    (tmp_path / paths.zone_file(1, "temp")).write_text("52\n")
+    (tmp_path / paths.zone_file(2, "temp")).write_text("\n")
+    result = probe(sysfs)
+    assert [z.quirk for z in result.spec.zones] == [None, None, "blank"]
+    text = format_probe(result)
+    assert "100 passive [EIO]" in text and "[eagain]" not in text
+    for i, z in enumerate(result.spec.zones[:2]):
+        why = thermal.read_temp_c(sysfs, paths.zone_file(i, "temp"))[1]  # as the daemon says
+        assert f"thermal zone {z.type}: {why}; the daemon refuses such a reading" in result.notes
+    assert "likely °C" in text and "read failed: EIO" in text
+    again = parse_board(json.loads(json.dumps(result.to_dict()))["spec"], "probed.json")
+    assert again.zones == result.spec.zones
+
+
+def test_probe_says_board_energy_is_unavailable_when_no_rail_is_the_input(tmp_path):
+    from platforms.spec import RailSpec
+
+    spec = load_board("orin-nx")
+    rails = tuple(
+        RailSpec(name, role, r.driver, r.device, r.channel, r.unit)
+        for r, (name, role) in zip(
+            spec.rails,
+            [("VDD_GPU_SOC", "sub"), ("VDD_CPU_CV", "cpu"), ("VIN_SYS_5V0", "sub")],
+            strict=True,
+        )
+    )
+    stranger = dataclasses.replace(
+        spec, name="x", compatible=("acme,r1",), model=("Acme R1",), title="Acme R1", rails=rails
+    )
+    write_fake_tree(stranger, tmp_path)
+    result = probe(DirSysfs(tmp_path))
+    assert [r.role for r in result.spec.rails] == ["sub", "cpu", "sub"]
+    said = [n for n in result.notes if "board (total) energy is unavailable" in n]
+    assert said and said[0].endswith("CPU energy is read from VDD_CPU_CV"), result.notes
+    assert said[0] in format_probe(result)
