@@ -88,25 +88,70 @@ class FolderOfAnotherBoard(ModelMismatch):
         )
 
 
+def folder_boards(root: str | os.PathLike[str]) -> list[str]:
+    """The boards a ``--models`` root holds models for, as :func:`model_dir` serves them: the
+    names of its subfolders with a manifest, and the board its own manifest names (none when
+    it has neither, or that manifest is unreadable: the loader then says why)."""
+    root = Path(root)
+    found = []
+    try:
+        found = sorted(d.name for d in root.iterdir() if (d / MANIFEST).is_file())
+    except OSError:
+        pass
+    try:
+        own = json.loads((root / MANIFEST).read_text()).get("board")
+    except (OSError, ValueError, AttributeError):
+        own = None
+    if isinstance(own, str) and own not in found:
+        found.append(own)
+    return found
+
+
+def restore_advice(folder: str | os.PathLike[str]) -> str:
+    """How to get ``folder`` whole again: the shipped models come from the repository (or the
+    installed package); any other folder from the training run that wrote it."""
+    folder = Path(folder).resolve()
+    shipped = MODELS_DIR.resolve()
+    if folder == shipped or shipped in folder.parents:
+        if any((p / ".git").exists() for p in shipped.parents):
+            return "restore the folder (git checkout agents/models) or retrain"
+        return "reinstall hidvfs to restore the shipped folder, or retrain"
+    return (
+        "restore the folder from where it came, or re-run the `hidvfs agents train` that "
+        f"wrote it (its {MANIFEST}'s command)"
+    )
+
+
+#: ReferenceMismatch's cause, by default
+MIXED_RUNS = (
+    "the folder mixes files of different training runs (an interrupted or failed "
+    "`hidvfs agents train`?)"
+)
+#: a file that does not hash as its manifest recorded
+CHANGED_FILE = (
+    "the file changed after training wrote it (damaged or edited), or comes from another "
+    "training run"
+)
+
+
 class ReferenceMismatch(ModelMismatch):
     """A network whose outputs are not the ones its folder's reference.npz recorded when it
-    was trained (or that reference.npz has none for): the folder mixes files of different
-    training runs, e.g. an interrupted or failed ``agents train`` that replaced some files
-    and not the rest. Its own message: the fix is the whole folder, not this file."""
+    was trained (or that reference.npz has none for), or a file that does not hash as its
+    manifest recorded: the folder mixes files of different training runs, e.g. an
+    interrupted or failed ``agents train`` that replaced some files and not the rest. Its own
+    message: the fix is the whole folder, not this file; ``reason`` is it without the path
+    (``agents check`` names the file in its row)."""
 
-    def __init__(self, path: Path, ref_path: Path, detail: str):
+    def __init__(self, path: Path, ref_path: Path, detail: str, cause: str = MIXED_RUNS):
         self.path, self.key, self.expected, self.got = (
             str(path),
             "reference outputs",
             ref_path,
             detail,
         )
-        ValueError.__init__(
-            self,
-            f"{path}: {detail}: the folder mixes files of different training runs (an "
-            "interrupted or failed `hidvfs agents train`?); restore the folder (git checkout "
-            "agents/models) or retrain",
-        )
+        # every caller's ref_path is a file at the top of the folder (reference.npz, manifest)
+        self.reason = f"{detail}: {cause}; {restore_advice(Path(ref_path).parent)}"
+        ValueError.__init__(self, f"{path}: {self.reason}")
 
 
 class ManifestInvalid(ModelMismatch):
@@ -153,9 +198,10 @@ def _check_manifest(path: Path, man: object) -> None:
             raise ManifestInvalid(path, f"policies.{name}.provenance", "an object", prov)
 
 
-def load_manifest(folder: Path, board: str | None = None) -> dict:
+def load_manifest(folder: Path, board: str | None = None, hashes: bool = True) -> dict:
     """The folder's manifest; refused when it names another schema or (given) another board,
-    or when a key the loaders read is malformed (:class:`ManifestInvalid`)."""
+    or when a key the loaders read is malformed (:class:`ManifestInvalid`), or (``hashes``)
+    a file does not hash as it records (:func:`check_hashes`)."""
     path = folder / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -173,7 +219,8 @@ def load_manifest(folder: Path, board: str | None = None) -> dict:
         raise ModelMismatch(path, "schema_version", SCHEMA_VERSION, v)
     if board is not None and man.get("board") != board:
         raise ModelMismatch(path, "board", board, man.get("board"))
-    check_hashes(folder, man)
+    if hashes:
+        check_hashes(folder, man)
     return man
 
 
@@ -187,27 +234,38 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_hashes(folder: Path, man: dict) -> None:
-    """Each file the manifest's ``sha256`` map names (``agents train`` records them since
-    stop 36) must hash as recorded: the reference outputs only cover the inputs they hold,
-    and a weight those never exercise (a tree leaf they do not reach) changed unnoticed.
-    Folders trained before have no map and are checked by their outputs alone."""
+def hash_mismatches(folder: Path, man: dict) -> dict[str, ReferenceMismatch]:
+    """The files (path relative to ``folder``) that do not hash as the manifest's ``sha256``
+    map records, each with its refusal; ManifestInvalid when the map is malformed."""
     hashes = man.get("sha256")
     if hashes is None:
-        return
+        return {}
     if not isinstance(hashes, dict):
         raise ManifestInvalid(folder / MANIFEST, "sha256", "a map of file to hex digest", hashes)
+    bad = {}
     for rel, want in sorted(hashes.items()):
         path = folder / rel
         if not path.is_file():
             continue  # the loader that reads it says it is missing
         got = file_sha256(path)
         if got != want:
-            raise ReferenceMismatch(
+            bad[rel] = ReferenceMismatch(
                 path,
                 folder / MANIFEST,
                 f"sha256 {got[:12]}... is not the {str(want)[:12]}... training recorded",
+                CHANGED_FILE,
             )
+    return bad
+
+
+def check_hashes(folder: Path, man: dict) -> None:
+    """Each file the manifest's ``sha256`` map names (``agents train`` records them since
+    stop 36) must hash as recorded: the reference outputs only cover the inputs they hold,
+    and a weight those never exercise (a tree leaf they do not reach) changed unnoticed.
+    Folders trained before have no map and are checked by their outputs alone. The refusal
+    names the file."""
+    for err in hash_mismatches(folder, man).values():
+        raise err
 
 
 def check_action_space(folder: Path, man: dict, spec: BoardSpec) -> None:
@@ -448,7 +506,9 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
     try:
         folder = model_dir(board, models)
         report["folder"] = str(folder)
-        man = load_manifest(folder, board)
+        # a file that does not hash as recorded is failed on its own row, not the manifest's
+        man = load_manifest(folder, board, hashes=False)
+        changed = hash_mismatches(folder, man)
         from platforms.spec import load_board
 
         check_action_space(folder, man, load_board(board))
@@ -458,6 +518,11 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
         report["ok"] = False
         report["files"].append({"file": name, "ok": False, "error": str(err)})
         return report
+    listed = {fname for fname, *_ in CHECKED}
+    for rel, err in changed.items():  # files no row below checks (reference.npz): their own
+        if rel not in listed:
+            report["ok"] = False
+            report["files"].append({"file": rel, "ok": False, "error": err.reason})
     trained = set(man.get("policies") or {})
     for fname, role, key, policy in CHECKED:
         row: dict = {"file": fname, "ok": False, "policy": policy}
@@ -497,6 +562,9 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
             row["error"] = str(err)
         except Exception as err:  # noqa: BLE001 - onnxruntime raises its own types
             row["error"] = f"{type(err).__name__}: {err}"
+        if fname in changed:  # outputs alike, bytes not: a weight the reference never reaches
+            reason = changed[fname].reason
+            row["error"] = f"{row['error']}; {reason}" if row.get("error") else reason
         if "error" in row:  # an error after the comparison passed is still a failed row
             row["ok"] = False
         report["ok"] &= row["ok"]
@@ -514,6 +582,8 @@ def check_board(board: str, models: str | os.PathLike[str] | None = None) -> dic
 
 __all__ = [
     "check_board",
+    "folder_boards",
+    "restore_advice",
     "MODELS_DIR",
     "model_dir",
     "load_manifest",

@@ -1,7 +1,7 @@
 """Side-by-side evaluation of policies on the same simulated mixes, behind ``hidvfs agents
 eval`` and ``sweep``: the policies built by name (with the hidvfs ablations), one row per run,
-the pooled deadline-miss ratios, mean ± std summaries, per-mix ratios, and the energy floor's
-row.
+the pooled deadline-miss ratios, mean ± std summaries, per-mix ratios (mean, std and the
+standard error of the mean), and the energy floor's row.
 
 It stands apart from the commands (:mod:`tools.cmd_agents`), which parse options and print
 these rows, so the numbers are computed (and tested) without click. It runs the episodes of
@@ -21,6 +21,9 @@ ABLATIONS = ("hidvfs-noshield", "hidvfs-nogate", "hidvfs-noshaping")
 #: capped_s: time some cluster's frequency was capped for temperature, by the daemon's thermal
 #: guard or the kernel's throttling (hot starts)
 METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp", "peak_temp_c", "capped_s")
+#: the per-mix ratios of a hidvfs variant over each baseline: in JSON each is [mean, std over
+#: the mixes] with METRIC_se (the standard error of the mean) and METRIC_n (the mixes) beside
+RATIO_METRICS = ("makespan_s", "energy_j", "cpu_energy_j", "edp")
 
 
 def build_policy(name: str, spec, models):
@@ -121,13 +124,24 @@ def miss_ratios(runs: list[dict]) -> dict:
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation of the finite values (NaN, NaN when none)."""
+    """Mean and sample standard deviation (ddof 1) of the finite values: NaN, NaN when none,
+    and a NaN standard deviation for one value (undefined; it was 0.0, printed "±0.000")."""
+    m, sd, _, _ = mean_std_se(xs)
+    return m, sd
+
+
+def mean_std_se(xs: list[float]) -> tuple[float, float, float, int]:
+    """Mean, sample standard deviation, standard error of the mean (std / sqrt(n)) and n of
+    the finite values; the spreads are NaN below two values."""
     xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return math.nan, math.nan
-    m = sum(xs) / len(xs)
-    v = sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
-    return m, math.sqrt(v)
+    n = len(xs)
+    if not n:
+        return math.nan, math.nan, math.nan, 0
+    m = sum(xs) / n
+    if n < 2:
+        return m, math.nan, math.nan, n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, sd, sd / math.sqrt(n), n
 
 
 def evaluate(
@@ -199,13 +213,18 @@ def evaluate(
             if b == n or b.startswith("hidvfs"):
                 continue
             row = {"kind": "ratio", "board": board, "policy": n, "baseline": b}
-            for m in ("makespan_s", "energy_j", "cpu_energy_j", "edp"):
+            for m in RATIO_METRICS:
                 xs = [
                     a[m] / c[m]
                     for a, c in zip(by[n], by[b])
                     if a[m] is not None and c[m] not in (None, 0)
                 ]
-                row[m] = mean_std(xs)
+                mean, sd, se, k = mean_std_se(xs)
+                # [mean, std over the mixes] (as the summary rows), and apart the standard
+                # error of the mean, the "±" the docs quote, and the mixes it is over
+                row[m] = (mean, sd)
+                row[f"{m}_se"] = se
+                row[f"{m}_n"] = k
             ratios.append(row)
     return records, summary, ratios
 

@@ -10,6 +10,7 @@ for) are :mod:`tools.agents_episodes`; the evaluation behind ``eval`` and ``swee
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from tools.agents_episodes import (
 from tools.agents_eval import (
     ABLATIONS,
     BASE_EVAL,
+    RATIO_METRICS,
     build_policy,
     evaluate,
     floor_jobs,
@@ -326,9 +328,10 @@ def train_cmd(
 @click.option(
     "--board",
     "boards",
-    default="all",
-    show_default=True,
-    help="board name(s) to check, comma-separated, or all",
+    default=None,
+    help="board name(s) to check, comma-separated, or all  [default: all; with --models, the "
+    "boards the folder holds models for: the board its manifest.json names, or those of its "
+    "BOARD subfolders]",
     metavar="BOARDS",
 )
 @click.option("--models", default=None, help=MODELS_HELP, metavar="ROOT")
@@ -336,13 +339,19 @@ def train_cmd(
 def check_cmd(boards, models, as_json) -> None:
     """Verify each ONNX file loads, matches its training-time outputs to 1e-5 (relative where
     an output exceeds 1 in magnitude) and the daemon's observation schema."""
-    from agents.learned import check_board
+    from agents.learned import check_board, folder_boards
 
-    todo = _boards(boards)
+    todo = _boards(boards or "all")
     if models and not os.path.isdir(models):
         # a mistyped path is not a board without models: "run agents train" would mislead
         what = "not a folder" if os.path.exists(models) else "no such folder"
         fail(f"--models {models}: {what}")
+    if models and boards is None:
+        # a folder `agents train --out DIR` wrote holds one board's models: checking the
+        # others failed a folder that is fine. None found (no manifest): every board, each
+        # then told what is missing
+        held = folder_boards(models)
+        todo = [b for b in todo if b in held] or todo
     reports = [check_board(b, models if models else None) for b in todo]
     if as_json:
         emit_json(reports)
@@ -463,7 +472,11 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
 @episode_options
 @click.option("--models", default=None, help=MODELS_HELP, metavar="ROOT")
 @click.option(
-    "--json", "as_json", is_flag=True, help="print run, summary and ratio rows as a JSON list"
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="print run, summary and ratio rows as a JSON list (metrics as [mean, std]; a ratio "
+    "row's METRIC_se is the standard error of the mean, METRIC_n its mixes)",
 )
 @stops_on_signals
 def eval_cmd(
@@ -483,9 +496,15 @@ def eval_cmd(
 ) -> None:
     """Held-out mixes: makespan, energy, EDP, miss ratio, peak temperature; ratios; ablations.
 
-    Makespan, energy, EDP and peak temperature are mean ± std over the mixes; the deadline-miss
-    ratio is pooled over every deadline job, in all and per criticality (hi, lo), with its
-    Clopper-Pearson 95 % interval.
+    Makespan, energy, EDP, peak temperature and capped time are mean ± std over the mixes (the
+    sample standard deviation; one mix has no spread: n=1); the deadline-miss ratio is pooled
+    over every deadline job, in all and per criticality (hi, lo), with its Clopper-Pearson
+    95 % interval.
+
+    Ratios (hidvfs and its ablations over each baseline) are taken per mix and printed as
+    mean ± s.e., the standard error of their mean (std / sqrt(n), the "±" agents/TRAINING.md
+    quotes), with their std over the mixes in brackets. In --json every metric is [mean, std];
+    a ratio row also holds METRIC_se (the standard error) and METRIC_n (its mixes).
 
     Energy is metered from the start of a run to its last job's finish (EDP = that energy x
     the makespan, first release to last finish)."""
@@ -496,6 +515,7 @@ def eval_cmd(
     names = list(dict.fromkeys(p.strip().lower() for p in policies.split(",") if p.strip()))
     if not names:
         fail(f"--policy names no policy (e.g. {','.join(BASE_EVAL)})")
+    given = list(names)
     if ablations and "hidvfs" in names:
         names += [a for a in ABLATIONS if a not in names]
     from agents.train import MAX_TUNING_MIXES, TUNING_SEEDS
@@ -513,12 +533,18 @@ def eval_cmd(
     if models:  # every board's models first: no board's table before another's refusal
         from platforms.spec import load_board
 
-        learned = [n for n in names if n.startswith("hidvfs") or n in ("geardvfs", "ztt")]
+        learned = [n for n in names if _trained_as(n)]
         for b in todo:
-            model_dir(b, models)
+            folder = model_dir(b, models)
             spec = load_board(b)
             for n in learned:
-                build_policy(n, spec, models)
+                try:
+                    build_policy(n, spec, models)
+                except FileNotFoundError as err:
+                    # a trial folder (`agents train --policy hidvfs --out DIR`) lacks the
+                    # default list's baselines and ablations: say what it holds
+                    hint = _untrained_hint(folder, given, names)
+                    fail(f"{err}; {hint}" if hint else str(err))
     out = []
     for b in todo:
         recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes, reserve=reserve)
@@ -633,8 +659,38 @@ def sweep_cmd(
 
 
 def _fmt(ms: tuple[float, float], digits: int = 3) -> str:
+    """``mean±std``; the mean alone when the spread is undefined (one mix), "-" for none."""
     m, s = ms
+    if m is None or not math.isfinite(m):
+        return "-"
+    if s is None or not math.isfinite(s):
+        return f"{m:.{digits}f}"
     return f"{m:.{digits}f}±{s:.{digits}f}"
+
+
+#: ratios to 4 decimals (agents/TRAINING.md quotes 0.9985, 1.0014)
+RATIO_DIGITS = 4
+
+
+def _fmt_ratio(r: dict, m: str, n: int) -> str:
+    """A ratio cell: ``mean±s.e. [std]``; the mean alone for one mix; ``n=K`` when fewer
+    than the table's ``n`` mixes gave the ratio (a run that did not finish)."""
+    (mean, sd), se, k = r[m], r.get(f"{m}_se"), r.get(f"{m}_n", n)
+    if mean is None or not math.isfinite(mean):
+        return "-"
+    d = RATIO_DIGITS
+    text = f"{mean:.{d}f}"
+    if se is not None and math.isfinite(se):
+        text += f"±{se:.{d}f} [{sd:.{d}f}]"
+    if k != n:
+        text += f" n={k}"
+    return text
+
+
+def _spread_legend(n: int) -> str:
+    if n == 1:
+        return "one mix (n=1): its values, no spread"
+    return f"mean ± std over {n} mixes"
 
 
 def _ratio_ci(ratio: float | None, ci: list[float] | None) -> str:
@@ -644,7 +700,12 @@ def _ratio_ci(ratio: float | None, ci: list[float] | None) -> str:
 
 
 def _print_table(board, summary, ratios) -> None:
+    n = summary[0]["seeds"] if summary else 0
     click.echo(f"\n== {board} ==")
+    click.echo(
+        f"makespan, energy, EDP, peak C, capped s: {_spread_legend(n)}; misses: pooled over "
+        "every deadline job"
+    )
     click.echo(
         f"{'policy':18s} {'makespan s':>14s} {'energy J':>14s} {'CPU energy J':>14s} "
         f"{'EDP J·s':>14s} "
@@ -675,13 +736,70 @@ def _print_table(board, summary, ratios) -> None:
             f"{k} of {n} mixes overload a window: no policy meets every deadline there "
             f"(platforms/sim/feasibility.py). Misses on the other mixes: {avoidable}"
         )
-    click.echo("ratios (per seed, policy / baseline):")
+    if not ratios:  # no hidvfs variant in --policy
+        return
+    if n == 1:
+        click.echo("ratios (policy / baseline) on one mix (n=1): no spread")
+    else:
+        click.echo(
+            f"ratios (per mix, policy / baseline): mean±s.e. [std] over {n} mixes; s.e. is the "
+            "standard error of the mean (std / sqrt(n))"
+        )
+    w = 3 * (2 + RATIO_DIGITS) + 4  # 1.0061±0.0006 [0.0060]
+    labels = {"makespan_s": "makespan", "energy_j": "energy", "cpu_energy_j": "CPU energy"}
+    click.echo(
+        f"  {'policy':18s} / {'baseline':10s} "
+        + " ".join(f"{labels.get(m, m.upper()):{w}s}" for m in RATIO_METRICS).rstrip()
+    )
     for r in ratios:
         click.echo(
-            f"  {r['policy']:18s} / {r['baseline']:10s} makespan {_fmt(r['makespan_s'])} "
-            f"energy {_fmt(r['energy_j'])} CPU energy {_fmt(r['cpu_energy_j'])} "
-            f"EDP {_fmt(r['edp'])}"
+            f"  {r['policy']:18s} / {r['baseline']:10s} "
+            + " ".join(f"{_fmt_ratio(r, m, n):{w}s}" for m in RATIO_METRICS).rstrip()
         )
+
+
+def _trained_as(name: str) -> str | None:
+    """The trained policy (agents train --policy) an eval policy's models come from; None for
+    the ones without models (governors, fixed points)."""
+    if name == "hidvfs-noshaping":
+        return "noshaping"
+    if name.startswith("hidvfs"):
+        return "hidvfs"
+    return name if name in ("geardvfs", "ztt") else None
+
+
+def _untrained_hint(folder: Path, given: list[str], names: list[str]) -> str | None:
+    """What to run instead when eval's policies ask for models ``folder`` never trained (its
+    manifest's ``policies``): --policy naming what it holds, --no-ablations. None when every
+    policy's models are listed (the missing file is another fault) or the manifest is
+    unreadable or lists no policies (the loader says what is wrong)."""
+    import json
+
+    try:
+        pols = json.loads((folder / "manifest.json").read_text()).get("policies")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(pols, dict):  # a manifest from before per-policy entries: unknown
+        return None
+    held = set(pols)
+    missing = [n for n in names if _trained_as(n) and _trained_as(n) not in held]
+    if not missing:
+        return None
+    asked = [n for n in missing if n in given]  # the rest: ablations --ablations added
+    keep = [n for n in given if n not in asked]
+    if not keep:
+        keep = [p for p in ("hidvfs", "geardvfs", "ztt") if p in held] + ["maxfreq"]
+    fix = []
+    if asked:
+        fix.append(f"--policy {','.join(keep)}")
+    if "hidvfs" in keep and any(n in ABLATIONS and n not in given for n in missing):
+        fix.append("--no-ablations")
+    lacks = ", ".join(dict.fromkeys(_trained_as(n) for n in missing))
+    holds = ", ".join(p for p in TRAINABLE if p in held) or "no policy"
+    return (
+        f"{folder} holds the models of {holds} only (its manifest's policies), not {lacks}: "
+        f"run with {' '.join(fix)}"
+    )
 
 
 COMMAND = agents

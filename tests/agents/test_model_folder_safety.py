@@ -32,7 +32,8 @@ from platforms.spec import load_board
 
 TX2 = load_board("tx2")
 RUBIK = load_board("rubikpi3")
-RESTORE = "restore the folder (git checkout agents/models) or retrain"
+#: the advice for a folder outside the repository (every test's copy): not "git checkout"
+RESTORE = "restore the folder from where it came, or re-run the `hidvfs agents train` that wrote it"
 
 
 @pytest.fixture
@@ -61,7 +62,20 @@ def _refused(load, fname: str) -> ReferenceMismatch:
     msg = str(e.value)
     assert isinstance(e.value, ModelMismatch) and isinstance(e.value, ValueError)
     assert "\n" not in msg and fname in msg and RESTORE in msg, msg
+    assert "git checkout" not in msg, msg
     return e.value
+
+
+def test_only_the_shipped_folder_is_restored_with_git(tmp_path):
+    """Every refusal said "restore the folder (git checkout agents/models)", also for a
+    folder `agents train --out` wrote in /tmp, which git cannot restore."""
+    from agents.learned import restore_advice
+
+    for folder in (MODELS_DIR, MODELS_DIR / "tx2", MODELS_DIR / "tx2" / "noshaping"):
+        assert (
+            restore_advice(folder) == "restore the folder (git checkout agents/models) or retrain"
+        )
+    assert RESTORE in restore_advice(tmp_path) and "git" not in restore_advice(tmp_path)
 
 
 def test_an_agent_of_another_run_is_refused_by_the_daemon_s_loader(tx2_copy):
@@ -145,8 +159,15 @@ def test_a_file_that_does_not_hash_as_training_recorded_is_refused(tx2_copy):
     onnx.save(m, str(tx2_copy / "thermal.onnx"))
     err = _refused(lambda: make_hidvfs(TX2, models=tx2_copy), "thermal.onnx")
     assert "is not the" in str(err) and "training recorded" in str(err)
+    assert "the file changed after training wrote it" in str(err)
     _refused(lambda: make_learned_policy("ztt", TX2, models=tx2_copy), "thermal.onnx")
-    assert not check_board("tx2", tx2_copy)["ok"]
+    # `agents check` fails the file's row, not the manifest's, and checks every other file
+    report = check_board("tx2", tx2_copy)
+    assert not report["ok"]
+    bad = [r for r in report["files"] if not r["ok"]]
+    assert [r["file"] for r in bad] == ["thermal.onnx"] and "sha256" in bad[0]["error"]
+    assert RESTORE in bad[0]["error"] and str(tx2_copy) not in bad[0]["error"]
+    assert len(report["files"]) == 9
 
 
 @pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])

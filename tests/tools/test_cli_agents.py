@@ -179,7 +179,7 @@ def test_models_root_serves_each_board_from_its_subfolder(tmp_path):
 
 
 def test_one_boards_folder_is_refused_for_the_others():
-    r = run("check", "--models", str(MODELS_DIR / "tx2"), "--json")
+    r = run("check", "--board", "all", "--models", str(MODELS_DIR / "tx2"), "--json")
     assert r.exit_code == 1
     reports = {rep["board"]: rep for rep in strict(r.output[: r.output.rindex("]") + 1])}
     assert reports["tx2"]["ok"]
@@ -189,6 +189,181 @@ def test_one_boards_folder_is_refused_for_the_others():
     r = run("eval", "--board", "tx2,orin-nx", "--models", str(MODELS_DIR / "tx2"), "--seeds", "1")
     assert r.exit_code == 2 and "holds the models of board 'tx2' only, not 'orin-nx'" in r.output
     assert "== tx2 ==" not in r.output  # refused before any board ran
+
+
+def _one_board_folder(tmp_path, board="tx2"):
+    """A folder as `agents train --board B --out DIR` writes it: one board's models at its top."""
+    folder = tmp_path / "out"
+    shutil.copytree(MODELS_DIR / board, folder)
+    return folder
+
+
+def test_check_of_one_boards_folder_checks_the_board_its_manifest_names(tmp_path):
+    """`agents check --models DIR` on a folder `agents train --out DIR` wrote exited 1: the
+    boards it does not hold failed ("holds the models of board 'tx2' only, not 'orin-nx'")
+    unless --board was given. Without --board it checks the folder's board(s); an explicit
+    --board (or all) is still checked as asked."""
+    folder = _one_board_folder(tmp_path)
+    r = run("check", "--models", str(folder), "--json")
+    assert r.exit_code == 0, r.output
+    (rep,) = strict(r.output)
+    assert rep["board"] == "tx2" and rep["ok"] and rep["folder"] == str(folder)
+    text = run("check", "--models", str(folder))
+    assert text.exit_code == 0 and "orin-nx" not in text.output and "FAIL" not in text.output
+    r = run("check", "--models", str(folder), "--board", "orin-nx")
+    assert r.exit_code == 1 and "holds the models of board 'tx2' only" in r.output
+    # a root of per-board subfolders: the boards it holds
+    root = tmp_path / "root"
+    shutil.copytree(MODELS_DIR / "rubikpi3", root / "rubikpi3")
+    r = run("check", "--models", str(root), "--json")
+    assert r.exit_code == 0, r.output
+    assert [rep["board"] for rep in strict(r.output)] == ["rubikpi3"]
+    # a folder with no manifest at all: every board, each told what is missing
+    (tmp_path / "empty").mkdir()
+    r = run("check", "--models", str(tmp_path / "empty"), "--json")
+    assert r.exit_code == 1
+    reports = strict(r.output[: r.output.rindex("]") + 1])
+    assert [rep["board"] for rep in reports] == ["tx2", "orin-nx", "rubikpi3"]
+    assert "--models, the boards the folder holds" in " ".join(
+        run("check", "--help").output.split()
+    )
+
+
+def _with_hashes(folder):
+    """``folder`` with a manifest recording its files' sha256, as `agents train` writes it."""
+    from agents.learned import file_sha256
+
+    man = json.loads((folder / "manifest.json").read_text())
+    man["sha256"] = {
+        p.relative_to(folder).as_posix(): file_sha256(p)
+        for p in sorted(folder.rglob("*"))
+        if p.suffix in (".onnx", ".npz")
+    }
+    (folder / "manifest.json").write_text(json.dumps(man))
+    return folder
+
+
+def test_check_names_the_file_that_does_not_hash_as_recorded(tmp_path):
+    """A sha256 mismatch was reported on the manifest.json row (and `file` field), with "git
+    checkout agents/models" advice for a folder outside the repository."""
+    import onnx
+
+    folder = _with_hashes(_one_board_folder(tmp_path))
+    m = onnx.load(str(folder / "noshaping" / "priority.onnx"))
+    m.doc_string = "edited"  # same outputs, other bytes
+    onnx.save(m, str(folder / "noshaping" / "priority.onnx"))
+    r = run("check", "--models", str(folder), "--json")
+    assert r.exit_code == 1
+    (rep,) = strict(r.output[: r.output.rindex("]") + 1])
+    bad = [f for f in rep["files"] if not f["ok"]]
+    assert [f["file"] for f in bad] == ["noshaping/priority.onnx"], bad
+    assert "sha256" in bad[0]["error"] and "training recorded" in bad[0]["error"]
+    assert "git checkout" not in bad[0]["error"]
+    assert "re-run the `hidvfs agents train` that wrote it" in bad[0]["error"]
+    assert all(f["file"] != "manifest.json" for f in rep["files"])
+    assert len(rep["files"]) == 9  # every file still checked
+    text = run("check", "--models", str(folder)).output
+    (line,) = [ln for ln in text.splitlines() if "FAIL" in ln]
+    assert line.split()[1] == "noshaping/priority.onnx" and "git checkout" not in text
+    # reference.npz, which no network row stands for, fails on a row of its own
+    with open(folder / "reference.npz", "ab") as f:
+        f.write(b"\0")
+    (rep,) = strict(run("check", "--models", str(folder), "--json").output.split("\nhidvfs")[0])
+    assert [f["file"] for f in rep["files"] if not f["ok"]] == [
+        "reference.npz",
+        "noshaping/priority.onnx",
+    ]
+
+
+def _eval_json(*args):
+    r = run("eval", "--board", "tx2", "--jobs", "1", *args, "--json")
+    assert r.exit_code == 0, r.output
+    return strict(r.output)
+
+
+def test_eval_ratios_carry_their_standard_error_and_say_which_spread_is_printed():
+    """The ratio "±" was the std over the mixes while the docs quote the standard error of
+    the mean (10x smaller at 100 mixes), and the output said neither. The JSON keeps [mean,
+    std] and adds METRIC_se and METRIC_n; the table prints ratios as mean±s.e. [std] to 4
+    decimals, and says the per-policy metrics are mean ± std over N mixes."""
+    common = ("--policy", "hidvfs,maxfreq", "--no-ablations", "--seeds", "3")
+    rows = _eval_json(*common)
+    (ratio,) = [r for r in rows if r["kind"] == "ratio"]
+    for m in ("makespan_s", "energy_j", "cpu_energy_j", "edp"):
+        mean, sd = ratio[m]
+        assert ratio[f"{m}_n"] == 3 and sd > 0
+        assert ratio[f"{m}_se"] == pytest.approx(sd / math.sqrt(3))
+    r = run("eval", "--board", "tx2", "--jobs", "1", *common)
+    lines = r.output.splitlines()
+    assert "makespan, energy, EDP, peak C, capped s: mean ± std over 3 mixes" in r.output
+    assert "mean±s.e. [std] over 3 mixes" in r.output and "standard error of the mean" in r.output
+    (row,) = [ln for ln in lines if ln.strip().startswith("hidvfs") and "/ maxfreq" in ln]
+    mean, sd = ratio["edp"]
+    assert row.rstrip().endswith(f"{mean:.4f}±{ratio['edp_se']:.4f} [{sd:.4f}]"), row
+    mean, sd = ratio["makespan_s"]
+    assert f"{mean:.4f}±{ratio['makespan_s_se']:.4f} [{sd:.4f}]" in row
+    help_text = " ".join(run("eval", "--help").output.split())
+    assert "mean ± std over the mixes" in help_text
+    assert "mean ± s.e., the standard error of their mean" in help_text
+    assert "METRIC_se" in help_text
+
+
+def test_eval_with_one_mix_prints_no_spread_and_no_empty_ratio_header():
+    """With one mix every std printed as "±0.000" (mean_std returned 0.0); without a hidvfs
+    variant an empty "ratios (per seed, policy / baseline):" header was printed."""
+    from tools.agents_eval import mean_std, mean_std_se
+
+    m, sd = mean_std([2.0])
+    assert m == 2.0 and math.isnan(sd)
+    assert mean_std_se([1.0, 3.0]) == pytest.approx((2.0, math.sqrt(2), 1.0, 2))
+    rows = _eval_json("--policy", "hidvfs,maxfreq", "--no-ablations", "--seeds", "1")
+    (ratio,) = [r for r in rows if r["kind"] == "ratio"]
+    assert ratio["edp"][1] is None and ratio["edp_se"] is None and ratio["edp_n"] == 1
+    assert all(r["edp"][1] is None for r in rows if r["kind"] == "summary")
+    text = run(
+        "eval",
+        "--board",
+        "tx2",
+        "--jobs",
+        "1",
+        "--seeds",
+        "1",
+        "--policy",
+        "hidvfs,maxfreq",
+        "--no-ablations",
+    ).output
+    assert "±" not in text.replace("mean ± std", "") and "n=1" in text
+    (row,) = [ln for ln in text.splitlines() if "/ maxfreq" in ln]
+    assert f"{ratio['edp'][0]:.4f}" in row
+    text = run("eval", "--board", "tx2", "--jobs", "1", "--seeds", "1", "--policy", "maxfreq")
+    assert text.exit_code == 0 and "ratios" not in text.output
+
+
+def _trial_folder(tmp_path):
+    """A folder as `agents train --policy hidvfs --out DIR` writes it: hidvfs's files only."""
+    folder = _one_board_folder(tmp_path)
+    for f in ("geardvfs.onnx", "ztt.onnx"):
+        (folder / f).unlink()
+    shutil.rmtree(folder / "noshaping")
+    man = json.loads((folder / "manifest.json").read_text())
+    man["policies"] = {"hidvfs": man["policies"]["hidvfs"]}
+    (folder / "manifest.json").write_text(json.dumps(man))
+    return folder
+
+
+def test_eval_of_a_trial_folder_says_what_to_run_instead(tmp_path):
+    """`agents eval --models DIR` of a trial folder failed on the default policy list, then
+    on the ablations, with no hint of --policy or --no-ablations."""
+    folder = _trial_folder(tmp_path)
+    base = ("eval", "--board", "tx2", "--seeds", "1", "--jobs", "1", "--models", str(folder))
+    r = run(*base)
+    assert r.exit_code == 2 and "does not exist" in r.output
+    assert f"{folder} holds the models of hidvfs only" in r.output
+    assert "run with --policy hidvfs,schedutil,maxfreq --no-ablations" in r.output, r.output
+    r = run(*base, "--policy", "hidvfs,maxfreq")
+    assert r.exit_code == 2 and "not noshaping: run with --no-ablations" in r.output, r.output
+    r = run(*base, "--policy", "hidvfs,maxfreq", "--no-ablations")
+    assert r.exit_code == 0, r.output
 
 
 def test_models_help_says_how_a_folder_is_chosen():
