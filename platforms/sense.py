@@ -18,6 +18,7 @@ logged once: a guard without a temperature never caps.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 from platforms import cpufreq, paths, power, thermal
@@ -131,6 +132,16 @@ def _policy_missing(plan: _ClusterPlan) -> list[str]:
         str(SysfsUnavailable(path, reason))
         for path in (plan.cur_path, plan.min_path, plan.max_path, plan.gov_path)
     ]
+
+
+#: what a ``key=value`` log field may hold unquoted (as daemon.logs.format_value)
+_PLAIN_FIELD = re.compile(r"[A-Za-z0-9_\-.:/,+@%\[\]()]+")
+
+
+def _log_field(text: str) -> str:
+    """``text`` as a log field: as it is when plain, else quoted (a zone type is the tree's
+    text: a quote, a backslash or a space in it must not break the line's fields)."""
+    return text if _PLAIN_FIELD.fullmatch(text) else repr(text)
 
 
 def _missing_zone(z: ZoneSpec) -> str:
@@ -274,8 +285,8 @@ class Sensor:
         log.warning(
             "event=cpu_zone_fallback board=%s zones=%s clusters=%s detail=%r",
             self.spec.name,
-            ",".join(z.type for z in zones),
-            ",".join(zones[0].clusters),
+            _log_field(",".join(z.type for z in zones)),
+            _log_field(",".join(zones[0].clusters)),
             "no thermal zone of the spec watches these clusters on this board; zones whose "
             "type reads as a CPU sensor watch them instead (add their types as the spec "
             "zones' aliases)",

@@ -488,6 +488,19 @@ def test_unnamed_cpu_zones_watch_the_clusters_left_without_one(tmp_path, caplog)
     assert len(logged) == 1 and "CPU-therm" in logged[0].getMessage()
 
 
+def test_the_fallback_line_quotes_a_zone_type_that_would_break_its_fields(tmp_path, caplog):
+    """A zone type is the tree's text: a quote, backslash or space in it was logged bare,
+    so a log reader split the line's key=value fields in the wrong places."""
+    spec = _without_aliases(ORIN)
+    w = write_fake_tree(spec, tmp_path)
+    _rename_zones(w, spec, {**_JP5_ORIN, "cpu-thermal": 'CPU "x\\y z'})
+    with caplog.at_level(logging.WARNING, logger="hidvfs.sense"):
+        Sensor(spec, w.sysfs).read(0.0)
+    (line,) = [r.getMessage() for r in caplog.records if "cpu_zone_fallback" in r.getMessage()]
+    assert "zones='CPU \"x\\\\y z'" in line, line
+    assert "clusters=a78ae_0,a78ae_1 " in line  # plain fields stay bare
+
+
 def test_the_fallback_watches_only_the_uncovered_clusters(tmp_path):
     """RUBIK Pi with the gold and prime zones found and the silver ones under names the spec
     does not list: only silver is watched by the stand-ins."""
