@@ -286,6 +286,26 @@ def _range_text(lo: int | None, hi: int | None) -> str:
     return ""
 
 
+def _check_distinct_ports(c: _Checker, metrics_listen: str, telemetry_listen: str) -> None:
+    """Both endpoints on one port fail only when the second binds, after the daemon took the
+    board: said with the config instead. A wildcard host (0.0.0.0, ::) overlaps every host."""
+    (m_host, m_port), (t_host, t_port) = (
+        parse_listen(metrics_listen),
+        parse_listen(telemetry_listen),
+    )
+    wildcard, loopback = {"0.0.0.0", "::", ""}, {"localhost", "127.0.0.1", "::1"}
+    overlap = (
+        m_host == t_host or m_host in wildcard or t_host in wildcard or {m_host, t_host} <= loopback
+    )
+    if m_port == t_port and m_port != 0 and overlap:
+        raise c.fail(
+            "telemetry.listen",
+            f"a port other than metrics.listen's ({metrics_listen}): both endpoints cannot "
+            "listen on one port",
+            telemetry_listen,
+        )
+
+
 def _mode(c: _Checker, key: str, v: Any) -> int:
     """File mode: YAML 1.1 reads ``0660`` as octal already; also accept the string ``"0660"``."""
     if isinstance(v, str):
@@ -403,6 +423,8 @@ def parse_config(data: Any, file: str = "<config>") -> Config:
         token_file=c.str_("telemetry.token_file", te.get("token_file"), optional=True),
     )
     _check_token(c, "telemetry", telemetry, telemetry.listen)
+    if metrics.enabled and telemetry.listen is not None:
+        _check_distinct_ports(c, metrics.listen, telemetry.listen)
 
     mc = _mapping(c, get("mixed_criticality"), "mixed_criticality", MixedCriticalityConfig)
     mixed = MixedCriticalityConfig(

@@ -232,6 +232,40 @@ def test_metrics_follow_the_telemetry_token_rule():
     assert parse_config({"metrics": {"listen": "0.0.0.0:9466"}}).metrics.enabled is False
 
 
+@pytest.mark.parametrize(
+    "metrics, telemetry",
+    [
+        ("127.0.0.1:19466", "127.0.0.1:19466"),
+        ("localhost:19466", "127.0.0.1:19466"),
+        ("127.0.0.1:19466", "0.0.0.0:19466"),
+        ("[::]:19466", "[::1]:19466"),
+    ],
+)
+def test_metrics_and_telemetry_on_one_port_are_refused_with_the_config(metrics, telemetry):
+    """Caught only when the second endpoint failed to bind, after the daemon took the board
+    ("[Errno 98] telemetry: cannot listen"): said with the config now."""
+    tokens = {"token": "t"}
+    with pytest.raises(ConfigError, match="telemetry.listen.*a port other than metrics.listen"):
+        parse_config(
+            {
+                "metrics": {"enabled": True, "listen": metrics, **tokens},
+                "telemetry": {"listen": telemetry, **tokens},
+            }
+        )
+
+
+def test_metrics_and_telemetry_may_share_a_port_number_on_distinct_hosts_or_when_off():
+    cfg = parse_config(
+        {
+            "metrics": {"enabled": True, "listen": "10.0.0.1:19466", "token": "t"},
+            "telemetry": {"listen": "10.0.0.2:19466", "token": "t"},
+        }
+    )
+    assert cfg.telemetry.listen == "10.0.0.2:19466"
+    off = {"metrics": {"listen": "127.0.0.1:19466"}, "telemetry": {"listen": "127.0.0.1:19466"}}
+    assert parse_config(off).metrics.enabled is False
+
+
 def test_read_token_from_file_names_the_section(tmp_path):
     tok = tmp_path / "token"
     tok.write_text("m3tr1cs\n")
