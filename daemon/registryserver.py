@@ -259,6 +259,15 @@ class RegistryServer:
                 f"chown to group {self.group!r} is not allowed to uid {os.geteuid()}",
             )
             return None, 0o600
+        if self.mode & 0o002:  # the mode is the operator's; what it opens is said once
+            log.warning(
+                "event=socket_world_writable path=%s mode=%04o reason=%r",
+                self.path,
+                self.mode & 0o777,
+                "every local user may register jobs, high-criticality ones included (each "
+                f"only its own processes); to limit it, put the users in group {self.group!r} "
+                "and use mode 0660",
+            )
         return gid, self.mode & 0o777
 
     def start(self) -> RegistryServer:

@@ -78,6 +78,21 @@ def test_the_socket_is_born_with_its_mode_and_group_set_without_chmod(folder, mo
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
 
 
+def test_a_socket_every_user_may_write_is_served_with_a_warning(folder, caplog):
+    """socket.mode 0666 lets every local user register jobs, HI ones included: the operator's
+    choice, kept, but it was taken without a word."""
+    path = os.path.join(folder, "s.sock")
+    with caplog.at_level("WARNING", logger="hidvfs"):
+        with RegistryServer(_reg(), path, group=OWN_GROUP, mode=0o666):
+            assert stat.S_IMODE(os.lstat(path).st_mode) == 0o666
+        said = [r.getMessage() for r in caplog.records if "socket_world_writable" in r.getMessage()]
+        assert len(said) == 1 and "mode=0666" in said[0] and "0660" in said[0], said
+        caplog.clear()
+        with RegistryServer(_reg(), path, group=OWN_GROUP, mode=0o660):
+            pass
+        assert not [r for r in caplog.records if "socket_world_writable" in r.getMessage()]
+
+
 def test_a_socket_swapped_for_a_symlink_before_its_group_is_set_is_refused(
     folder, victim, monkeypatch
 ):
