@@ -125,18 +125,77 @@ def test_a_slowdown_beyond_the_frequency_ratio_is_compute_bound():
     assert p.beta == 0.0
 
 
-def test_progress_estimate_follows_the_modelled_time_and_stays_cautious():
+def test_progress_estimate_is_the_least_work_a_greedy_schedule_can_have_done():
     from agents.deadlines import PROGRESS_CAP, ProgressEstimate
 
-    p = JobProfile("j", 4.0, 1.0, 0.0, 2.0, 2_000_000, 4)  # T = 1 + 3/4 = 1.75 s on 4 cores
+    p = JobProfile("j", 4.0, 1.0, 0.0, 2.0, 2_000_000, 4)  # C = 4 s, L = 1 s at 2 GHz
     est = ProgressEstimate()
     assert est.advance(1, p, 10.0, 2_000_000, 1.0, 4) == 0.0  # first sight: nothing known
-    assert est.advance(1, p, 10.875, 2_000_000, 1.0, 4) == pytest.approx(0.5)
-    # at half the frequency the same time does half as much
-    assert est.advance(1, p, 11.75, 1_000_000, 1.0, 4) == pytest.approx(0.75)
+    # 0.875 s on 4 cores may all have been the critical path: one core's work, 0.875 / 4
+    assert est.advance(1, p, 10.875, 2_000_000, 1.0, 4) == pytest.approx(0.21875)
+    # then 0.875 s at half the frequency (C = 8, L = 2): the path's last 0.125 takes 0.25 s
+    # on one core (0.25 / 8), the other 0.625 s all four cores work (4 x 0.625 / 8)
+    assert est.advance(1, p, 11.75, 1_000_000, 1.0, 4) == pytest.approx(0.5625)
     assert est.advance(1, p, 100.0, 2_000_000, 1.0, 4) == PROGRESS_CAP  # overran: capped
     est.forget(1)
     assert est.advance(1, p, 200.0, 2_000_000, 1.0, 4) == 0.0
+    # on one core nothing is lost to the path: the work done is the time run
+    assert est.advance(2, p, 0.0, 2_000_000, 1.0, 1) == 0.0
+    assert est.advance(2, p, 1.0, 2_000_000, 1.0, 1) == pytest.approx(0.25)
+
+
+def _chain_then_branches(f_khz: float, chain_s: float, branches: int, branch_s: float):
+    from platforms.dag import DagBuilder
+
+    b, prev, seg = DagBuilder("cp"), (), 40
+    for _ in range(seg):
+        prev = (b.add(chain_s / seg * f_khz * 1e3, 0.0, prev),)
+    for _ in range(branches):
+        q = prev
+        for _ in range(seg):
+            q = (b.add(branch_s / seg * f_khz * 1e3, 0.0, q),)
+    return b.build()
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4])
+def test_the_estimate_never_runs_ahead_of_the_plants_progress(cores):
+    """A serial phase, then parallel branches: the estimate by the Graham time credited
+    68 % at 54 % done, and the gate then kept one core for a job that needed two."""
+    from agents.deadlines import ProgressEstimate, span_at, work_at
+    from agents.policy import Decision, JobSetting, Policy
+    from daemon.simrun import run_sim
+    from platforms.sim.plant import SimJob
+    from platforms.spec import load_board
+
+    spec = load_board("orin-nx")
+    top = spec.clusters[0]
+    dag = _chain_then_branches(top.fmax_khz, 1.5, 3, 0.6)
+    c, span = dag.work_span(top.fmax_khz * 1e3, 1.0)
+    prof = JobProfile("cp", c, span, 0.0, c, top.fmax_khz, 4)
+
+    class Fixed(Policy):
+        name, period_s = "fixed", 0.05
+
+        def decide(self, obs):
+            cl = obs.clusters[0]
+            return Decision(
+                {k.name: k.freqs_khz[-1] for k in obs.clusters},
+                {j.pid: JobSetting(tuple(cl.cpus[:cores])) for j in obs.jobs},
+            )
+
+    est, seen = ProgressEstimate(), []
+
+    def on_tick(res):
+        for j in res.obs.jobs:
+            if j.progress is not None and j.cpus:
+                guess = est.advance(j.pid, prof, res.t, top.fmax_khz, top.capacity, len(j.cpus))
+                seen.append((j.progress, guess))
+
+    run_sim("orin-nx", Fixed(), [(SimJob(dag, "cp", 100.0), prof)], seed=0, on_tick=on_tick)
+    assert len(seen) > 20
+    assert all(guess <= true + 1e-6 for true, guess in seen), max(g - t for t, g in seen)
+    assert work_at(prof, top.fmax_khz, top.capacity) == pytest.approx(c)
+    assert span_at(prof, top.fmax_khz, top.capacity) >= span - 1e-9
 
 
 def test_the_loop_estimates_progress_where_the_board_reports_none(tmp_path):
