@@ -11,6 +11,7 @@ under a kernel governor too (as ``scaling_max_freq``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -124,7 +125,28 @@ class ThermalGuard:
             out.cap_khz[c.name] = min(cap, out.cap_khz.get(c.name, cap))
             if c.name in out.freq_khz and out.freq_khz[c.name] > cap:
                 out.freq_khz[c.name] = cap
+        out.events.extend(hi_needs_capped(decision.events, out.cap_khz))
         return out
+
+
+#: a high-criticality job's frequency need, as the reservation states it (agents.mixed)
+_HI_NEED = re.compile(r"^(?:reserve|share) cluster=(\S+) pid=(\d+)\b.*\bneed_khz=(\d+)")
+
+
+def hi_needs_capped(events: list[str], caps_khz: Mapping[str, int]) -> list[str]:
+    """The guard wins over the reservation: where its cap falls below what a HI job's
+    reservation needs (a cap stepped down after the gate planned), the job's deadline is at
+    risk, said as its own event (``hi_need_capped``) rather than only as a thermal one."""
+    out = []
+    for ev in events:
+        m = _HI_NEED.match(ev)
+        if m is None:
+            continue
+        name, pid, need = m.group(1), int(m.group(2)), int(m.group(3))
+        cap = caps_khz.get(name)
+        if cap is not None and cap < need:
+            out.append(f"hi_need_capped cluster={name} pid={pid} need_khz={need} cap_khz={cap}")
+    return out
 
 
 def _floor_level(table: tuple[int, ...], khz: int) -> int:

@@ -119,3 +119,21 @@ def test_the_cap_follows_one_opp_per_tick_down_and_up(temps, want):
         assert out.cap_khz.get("big", TABLE[top]) == TABLE[level]
         assert out.freq_khz["big"] == min(want, TABLE[level])
         cur = out.freq_khz["big"]
+
+
+def test_a_cap_below_a_hi_reservations_need_is_said_as_its_own_event():
+    """The guard wins over the reservation; a cap stepped below what a HI job's cluster
+    needs put its deadline at risk with only a thermal_cap event to tell."""
+    g = ThermalGuard(margin_c=5.0, hysteresis_c=3.0)
+    d = Decision(
+        {"big": 2000},
+        events=[
+            "reserve cluster=big pid=42 need_khz=2000",
+            "share cluster=big pid=7 rt=40 need_khz=1000",
+        ],
+    )
+    out = g.apply(d, obs(80.0))  # cap 1500: below the reservation's need, above the share's
+    assert "hi_need_capped cluster=big pid=42 need_khz=2000 cap_khz=1500" in out.events
+    assert not [e for e in out.events if e.startswith("hi_need_capped") and "pid=7" in e]
+    cool = g.apply(Decision({"big": 2000}, events=list(d.events)), obs(60.0))
+    assert not [e for e in cool.events if e.startswith("hi_need_capped")]
