@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from daemon.config import DEFAULT_SOCKET
+from daemon.jobs import JobExit
 from daemon.stopsignals import PassOnSignals
 from platforms.clock import MonotonicClock
 from platforms.errors import HidvfsError
@@ -297,8 +298,24 @@ class RegistryClient:
             job = {**job, "warning": str(answer["warning"])}
         return job
 
-    def unregister(self, pid: int) -> dict[str, Any]:
-        return self.request({"op": "unregister", "pid": pid})["job"]
+    def unregister(self, pid: int, exit: JobExit | None = None) -> dict[str, Any]:
+        """Drop ``pid``'s job; ``exit``: how it ended (its launcher reaped it), so the daemon
+        counts a failed job apart instead of scoring it by time. A daemon that predates the
+        field is asked again without it (it scores the job by time, as it always did)."""
+        req: dict[str, Any] = {"op": "unregister", "pid": pid}
+        if exit is not None:
+            req["exit"] = {
+                "code": exit.code,
+                "signal": exit.signal,
+                "stopped_by": exit.stopped_by,
+            }
+        try:
+            return self.request(req)["job"]
+        except RegistryError as err:
+            if exit is None or "'exit'" not in err.error or "unknown field" not in err.error:
+                raise
+            del req["exit"]
+            return self.request(req)["job"]
 
     def profile(self, name: str) -> dict[str, Any] | None:
         """The reference profile the daemon would give a job named ``name`` (its version and
@@ -455,11 +472,15 @@ class _PassOn:
     def __init__(self) -> None:
         self.pid: int | None = None  # the command, once launched
         self.pending: int | None = None  # a signal taken before it was
+        #: the first stop signal hidvfs run got, passed on or not (a terminal's Ctrl-C, which
+        #: the command got itself): the job was stopped, its makespan is no completion
+        self.got: str | None = None
         self.told: list = []  # psutil processes, the command first
         self.deadline: float | None = None
         self._timer: threading.Timer | None = None
 
     def __call__(self, signum: int) -> bool:
+        self.got = self.got or signal.Signals(signum).name
         if signum == signal.SIGINT and _terminal_sent_it(self.pid or os.getpid()):
             return False
         if self.pid is None:
@@ -548,7 +569,10 @@ def run_registered(
     on: not passed on, not recorded.
     Returns the run's record: name, pid, returncode (shell style: 128 + signal when killed),
     makespan_s (launch to exit), deadline_s, criticality, deadline_met (None without a
-    deadline) and stopped_by.
+    deadline, or for a command that failed: a non-zero exit, a signal, stopped by a signal
+    hidvfs run got, Ctrl-C included), failure (why, or None) and stopped_by. The daemon is
+    told how the command ended when it is unregistered (the ``exit`` of the request), so it
+    counts a failed job as failed, not as a deadline met or missed.
     """
     if not command:
         raise ValueError("no command given to run")
@@ -616,9 +640,15 @@ def run_registered(
         rc = wait_reaping(proc) if adopter else proc.wait()
         makespan = clock.now() - t0
         pass_on.finish()
+        ended = JobExit(
+            code=rc if rc >= 0 else None,
+            signal=-rc if rc < 0 else None,
+            # stopped: by a signal passed on, or a Ctrl-C the command got from the terminal
+            stopped_by=signals.received or pass_on.got,
+        )
         if down is None:
             try:
-                client.unregister(proc.pid)
+                client.unregister(proc.pid, ended)
             except RegistryError:
                 pass  # the daemon already saw it exit and dropped it
             except DaemonUnreachable:
@@ -636,7 +666,13 @@ def run_registered(
         "makespan_s": makespan,
         "deadline_s": deadline_s,
         "criticality": criticality,
-        "deadline_met": None if deadline_s is None else makespan <= deadline_s,
+        # None without a deadline, and for a command that failed (a non-zero exit, a signal)
+        # or was stopped: not scored, as the daemon counts it (failed, neither met nor missed)
+        "deadline_met": (
+            None if deadline_s is None or ended.failure is not None else makespan <= deadline_s
+        ),
+        # why it is not scored ("exit 1", "killed by SIGSEGV", "stopped by SIGTERM"), or None
+        "failure": ended.failure,
         # the reference profile the daemon planned with (None: the deadline was not planned)
         "profile_version": job.get("profile_version"),
         # the daemon never steered it: it ended before the registration, or (with

@@ -21,7 +21,7 @@ from agents.policy import Decision, Policy
 from daemon.actuator import ActuationReport, Actuator
 from daemon.gchold import collector_held
 from daemon.guard import ThermalGuard
-from daemon.jobs import JobOutcome, JobTable
+from daemon.jobs import REPORT_WAIT_S, JobEntry, JobOutcome, JobTable
 from daemon.logs import log_event
 from platforms.observation import JobObs, Observation
 from platforms.platform import Platform
@@ -121,7 +121,9 @@ class ControlLoop:
 
     @staticmethod
     def _log_done(out: JobOutcome) -> None:
-        # (log_event quotes the name: one with spaces must not read as more fields)
+        # (log_event quotes the name: one with spaces must not read as more fields); a job
+        # that failed says how, and its deadline_met is null: neither met nor missed
+        failed = {"failed": out.failure} if out.failure is not None else {}
         log_event(
             log,
             "job_done",
@@ -129,7 +131,20 @@ class ControlLoop:
             name=out.name,
             makespan_s=round(out.makespan_s, 3),
             deadline_met=out.deadline_met,
+            **failed,
         )
+
+    def _launcher_alive(self, e: JobEntry) -> bool:
+        """Whether the process that launched job ``e`` and will say how it ended (its adopter:
+        ``hidvfs run``) still lives, so the loop that saw the job end waits for its word."""
+        if e.adopter is None:
+            return False
+        procs = self.platform.procs
+        pid, start = e.adopter
+        try:
+            return procs.alive(pid) and (start is None or procs.start_time(pid) in (None, start))
+        except Exception:  # noqa: BLE001 - a launcher that cannot be read is not waited for
+            return False
 
     # -- one tick ----------------------------------------------------------------------------
     def observe(self) -> tuple[Observation, list[JobOutcome]]:
@@ -147,9 +162,15 @@ class ControlLoop:
             self._estimate.forget(out.pid)
             finished.append(out)
             self._log_done(out)
+        # jobs seen to end whose launcher never said how (it died, or took too long): by time
+        for out in self.jobs.release_held(t, self._launcher_alive):
+            finished.append(out)
+            self._log_done(out)
         ended = {(o.pid, o.release_t) for o in finished}
         snapshot = self.jobs.snapshot()
         present = {(e.pid, e.release_t) for e in snapshot}  # a registration, not just a pid
+        # (a job whose outcome waits for its launcher is not forgotten: it is scored later)
+        present |= {(e.pid, e.release_t) for e in self.jobs.held_jobs()}
         for e in snapshot:  # what `hidvfs run` adopts below it is the job's too
             if e.adopter is not None:
                 self.actuator.adopted_by(e.pid, e.adopter)
@@ -170,6 +191,11 @@ class ControlLoop:
             if not procs.alive(e.pid) or (
                 e.start_time is not None and procs.start_time(e.pid) not in (None, e.start_time)
             ):  # gone, or its pid now names another process
+                if self._launcher_alive(e) and self.jobs.hold(e.pid, t, t + REPORT_WAIT_S):
+                    # `hidvfs run` is about to say how it ended (a crash is no deadline met)
+                    self.actuator.forget(e.pid)
+                    self._estimate.forget(e.pid)
+                    continue
                 out = self.jobs.finish(e.pid, t, seen=True)
                 self.actuator.forget(e.pid)
                 self._estimate.forget(e.pid)
@@ -226,8 +252,15 @@ class ControlLoop:
             obs, finished = self.observe()
             for out in finished:  # stages that learn from outcomes (the adaptive shield)
                 for stage in self.stages:
-                    done = getattr(stage, "job_done", None)
-                    if done is not None:
+                    # a failed job's end is no response time to learn from: its bounds are
+                    # dropped, as those of a job unregistered alive
+                    name = "forget" if out.failure is not None else "job_done"
+                    done = getattr(stage, name, None)
+                    if done is None:
+                        continue
+                    if out.failure is not None:
+                        done(out.pid)
+                    else:
                         done(out.pid, out.finish_t)
             decision = self.policy.decide(obs)
             for stage in self.stages:
@@ -253,8 +286,10 @@ class ControlLoop:
             if key in held:
                 continue
             n, _ = self._held_events.get(key, (0, ev))
-            if not n:
-                log.info("event=intervention %s", ev)
+            if not n:  # a HI job's need capped by the guard puts its deadline at risk
+                (log.warning if ev.startswith("hi_need_capped") else log.info)(
+                    "event=intervention %s", ev
+                )
             held[key] = (n + 1, ev)
         for key, (n, ev) in self._held_events.items():
             if key not in held and n > 1:
@@ -365,6 +400,10 @@ class ControlLoop:
             "jobs_running": len(self.jobs),
             "jobs_done": self.jobs.done,
             "deadline_misses": self.jobs.misses(),
+            # finished jobs whose launcher said they failed (neither met nor missed), and
+            # running jobs already past their deadline, per criticality
+            "jobs_failed": self.jobs.failed(),
+            "jobs_overdue": self.jobs.overdue(self.platform.clock.now()),
             "interventions": self.events_total,
             "last_events": list(last.decision.events[-5:]) if last else [],
             "unavailable": list(obs.errors[:10]) if obs else [],

@@ -107,7 +107,8 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
 
     Reads ``freq_khz`` {cluster: kHz}, ``temp_c`` {zone: °C}, ``power_w`` {rail: W} (and
     ``rails_w`` when present), ``energy_j``, ``jobs_running``, ``deadline_misses``
-    {criticality: n}, ``ticks`` (decisions) and ``interventions`` (an int, or {kind: n} such
+    {criticality: n}, ``jobs_failed`` {criticality: n}, ``jobs_overdue`` {criticality: n},
+    ``ticks`` (decisions) and ``interventions`` (an int, or {kind: n} such
     as gate/shield/guard). Missing keys and ``None`` values are left out.
     """
     freq = Metric(
@@ -132,15 +133,35 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
     energy.add(_num(status.get("energy_j")))
     jobs = Metric("hidvfs_jobs_running", "gauge", "Registered jobs still running.")
     jobs.add(_num(status.get("jobs_running")))
-    done = Metric("hidvfs_jobs_completed_total", "counter", "Registered jobs that finished.")
+    done = Metric(
+        "hidvfs_jobs_completed_total",
+        "counter",
+        "Registered jobs that finished, failed ones included.",
+    )
     done.add(_num(status.get("jobs_done")))
     misses = Metric(
         "hidvfs_deadline_misses_total",
         "counter",
-        "Jobs that finished after their deadline, by criticality.",
+        "Jobs that finished after their deadline, by criticality (failed jobs are not "
+        "scored; a running job past its deadline is in hidvfs_jobs_overdue).",
     )
     for crit, n in sorted(dict(status.get("deadline_misses") or {}).items()):
         misses.add(_num(n), criticality=crit)
+    failed = Metric(
+        "hidvfs_jobs_failed_total",
+        "counter",
+        "Jobs that ended with a non-zero exit status, were killed by a signal or were stopped "
+        "by hidvfs run, as hidvfs run reported, by criticality; neither met nor missed.",
+    )
+    for crit, n in sorted(dict(status.get("jobs_failed") or {}).items()):
+        failed.add(_num(n), criticality=crit)
+    overdue = Metric(
+        "hidvfs_jobs_overdue",
+        "gauge",
+        "Registered jobs still running past their deadline, by criticality.",
+    )
+    for crit, n in sorted(dict(status.get("jobs_overdue") or {}).items()):
+        overdue.add(_num(n), criticality=crit)
     decisions = Metric("hidvfs_decisions_total", "counter", "Control-loop decisions taken.")
     decisions.add(_num(status.get("ticks", status.get("decisions"))))
     inter = Metric(
@@ -154,7 +175,7 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
             inter.add(_num(n), kind=kind)
     else:
         inter.add(_num(raw), kind="all")
-    return [freq, temp, power, energy, jobs, done, misses, decisions, inter]
+    return [freq, temp, power, energy, jobs, done, misses, failed, overdue, decisions, inter]
 
 
 # --------------------------------------------------------------------------------------------

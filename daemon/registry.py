@@ -6,6 +6,7 @@ Requests (one JSON object per line)::
 
     {"op": "register", "pid": 1234, "deadline_s": 5.0, "criticality": "hi", "name": "fft"}
     {"op": "unregister", "pid": 1234}
+    {"op": "unregister", "pid": 1234, "exit": {"code": 0, "signal": null, "stopped_by": null}}
     {"op": "status"}
     {"op": "profile", "name": "fft"}   -> the reference profile a registration would get, or null
 
@@ -16,6 +17,15 @@ set); a name without a profile is refused.
 what the job leaves behind (a helper that double-forks) stays below that parent, and the daemon
 counts it as the job's when it gives the originals back. Taken only for a parent the client
 may speak for, never init or the daemon.
+
+``"exit"`` in an unregister (optional; ``hidvfs run`` sends it once it has reaped its command)
+says how the job ended: ``code`` its exit status (0 to 255) or ``signal`` the signal that
+killed it (1 to 127), one of the two, and ``stopped_by`` the signal ``hidvfs run`` itself got
+and passed on ("SIGTERM", a Ctrl-C's "SIGINT"), or null. A job that failed (a non-zero code, a
+signal, or stopped) is counted apart as failed, neither met nor missed. Without it (an older
+client, a job whose end the daemon saw alone: an orphan after ``hidvfs run`` was SIGKILLed) the
+job is scored by time. The loop waits a little (``jobs.REPORT_WAIT_S``) for the word of a
+job's live launcher (its adopter) when it sees the job end first.
 
 Answers are one line each: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. A
 register answer may carry ``"warning": "..."``: the job is registered, but its reference
@@ -43,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.deadlines import MAX_NAME  # the names profiles are stored under
-from daemon.jobs import JobEntry, JobTable
+from daemon.jobs import JobEntry, JobExit, JobTable
 from daemon.logs import format_value, log_event
 from platforms.observation import JobProfile
 from platforms.procs import SetidProcess
@@ -62,9 +72,11 @@ INTERNAL_ERROR_LOG_S = 60.0
 OPS = ("register", "unregister", "status", "profile")
 #: the largest slack a registration may ask for (a deadline that far out plans nothing)
 MAX_SLACK = 1000.0
+#: the fields of an unregister's ``exit``
+EXIT_FIELDS = ("code", "signal", "stopped_by")
 FIELDS = {
     "register": ("op", "pid", "deadline_s", "slack", "criticality", "name", "adopter"),
-    "unregister": ("op", "pid"),
+    "unregister": ("op", "pid", "exit"),
     "status": ("op",),
     "profile": ("op", "name"),
 }
@@ -129,6 +141,8 @@ def parse_request(line: bytes) -> dict[str, Any]:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise RequestError(f"field 'pid' must be a positive integer, got {pid!r:.60}")
         out["pid"] = pid
+    if op == "unregister" and req.get("exit") is not None:
+        out["exit"] = _parse_exit(req["exit"])
     if op == "register":
         deadline = req.get("deadline_s")
         if deadline is not None:
@@ -183,6 +197,49 @@ def parse_request(line: bytes) -> dict[str, Any]:
     return out
 
 
+def _parse_exit(raw: Any) -> JobExit:
+    """An unregister's ``exit``: ``{"code": 0..255 | null, "signal": 1..127 | null,
+    "stopped_by": "SIGTERM" | null}``, exactly one of code and signal."""
+    if not isinstance(raw, dict):
+        raise RequestError(
+            f"field 'exit' must be an object with {', '.join(EXIT_FIELDS)}, got {raw!r:.60}"
+        )
+    for key in raw:
+        if key not in EXIT_FIELDS:
+            raise RequestError(
+                f"unknown field {key!r:.60} in 'exit'{_field_hint(str(key)[:60], EXIT_FIELDS)}; "
+                f"allowed: {', '.join(EXIT_FIELDS)}"
+            )
+
+    def small_int(key: str, lo: int, hi: int) -> int | None:
+        v = raw.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise RequestError(
+                f"field 'exit.{key}' must be an integer from {lo} to {hi} or null, got {v!r:.60}"
+            )
+        return v
+
+    code, sig = small_int("code", 0, 255), small_int("signal", 1, 127)
+    if (code is None) == (sig is None):
+        raise RequestError(
+            "field 'exit' must give one of 'code' (it exited) and 'signal' (a signal killed it)"
+        )
+    stopped = raw.get("stopped_by")
+    if stopped is not None and (
+        not isinstance(stopped, str)
+        or not 4 <= len(stopped) <= 16
+        or not stopped.startswith("SIG")
+        or not stopped[3:].replace("+", "").replace("-", "").isalnum()
+        or not stopped.isascii()
+    ):
+        raise RequestError(
+            f"field 'exit.stopped_by' must be a signal name such as 'SIGTERM' or null, got {stopped!r:.60}"
+        )
+    return JobExit(code=code, signal=sig, stopped_by=stopped)
+
+
 def owner_refusal(
     pid: int, registrant_uid: int | None, pid_owner: Callable[[int], int | None]
 ) -> str | None:
@@ -224,6 +281,9 @@ def deadline_from_slack(name: str, profile: JobProfile | None, slack: float) -> 
 
 
 def job_to_json(entry: JobEntry, now: float | None = None) -> dict[str, Any]:
+    """A job as the registry answers it; with ``now`` (a status) also its ``elapsed_s`` and,
+    for a deadline job, ``remaining_s`` (0 once past it) and ``overdue_s`` (how far past
+    its deadline it runs; 0 while within it), None without a deadline."""
     d = {
         "pid": entry.pid,
         "name": entry.name,
@@ -234,7 +294,11 @@ def job_to_json(entry: JobEntry, now: float | None = None) -> dict[str, Any]:
         "profile_version": entry.profile.version if entry.profile else None,
     }
     if now is not None:
-        d["elapsed_s"] = round(now - entry.release_t, 6)
+        elapsed = now - entry.release_t
+        d["elapsed_s"] = round(elapsed, 6)
+        dl = entry.deadline_s
+        d["remaining_s"] = None if dl is None else round(max(0.0, dl - elapsed), 6)
+        d["overdue_s"] = None if dl is None else round(max(0.0, elapsed - dl), 6)
     return d
 
 
@@ -421,11 +485,16 @@ class JobRegistry:
             log.exception("event=deadline_check_failed name=%s", format_value(profile.name))
             return None
 
-    def unregister(self, pid: int, *, peer_uid: int | None = None) -> JobEntry:
+    def unregister(
+        self, pid: int, *, peer_uid: int | None = None, exit: JobExit | None = None
+    ) -> JobEntry:
         """Drop a job. A non-root client may only drop a job it registered or a process it
-        owns: another user's job would lose its deadline and its reservation."""
+        owns: another user's job would lose its deadline and its reservation. ``exit``: how
+        the job ended, as its launcher (``hidvfs run``) says; taken when it has ended (a job
+        the loop already saw end waits for this word: :meth:`JobTable.hold`)."""
         with self._lock:
-            entry = self.table.get(pid)
+            held = self.table.held(pid)
+            entry = held if held is not None else self.table.get(pid)
             if entry is None:
                 raise RequestError(f"pid {pid} is not registered")
             if peer_uid not in (None, 0) and entry.registrant_uid != peer_uid:
@@ -438,12 +507,16 @@ class JobRegistry:
                         f"pid {pid} was registered by uid {entry.registrant_uid}; a client "
                         f"with uid {peer_uid} may only unregister its own jobs"
                     )
-            ended = not self.alive(pid)
+            ended = held is not None or not self.alive(pid)
         if ended:  # `hidvfs run` tells us as soon as its command exits: that is its end
-            out = self.table.finish(pid, self.now())
+            if held is not None:  # the loop saw it end first: its end, this word
+                out = self.table.report(pid, exit)
+            else:
+                out = self.table.finish(pid, self.now(), exit=exit)
             if out is None:
                 raise RequestError(f"pid {pid} is not registered")
-            log_event(log, "job_unregistered", pid=pid, name=entry.name, ended=True)
+            failed = {"failed": out.failure} if out.failure is not None else {}
+            log_event(log, "job_unregistered", pid=pid, name=entry.name, ended=True, **failed)
             return entry
         entry = self.table.unregister(pid)
         if entry is None:
@@ -493,7 +566,7 @@ class JobRegistry:
                 answer["warning"] = e.warning
             return answer
         if op == "unregister":
-            entry = self.unregister(req["pid"], peer_uid=peer_uid)
+            entry = self.unregister(req["pid"], peer_uid=peer_uid, exit=req.get("exit"))
             return {"ok": True, "job": job_to_json(entry)}
         if op == "profile":  # `hidvfs run --slack` asks before it launches anything
             prof = self.profile_for(req["name"]) if self.profile_for is not None else None

@@ -487,14 +487,34 @@ def adopt_orphans(on: bool = True) -> bool:
     return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
 
 
+class LaunchError(OSError):
+    """A command that could not be launched: its message names the command and the reason,
+    without the ``[Errno N]`` prefix, and :attr:`exit_code` is the status a shell gives it:
+    127 when it is not found, 126 when it is found but cannot be executed (permission, not
+    an executable, a folder). An OSError still (``errno`` kept) for callers that catch one."""
+
+    def __init__(self, command: str, err: OSError):
+        super().__init__(err.errno, err.strerror)
+        self.command = command
+        self.exit_code = 127 if err.errno == errno.ENOENT else 126
+        reason = err.strerror or str(err)
+        if err.errno == errno.ENOENT and os.sep not in command:
+            reason = "not found in PATH"
+        self.message = f"cannot launch {command!r}: {reason}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def spawn(command: list[str]) -> subprocess.Popen:
-    """Launch a job (``hidvfs run``); an unknown or non-executable command names itself."""
+    """Launch a job (``hidvfs run``); an unknown or non-executable command names itself
+    (:class:`LaunchError`, with the exit status a shell would give)."""
     if not command:
         raise ValueError("no command given to run")
     try:
         return subprocess.Popen(command)
     except OSError as err:
-        raise OSError(err.errno, f"cannot launch {command[0]!r}: {err.strerror}") from None
+        raise LaunchError(command[0], err) from None
 
 
 def raise_stack_limit() -> tuple[int, int]:

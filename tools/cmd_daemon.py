@@ -335,7 +335,17 @@ def daemon_cmd(
             _print_status(result["status"])
         return
     from daemon.service import run_live
+    from tools.cmd_trace import writes_to_stdout
 
+    # --record /dev/stdout: stdout is the trace alone, so neither the JSON status nor a dry
+    # run's plan may land in it (the status overwrote its header, or ended it with a non-JSON
+    # line)
+    trace_on_stdout = bool(record_path) and writes_to_stdout(record_path)
+    if as_json and trace_on_stdout:
+        fail(
+            f"--json prints the status on stdout, where --record {record_path} writes the "
+            "trace; record to a file or another stream (/dev/fd/3), or leave out --json"
+        )
     status = run_live(
         config_path=config_path,
         sysfs_root=sysfs_root or "/",
@@ -348,8 +358,8 @@ def daemon_cmd(
         dry_run=dry_run,
         record=record_path,
         record_max_bytes=int(record_max_mb * 1e6) if record_max_mb > 0 else None,
-        # stdout is the JSON status alone: the dry run's plan goes to stderr
-        plan_out=sys.stderr if as_json else None,
+        # stdout is the JSON status (or the trace) alone: the dry run's plan goes to stderr
+        plan_out=sys.stderr if as_json or trace_on_stdout else None,
     )
     if as_json:
         emit_json(status)
@@ -375,7 +385,8 @@ def _print_status(s: dict) -> None:
         f"  hottest zone: {tmax if tmax is None else round(tmax, 1)} C; "
         f"power: {_power_text(s.get('power_w'))}; "
         f"energy: {'unavailable' if energy is None else f'{energy:.1f} J'}\n"
-        f"  jobs done {s['jobs_done']}, running {s['jobs_running']}, "
+        f"  jobs done {s['jobs_done']}{_failed_text(s.get('jobs_failed'))}, "
+        f"running {s['jobs_running']}{_late_text(s.get('jobs_overdue'))}, "
         f"deadline misses hi={s['deadline_misses']['hi']} lo={s['deadline_misses']['lo']}, "
         f"interventions {s['interventions']}"
     )
@@ -401,6 +412,21 @@ def _print_status(s: dict) -> None:
             f"  adaptive shield: alpha {sh['alpha']:g} -> {sh['alpha_t']:.4f} after "
             f"{sh['updates']} bounds scored (miss rate {rate})"
         )
+
+
+def _failed_text(failed) -> str:
+    """`` (2 failed: hi=0 lo=2)`` after the jobs done: those whose command failed (a non-zero
+    exit, a signal, stopped), neither met nor missed; nothing when none (or an older daemon)."""
+    if not isinstance(failed, dict) or not any(failed.values()):
+        return ""
+    return f" ({sum(failed.values())} failed: hi={failed.get('hi', 0)} lo={failed.get('lo', 0)})"
+
+
+def _late_text(overdue) -> str:
+    """`` (1 LATE)`` after the running jobs: those past their deadline right now."""
+    if not isinstance(overdue, dict) or not any(overdue.values()):
+        return ""
+    return f" ({sum(overdue.values())} LATE)"
 
 
 def _power_text(power) -> str:
@@ -449,9 +475,15 @@ def _print_jobs(status: dict) -> None:
     for j in status.get("jobs", []):
         dl = j.get("deadline_s")
         prof = j.get("profile_version")
+        elapsed = j.get("elapsed_s", 0)
+        over = j.get("overdue_s")  # (an older daemon does not say: worked out here)
+        if over is None and dl is not None:
+            over = max(0.0, elapsed - dl)
         click.echo(
-            f"  job {j['pid']} {j['name']} ({j['criticality']}): running {j.get('elapsed_s', 0):.1f} s"
+            f"  job {j['pid']} {j['name']} ({j['criticality']}): running {elapsed:.1f} s"
             + (f" of a {dl:g} s deadline" if dl is not None else ", no deadline")
+            + (f", LATE by {over:.1f} s" if over and over >= 1 else "")
+            + (f", LATE by {over:.2f} s" if over and over < 1 else "")
             + (f", profile v{prof}" if prof else (", no profile" if dl is not None else ""))
         )
 
@@ -476,8 +508,8 @@ def _print_jobs(status: dict) -> None:
     "--criticality",
     default="lo",
     show_default=True,
-    type=click.Choice(["hi", "lo"]),
-    help="hi jobs get a reserved cluster.",
+    type=click.Choice(["hi", "lo"], case_sensitive=False),
+    help="hi jobs get a reserved cluster (HI/LO in any case).",
 )
 @click.option(
     "--name", default=None, help="Job name (default: the command's basename).", metavar="NAME"
@@ -506,8 +538,14 @@ def _print_jobs(status: dict) -> None:
 def run_cmd(
     deadline_s, slack, criticality, name, socket_path, if_no_daemon, as_json, command
 ) -> None:
-    """Launch CMD, register it with the daemon, wait, and print its makespan; exit with CMD's
-    status (128 + N when hidvfs run is stopped by signal N, which it passes on to CMD).
+    """Launch CMD, register it with the daemon, wait, and report its makespan; exit with
+    CMD's status (128 + N when hidvfs run is stopped by signal N, which it passes on to CMD;
+    127 when CMD is not found, 126 when it cannot be executed, as a shell).
+
+    CMD's stdin, stdout and stderr are its own: stdout passes through untouched (as with
+    `time` or `nice`), and the summary line, or with --json the result object, goes to
+    stderr. A CMD that fails (non-zero exit, killed by a signal, or stopped by a signal
+    hidvfs run got) is not scored against its deadline: the daemon counts it as failed.
 
     Everything from CMD on is CMD's, options too; `--` before CMD is optional.
 
@@ -516,9 +554,13 @@ def run_cmd(
     Or with a deadline of 1.5 x the reference makespan measured for the name:
     hidvfs run --name fib --slack 1.5 -- ./fib.gcc.omp-tasks -n 30
     """
+    import contextlib
     import signal
 
     from daemon.client import DaemonUnreachable, NotASocket, run_registered
+    from platforms.liveprocs import LaunchError
+
+    criticality = criticality.lower()  # the protocol's hi/lo (--criticality HI is fine)
 
     if deadline_s is not None and slack is not None:
         fail("give --deadline or --slack, not both")
@@ -553,6 +595,8 @@ def run_cmd(
             on_unmanaged=unmanaged,
             slack=slack,
         )
+    except LaunchError as err:  # not found (127) or not executable (126), as a shell says
+        fail(str(err), code=err.exit_code)
     except DaemonUnreachable as err:
         if isinstance(err, NotASocket):  # a wrong --socket: its own fix, said alone
             raise
@@ -564,23 +608,37 @@ def run_cmd(
     stopped_by = result.get("stopped_by")
     # as a shell: a run stopped by a signal exits 128 + its number, whatever CMD made of it
     code = 128 + signal.Signals[stopped_by] if stopped_by else result["returncode"]
+    # the report goes to stderr: CMD's stdout is CMD's alone (`hidvfs run -- cmd | consumer`)
     try:
         if as_json:
-            emit_json(result)
+            with contextlib.redirect_stdout(sys.stderr):
+                emit_json(result)
         else:
-            met = result.get("deadline_met")
-            dl = result.get("deadline_s")
-            tail = (
-                ""
-                if met is None
-                else (f" (deadline {dl:.3f} s met)" if met else f" (DEADLINE {dl:.3f} s MISSED)")
-            )
-            if stopped_by:
-                tail += f" (stopped by {stopped_by})"
-            click.echo(
-                f"{result['name']}: exit {result['returncode']}, makespan "
-                f"{result['makespan_s']:.3f} s{tail}"
-            )
-    except OSError:  # a closed pipe (`| head`), a hung-up terminal: the report is lost,
+            click.echo(_run_summary(result), err=True)
+    except OSError:  # a closed stderr, a hung-up terminal: the report is lost,
         _quiet_broken_pipe(code)  # not CMD's status
     raise SystemExit(code)
+
+
+def _run_summary(result: dict) -> str:
+    """``NAME: exit N, makespan S s`` and what became of its deadline: met, MISSED, or not
+    scored when the command failed or was stopped (so it is neither)."""
+    met, dl, failure = result.get("deadline_met"), result.get("deadline_s"), result.get("failure")
+    stopped_by = result.get("stopped_by")
+    if dl is None:
+        tail = ""
+    elif failure is not None:
+        if failure.startswith("stopped"):
+            why = failure
+        elif failure.startswith("killed"):
+            why = f"the command was {failure}"
+        else:
+            why = f"the command failed ({failure})"
+        tail = f" (deadline {dl:.3f} s: not scored, {why})"
+    elif met:
+        tail = f" (deadline {dl:.3f} s met)"
+    else:
+        tail = f" (DEADLINE {dl:.3f} s MISSED)"
+    if stopped_by and f"stopped by {stopped_by}" not in tail:
+        tail += f" (stopped by {stopped_by})"
+    return f"{result['name']}: exit {result['returncode']}, makespan {result['makespan_s']:.3f} s{tail}"

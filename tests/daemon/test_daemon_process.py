@@ -572,17 +572,29 @@ def test_hidvfs_run_launches_registers_and_reports_makespan(board):
             cmd, capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2]
         )
         assert out.returncode == 0, out.stderr
-        result = json.loads(out.stdout)
+        # stdout is the command's alone: the --json result is the end of stderr (after the
+        # warning that the job has no profile)
+        assert out.stdout == ""
+        result = json.loads(out.stderr[out.stderr.index("{\n") :])
         assert 0.3 <= result["makespan_s"] < 10 and result["deadline_met"] is True
-        # A failing command's exit status is passed through.
+        # A failing command's exit status is passed through, and the daemon, told how it
+        # ended, counts it as failed: not a deadline met (it was, by time), nor missed.
         bad = subprocess.run(
-            cmd[:-3] + [sys.executable, "-c", "raise SystemExit(3)"],
+            cmd[:-3] + [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(3)"],
             capture_output=True,
             text=True,
             timeout=60,
             cwd=Path(__file__).resolve().parents[2],
         )
         assert bad.returncode == 3
+        assert json.loads(bad.stderr[bad.stderr.index("{\n") :])["deadline_met"] is None
+        status = client.status()
+        assert status["jobs_failed"] == {"hi": 1, "lo": 0}, status
+        assert status["deadline_misses"] == {"hi": 0, "lo": 0} and status["jobs_done"] == 2
+        wait_for(
+            lambda: 'deadline_met=null failed="exit 3"' in log.read_text(),
+            what="the failed job's job_done line",
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

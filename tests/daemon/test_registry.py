@@ -449,6 +449,14 @@ def test_too_many_clients_get_an_error(sock_path):
 
 # -- hidvfs run -------------------------------------------------------------------------------
 
+
+def run_json(stderr: str) -> dict:
+    """The ``hidvfs run --json`` result: the last thing on its stderr (after any warning),
+    never on stdout, which is the command's alone."""
+    start = 0 if stderr.startswith("{") else stderr.index("\n{\n") + 1
+    return json.loads(stderr[start:])
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CHECK_REGISTERED = """
 import os, sys
@@ -482,7 +490,9 @@ def test_run_registered_reports_failures(server):
         deadline_s=0.001,
         socket_path=server.path,
     )
-    assert r["signal"] == 15 and r["returncode"] == 143 and r["deadline_met"] is False
+    # killed: not scored against its deadline (neither met nor missed), and said why
+    assert r["signal"] == 15 and r["returncode"] == 143 and r["deadline_met"] is None
+    assert r["failure"] == "killed by SIGTERM"
     with pytest.raises(OSError, match="cannot launch"):
         run_registered(["/nonexistent/bin/job"], socket_path=server.path)
 
@@ -552,11 +562,11 @@ def test_run_warns_when_the_deadline_cannot_be_planned(server):
     assert r.exit_code == 0, r.output
     assert "no reference profile for 'quick'" in r.stderr
     assert "hidvfs profile measure --name quick" in r.stderr
-    assert json.loads(r.stdout)["profile_version"] is None
+    assert r.stdout == "" and run_json(r.stderr)["profile_version"] is None
     server.registry.profile_for = lambda name: JobProfile(name, 1.0, 0.2, 0.1, 0.5, 2035200, 4)
     r = CliRunner().invoke(cli, [*args, *cmd])
     assert r.exit_code == 0 and "warning" not in r.stderr
-    assert json.loads(r.stdout)["profile_version"] == 1
+    assert r.stdout == "" and run_json(r.stderr)["profile_version"] == 1
 
 
 #: tx2 at its top OPP: span 431 ms on denver (capacity 1.3), work 2 s on an a57
@@ -670,16 +680,17 @@ def test_hidvfs_run_prints_the_daemons_warning_and_runs_the_command(server):
     args = ["run", "--socket", server.path, "--criticality", "hi", "--name", "heavy", "--json"]
     r = CliRunner().invoke(cli, [*args, "--deadline", "0.05", "--", *cmd])
     assert r.exit_code == 3, r.output
-    assert r.stderr == (
+    assert r.stderr.startswith(
         "hidvfs: warning: deadline 50 ms is below the job's span at the fastest point as the "
         "gate bounds it (431 ms on denver at 2035 MHz): the gate can plan no operating point "
-        "for it\n"
+        "for it\n{\n"
     )
-    result = json.loads(r.stdout)
+    result = run_json(r.stderr)
     assert result["returncode"] == 3 and result["unmanaged"] is False
-    assert result["deadline_met"] is False
+    # exit 3: it failed, so its deadline is not scored (neither met nor missed)
+    assert result["deadline_met"] is None and result["failure"] == "exit 3"
     r = CliRunner().invoke(cli, [*args, "--deadline", "5", "--", *cmd])
-    assert r.exit_code == 3 and r.stderr == "", r.stderr
+    assert r.exit_code == 3 and r.stderr.startswith("{\n"), r.stderr  # no warning
 
 
 def test_status_command_lists_the_jobs_and_the_adaptive_shield(sock_path):
@@ -954,7 +965,8 @@ def test_a_stop_signal_is_passed_on_and_the_job_unregistered(server, tmp_path, s
     finally:
         run.kill()
     assert run.returncode == 128 + sig, err
-    result = json.loads(out)
+    assert out == ""  # the command's stdout alone
+    result = run_json(err)
     assert result["stopped_by"] == sig.name and result["returncode"] == 0  # its own exit 0
     assert len(server.registry.table) == 0 and _gone(pid)
 
@@ -976,7 +988,7 @@ def test_a_command_that_ignores_the_signal_is_killed_after_the_grace(server, tmp
         run.kill()
     assert time.monotonic() - t0 < 10
     assert run.returncode == 129, err
-    assert json.loads(out)["signal"] == signal.SIGKILL
+    assert run_json(err)["signal"] == signal.SIGKILL
     assert _gone(pid) and _gone(int(ready.read_text()))
     assert len(server.registry.table) == 0
 
@@ -1062,24 +1074,27 @@ def test_everything_after_the_command_is_the_commands(server, tmp_path):
     r = CliRunner().invoke(cli, [*args, "a", "--name", "foo", "--json", "-v"])
     assert r.exit_code == 0, r.output
     assert seen.read_text() == repr(["a", "--name", "foo", "--json", "-v"])
-    assert r.stdout.startswith(f"{os.path.basename(sys.executable)}: exit 0")  # not JSON
+    assert r.stderr.startswith(f"{os.path.basename(sys.executable)}: exit 0")  # not JSON
     r = CliRunner().invoke(cli, ["run", "--socket", server.path, "--deadline", "5", "sh", "--help"])
     assert "Usage: " not in r.output and "sh: exit" in r.output
     r = CliRunner().invoke(cli, ["run", "--socket", server.path, "--nmae", "x", "true"])
     assert r.exit_code == 2 and "No such option '--nmae'" in r.output
 
 
-def test_a_closed_stdout_does_not_hide_the_commands_exit_status(server):
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_closed_stdout_does_not_hide_the_commands_exit_status(server, closed):
     """`hidvfs run -- sh -c 'sleep .5; exit 7' | true` exited 0: the broken pipe of its own
-    report replaced the command's 7."""
+    report replaced the command's 7. The report is on stderr now: one closed there (`2>&-`
+    into a pipe whose reader left) loses the report, not the status."""
     run = _hidvfs("run", "--socket", server.path, "--", "sh", "-c", "sleep .5; exit 7")
-    run.stdout.close()  # the reader is gone before the report is printed
+    gone, kept = (run.stdout, run.stderr) if closed == "stdout" else (run.stderr, run.stdout)
+    gone.close()  # the reader is gone before the report is printed
     try:
         assert run.wait(timeout=30) == 7
-        assert "Traceback" not in run.stderr.read()
+        assert "Traceback" not in kept.read()
     finally:
         run.kill()
-        run.stderr.close()
+        kept.close()
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,8 @@ def test_the_deadline_is_slack_times_the_reference_makespan(server):  # noqa: F8
     args = ["run", "--socket", server.path, "--name", "fib", "--slack", "2.5", "--json", "--"]
     r = CliRunner().invoke(cli, [*args, *CMD])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
+    assert r.stdout == ""  # the report is on stderr: stdout is the command's
+    out = json.loads(r.stderr)
     assert out["deadline_s"] == pytest.approx(2.5 * 0.8) and out["profile_version"] == 1
     assert out["deadline_met"] is True and out["unmanaged"] is False
     text = CliRunner().invoke(cli, [*args[:-2], "--", *CMD]).output
