@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from agents.factory import LEARNED_POLICIES, make_policy_stack
 from agents.mixed import daemon_stages
@@ -24,6 +24,7 @@ from daemon.config import (
     Config,
     ConfigError,
     ConfigSyntaxError,
+    config_to_dict,
     load_config,
     parse_listen,
     policy_options,
@@ -32,7 +33,7 @@ from daemon.config import (
 from daemon.gchold import start_frozen
 from daemon.guard import config_guard
 from daemon.jobrestore import JobOriginals, jobs_path, restore_stale_jobs
-from daemon.jobs import JobEntry, JobTable
+from daemon.jobs import JobEntry, JobOutcome, JobTable
 from daemon.logs import SensorErrorLog, log_event, setup_logging
 from daemon.loop import ControlLoop, TickResult
 from daemon.notify import Notifier, WatchdogPinger
@@ -558,6 +559,87 @@ class LimitsWatch:
         return changed
 
 
+#: the config keys whose settings shape the decisions (the policy and the period are the
+#: recording's own header keys); a recording stores them, and its replay runs with them
+DECISION_KEYS = ("deadline_slack", "thermal", "mixed_criticality", "shield")
+
+
+def recorded_config(cfg: Config) -> dict:
+    """The part of ``cfg`` a recording stores (:data:`DECISION_KEYS`), as plain JSON that
+    :func:`daemon.config.parse_config` reads back (no socket, paths or tokens)."""
+    full = config_to_dict(cfg)
+    return {key: full[key] for key in DECISION_KEYS}
+
+
+class SeenJobs:
+    """The job table as the control loop of a recording daemon uses it: the table's own
+    (the registry registers into the table itself), with what each tick's observation took
+    from it kept for the recording (:meth:`take`): the jobs whose end the registry reported
+    and the registered jobs, in the table's order."""
+
+    def __init__(self, table: JobTable):
+        self.table = table
+        self._ended: list[JobOutcome] = []
+        self._snapshot: list[JobEntry] = []
+        self._rows: dict[int, tuple[JobEntry, dict]] = {}  # pid -> (entry, its row)
+
+    def __getattr__(self, name: str):
+        return getattr(self.table, name)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def take_ended(self) -> list[JobOutcome]:
+        out = self.table.take_ended()
+        self._ended.extend(out)
+        return out
+
+    def snapshot(self) -> list[JobEntry]:
+        self._snapshot = self.table.snapshot()
+        return self._snapshot
+
+    def take(self) -> dict[str, list[dict]]:
+        """What the loop took since the last call, as plain dicts (platforms.trace.TickRecorder
+        .sample's ``jobs``; clock times)."""
+        ended, snap = self._ended, self._snapshot
+        self._ended, self._snapshot = [], []
+        rows = {}
+        for e in snap:  # an entry is converted once, not on every tick it stays
+            kept = self._rows.get(e.pid)
+            rows[e.pid] = kept if kept is not None and kept[0] is e else (e, _job_row(e))
+        self._rows = rows
+        return {
+            "ended": [
+                {
+                    "pid": o.pid,
+                    "name": o.name,
+                    "criticality": o.criticality,
+                    "release_t": o.release_t,
+                    "finish_t": o.finish_t,
+                    "deadline_s": o.deadline_s,
+                    # how it exited, when its launcher said (a failed job is not scored)
+                    **({"exit": asdict(o.exit)} if getattr(o, "exit", None) is not None else {}),
+                }
+                for o in ended
+            ],
+            "snapshot": [rows[e.pid][1] for e in snap],
+        }
+
+
+def _job_row(e: JobEntry) -> dict:
+    return {
+        "pid": e.pid,
+        "name": e.name,
+        "criticality": e.criticality,
+        "release_t": e.release_t,
+        "deadline_s": e.deadline_s,
+        "profile": asdict(e.profile) if e.profile is not None else None,
+        "start_time": e.start_time,
+        "registrant_uid": e.registrant_uid,
+        "adopter": list(e.adopter) if e.adopter is not None else None,
+    }
+
+
 def _serve(
     prepared: _Prepared,
     *,
@@ -593,6 +675,9 @@ def _serve(
                 period_s=cfg.period_ms / 1000.0,
                 policy=cfg.policy,
                 spec=spec,
+                # what a replay needs to take the same decisions: the settings, and the jobs
+                config=recorded_config(cfg),
+                jobs=True,
                 max_bytes=record_max_bytes,
                 # the daemon goes on controlling the board; only the trace ends here
                 on_stop=lambda why: log_event(
@@ -608,7 +693,9 @@ def _serve(
             raise DaemonError(f"cannot record to {record}: {err.strerror or err}") from None
         sysfs = recorder.sysfs  # everything the daemon reads and writes goes through it
     try:
-        platform = Platform(spec, sysfs, procs, clock, kind=kind)
+        # the loop's reads of its jobs' processes are recorded; the actuator's are not
+        loop_procs = recorder.watch_processes(procs) if recorder is not None else procs
+        platform = Platform(spec, sysfs, loop_procs, clock, kind=kind)
         profiles = ProfileLookup(
             cfg.profiles,
             spec.name,
@@ -626,7 +713,7 @@ def _serve(
             platform,
             pol,
             period_s=cfg.period_ms / 1000.0,
-            jobs=table,
+            jobs=table if recorder is None else SeenJobs(table),
             stages=stages,
             guard=config_guard(spec, cfg),
             deadline_margin=deadline_margin(sysfs, cfg.deadline_slack),
@@ -750,7 +837,7 @@ def _serve(
                     print(f"dry-run: would write {value} to {path}", file=plan_out, flush=True)
 
         if recorder is not None:  # first: drift checks after the tick go to the next sample
-            loop.on_tick.append(lambda res: recorder.sample(res.t))
+            loop.on_tick.append(lambda res: recorder.sample(res.t, jobs=loop.jobs.take()))
         loop.on_tick.append(after_tick)
         notifier.ready(f"controlling {spec.name} with {pol.name}")
         log_event(

@@ -23,6 +23,7 @@ from typing import Any
 from platforms import paths, power, thermal
 from platforms.clock import Clock
 from platforms.errors import HidvfsError, SysfsUnavailable, SysfsWriteError
+from platforms.procs import ProcessControl, ProcessGone
 from platforms.spec import BoardSpec, ZoneSpec, board_names, load_board
 from platforms.sysfs import SysfsBackend
 from platforms.trace_io import (
@@ -50,7 +51,11 @@ __all__ = [
     "ReplaySysfs",
     "RecordingSysfs",
     "RECORDED_BY",
+    "RECORDS_JOBS",
+    "CONFIG_KEY",
     "TickRecorder",
+    "RecordingProcesses",
+    "RecordedProcesses",
     "relevant_files",
     "record",
     "trace_info",
@@ -267,6 +272,12 @@ class RecordingSysfs(SysfsBackend):
 #: header key of a trace written by the daemon itself (``hidvfs daemon --record``): one sample
 #: per tick, so a replay can tick at the same times and compare every write
 RECORDED_BY = "recorded_by"
+#: header key (true) of a daemon recording whose samples carry the jobs its control loop saw
+#: (a sample's ``"j"``, :func:`platforms.trace_io._check_jobs`): a replay feeds them back
+RECORDS_JOBS = "records_jobs"
+#: header key of a daemon recording: the config settings that shape its decisions (plain
+#: JSON, the keys of the daemon's config file), which a replay runs with by default
+CONFIG_KEY = "config"
 
 
 _TRACE_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".gz")
@@ -314,6 +325,10 @@ class TickRecorder:
     :attr:`sysfs` is the backend to hand the daemon; :meth:`sample` is called after each tick
     with the tick's sense time on ``clock``. The header names the policy and marks the trace
     as the daemon's, so ``trace replay`` ticks at the sample times and compares the writes.
+
+    ``config`` (plain JSON) is stored in the header: the settings the decisions depend on.
+    With ``jobs``, the header says the samples carry the jobs the loop saw: give the control
+    loop :meth:`watch_processes` as its process backend, and :meth:`sample` the tick's jobs.
     """
 
     def __init__(
@@ -328,6 +343,8 @@ class TickRecorder:
         spec: BoardSpec | None = None,
         max_bytes: int | None = None,
         on_stop: Callable[[str], None] | None = None,
+        config: dict[str, Any] | None = None,
+        jobs: bool = False,
     ):
         self.sysfs = RecordingSysfs(inner)
         self.max_bytes = max_bytes
@@ -335,25 +352,46 @@ class TickRecorder:
         #: why the recording stopped before :meth:`close` (a full disk, the size limit)
         self.stopped: str | None = None
         self._clock = clock
+        extra: dict[str, Any] = {RECORDED_BY: "daemon", "policy": policy}
+        if config is not None:
+            extra[CONFIG_KEY] = config
+        if jobs:
+            extra[RECORDS_JOBS] = True
         header = TraceHeader(
             board=board,
             period_s=float(period_s),
             files=relevant_files(inner, spec),
-            extra={RECORDED_BY: "daemon", "policy": policy},
+            extra=extra,
         )
         self._writer = TraceWriter(out, header, option="--record").open()
         self._t0 = clock.now()
+        self._procs: RecordingProcesses | None = None
+        self._seen: dict[int, dict[str, Any]] = {}  # pid -> registration, as the last tick saw it
 
-    def sample(self, t: float) -> None:
+    def watch_processes(self, inner: ProcessControl) -> RecordingProcesses:
+        """The process backend to hand the control loop: ``inner``, with what the loop read
+        of each job's process (alive, start time, affinity) kept for the tick's sample."""
+        self._procs = RecordingProcesses(inner)
+        return self._procs
+
+    def sample(self, t: float, jobs: dict[str, list[dict[str, Any]]] | None = None) -> None:
         """Write the tick's sample. A write the file system refuses (a full disk, an I/O
         error) or the size limit stops the recording (:attr:`stopped` says why) instead of
         raising: the daemon's control, and its restore at the end, must not depend on a log
-        file. What was written stays a readable trace up to its last whole line."""
+        file. What was written stays a readable trace up to its last whole line.
+
+        ``jobs`` (a recorder made with ``jobs=True``): what the tick's observation took from
+        the job table, as plain dicts on ``clock``'s time: ``"ended"``, the jobs whose end the
+        registry reported (pid, name, criticality, release_t, finish_t, deadline_s), and
+        ``"snapshot"``, the registered jobs in the table's order (pid, name, criticality,
+        release_t, deadline_s, profile, start_time, registrant_uid, adopter)."""
         reads, writes = self.sysfs.take()  # taken even when stopped: nothing piles up
+        facts = self._procs.take() if self._procs is not None else {}
         if self.stopped is not None:
             return
         try:
-            self._writer.write_sample(max(t - self._t0, 0.0), reads, writes)
+            j = self._jobs(jobs, facts) if jobs is not None else None
+            self._writer.write_sample(max(t - self._t0, 0.0), reads, writes, j)
             if self.max_bytes is not None:  # a tell() a tick: each sample is flushed anyway
                 size = self._writer.size()
                 if size is None:  # a pipe: its reader keeps up or not, no file grows
@@ -362,6 +400,38 @@ class TickRecorder:
                     self._stop(f"reached its size limit ({size} of {self.max_bytes} bytes)")
         except OSError as err:
             self._stop(f"cannot write ({err.strerror or err})")
+
+    def _trace_time(self, t: float) -> float:
+        return round(float(t) - self._t0, 6)
+
+    def _jobs(self, jobs: dict[str, list[dict[str, Any]]], facts) -> dict[str, Any] | None:
+        """A sample's ``"j"``: the registrations the loop had not seen on the tick before
+        (``new``), the registered jobs with what it read of their processes (``jobs``), the
+        ends the registry reported (``ended``, with how the job exited when its launcher
+        said), what it read of other processes (``procs``); times in trace seconds. None: no
+        jobs."""
+        new, rows = [], []
+        seen: dict[int, dict[str, Any]] = {}
+        for entry in jobs.get("snapshot", ()):
+            row = dict(entry, release_t=self._trace_time(entry["release_t"]))
+            pid = row["pid"]
+            seen[pid] = row
+            if self._seen.get(pid) != row:
+                new.append(row)
+            rows.append({"pid": pid, **facts.get(pid, {})})
+        self._seen = seen
+        # the other processes the loop read (a job's launcher, whose word on its end it waits for)
+        procs = [{"pid": pid, **fact} for pid, fact in sorted(facts.items()) if pid not in seen]
+        ended = [
+            dict(
+                out,
+                release_t=self._trace_time(out["release_t"]),
+                finish_t=self._trace_time(out["finish_t"]),
+            )
+            for out in jobs.get("ended", ())
+        ]
+        j = {"new": new, "jobs": rows, "ended": ended, "procs": procs}
+        return {k: v for k, v in j.items() if v} or None
 
     def _stop(self, why: str, close: bool = True) -> None:
         self.stopped = why
@@ -385,6 +455,135 @@ class TickRecorder:
                 self._writer.close()
             except OSError as err:
                 self._stop(f"cannot write ({err.strerror or err})", close=False)
+
+
+class RecordingProcesses(ProcessControl):
+    """``inner`` for the control loop of a recording daemon: everything is forwarded, and
+    what was read of each process (alive, start time, affinity; the last answer per pid) is
+    kept until :meth:`take`, as a sample's ``"j"`` facts. An affinity that could not be read
+    is kept as None (the loop then knows none)."""
+
+    def __init__(self, inner: ProcessControl):
+        self.inner = inner
+        self._facts: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def _note(self, pid: int, key: str, value: Any) -> None:
+        with self._lock:
+            self._facts.setdefault(pid, {})[key] = value
+
+    def take(self) -> dict[int, dict[str, Any]]:
+        """pid -> {"alive", "start", "cpus"} (those read) since the last call."""
+        with self._lock:
+            out, self._facts = self._facts, {}
+        return out
+
+    def alive(self, pid: int) -> bool:
+        got = self.inner.alive(pid)
+        self._note(pid, "alive", bool(got))
+        return got
+
+    def start_time(self, pid: int) -> float | None:
+        got = self.inner.start_time(pid)
+        self._note(pid, "start", got)
+        return got
+
+    def get_affinity(self, pid: int) -> tuple[int, ...]:
+        try:
+            got = self.inner.get_affinity(pid)
+        except Exception:
+            self._note(pid, "cpus", None)
+            raise
+        self._note(pid, "cpus", [int(c) for c in got])  # in its order: cpus[0] is its home
+        return got
+
+    # -- the rest is the inner backend's ----------------------------------------------------
+    def set_affinity(self, pid, cpus):
+        return self.inner.set_affinity(pid, cpus)
+
+    def set_priority(self, pid, rt_priority=0, nice=0):
+        return self.inner.set_priority(pid, rt_priority, nice)
+
+    def cpu_time(self, pid):
+        return self.inner.cpu_time(pid)
+
+    def get_priority(self, pid):
+        return self.inner.get_priority(pid)
+
+    def set_own_affinity(self, pid, cpus):
+        return self.inner.set_own_affinity(pid, cpus)
+
+    def set_own_priority(self, pid, rt_priority=0, nice=0):
+        return self.inner.set_own_priority(pid, rt_priority, nice)
+
+    def parent(self, pid):
+        return self.inner.parent(pid)
+
+    def descendants(self, pid):
+        return self.inner.descendants(pid)
+
+    def rt_allowed(self, pid):
+        return self.inner.rt_allowed(pid)
+
+    def rt_limit(self, pid):
+        return self.inner.rt_limit(pid)
+
+    def identity(self, pid):
+        return self.inner.identity(pid)
+
+    def process_map(self, *, fresh_recheck: bool = False):
+        return self.inner.process_map(fresh_recheck=fresh_recheck)
+
+    def unmanageable(self, pid):
+        return self.inner.unmanageable(pid)
+
+    def machine_cpus(self):
+        return self.inner.machine_cpus()
+
+    def __getattr__(self, name: str):  # owner_uid and what else a backend adds
+        return getattr(self.inner, name)
+
+
+class RecordedProcesses(ProcessControl):
+    """The processes of a recording's jobs, for its replay: on each tick (:meth:`feed`) a
+    job's process is alive, started and placed as the recording daemon read it then. A pid
+    the tick does not name is gone. What the replay's actuator sets (affinity, priority) is
+    accepted and dropped: the recording says what the kernel did."""
+
+    def __init__(self) -> None:
+        self._facts: dict[int, dict[str, Any]] = {}
+
+    def feed(self, j: dict[str, Any] | None) -> None:
+        """The tick's sample's ``"j"`` (its ``"jobs"`` and ``"procs"`` rows)."""
+        j = j or {}
+        self._facts = {row["pid"]: row for key in ("procs", "jobs") for row in j.get(key, ())}
+
+    def _fact(self, pid: int) -> dict[str, Any]:
+        fact = self._facts.get(pid)
+        if fact is None or not fact.get("alive", False):
+            raise ProcessGone(pid)
+        return fact
+
+    def alive(self, pid: int) -> bool:
+        return bool(self._facts.get(pid, {}).get("alive", False))
+
+    def start_time(self, pid: int) -> float | None:
+        return self._facts.get(pid, {}).get("start")
+
+    def get_affinity(self, pid: int) -> tuple[int, ...]:
+        cpus = self._fact(pid).get("cpus")
+        if cpus is None:  # the daemon could not read it (or did not)
+            raise ProcessGone(pid)
+        return tuple(cpus)
+
+    def set_affinity(self, pid, cpus):
+        self._fact(pid)
+
+    def set_priority(self, pid, rt_priority=0, nice=0):
+        self._fact(pid)
+
+    def cpu_time(self, pid):
+        raise ProcessGone(pid)  # not recorded: nothing decides on it
 
 
 _POLICY_RE = re.compile(r"policy\d+")

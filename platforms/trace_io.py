@@ -3,7 +3,10 @@
 A trace is ``.jsonl`` or ``.jsonl.gz``. Line 1 is the header
 ``{"format": "hidvfs-trace", "version": 1, "board": ..., "period_s": ..., "started": ISO-8601,
 "files": [...]}``; each later line is one sample ``{"t": s, "r": {path: text|null}, "w": {path:
-text}}``: what was read (null: the read failed) and what the daemon wrote on that tick.
+text}}``: what was read (null: the read failed) and what the daemon wrote on that tick. A
+sample of a daemon recording whose header says ``"records_jobs": true`` may also carry ``"j"``:
+the registered jobs the control loop saw on that tick (see :func:`_check_jobs`); a reader that
+ignores it still reads the file (the key is additive, the version stays 1).
 
 The reader refuses anything it cannot trust (unknown version, corrupt or truncated line,
 time going backwards) with a :class:`TraceError` naming the file, the line and the cause, so a
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import io
 import json
 import math
 import os
@@ -67,11 +71,13 @@ class TraceHeader:
 
 @dataclass(slots=True)
 class Sample:
-    """One tick: ``r`` maps path -> text read (None: unavailable), ``w`` path -> text written."""
+    """One tick: ``r`` maps path -> text read (None: unavailable), ``w`` path -> text written;
+    ``j`` the jobs the daemon's control loop saw on the tick (None: none, or not recorded)."""
 
     t: float
     r: dict[str, str | None]
     w: dict[str, str]
+    j: dict[str, Any] | None = None
 
 
 @dataclass
@@ -181,7 +187,11 @@ class TraceWriter:
             return None
 
     def write_sample(
-        self, t: float, reads: dict[str, str | None], writes: dict[str, str] | None = None
+        self,
+        t: float,
+        reads: dict[str, str | None],
+        writes: dict[str, str] | None = None,
+        jobs: dict[str, Any] | None = None,
     ) -> None:
         if self._f is None:
             raise RuntimeError(f"{self.path}: write_sample on a closed TraceWriter")
@@ -199,7 +209,11 @@ class TraceWriter:
         for path, v in writes.items():
             if not isinstance(v, str):
                 raise TypeError(f"write to {path}: expected text, got {v!r}")
-        self._line({"t": round(t, 6), "r": reads, "w": writes})
+        line: dict[str, Any] = {"t": round(t, 6), "r": reads, "w": writes}
+        if jobs:
+            _check_jobs(jobs, lambda reason: ValueError(f"{self.path}: jobs: {reason}"))
+            line["j"] = jobs
+        self._line(line)
         self._last_t = t
         self.count += 1
 
@@ -214,59 +228,98 @@ class TraceWriter:
 
 
 def read_trace(path: str | os.PathLike[str], *, allow_truncated: bool = False) -> Trace:
-    """Read and validate a whole trace (gzip is detected by its magic bytes, not the name)."""
+    """Read and validate a whole trace (gzip is detected by its magic bytes, not the name).
+
+    The file is opened once and its first bytes sniffed from that open file, so a pipe or a
+    FIFO (``trace replay <(zcat d.jsonl.gz)``) reads as well as a file."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            gz = f.read(2) == _GZIP_MAGIC
+        f = open(path, "rb")
     except OSError as err:
         raise TraceError(path, 0, f"cannot open: {err.strerror}") from None
+    with f:
+        try:
+            stream, gz = _sniffed(f)
+        except OSError as err:
+            raise TraceError(path, 0, f"cannot read: {err.strerror}") from None
+        with gzip.GzipFile(fileobj=stream, mode="rb") if gz else stream as lines:
+            return _read_lines(lines, path, allow_truncated)
+
+
+class _Rejoined(io.RawIOBase):
+    """The bytes already read from a stream that cannot seek back, then the rest of it."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]):
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._rest.readinto(b)  # type: ignore[attr-defined]
+
+
+def _sniffed(f: IO[bytes]) -> tuple[IO[bytes], bool]:
+    """(the whole stream, whether it is gzip) from its first two bytes: a file is sought back
+    to its start; a pipe, a FIFO or a /dev/fd gets them put in front of the rest."""
+    head = f.read(2)  # blocks until two bytes or the end, unlike a peek on a pipe
+    gz = head == _GZIP_MAGIC
+    if f.seekable():
+        f.seek(0)
+        return f, gz
+    return io.BufferedReader(_Rejoined(head, f)), gz
+
+
+def _read_lines(f: IO[bytes], path: str, allow_truncated: bool) -> Trace:
     header: TraceHeader | None = None
     samples: list[Sample] = []
     truncated: str | None = None
     lineno = 0
     last_t = -math.inf
-    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
-        lines = iter(f)
-        while True:
-            try:
-                raw = next(lines)
-            except StopIteration:
-                break
-            except EOFError:
-                reason = "truncated: the gzip stream is cut short (the recording was interrupted)"
-                if not allow_truncated or header is None:
-                    raise TraceError(path, lineno + 1, reason) from None
-                truncated = f"line {lineno + 1}: {reason}"
-                break
-            except (gzip.BadGzipFile, zlib.error) as err:
-                raise TraceError(path, lineno + 1, f"corrupt gzip data ({err})") from None
-            lineno += 1
-            if not raw.strip():
-                continue  # a blank line carries nothing
-            try:
-                obj = json.loads(raw)
-            except RecursionError:
-                raise TraceError(path, lineno, "corrupt line: JSON nested too deeply") from None
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                if not raw.endswith(b"\n"):
-                    reason = "truncated last line (no newline at the end and not valid JSON)"
-                    if allow_truncated and header is not None:
-                        truncated = f"line {lineno}: {reason}"
-                        break
-                    raise TraceError(path, lineno, reason) from None
-                what = "header" if header is None else "corrupt line"
-                raise TraceError(path, lineno, f"{what}: not JSON ({_json_reason(err)})") from None
-            if header is None:
-                header = _parse_header(obj, path, lineno)
-                continue
-            sample = _parse_sample(obj, path, lineno)
-            if sample.t < last_t:
-                raise TraceError(
-                    path, lineno, f"time goes backwards: t={sample.t} after t={last_t}"
-                )
-            last_t = sample.t
-            samples.append(sample)
+    lines = iter(f)
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except EOFError:
+            reason = "truncated: the gzip stream is cut short (the recording was interrupted)"
+            if not allow_truncated or header is None:
+                raise TraceError(path, lineno + 1, reason) from None
+            truncated = f"line {lineno + 1}: {reason}"
+            break
+        except (gzip.BadGzipFile, zlib.error) as err:
+            raise TraceError(path, lineno + 1, f"corrupt gzip data ({err})") from None
+        lineno += 1
+        if not raw.strip():
+            continue  # a blank line carries nothing
+        try:
+            obj = json.loads(raw)
+        except RecursionError:
+            raise TraceError(path, lineno, "corrupt line: JSON nested too deeply") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            if not raw.endswith(b"\n"):
+                reason = "truncated last line (no newline at the end and not valid JSON)"
+                if allow_truncated and header is not None:
+                    truncated = f"line {lineno}: {reason}"
+                    break
+                raise TraceError(path, lineno, reason) from None
+            what = "header" if header is None else "corrupt line"
+            raise TraceError(path, lineno, f"{what}: not JSON ({_json_reason(err)})") from None
+        if header is None:
+            header = _parse_header(obj, path, lineno)
+            continue
+        sample = _parse_sample(obj, path, lineno)
+        if sample.t < last_t:
+            raise TraceError(path, lineno, f"time goes backwards: t={sample.t} after t={last_t}")
+        last_t = sample.t
+        samples.append(sample)
     if header is None:
         raise TraceError(path, 1, "empty file (no header line)")
     return Trace(header=header, samples=samples, path=path, truncated=truncated)
@@ -358,4 +411,91 @@ def _parse_sample(obj: Any, path: str, line: int) -> Sample:
     for k, v in w.items():
         if not isinstance(v, str):
             raise fail(f"'w' value of {k!r} must be text, got {v!r}")
-    return Sample(t=float(t), r=r, w=w)
+    j = obj.get("j")
+    if j is not None:
+        _check_jobs(j, lambda reason: fail(f"'j': {reason}"))
+    return Sample(t=float(t), r=r, w=w, j=j or None)
+
+
+# --------------------------------------------------------------------------------------------
+# The jobs of a daemon recording's tick (a sample's "j")
+
+#: a registration the loop saw for the first time on the tick (its times in trace seconds)
+JOB_KEYS = {
+    "pid": "pid",
+    "name": "text",
+    "criticality": "crit",
+    "release_t": "number",
+    "deadline_s": "number?",
+    "profile": "object?",
+    "start_time": "number?",
+    "registrant_uid": "int?",
+    "adopter": "adopter?",
+}
+#: a job whose end the registry reported (``hidvfs run`` unregistering its command)
+ENDED_KEYS = {
+    "pid": "pid",
+    "name": "text",
+    "criticality": "crit",
+    "release_t": "number",
+    "finish_t": "number",
+    "deadline_s": "number?",
+    "exit": "object?",
+}
+#: a registered job on the tick, in the table's order, with what the loop read of its process
+FACT_KEYS = {"pid": "pid", "alive": "bool", "start": "number?", "cpus": "cpus?"}
+
+
+def _check_jobs(j: Any, fail) -> None:
+    """Check a sample's ``"j"``: ``{"new": [registration], "jobs": [fact], "ended": [end],
+    "procs": [fact]}`` (``procs``: other processes the loop read), each list optional (see :data:`JOB_KEYS`, :data:`FACT_KEYS`, :data:`ENDED_KEYS`); raise
+    ``fail(reason)`` for the first thing wrong. Other keys are left for a later hidvfs."""
+    if not isinstance(j, dict):
+        raise fail(f"must be an object, got {type(j).__name__}")
+    for key, spec in (
+        ("new", JOB_KEYS),
+        ("jobs", FACT_KEYS),
+        ("ended", ENDED_KEYS),
+        ("procs", FACT_KEYS),
+    ):
+        rows = j.get(key, [])
+        if not isinstance(rows, list):
+            raise fail(f"{key!r} must be a list, got {type(rows).__name__}")
+        for row in rows:
+            if not isinstance(row, dict):
+                raise fail(f"{key!r} rows must be objects, got {row!r}")
+            for name, kind in spec.items():
+                if name not in row:
+                    if kind.endswith("?") or (key in ("jobs", "procs") and name != "pid"):
+                        continue  # (a fact the loop did not read is left out)
+                    raise fail(f"{key!r} row has no {name!r}: {row!r}")
+                if not _fits(row[name], kind):
+                    raise fail(f"{key!r} row: {name!r} is {row[name]!r}, expected {kind}")
+        if key in ("jobs", "procs") and len({row["pid"] for row in rows}) != len(rows):
+            raise fail(f"{key!r} names a pid twice")
+
+
+def _fits(v: Any, kind: str) -> bool:
+    if kind.endswith("?"):
+        if v is None:
+            return True
+        kind = kind[:-1]
+    if kind == "pid":
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "text":
+        return isinstance(v, str)
+    if kind == "crit":
+        return v in ("hi", "lo")
+    if kind == "number":
+        return _is_number(v)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "object":
+        return isinstance(v, dict)
+    if kind == "cpus":
+        return isinstance(v, list) and all(_fits(c, "int") and c >= 0 for c in v)
+    if kind == "adopter":
+        return isinstance(v, list) and len(v) == 2 and _fits(v[0], "pid") and _fits(v[1], "number?")
+    raise AssertionError(kind)

@@ -5,27 +5,38 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from typing import Any
 
 from agents.factory import make_policy_stack
 from agents.mixed import daemon_stages
-from daemon.config import Config, policy_options
+from daemon.config import Config, parse_config, policy_options
 from daemon.guard import config_guard
+from daemon.jobs import JobEntry, JobOutcome, JobTable
 from daemon.loop import ControlLoop
 from platforms.clock import VirtualClock
 from platforms.errors import HidvfsError, TraceError
+from platforms.observation import JobProfile
 from platforms.platform import Platform
 from platforms.probe import detect_board, probe
 from platforms.procs import NoProcesses
+from platforms.rtbandwidth import planning_margin, rt_share
 from platforms.spec import BoardSpec, load_board
 from platforms.trace import (
+    CONFIG_KEY,
     RECORDED_BY,
+    RECORDS_JOBS,
+    TIME_EPS_S,
+    RecordedProcesses,
     ReplaySysfs,
+    Sample,
     Trace,
     compare_writes,
     header_board,
     header_note,
     read_trace,
 )
+
+log = logging.getLogger("hidvfs.replay")
 
 #: a replay longer than this many ticks is refused: it is a sparse or mistimed trace, and it
 #: would run for hours
@@ -42,6 +53,139 @@ def recorded_policy(trace: Trace) -> str | None:
         return None
     name = trace.header.extra.get("policy")
     return name if isinstance(name, str) else None
+
+
+def recorded_config(trace: Trace) -> Config | None:
+    """The decision settings a daemon recording stores in its header (None: none stored, a
+    recording of an older hidvfs or a `trace record` trace)."""
+    data = trace.header.extra.get(CONFIG_KEY)
+    if data is None:
+        return None
+    # a bad value is a ConfigError naming the file and the key (thermal.cap_khz, ...)
+    return parse_config(data, f"{trace.path}: line 1: header {CONFIG_KEY!r}")
+
+
+def records_jobs(trace: Trace) -> bool:
+    """Whether the samples of ``trace`` carry the jobs the recording daemon's loop saw."""
+    return trace.header.extra.get(RECORDS_JOBS) is True
+
+
+def _profile(row: dict[str, Any] | None, where: str) -> JobProfile | None:
+    if row is None:
+        return None
+    try:
+        return JobProfile(**row)
+    except TypeError as err:
+        raise ReplayError(f"{where}: a job's profile: {err}") from None
+
+
+class RecordedJobs(JobTable):
+    """The job table as the recording daemon's control loop saw it, tick by tick
+    (:meth:`feed` a sample's ``"j"`` before its tick): the same registrations in the same
+    order, and the same ends reported by the registry, so the policy, the gate, the shield,
+    the reservation and the guard see the jobs they saw. A job the loop finds gone is
+    finished as the daemon's was (:meth:`JobTable.finish`)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self._path = path
+        self._seen: dict[int, JobEntry] = {}  # the registrations of the last tick fed
+
+    def feed(self, s: Sample) -> None:
+        j = s.j or {}
+        where = f"{self._path}: t={s.t:.6f}"
+        known = dict(self._seen)
+        for row in j.get("new", ()):
+            adopter = row.get("adopter")
+            known[row["pid"]] = JobEntry(
+                pid=row["pid"],
+                name=row["name"],
+                release_t=float(row["release_t"]),
+                deadline_s=row.get("deadline_s"),
+                criticality=row["criticality"],
+                profile=_profile(row.get("profile"), where),
+                registrant_uid=row.get("registrant_uid"),
+                start_time=row.get("start_time"),
+                adopter=(adopter[0], adopter[1]) if adopter else None,
+            )
+        seen = {}
+        for fact in j.get("jobs", ()):
+            entry = known.get(fact["pid"])
+            if entry is None:
+                raise ReplayError(
+                    f"{where}: job pid {fact['pid']} was never registered in the recording "
+                    "(an edited or cut trace)"
+                )
+            seen[entry.pid] = entry
+        self._seen = seen
+        with self._lock:
+            self._jobs = dict(seen)
+        for row in j.get("ended", ()):
+            out = JobOutcome(
+                row["pid"],
+                row["name"],
+                row["criticality"],
+                float(row["release_t"]),
+                float(row["finish_t"]),
+                row.get("deadline_s"),
+            )
+            if row.get("exit") is not None:  # how it ended, as its launcher said
+                from daemon.jobs import JobExit
+
+                try:
+                    out = replace(out, exit=JobExit(**row["exit"]))
+                except TypeError as err:
+                    raise ReplayError(f"{where}: a job's exit: {err}") from None
+            failure = getattr(out, "failure", None)
+            with self._lock:
+                self.outcomes.append(out)
+                self._ended.append(out)
+                self.done += 1
+                # a job the loop saw end while its launcher lived waited for this word
+                getattr(self, "_held", {}).pop(out.pid, None)
+                if failure is not None:
+                    failed = self._failed  # type: ignore[attr-defined]
+                    failed[out.criticality] = failed.get(out.criticality, 0) + 1
+                elif out.deadline_met is False:
+                    self._misses[out.criticality] = self._misses.get(out.criticality, 0) + 1
+
+
+class _JobFeed:
+    """Hands the recorded jobs of every sample up to the clock to the table and the process
+    backend, in order, before each tick (in lockstep, exactly the tick's sample)."""
+
+    def __init__(self, trace: Trace, jobs: RecordedJobs, procs: RecordedProcesses):
+        self.samples = trace.samples
+        self.jobs = jobs
+        self.procs = procs
+        self.next = 0
+
+    def __call__(self, now: float) -> None:
+        while self.next < len(self.samples) and self.samples[self.next].t <= now + TIME_EPS_S:
+            s = self.samples[self.next]
+            self.jobs.feed(s)
+            self.procs.feed(s.j)
+            self.next += 1
+
+
+def unchecked(trace: Trace, config: Config | None) -> list[str]:
+    """What a replay of a daemon recording cannot reproduce, and why: said with ``--check``
+    so a difference is not taken for a wrong decision."""
+    if recorded_policy(trace) is None:
+        return []
+    out = []
+    if config is None and recorded_config(trace) is None:
+        out.append(
+            "the recording stores no config (an older hidvfs): it is replayed with the default "
+            "config, so writes that a config file changed (thermal caps or margin, "
+            "deadline_slack, mixed_criticality, shield) cannot be reproduced; give it with --config"
+        )
+    if not records_jobs(trace):
+        out.append(
+            "the recording stores no jobs (an older hidvfs): it is replayed without any, so "
+            "writes decided for a registered job cannot be reproduced"
+        )
+    return out
 
 
 def trace_board(trace: Trace, sysfs: ReplaySysfs) -> BoardSpec:
@@ -112,8 +256,20 @@ def replay_trace(
     clock = VirtualClock(t_first)
     sysfs = ReplaySysfs(trace, clock, t0=0.0)  # replay time is trace time
     spec = trace_board(trace, sysfs)
-    platform = Platform(spec, sysfs, NoProcesses(), clock, kind="replay")
-    cfg = config if config is not None else Config()
+    # the recording's jobs, fed back tick by tick; a trace without them has no live jobs
+    feed = None
+    if records_jobs(trace):
+        procs = RecordedProcesses()
+        jobs = RecordedJobs(trace.path)
+        feed = _JobFeed(trace, jobs, procs)
+    else:
+        procs, jobs = NoProcesses(), None
+    platform = Platform(spec, sysfs, procs, clock, kind="replay")
+    # the config given, else the one the daemon recorded with, else the defaults
+    cfg = config if config is not None else recorded_config(trace) or Config()
+    notes = unchecked(trace, config)
+    for note in notes:
+        log.warning("%s: %s", path, note)
     # the stack the daemon runs (run_live): policy, its stages, the reservation, the guard
     policy, stages = make_policy_stack(policy_name, spec, **policy_options(cfg, policy_name))
     stages = daemon_stages(stages, cfg.mixed_criticality.reserve)
@@ -121,10 +277,14 @@ def replay_trace(
         platform,
         policy,
         period_s=period,
+        jobs=jobs,
         stages=stages,
-        guard=config_guard(spec, config),
-        deadline_margin=cfg.deadline_slack,
+        guard=config_guard(spec, cfg),
+        # as the daemon plans: deadline_slack, raised under the recorded RT throttling
+        deadline_margin=planning_margin(cfg.deadline_slack, rt_share(sysfs)),
     )
+    if feed is not None:
+        loop.before_tick.append(feed)
     if lockstep:
         for s in trace.samples:
             if stop is not None and stop.is_set():
@@ -150,6 +310,8 @@ def replay_trace(
         # writes the replay made on a tick where the recording made none to that file
         "extra_writes": sum(1 for m in mismatches if m.recorded is None),
         "truncated": trace.truncated,
+        # what the comparison cannot vouch for (an older recording), and why
+        "unchecked": notes,
         "stopped": stop is not None and stop.is_set(),
         "status": loop.status(),
     }

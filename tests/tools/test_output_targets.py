@@ -254,13 +254,37 @@ def test_trace_record_refuses_a_file_it_cannot_write_before_recording(
 
     write_fake_tree(load_board("tx2"), tmp_path / "tree")
     monkeypatch.setattr(platforms.trace, "record", _must_not_run)
+    # an empty file is opened in place (a non-empty one, an earlier recording, is moved to
+    # its .prev name instead, as `daemon --record` keeps it: its folder's rule then)
     out = tmp_path / "t.jsonl.gz"
-    out.write_bytes(b"old")
+    out.write_bytes(b"")
     unwritable(out)
     r = hv("trace", "record", "--sysfs-root", tmp_path / "tree", "--out", out)
     assert r.exit_code == 2, r.output
     assert r.output == f"hidvfs: error: {_not_writable('--out', out)}\n"
-    assert out.read_bytes() == b"old"
+    assert out.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "t.jsonl.gz",
+        "tree",
+    ]
+
+
+def test_trace_record_refuses_an_earlier_recording_it_cannot_move_aside(
+    sticky, as_another_user, monkeypatch
+):
+    """An earlier recording is kept as .prev by a rename (as `daemon --record` keeps it): in
+    a sticky folder another user's cannot be, which is said before recording."""
+    import platforms.trace
+    from platforms.faketree import write_fake_tree
+    from platforms.spec import load_board
+
+    write_fake_tree(load_board("tx2"), sticky.parent / "tree")
+    monkeypatch.setattr(platforms.trace, "record", _must_not_run)
+    out = sticky / "t.jsonl.gz"
+    out.write_bytes(b"old")
+    r = hv("trace", "record", "--sysfs-root", sticky.parent / "tree", "--out", out)
+    assert r.exit_code == 2, r.output
+    assert r.output == f"hidvfs: error: {_not_replaceable('--out', out)}\n"
+    assert out.read_bytes() == b"old" and not (sticky / "t.prev.jsonl.gz").exists()
 
 
 def test_bots_run_refuses_a_results_store_it_cannot_write_before_the_campaign(

@@ -236,7 +236,10 @@ def test_replay_of_the_daemons_own_recording_repeats_every_write(tmp_path, polic
     policy on the same trace is caught."""
     out = _daemon_recording(tmp_path, policy)
     tr = read_trace(out)
-    assert tr.header.extra == {"recorded_by": "daemon", "policy": policy}
+    assert tr.header.extra["recorded_by"] == "daemon" and tr.header.extra["policy"] == policy
+    # the decision settings it ran with and its (here no) jobs, for the replay
+    assert tr.header.extra["config"]["thermal"] == {"margin_c": 5.0, "cap_khz": {}}
+    assert tr.header.extra["records_jobs"] is True and not any(s.j for s in tr.samples)
     written = [(p, v) for s in tr.samples for p, v in s.w.items()]
     if policy == "schedutil":
         assert len({v for p, v in written if p.endswith("policy0/scaling_setspeed")}) >= 2
