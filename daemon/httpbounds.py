@@ -38,6 +38,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from daemon.deadlineio import DeadlineReader
 
 
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` as a listen address is written: an IPv6 host in brackets (``[::1]:9466``;
+    ``::1:9466`` reads as another address)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class HeadTooLarge(Exception):
     """The request head went past its size limit."""
 
@@ -191,11 +197,10 @@ class BoundedServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         client, reason = self._last[kind]
         self.logger.warning(
-            "event=http_%s endpoint=%s address=%s:%d %s=%d last_client=%s reason=%r",
+            "event=http_%s endpoint=%s address=%s %s=%d last_client=%s reason=%r",
             kind,
             self.endpoint,
-            host,
-            port,
+            host_port(host, port),
             kind,
             self._counts[kind],
             client,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.config import is_loopback, parse_listen
-from daemon.httpbounds import BoundedHandler, BoundedServer
+from daemon.httpbounds import BoundedHandler, BoundedServer, host_port
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -291,6 +291,9 @@ class LocalHttpServer:
             sys_version = ""
             timeout = HTTP_TIMEOUT_S
 
+            def version_string(self) -> str:
+                return self.server_version  # not "hidvfs " with the empty sys_version
+
             def head_limits(self) -> tuple[float, int]:
                 return HTTP_HEAD_TIMEOUT_S, HTTP_MAX_HEAD_BYTES
 
@@ -346,7 +349,7 @@ class LocalHttpServer:
             daemon=True,
         )
         self._thread.start()
-        log.info("event=http_listening endpoint=%s address=%s:%d", self.name, *self.address)
+        log.info("event=http_listening endpoint=%s address=%s", self.name, host_port(*self.address))
         return self
 
     def stop(self) -> None:

@@ -565,3 +565,29 @@ def test_an_oversized_request_head_is_414_or_431(monkeypatch):
         fits = start + b"a" * (1024 - len(start) - 4) + b"\r\n\r\n"
         assert len(fits) == 1024
         assert _raw_exchange(srv.address, fits).startswith(b"HTTP/1.0 200")
+
+
+def test_the_server_header_has_no_trailing_space(server):
+    host, port = server.address
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+        assert r.headers.get("Server") == "hidvfs"
+
+
+def test_an_ipv6_listen_address_is_logged_in_brackets(caplog):
+    """``address=::1:9466`` read as another address; as written in a config: [::1]:9466."""
+    import logging
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    caplog.set_level(logging.INFO, logger="hidvfs.metrics")
+    try:
+        srv = MetricsServer("[::1]:0", lambda: STATUS).start()
+    except OSError as err:  # IPv6 disabled on this host
+        pytest.skip(f"cannot listen on ::1 ({err})")
+    try:
+        port = srv.address[1]
+    finally:
+        srv.stop()
+    said = [r.getMessage() for r in caplog.records if "http_listening" in r.getMessage()]
+    assert said and f"address=[::1]:{port}" in said[0], said
