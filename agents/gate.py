@@ -16,11 +16,15 @@ light jobs that share a core set may each spread over all of it, at priorities i
 order, so a job's critical path waits only while every core runs work of its priority or above:
 the group passes when R_k <= L_k + (W_k - L_k) / m <= D_k for each job k, W_k the work of the
 jobs up to k (:func:`~agents.schedulability.pool_fits`; on one core, their sequential sum).
-Light groups with different core sets must be disjoint. The repair looks for the fewest cores
-of a cluster that hold its light jobs: a shared pool when it fits, else a split of them over
-single cores, each job pinned to one core and the jobs of a core run in deadline order
-(:func:`~agents.schedulability.light_partition`, a non-preemptive list schedule per core, exact
-up to :data:`~agents.schedulability.MAX_EXACT_LIGHTS` light jobs per cluster). The tests assume
+Light groups with different core sets must be disjoint, and a group of s jobs is credited with
+at most s cores (:func:`~agents.schedulability.light_pool_size` stops there). The repair looks
+for the fewest cores of a cluster that hold its light jobs in any way the analysis accepts: a
+partition of them into groups, each on a pool of its own sized by its test
+(:func:`~agents.gate_repair.light_groups`; one shared pool of all of them, and a split over
+single cores whose jobs run in deadline order, are two such partitions). It is exact up to
+:data:`~agents.schedulability.MAX_EXACT_LIGHTS` light jobs per cluster (every partition, a
+dynamic programme over subsets); beyond, a first-fit-decreasing heuristic, sound (every group
+it returns passes the test) but able to miss a grouping that fits. The tests assume
 deadline-ordered execution, which :func:`order_priorities` sets.
 
 Heavy cores are exclusive: no other job of the decision (deadline or best-effort) may use them.
@@ -42,12 +46,19 @@ Repair of an infeasible proposal, cheapest change first:
    model rates lower. Jobs stay on the cluster holding more than half of their proposed
    cores; a job without such a cluster (e.g. spread over all CPUs) goes where it costs least.
 3. If that fails, jobs may move between clusters (every job-to-cluster map is tried, the
-   cheapest wins, fewest moves on a tie), so the gate finds a feasible point whenever one
-   exists: feasibility is monotone in f (C, L and n(f) never grow with f), so the raise-only
-   restriction loses none. Beyond :data:`~agents.gate_repair.MAX_MAPS` maps (8 deadline jobs on
-   three clusters) a greedy placement comes first and, where it finds none, a search bounded to
-   :data:`~agents.gate_repair.MAX_NODES` steps for any feasible map: past that bound a feasible
-   point can be missed.
+   cheapest wins, fewest moves on a tie). Then the gate finds a feasible point whenever the
+   analysis accepts any point (any OPPs, any core sets), provided the map search is exhaustive
+   (at most :data:`~agents.gate_repair.MAX_MAPS` maps) and no cluster is asked to hold more
+   than :data:`~agents.schedulability.MAX_EXACT_LIGHTS` light jobs (always so with up to that
+   many deadline jobs): feasibility is monotone in f (C, L and n(f) never grow with f, and the
+   pool test's bound grows with C and L), so the raise-only restriction loses none; more cores than n
+   never help a heavy job, and the light jobs' groups are searched exhaustively. Beyond
+   :data:`~agents.gate_repair.MAX_MAPS` maps (8 deadline jobs on three clusters) a greedy
+   placement comes first and, where it finds none, a search bounded to
+   :data:`~agents.gate_repair.MAX_NODES` steps for any feasible map; and past
+   :data:`~agents.schedulability.MAX_EXACT_LIGHTS` light jobs on one cluster their groups are
+   a heuristic's: in either case a feasible point can be missed (never an infeasible one
+   admitted: every returned point is re-checked by the analysis).
 4. If no point is feasible: the safest point (every cluster at its maximum, each job in
    deadline order on the largest/fastest cluster that still fits it, a job no core count
    can save last) and ``feasible=False``.
@@ -64,10 +75,10 @@ point (no map can be feasible then), so no search runs for nothing.
 Layout: this module is the entry point (:class:`FederatedGate`, :func:`gate_decision`,
 :func:`order_priorities` and the cost model). The model and its tests
 (:func:`~agents.schedulability.requirement`, :func:`~agents.schedulability.pool_fits`,
-:func:`~agents.schedulability.light_partition`, :func:`~agents.schedulability.analyse`, ...)
+:func:`~agents.schedulability.light_pool_size`, :func:`~agents.schedulability.analyse`, ...)
 are in :mod:`agents.schedulability`; the repair search (steps 2-4 above,
-:data:`~agents.gate_repair.MAX_MAPS`, :data:`~agents.gate_repair.MAX_NODES`) and
-:class:`GateResult` are in :mod:`agents.gate_repair`.
+:func:`~agents.gate_repair.light_groups`, :data:`~agents.gate_repair.MAX_MAPS`,
+:data:`~agents.gate_repair.MAX_NODES`) and :class:`GateResult` are in :mod:`agents.gate_repair`.
 """
 
 from __future__ import annotations

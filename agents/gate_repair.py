@@ -3,7 +3,8 @@
 :meth:`agents.gate.FederatedGate.repair` hands a proposal that fails the analysis of
 :mod:`agents.schedulability` to one :class:`_Repair`: it keeps the clusters whose jobs are
 fine, searches points and job-to-cluster maps for the cheapest feasible one (bounded by
-:data:`MAX_MAPS` and :data:`MAX_NODES`), else falls back to the safest point, and builds the
+:data:`MAX_MAPS` and :data:`MAX_NODES`; a cluster's light jobs in the fewest cores of any
+grouping into pools, :func:`light_groups`), else falls back to the safest point, and builds the
 repaired decision (:class:`GateResult`). The steps and their guarantees are set out in
 :mod:`agents.gate`'s docstring. It is a module of its own because it is most of the gate's code
 and its only search: :mod:`agents.gate` stays a short entry point, and this module needs the
@@ -12,6 +13,7 @@ gate only for a type annotation (no import cycle at run time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,14 +24,16 @@ from agents.schedulability import (
     HEAVY,
     IMPOSSIBLE,
     LIGHT,
+    MAX_EXACT_LIGHTS,
     GateCluster,
     GateJob,
     JobAlloc,
     Requirement,
     _analyse,
     _Analysis,
-    light_partition,
+    edf_list_split,
     light_pool_size,
+    pool_fits,
     requirements,
 )
 
@@ -60,10 +64,10 @@ class _Point:
     cost: float
     fi: int  # index in the cluster's table
     heavy: int  # dedicated cores
-    pool: int  # shared light cores
-    #: None: the light jobs share the pool (its EDF list fits); else the light jobs (indices
-    #: into the repair's jobs) of each pool core, when only a split of them fits
-    parts: tuple[tuple[int, ...], ...] | None = None
+    pool: int  # light cores, all groups together
+    #: None: the light jobs share one pool of ``pool`` cores; else their groups, each
+    #: (light jobs as indices into the repair's jobs, cores of the group's own pool)
+    parts: tuple[tuple[tuple[int, ...], int], ...] | None = None
 
 
 class _Repair:
@@ -85,7 +89,7 @@ class _Repair:
         gated = {j.pid for j in jobs}
         self.others = {pid: s.cpus for pid, s in decision.jobs.items() if pid not in gated}
         self._req: dict[tuple[int, int], list[Requirement | None]] = {}
-        self._best: dict[tuple[int, int, bool], _Point | None] = {}
+        self._best: dict[tuple[int, int, int | None], _Point | None] = {}
         self.base = [self._ceil_index(k, decision.freq_khz.get(k.name)) for k in self.K]
 
     # -- precomputation (home, home_mask, keep: only the searches need them, computed once)
@@ -182,13 +186,13 @@ class _Repair:
                 if out is not None and cost(ki, table[fi], 1) >= out.cost:
                     break  # monotone cost: no higher OPP can be cheaper
                 heavy = 0
-                lights: list[tuple[float, float, int, float]] = []
+                lights: list[tuple[float, float, float, int]] = []
                 for d, r, ji in reqs:
                     kind, n, c, span = r[fi]
                     if kind == HEAVY:
                         heavy += n
                     elif kind == LIGHT:
-                        lights.append((d, c, ji, span))
+                        lights.append((d, c, span, ji))
                     else:
                         break
                 else:
@@ -196,23 +200,19 @@ class _Repair:
                         continue
                     parts = None
                     if len(lights) > 1:
+                        room = m_k - heavy
+                        if out is not None and len(lights) > 2:
+                            # groups need a search: only as many cores as could still be
+                            # cheaper than the best point so far
+                            while room > 0 and cost(ki, table[fi], heavy + room) >= out.cost:
+                                room -= 1
                         lights.sort()
-                        dc = [(d, c) for d, c, _, _ in lights]
-                        dcl = [(d, c, span) for d, c, _, span in lights]
-                        pool = light_pool_size(dcl, m_k - heavy)
-                        if pool is None or pool > 1:
-                            # fewer cores may hold a split the list misses (its ties)
-                            # (one core runs them in deadline order either way: from 2 up)
-                            for m in range(2, (pool or m_k - heavy + 1)):
-                                split = light_partition(dc, m)
-                                if split is not None:
-                                    pool = m
-                                    parts = tuple(
-                                        tuple(lights[i][2] for i in part) for part in split
-                                    )
-                                    break
-                            if pool is None:
-                                continue
+                        got = light_groups([x[:3] for x in lights], room)
+                        if got is None:
+                            continue
+                        pool, groups = got
+                        if groups is not None:
+                            parts = tuple((tuple(lights[i][3] for i in g), n) for g, n in groups)
                     else:
                         pool = len(lights)
                         if heavy + pool > m_k:
@@ -460,17 +460,16 @@ class _Repair:
                 else:
                     lights.append(ji)
             if lights and p.parts is not None:
-                for part in p.parts:  # only a split fits: one core per part
-                    core = self._take(free, [self.jobs[ji].pid for ji in part], 1)
-                    reserved.update(core)
+                for part, n in p.parts:  # only groups fit: a pool of its own per group
+                    pool = self._take(free, [self.jobs[ji].pid for ji in part], n)
+                    reserved.update(pool)
+                    why = (
+                        f"light, {len(part)} in deadline order on one core of {k.name}"
+                        if n == 1 and len(part) > 1
+                        else f"light, pool of {n} on {k.name} (one of {len(p.parts)} groups)"
+                    )
                     for ji in part:
-                        self._set(
-                            jobs,
-                            events,
-                            self.jobs[ji].pid,
-                            core,
-                            f"light, {len(part)} in deadline order on one core of {k.name}",
-                        )
+                        self._set(jobs, events, self.jobs[ji].pid, pool, why)
             elif lights:
                 pool = self._take(free, [self.jobs[ji].pid for ji in lights], p.pool)
                 reserved.update(pool)
@@ -651,6 +650,158 @@ class _Repair:
         return GateResult(d, not reasons, events, alloc, self.g._cost_of(alloc, freq))
 
 
+#: Groups of light jobs: (indices into the sorted light jobs, cores of the group's pool)
+Groups = tuple[tuple[tuple[int, ...], int], ...]
+
+
+def light_groups(
+    lights: Sequence[tuple[float, float, float]], limit: int
+) -> tuple[int, Groups | None] | None:
+    """Fewest cores (at most ``limit``) that hold light jobs ``(deadline, C, L)`` of one
+    cluster, sorted, as the analysis accepts them: groups of jobs, each on a pool of its own
+    (pools disjoint), each pool passing :func:`~agents.schedulability.light_pool_size` on its
+    cores. ``(cores, None)`` when one shared pool of them all is among the fewest, else
+    ``(cores, groups)``; None when no grouping fits ``limit`` cores.
+
+    Exact up to :data:`~agents.schedulability.MAX_EXACT_LIGHTS` light jobs: every partition
+    of the jobs into groups, each group on the fewest cores of its own test (a set-partition
+    dynamic programme over subsets, 3^(n-1) steps). Beyond, a first-fit-decreasing heuristic
+    (jobs by decreasing C, each into the first group it joins without a core more, else into
+    the group it costs one core, else a group of its own) against the one pool and the EDF
+    list's split over single cores: sound (every group it returns passes the analysis's own
+    test), but it can miss a grouping that fits.
+    """
+    n = len(lights)
+    if n == 0:
+        return 0, None
+    if limit < 1:
+        return None
+    pool = light_pool_size(lights, limit)
+    if pool == 1:
+        return 1, None
+    if n == 2:  # one pool of both, else one core each
+        if pool is not None:
+            return pool, None
+        return (2, (((0,), 1), ((1,), 1))) if limit > 1 else None
+    # in any grouping, the jobs due by d of one group of m cores hold work W <= m * d (the
+    # test of the last of them), so the jobs due by d need W(d) / d cores in all: a pool
+    # that few is the fewest
+    lower, work = 1, 0.0
+    for d, c, _ in lights:
+        work += c
+        lower = max(lower, math.ceil(work / d - 1e-6))
+    if pool is not None and pool <= lower:
+        return pool, None
+    if lower > limit:
+        return None
+    full = (1 << n) - 1
+    need: dict[int, int | None] = {full: pool}
+
+    def need_of(mask: int) -> int | None:
+        """Fewest cores of the group ``mask`` alone (None: more than ``limit`` or never):
+        :func:`~agents.schedulability.light_pool_size`, from the group's own lower bound up
+        (below it the pool test fails, and it only ever passes from some core count up)."""
+        v = need.get(mask, -1)
+        if v == -1:
+            group = [lights[i] for i in _bits(mask)]
+            low, w = 1, 0.0
+            for d, c, _ in group:
+                w += c
+                low = max(low, math.ceil(w / d - 1e-6))
+            v = None
+            for m in range(low, min(len(group), limit) + 1):
+                if pool_fits(group, m):
+                    v = m
+                    break
+            need[mask] = v
+        return v
+
+    if n <= MAX_EXACT_LIGHTS:
+        memo: dict[int, tuple[int, tuple[int, ...]] | None] = {0: (0, ())}
+
+        def fewest(rest: int) -> tuple[int, tuple[int, ...]] | None:
+            """Fewest cores of a grouping of ``rest`` and its groups (as masks)."""
+            if rest in memo:
+                return memo[rest]
+            low = rest & -rest  # the group of rest's first job, over every subset holding it
+            others = rest ^ low
+            best: tuple[int, tuple[int, ...]] | None = None
+            sub = others
+            while True:
+                g = sub | low
+                m = need_of(g)
+                if m is not None and (best is None or m + (g != rest) < best[0]):
+                    tail = fewest(rest ^ g)
+                    if tail is not None and m + tail[0] <= limit:
+                        if best is None or m + tail[0] < best[0]:
+                            best = (m + tail[0], (g,) + tail[1])
+                if sub == 0:
+                    break
+                sub = (sub - 1) & others
+            memo[rest] = best
+            return best
+
+        got = fewest(full)
+        if got is None:
+            return None
+        if pool is not None and pool <= got[0]:
+            return pool, None
+        groups = [g for g in got[1]]
+    else:
+        groups = _first_fit_groups(lights, need_of)
+        split = _list_split(lights, need_of, limit)
+        if split is not None and (groups is None or len(split) < sum(map(need_of, groups))):
+            groups = split
+        if groups is None:
+            return (pool, None) if pool is not None else None
+        total = sum(need_of(g) for g in groups)
+        if total > limit or (pool is not None and pool <= total):
+            return (pool, None) if pool is not None else None
+    return sum(need_of(g) for g in groups), tuple(
+        (tuple(_bits(g)), need_of(g)) for g in sorted(groups, key=lambda g: g & -g)
+    )
+
+
+def _first_fit_groups(lights, need_of) -> list[int] | None:
+    """First fit decreasing (beyond the exact search): each job, by decreasing C, joins the
+    first group it does not add a core to, else the first it adds one core to (a group of
+    its own costs one too; joining keeps room for later jobs), else starts a group."""
+    groups: list[int] = []
+    for i in sorted(range(len(lights)), key=lambda i: (-lights[i][1], lights[i][0], i)):
+        bit = 1 << i
+        plus_one = None
+        for gi, g in enumerate(groups):
+            m = need_of(g | bit)
+            if m is None:
+                continue
+            if m == need_of(g):
+                groups[gi] = g | bit
+                break
+            if m == need_of(g) + 1 and plus_one is None:
+                plus_one = gi
+        else:
+            if plus_one is not None:
+                groups[plus_one] |= bit
+            elif need_of(bit) is not None:
+                groups.append(bit)
+            else:
+                return None
+    return groups
+
+
+def _list_split(lights, need_of, limit: int) -> list[int] | None:
+    """The EDF list schedule's split over the fewest single cores that it fits, as groups of
+    one core each (checked with the pool test on one core), or None."""
+    dc = [(d, c) for d, c, _ in lights]
+    for m in range(2, min(len(lights), limit) + 1):
+        split = edf_list_split(dc, m)
+        if split is not None:
+            groups = [sum(1 << i for i in part) for part in split]
+            if all(need_of(g) == 1 for g in groups):
+                return groups
+    return None
+
+
 def _bits(mask: int):
     i = 0
     while mask:
@@ -660,4 +811,4 @@ def _bits(mask: int):
         i += 1
 
 
-__all__ = ["GateResult"]
+__all__ = ["GateResult", "light_groups"]
