@@ -3,8 +3,10 @@
 Calibration (reference/models.md 2.1-2.4): signed scores s_i = y_i - y_hat_i on n held-out
 points, q = s_(k) with k = ceil((n + 1)(1 - alpha)) the k-th smallest, q = +inf when k > n
 (n < 1/alpha - 1), and the one-sided bound U(x) = y_hat(x) + q, so P(Y <= U) >= 1 - alpha
-for exchangeable data. In numpy terms q = ``np.quantile(s, k/n, method="inverted_cdf")``
-(note: ``method="higher"`` at k/n returns s_(k+1) whenever k < n, one order statistic above).
+for exchangeable data. The direct index s_(k) is the definition (the code uses it);
+``np.quantile(s, k/n, method="inverted_cdf")`` agrees with it up to the float rounding of
+k/n (k/n * n need not be exactly k: a few (n, alpha) pairs land one order statistic off).
+(``method="higher"`` at k/n returns s_(k+1) whenever k < n, one order statistic above.)
 
 :class:`AdaptiveConformal` tracks a drifting miscoverage with the Gibbs-Candes update
 alpha_{t+1} = alpha_t + gamma (alpha - err_t); alpha_t <= 0 gives an infinite bound (never
@@ -17,11 +19,14 @@ bound sum_a alpha_a (models.md 2.5.1); keeping the proposal exactly where its ow
 passes is a selection too. With ``correct_selection`` every candidate, the proposal
 included, is certified at a share of alpha that sums to alpha over the K: the proposal at
 ``alpha * proposal_share`` and each fallback at ``alpha (1 - proposal_share) / (K - 1)``
-(weighted Bonferroni). The default share is 1/2: the proposal is what runs on most ticks,
-and at alpha / K for every candidate (``proposal_share=None``, the reference's recipe) the
-rubikpi3 agents spent 2.9 % more energy on 60 tuning mixes, at 1/2 only 0.2 % more than the
-rule before stop 34 (agents/TRAINING-LOG.md). That rule kept the proposal at alpha and corrected
-only the fallbacks, a union bound of alpha (2 - 1/K): a constructed pool of heteroscedastic
+(weighted Bonferroni). The maximum-performance fallback is one of the K, so its reported
+bound and ``certified`` flag are at its own share too (never at the full alpha, a bound
+looked at after the others failed); it is reached only when no candidate passed at its
+share, so it comes back uncertified. The default share is 1/2: the proposal is what runs
+on most ticks, and at alpha / K for every candidate (``proposal_share=None``, the
+reference's recipe) the rubikpi3 agents spent 2.9 % more energy on 60 tuning mixes, at 1/2
+only 0.2 % more than the rule before stop 34 (agents/TRAINING-LOG.md). That rule kept the
+proposal at alpha and corrected only the fallbacks, a union bound of alpha (2 - 1/K): a constructed pool of heteroscedastic
 residuals reached 0.149 at alpha 0.1, K = 2. The claim is a violation rate under
 exchangeability, never "never unsafe" (models.md 2.5, 3).
 """
@@ -314,6 +319,20 @@ class Shield:
         self.correct_selection = correct_selection
         self.proposal_share = proposal_share
 
+    def quantiles(self, k: int) -> tuple[float, float]:
+        """(proposal's, each fallback's) score quantile among ``k`` candidates, at
+        :meth:`alphas`; both q(alpha now) without the correction, with one candidate or when
+        q(alpha now) is already infinite (a pool too small)."""
+        q0 = self.calibrator.q()
+        if not (math.isfinite(q0) and self.correct_selection and k > 1):
+            return q0, q0
+        a_prop, a_sel = self.alphas(k)
+        return self.calibrator.q(a_prop), self.calibrator.q(a_sel)
+
+    def fallback_q(self, k: int) -> float:
+        """Each fallback's score quantile among ``k`` candidates (``quantiles(k)[1]``)."""
+        return self.quantiles(k)[1]
+
     def alphas(self, k: int) -> tuple[float, float]:
         """(proposal's, each fallback's) miscoverage among ``k`` candidates: they sum to the
         calibrator's alpha now, so the chosen one's bound holds at 1 - alpha whichever it is;
@@ -330,7 +349,8 @@ class Shield:
         remaining_deadline: float,
         cost: Sequence[float] | np.ndarray | Callable[[Any], float],
     ) -> ShieldResult:
-        """Proposal if pred + q <= deadline, else the cheapest certified candidate, else safest."""
+        """Proposal if pred + q <= deadline, else the cheapest certified candidate, else safest
+        (each candidate's bound at its share of alpha, :meth:`alphas`)."""
         feats = np.asarray(candidates.features)
         k = len(candidates.actions)
         if feats.ndim != 2 or feats.shape[0] != k or k == 0:
@@ -401,7 +421,8 @@ class Shield:
                 True,
                 f"shield: {why}; cheapest certified candidate {i} (U={upper[i]:.4g} s)",
             )
-        u_s = pv[s] + q0
+        # at the fallback's own share (models.md 2.5.1): at q0 the K shares would sum past alpha
+        u_s = pv[s] + (q_prop if s == p else q_sel)
         certified = bool(math.isfinite(u_s) and u_s <= d)
         return ShieldResult(
             s,

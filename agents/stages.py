@@ -42,6 +42,14 @@ class ShieldStage:
     frequency (cost: the frequency); the predictor gives log response time, compared with the
     log of the remaining deadline (a monotone transform, so the conformal guarantee holds on
     the original scale). The cluster ends at the highest frequency any of its jobs needs.
+
+    A job's bound (``last_bounds``) and its adaptive mark are those of the frequency it RUNS
+    at, the cluster's final one: a later job on the same cluster may raise it past the one the
+    job was certified at, and Gibbs-Candes scores the executed action (models.md 2.5.2). The
+    raised frequency is one of the job's own candidates above its proposal, so its bound is at
+    a fallback's share of alpha (the union bound over the job's candidates still sums to
+    alpha) and may be above the certified one (a larger quantile). Its prediction is the
+    job's own row at that frequency, already in the tick's single predictor call.
     """
 
     def __init__(self, predictor: Net, shield: Shield):
@@ -49,7 +57,8 @@ class ShieldStage:
         self.shield = shield
         self.last_bounds: dict[int, float] = {}
         #: with an adaptive calibrator (``update_job``): pid -> [(t, predicted log remaining s,
-        #: q issued)] of the chosen actions, scored against the real response when the job ends
+        #: q issued)] of the executed actions (the frequency each job ends the tick at), scored
+        #: against the real response when the job ends
         self.pending: dict[int, list[tuple[float, float, float]]] = {}
         self.learns = hasattr(shield.calibrator, "update_job")
 
@@ -119,6 +128,9 @@ class ShieldStage:
         # Bonferroni fallback's bound (at alpha_t / K) is above it: a miss of it is one here.
         q_issue = self.shield.calibrator.q() if self.learns else math.nan
         start = 0
+        # (pid, cluster, its candidates, its first row, row of its proposal, of the chosen f,
+        # the chosen f, its bound U) of each job the shield selected for
+        chosen = []
         for j, _, cl, cands in plan:
             cur = out.freq_khz.get(cl.name, cands[-1])
             k0 = next((k for k, f in enumerate(cands) if f >= cur), len(cands) - 1)
@@ -131,18 +143,25 @@ class ShieldStage:
                 p_sub = pred[start + k0 : start + len(cands)]
                 r = self.shield.select(sub, p_sub, math.log(rem), sub, 0, len(sub) - 1)
                 res_f, ev = r.action, (r.event if r.intervened else "")
-                self.last_bounds[j.pid] = (
-                    math.exp(r.upper_s) if math.isfinite(r.upper_s) else math.inf
-                )
-                if self.learns and math.isfinite(p_sub[r.index]):
-                    marks = self.pending.setdefault(j.pid, [])
-                    marks.append((obs.t, p_sub[r.index], q_issue))
-                    if len(marks) > MAX_MARKS_PER_JOB:  # a long job: keep every other bound,
-                        del marks[1::2]  # spread over its whole life
+                chosen.append((j.pid, cl.name, cands, start, k0, k0 + r.index, res_f, r.upper_s))
             start += len(cands)
             if res_f != cur:
                 out.freq_khz[cl.name] = res_f
                 out.events.append(f"pid {j.pid} on {cl.name}: {ev} -> {res_f} kHz")
+        # each job at the frequency it runs at (raised by a later job of its cluster or not):
+        # its bound and its mark are the executed action's (class docstring)
+        for pid, name, cands, first, k0, kr, res_f, upper in chosen:
+            ran = out.freq_khz.get(name, cands[-1])
+            if ran != res_f:  # raised: one of the job's fallbacks, bound at a fallback's share
+                kr = next((k for k in range(kr, len(cands)) if cands[k] >= ran), len(cands) - 1)
+                upper = pred[first + kr] + self.shield.fallback_q(len(cands) - k0)
+            self.last_bounds[pid] = math.exp(upper) if math.isfinite(upper) else math.inf
+            p_ran = pred[first + kr]
+            if self.learns and math.isfinite(p_ran):
+                marks = self.pending.setdefault(pid, [])
+                marks.append((obs.t, p_ran, q_issue))
+                if len(marks) > MAX_MARKS_PER_JOB:  # a long job: keep every other bound,
+                    del marks[1::2]  # spread over its whole life
         return out
 
 

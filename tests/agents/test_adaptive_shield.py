@@ -148,3 +148,50 @@ def test_config_turns_it_on_for_hidvfs_only():
     assert policy_options(parse_config({})) == {}
     with pytest.raises(Exception, match="shield.gamma"):
         parse_config({"shield": {"gamma": 0}})
+
+
+def _two_jobs_one_cluster(cal):
+    """Jobs A (earlier deadline) and B share a cluster at 1 GHz: A is certified at 1 GHz, B
+    only at 2 GHz, so B raises the cluster A runs on (rows: log remaining response time)."""
+    table = (1_000_000, 1_500_000, 2_000_000)
+    cl = ClusterObs(
+        "c0", 0, (0, 1, 2, 3), (0, 1, 2, 3), table, 1.0, table[0], *table[::2], "userspace"
+    )
+    prof = JobProfile("x", 1.0, 0.2, 0.0, 1.0, 2_000_000, 4)
+    a = JobObs(1, "a", "lo", 0.0, 0.0, 5.0, cpus=(0, 1), profile=prof, progress=0.0)
+    b = JobObs(2, "b", "lo", 0.0, 0.0, 6.0, cpus=(2, 3), profile=prof, progress=0.0)
+    obs = Observation(0.0, "toy", (cl,), (), (), (a, b))
+    rows = np.log([1.0, 0.8, 0.6, 9.0, 8.0, 2.0])
+    stage = ShieldStage(lambda x: rows[: len(x)], Shield(None, cal))
+    dec = Decision({"c0": 1_000_000}, {1: JobSetting((0, 1)), 2: JobSetting((2, 3))})
+    return stage, stage(dec, obs), rows
+
+
+def test_a_job_is_marked_and_scored_at_the_frequency_it_runs_at_not_the_one_certified():
+    """F6: B raises the shared cluster to 2 GHz after A was certified at 1 GHz. A's mark is
+    its prediction at 2 GHz (the executed action, models.md 2.5.2), so a response between the
+    1 GHz and the 2 GHz bound is a miss and scores y - yhat(2 GHz), not the optimistic
+    y - yhat(1 GHz)."""
+    cal = AdaptiveConformal(alpha=0.1, gamma=0.05).fit(np.zeros(50))  # q = 0
+    stage, out, rows = _two_jobs_one_cluster(cal)
+    assert out.freq_khz["c0"] == 2_000_000
+    assert stage.pending[1] == [(0.0, pytest.approx(rows[2]), 0.0)]  # A at 2 GHz, not 1 GHz
+    assert stage.pending[2] == [(0.0, pytest.approx(rows[5]), 0.0)]
+    # A ends after 0.8 s: inside the 1 GHz bound (1 s), over the 2 GHz one (0.6 s)
+    assert stage.job_done(1, 0.8) == 1
+    assert cal.misses_ == 1 and cal.alpha_now == pytest.approx(0.1 + 0.05 * (0.1 - 1.0))
+    assert cal.recent_[-1] == pytest.approx(math.log(0.8 / 0.6))  # the executed residual
+
+
+def test_a_raised_job_reports_the_bound_of_the_frequency_it_runs_at():
+    """A's reported bound is at 2 GHz, at a fallback's share of alpha (2 GHz is one of A's
+    candidates above its proposal); B's is the one its selection certified, unchanged."""
+    cal = SplitConformal(alpha=0.1).fit(np.linspace(-0.1, 0.1, 201))
+    stage, out, rows = _two_jobs_one_cluster(cal)
+    assert out.freq_khz["c0"] == 2_000_000 and not stage.learns
+    # among A's 3 candidates: the proposal at alpha / 2, each fallback at alpha / 4
+    q_prop, q_fb = cal.q(0.05), cal.q(0.025)
+    assert q_fb > q_prop > cal.q()
+    assert stage.last_bounds[1] == pytest.approx(math.exp(rows[2] + q_fb))  # was exp(0 + q_prop)
+    assert stage.last_bounds[2] == pytest.approx(math.exp(rows[5] + q_fb))  # B's own fallback
+    assert stage.shield.quantiles(3) == pytest.approx((q_prop, q_fb))

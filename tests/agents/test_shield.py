@@ -193,10 +193,12 @@ def test_proposal_kept_when_its_bound_meets_the_deadline():
     r = shield.filter(cands(3), 1.8, cost=[1, 2, 3])
     assert (r.index, r.certified, r.intervened) == (0, True, False)
     assert r.upper_s == pytest.approx(1.75)
-    # with the selection correction the proposal is one of 3 candidates too: at alpha / 2
-    # CAL's 9 scores give no finite bound, so nothing is certified
+    # with the selection correction the proposal is one of 3 candidates too, at alpha / 2
+    # (2.0 > 1.8), and each fallback at alpha / 4, where CAL's 9 scores give no finite bound:
+    # nothing is certified, the maximum-performance fallback included
     r = Shield(fixed([1.0, 0.5, 0.2]), CAL).filter(cands(3), 1.8, cost=[1, 2, 3])
-    assert (r.index, r.certified) == (2, True) and "no candidate certified" in r.event
+    assert (r.index, r.certified) == (2, False) and "no candidate certified" in r.event
+    assert r.upper_s == math.inf
 
 
 def test_the_proposal_is_certified_at_its_share_of_alpha():
@@ -279,6 +281,30 @@ def test_maximum_performance_fallback_when_nothing_is_certified():
     assert r.index == 1 and r.certified
 
 
+def test_the_maximum_performance_fallback_is_reported_at_its_share_not_at_alpha():
+    """F7: the fallback is one of the K candidates, so its bound and flag are at its share
+    (alpha (1 - share) / (K - 1)); at q(alpha) it was reported certified although its bound
+    at its share fails, a (K + 1)-th look at the pool past the union bound."""
+    cal = SplitConformal(alpha=0.2).fit(np.arange(100.0) / 100)
+    assert cal.q() == pytest.approx(0.80) and cal.q(0.1) == pytest.approx(0.90)
+    preds, d = [0.5, 0.15], 1.0  # proposal 0.5 + 0.90 > 1; fallback 0.15 + 0.90 > 1
+    shield = Shield(fixed(preds), cal)  # K = 2: alpha / 2 each
+    assert shield.alphas(2) == pytest.approx((0.1, 0.1))
+    r = shield.filter(cands(2), d, cost=[0, 1])
+    assert r.index == 1 and "maximum-performance fallback 1" in r.event
+    # 0.15 + q(alpha) = 0.95 <= 1 would pass: the old rule reported it certified at 0.95
+    assert not r.certified and r.upper_s == pytest.approx(0.15 + 0.90)
+    assert shield.quantiles(2) == pytest.approx((0.90, 0.90))
+    # the action is the same, and so is everything without the correction (one share: alpha)
+    plain = Shield(fixed(preds), cal, correct_selection=False)
+    assert plain.quantiles(2) == pytest.approx((0.80, 0.80))
+    r0 = plain.filter(cands(2), d, cost=[0, 1])
+    assert (r0.index, r0.certified) == (1, True) and "cheapest certified" in r0.event
+    # too small a pool for the share: the fallback's bound is infinite, never certified
+    r = Shield(fixed([1.0, 0.5, 0.2]), CAL).filter(cands(3), 1.8, cost=[1, 2, 3])
+    assert CAL.q() + 0.2 <= 1.8 and (r.certified, r.upper_s) == (False, math.inf)
+
+
 def test_selection_among_k_is_certified_at_alpha_over_k():
     cal = SplitConformal(alpha=0.2).fit(np.arange(100.0) / 100)
     assert cal.q() == pytest.approx(0.80)  # k = ceil(101 * 0.8) = 81
@@ -324,7 +350,7 @@ def _reference_rule(pred, cal, correct, d, cost, p, s):
         c = np.asarray(cost, dtype=np.float64)
         i = min(np.flatnonzero(ok).tolist(), key=lambda i: (c[i], upper[i], i))
         return i, float(upper[i]), True, True
-    u_s = pred[s] + q0
+    u_s = pred[s] + (q_prop if s == p else q_sel)  # the fallback at its own share too
     ok_s = bool(math.isfinite(u_s) and u_s <= d)
     return s, float(u_s) if math.isfinite(u_s) else math.inf, ok_s, s != p
 
