@@ -513,15 +513,24 @@ class JobRegistry:
                 out = self.table.report(pid, exit)
             else:
                 out = self.table.finish(pid, self.now(), exit=exit)
+                if out is None:  # the loop held it between the look above and now
+                    out = self.table.report(pid, exit)
             if out is None:
                 raise RequestError(f"pid {pid} is not registered")
-            failed = {"failed": out.failure} if out.failure is not None else {}
-            log_event(log, "job_unregistered", pid=pid, name=entry.name, ended=True, **failed)
-            return entry
-        entry = self.table.unregister(pid)
-        if entry is None:
-            raise RequestError(f"pid {pid} is not registered")
-        log_event(log, "job_unregistered", pid=pid, name=entry.name)
+            return self._unregistered_ended(entry, out)
+        gone = self.table.unregister(pid)
+        if gone is None:  # it ended, and the loop held it, since the look above
+            out = self.table.report(pid, exit)
+            if out is None:
+                raise RequestError(f"pid {pid} is not registered")
+            return self._unregistered_ended(entry, out)
+        log_event(log, "job_unregistered", pid=pid, name=gone.name)
+        return gone
+
+    @staticmethod
+    def _unregistered_ended(entry: JobEntry, out) -> JobEntry:
+        failed = {"failed": out.failure} if out.failure is not None else {}
+        log_event(log, "job_unregistered", pid=entry.pid, name=entry.name, ended=True, **failed)
         return entry
 
     def list(self) -> list[JobEntry]:

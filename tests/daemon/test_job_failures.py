@@ -180,6 +180,27 @@ def _loop(tmp_path, procs, table, stages=()):
     return loop, clock
 
 
+@pytest.mark.parametrize("still_alive", [False, True])
+def test_the_launchers_word_is_kept_when_the_loop_holds_the_job_mid_unregister(still_alive):
+    """The loop's hold landing between unregister's look at the job and its finish (or its
+    unregister of a job it saw alive): the word was refused as "not registered" (which
+    `hidvfs run` ignores), and the job, scored by time once run was gone, counted as met."""
+    table = JobTable()
+    entry = JobEntry(
+        pid=4242, name="crash", release_t=0.0, deadline_s=5.0, criticality="lo", adopter=(1, None)
+    )
+    table.register(entry)
+
+    def alive(pid):  # the racing tick, injected where unregister looks at the process
+        table.hold(pid, 1.0, 1.0 + REPORT_WAIT_S)
+        return still_alive
+
+    reg = JobRegistry(table, now=lambda: 1.0, alive=alive)
+    reg.unregister(4242, exit=JobExit(code=1))
+    assert table.failed() == {"hi": 0, "lo": 1} and table.misses() == {"hi": 0, "lo": 0}
+    assert table.release_held(100.0, lambda e: False) == []  # nothing left to score by time
+
+
 def test_a_crash_the_loop_saw_first_is_logged_failed_not_met(tmp_path, caplog):
     """The race of the report: the loop's tick saw the command end before `hidvfs run`
     (alive, its adopter) said it crashed. It was scored met by time; now the loop waits for
