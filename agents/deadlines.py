@@ -672,8 +672,11 @@ PROGRESS_CAP = 0.9
 @dataclass
 class ProgressEstimate:
     """Progress of jobs a backend cannot report on (a real board), from their profiles: a
-    lower bound on the work a greedy schedule has done, so the remaining work is never
-    underestimated (the safe side for a deadline). Without it every job would count as
+    lower bound on the work a greedy schedule has done on cores of its own, so the remaining
+    work is not underestimated (the safe side for a deadline). Jobs that share cores (the
+    gate's light pools) are credited their fair share of them (``cores`` below the pool's
+    size, :func:`daemon.loop.core_shares`): an approximation, since a job below the others
+    in real-time priority may get less. Without it every job would count as
     untouched until it ends and the gate would push its cluster to the top as its deadline
     nears.
 
@@ -687,19 +690,20 @@ class ProgressEstimate:
     job in its serial phase, e.g. 68 % credited at 54 % done, and the gate then kept too few
     cores for its deadline.)"""
 
-    #: pid -> {(cores, kHz, capacity): seconds run at that point}
-    runs: dict[int, dict[tuple[int, float, float], float]] = field(default_factory=dict)
+    #: pid -> {(cores, kHz, capacity): seconds run at that point}; cores may be a share
+    #: (jobs on a shared pool: daemon.loop.core_shares), below one a part of one core
+    runs: dict[int, dict[tuple[float, float, float], float]] = field(default_factory=dict)
     done: dict[int, float] = field(default_factory=dict)
     last_t: dict[int, float] = field(default_factory=dict)
 
     def advance(
-        self, pid: int, profile: JobProfile, t: float, khz: float, capacity: float, cores: int
+        self, pid: int, profile: JobProfile, t: float, khz: float, capacity: float, cores: float
     ) -> float:
         prev = self.last_t.get(pid)
         self.last_t[pid] = t
-        if prev is not None and t > prev and khz > 0 and cores >= 1:
+        if prev is not None and t > prev and khz > 0 and cores > 0:
             history = self.runs.setdefault(pid, {})
-            key = (int(cores), float(khz), float(capacity))
+            key = (round(float(cores), 6), float(khz), float(capacity))
             history[key] = history.get(key, 0.0) + (t - prev)
             frac = min(work_done_lower_bound(profile, history), PROGRESS_CAP)
             self.done[pid] = max(self.done.get(pid, 0.0), frac)
@@ -712,7 +716,7 @@ class ProgressEstimate:
 
 
 def work_done_lower_bound(
-    profile: JobProfile, history: dict[tuple[int, float, float], float]
+    profile: JobProfile, history: dict[tuple[float, float, float], float]
 ) -> float:
     """The least fraction of ``profile``'s work a greedy schedule has done after running
     ``history`` ({(cores, kHz, capacity): seconds}) (:class:`ProgressEstimate`)."""

@@ -46,6 +46,20 @@ def intervention_key(event: str) -> str:
     return _MEASURED.sub("#", event)
 
 
+def core_shares(affinities: list[tuple[int, ...]], hw: Observation) -> list[float]:
+    """Each job's share of the cores it may run on: a core its affinity allows counts 1 /
+    (the jobs allowed there), so jobs sharing a pool (the gate's light jobs) are not each
+    credited the whole pool's work (an empty affinity: every online CPU). An approximation
+    under fair sharing: a job below others in real-time priority may get less."""
+    online = tuple(c for cl in hw.clusters for c in cl.online)
+    sets = [aff or online for aff in affinities]
+    count: dict[int, int] = {}
+    for cpus in sets:
+        for c in cpus:
+            count[c] = count.get(c, 0) + 1
+    return [sum(1.0 / count[c] for c in cpus) for cpus in sets]
+
+
 @dataclass
 class TickResult:
     t: float
@@ -187,6 +201,7 @@ class ControlLoop:
                 if forget is not None:
                     forget(pid)
         self._tracked = present
+        alive: list[tuple] = []  # (entry, its CPUs) of the jobs still running
         for e in snapshot:
             if not procs.alive(e.pid) or (
                 e.start_time is not None and procs.start_time(e.pid) not in (None, e.start_time)
@@ -207,6 +222,9 @@ class ControlLoop:
                 cpus = procs.get_affinity(e.pid)
             except Exception:  # noqa: BLE001 - a vanished pid is handled next tick
                 cpus = ()
+            alive.append((e, tuple(cpus)))
+        shares = core_shares([cpus for _e, cpus in alive], hw)
+        for (e, cpus), share in zip(alive, shares):
             jobs.append(
                 JobObs(
                     pid=e.pid,
@@ -217,30 +235,30 @@ class ControlLoop:
                     deadline_s=(
                         None if e.deadline_s is None else e.deadline_s * (1 - self.deadline_margin)
                     ),
-                    cpus=tuple(cpus),
+                    cpus=cpus,
                     profile=e.profile,
                     progress=(
-                        self.progress(e.pid) if self.progress else self._estimated(e, cpus, hw, t)
+                        self.progress(e.pid)
+                        if self.progress
+                        else self._estimated(e, cpus, hw, t, share)
                     ),
                 )
             )
         return hw.with_jobs(tuple(jobs)), finished
 
-    def _estimated(self, e, cpus, hw: Observation, t: float) -> float | None:
-        """Model-based progress where the backend reports none (agents.deadlines)."""
+    def _estimated(self, e, cpus, hw: Observation, t: float, share: float) -> float | None:
+        """Model-based progress where the backend reports none (agents.deadlines), on the
+        ``share`` of cores the job has (:func:`core_shares`)."""
         if e.profile is None:
             return None
         home = next((c for c in hw.clusters if cpus and cpus[0] in c.cpus), None)
-        if home is None:  # no affinity known: the kernel may use every online CPU
+        if home is None:  # no affinity known: any online CPU, so the slowest (cautious)
             online = [c for c in hw.clusters if c.online and c.cur_khz]
-            home = max(online, key=lambda c: c.capacity * (c.cur_khz or 0), default=None)
-            cores = sum(len(c.online) for c in hw.clusters)
-        else:
-            cores = len(cpus)
+            home = min(online, key=lambda c: c.capacity * (c.cur_khz or 0), default=None)
         # an unknown frequency (khz 0) adds nothing for the interval: the cautious side
         khz = (home.cur_khz or 0) if home else 0
         return self._estimate.advance(
-            e.pid, e.profile, t, khz, home.capacity if home else 1.0, cores
+            e.pid, e.profile, t, khz, home.capacity if home else 1.0, share
         )
 
     def tick(self) -> TickResult:

@@ -198,6 +198,63 @@ def test_the_estimate_never_runs_ahead_of_the_plants_progress(cores):
     assert span_at(prof, top.fmax_khz, top.capacity) >= span - 1e-9
 
 
+def test_jobs_sharing_a_pool_are_credited_their_share_not_the_whole_pool():
+    """Two parallel jobs pinned to the same two cores (the gate's light pools): each credited
+    both cores ran ahead of the plant (0.90 at 0.58 done); at its share of them, not."""
+    from agents.deadlines import ProgressEstimate
+    from agents.policy import Decision, JobSetting, Policy
+    from daemon.loop import core_shares
+    from daemon.simrun import run_sim
+    from platforms.dag import DagBuilder
+    from platforms.sim.plant import SimJob
+    from platforms.spec import load_board
+
+    top = load_board("orin-nx").clusters[0]
+
+    def parallel(name, branches=4, branch_s=0.8, seg=20):
+        b = DagBuilder(name)
+        for _ in range(branches):
+            q = ()
+            for _ in range(seg):
+                q = (b.add(branch_s / seg * top.fmax_khz * 1e3, 0.0, q),)
+        return b.build()
+
+    class Shared(Policy):
+        name, period_s = "shared", 0.05
+
+        def decide(self, obs):
+            cl = obs.clusters[0]
+            return Decision(
+                {k.name: k.freqs_khz[-1] for k in obs.clusters},
+                {j.pid: JobSetting(tuple(cl.cpus[:2])) for j in obs.jobs},
+            )
+
+    items = []
+    for n in ("a", "b"):
+        dag = parallel(n)
+        c, span = dag.work_span(top.fmax_khz * 1e3, 1.0)
+        items.append((SimJob(dag, n, 100.0), JobProfile(n, c, span, 0.0, c, top.fmax_khz, 4)))
+    prof = {p.name: p for _, p in items}
+    est, whole, seen = ProgressEstimate(), ProgressEstimate(), []
+
+    def on_tick(res):
+        running = [j for j in res.obs.jobs if j.progress is not None and j.cpus]
+        shares = core_shares([j.cpus for j in running], res.obs)
+        for j, share in zip(running, shares):
+            p = prof[j.name]
+            guess = est.advance(j.pid, p, res.t, top.fmax_khz, top.capacity, share)
+            pool = whole.advance(j.pid, p, res.t, top.fmax_khz, top.capacity, len(j.cpus))
+            seen.append((j.progress, guess, pool, share))
+
+    run_sim("orin-nx", Shared(), items, seed=0, on_tick=on_tick)
+    assert any(share == pytest.approx(1.0) for *_, share in seen)  # two jobs, two cores
+    assert len(seen) > 20
+    # fair sharing is an approximation (the plant's time slices are not exactly even), so a
+    # small lead is allowed; credited the whole pool, the estimate led by a third of the work
+    assert max(guess - true for true, guess, _, _ in seen) < 0.01
+    assert max(pool - true for true, _, pool, _ in seen) > 0.2
+
+
 def test_the_loop_estimates_progress_where_the_board_reports_none(tmp_path):
     import subprocess
     import sys
