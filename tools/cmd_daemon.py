@@ -77,7 +77,11 @@ class _DaemonCommand(click.Command):
     type=click.Path(dir_okay=False),
     help="Config file (default /etc/hidvfs/config.yaml if present). With --sim or --replay only "
     "a file given here is read: --sim takes its policy, period_ms, deadline_slack, thermal, "
-    "shield and mixed_criticality keys, --replay (no jobs) its policy, period_ms and thermal.",
+    "shield and mixed_criticality keys. --replay runs a `daemon --record` recording's jobs "
+    "with its policy, ticks and config; a file given here sets the policy and period_ms (the "
+    "replay then ticks at that period, not at the recorded ticks), and its thermal, "
+    "deadline_slack, mixed_criticality and shield replace the recorded config (a key the file "
+    "leaves out takes its default, not the recorded value).",
     callback=not_empty,
 )
 @click.option(
@@ -532,11 +536,22 @@ def _print_jobs(status: dict) -> None:
     help="When the daemon cannot be reached: fail (exit 2, nothing launched) or run CMD "
     "unmanaged, with a warning (its deadline is then neither planned nor protected).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the result as JSON (on stderr, after CMD's own)."
+)
+@click.option(
+    "--json-out",
+    "json_out",
+    default=None,
+    metavar="PATH",
+    help="Write the result as JSON to PATH instead (a file, or /dev/fd/3 with `3>r.json`), "
+    "apart from CMD's stderr, for scripts.",
+    callback=not_empty,
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @guard_errors
 def run_cmd(
-    deadline_s, slack, criticality, name, socket_path, if_no_daemon, as_json, command
+    deadline_s, slack, criticality, name, socket_path, if_no_daemon, as_json, json_out, command
 ) -> None:
     """Launch CMD, register it with the daemon, wait, and report its makespan; exit with
     CMD's status (128 + N when hidvfs run is stopped by signal N, which it passes on to CMD;
@@ -544,7 +559,7 @@ def run_cmd(
 
     CMD's stdin, stdout and stderr are its own: stdout passes through untouched (as with
     `time` or `nice`), and the summary line, or with --json the result object, goes to
-    stderr. A CMD that fails (non-zero exit, killed by a signal, or stopped by a signal
+    stderr (--json-out PATH writes the object to PATH instead, apart from CMD's stderr). A CMD that fails (non-zero exit, killed by a signal, or stopped by a signal
     hidvfs run got) is not scored against its deadline: the daemon counts it as failed.
 
     Everything from CMD on is CMD's, options too; `--` before CMD is optional.
@@ -564,6 +579,8 @@ def run_cmd(
 
     if deadline_s is not None and slack is not None:
         fail("give --deadline or --slack, not both")
+    if json_out is not None:  # its folder made, or refused, before CMD is launched
+        ensure_parent("--json-out", json_out)
 
     def warn(text: str) -> None:
         """A warning that cannot be written (stderr closed) must not stop the job."""
@@ -609,6 +626,13 @@ def run_cmd(
     # as a shell: a run stopped by a signal exits 128 + its number, whatever CMD made of it
     code = 128 + signal.Signals[stopped_by] if stopped_by else result["returncode"]
     # the report goes to stderr: CMD's stdout is CMD's alone (`hidvfs run -- cmd | consumer`)
+    if json_out is not None:
+        try:
+            with open(json_out, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f):
+                emit_json(result)
+        except OSError as err:  # the result is lost, not CMD's status
+            warn(f"--json-out {json_out}: cannot write the result ({err.strerror or err})")
+        raise SystemExit(code)
     try:
         if as_json:
             with contextlib.redirect_stdout(sys.stderr):

@@ -309,6 +309,23 @@ def test_run_passes_the_commands_stdout_through_untouched(server):  # noqa: F811
     assert run_json(r.stderr)["returncode"] == 0
 
 
+def test_run_json_out_keeps_the_result_apart_from_the_commands_stderr(server, tmp_path):  # noqa: F811
+    """--json on stderr mixes with what the command writes there: --json-out PATH keeps the
+    result object apart, parseable whatever the command says."""
+    noisy = [
+        sys.executable,
+        "-c",
+        "import sys, time; time.sleep(0.3); print('progress', file=sys.stderr); print('data')",
+    ]
+    out = tmp_path / "new" / "r.json"
+    r = _hv("run", "--socket", server.path, "--json-out", str(out), "--", *noisy)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "data\n" and "progress" in r.stderr and "returncode" not in r.stderr
+    assert json.loads(out.read_text())["returncode"] == 0
+    bad = _hv("run", "--socket", server.path, "--json-out", "/proc/r.json", "--", *noisy)
+    assert bad.returncode == 2 and "--json-out" in bad.stderr and bad.stdout == ""  # not run
+
+
 def test_run_says_a_failed_command_is_not_scored(server):  # noqa: F811
     cmd = [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(1)"]
     r = _hv("run", "--socket", server.path, "--name", "failjob", "--deadline", "2", "--", *cmd)
