@@ -787,6 +787,14 @@ class Session:
                     f"its original value cannot be read ({ORIGINAL_READS} tries), so hidvfs "
                     "does not write this policy: it could not give it back",
                 )
+            if _inverted_pair(read):  # as begin_session refuses it for the policies at start
+                raise SysfsUnavailable(
+                    paths.policy_file(policy, "scaling_min_freq"),
+                    f"policy{policy} shows scaling_min_freq {read.min_khz} > scaling_max_freq "
+                    f"{read.max_khz} kHz, a pair no kernel holds or accepts, so hidvfs does not "
+                    "write this policy: it could not give it back (nor, saved, restore the rest "
+                    "after a crash)",
+                )
             entry = replace(read, touched=() if entry is None else entry.touched)
         if entry.touched is None:  # every file is given back anyway: nothing to mark
             covered = None

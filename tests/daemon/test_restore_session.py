@@ -275,3 +275,23 @@ def test_a_write_whose_mark_cannot_be_saved_does_not_happen(tmp_path, monkeypatc
     monkeypatch.undo()
     assert not decide(a57=960000).errors  # room again: marked, then written
     assert fs.read(paths.policy_file(0, "scaling_governor")) == "userspace"
+
+
+def test_a_policy_coming_online_with_min_above_max_is_not_taken(tmp_path):
+    """begin_session refuses such a pair for the policies there at start; one that came online
+    later had it saved by cover(), and after a crash the next start refused the whole file
+    (no policy given back). Now hidvfs does not write that policy, and the file stays whole."""
+    fake, fs, state, session, decide = started(tmp_path, mode="default")  # Denver offline
+    fake.set_cpu_online(1, True)
+    fake.set_cpu_online(2, True)
+    fs.write(paths.policy_file(1, "scaling_min_freq"), str(TX2.cluster("denver").freqs_khz[-1]))
+    fs.write(paths.policy_file(1, "scaling_max_freq"), str(TX2.cluster("denver").freqs_khz[0]))
+    with pytest.raises(SysfsUnavailable, match="policy1 shows scaling_min_freq"):
+        session.cover(1, ["scaling_min_freq", "scaling_max_freq"])
+    saved = {p.policy: p for p in load_snapshot(state).policies}  # loads: not refused whole
+    assert 1 not in saved or (saved[1].min_khz, saved[1].max_khz) != (
+        str(TX2.cluster("denver").freqs_khz[-1]),
+        str(TX2.cluster("denver").freqs_khz[0]),
+    )
+    session.cover(0, ["scaling_governor"])  # the others as before
+    assert "scaling_governor" in on_disk(state, 0)["touched"]
