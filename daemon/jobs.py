@@ -200,6 +200,13 @@ class JobTable:
             entry.deadline_s,
             exit,
         )
+        return self.record_outcome(out, seen=seen)
+
+    def record_outcome(self, out: JobOutcome, *, seen: bool) -> JobOutcome:
+        """Count a finished job's outcome: kept among the recent :attr:`outcomes`, counted in
+        :attr:`done`, and as failed (:attr:`JobOutcome.failure`) or a deadline miss per
+        criticality. One the control loop did not see end itself (``seen`` False) waits in
+        :meth:`take_ended`. Every outcome is counted here (a replay too): returns ``out``."""
         with self._lock:
             self.outcomes.append(out)
             if not seen:

@@ -329,6 +329,11 @@ class TickRecorder:
     ``config`` (plain JSON) is stored in the header: the settings the decisions depend on.
     With ``jobs``, the header says the samples carry the jobs the loop saw: give the control
     loop :meth:`watch_processes` as its process backend, and :meth:`sample` the tick's jobs.
+
+    The first sample also holds the value then of every header file the daemon did not read
+    since the recorder was made: what the daemon read only at its start, before the recorder
+    (a driver's ``cpuinfo_min_freq`` and ``cpuinfo_max_freq``, from which a board without a
+    frequency table has its grid), so a replay can probe the board as the daemon did.
     """
 
     def __init__(
@@ -363,6 +368,8 @@ class TickRecorder:
             files=relevant_files(inner, spec),
             extra=extra,
         )
+        #: header files the first sample reads if the daemon did not (None once written)
+        self._unread: list[str] | None = list(header.files)
         self._writer = TraceWriter(out, header, option="--record").open()
         self._t0 = clock.now()
         self._procs: RecordingProcesses | None = None
@@ -389,6 +396,12 @@ class TickRecorder:
         facts = self._procs.take() if self._procs is not None else {}
         if self.stopped is not None:
             return
+        if self._unread is not None:  # the first sample: every header file has a value
+            known = {_norm(p) for p in reads}
+            for p in self._unread:
+                if _norm(p) not in known:  # read from the board, not through self.sysfs
+                    reads[p] = self.sysfs.inner.read_or(p)
+            self._unread = None
         try:
             j = self._jobs(jobs, facts) if jobs is not None else None
             self._writer.write_sample(max(t - self._t0, 0.0), reads, writes, j)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import replace
 from typing import Any
@@ -11,7 +12,7 @@ from agents.factory import make_policy_stack
 from agents.mixed import daemon_stages
 from daemon.config import Config, parse_config, policy_options
 from daemon.guard import config_guard
-from daemon.jobs import JobEntry, JobOutcome, JobTable
+from daemon.jobs import JobEntry, JobExit, JobOutcome, JobTable
 from daemon.loop import ControlLoop
 from platforms.clock import VirtualClock
 from platforms.errors import HidvfsError, TraceError
@@ -121,6 +122,12 @@ class RecordedJobs(JobTable):
         with self._lock:
             self._jobs = dict(seen)
         for row in j.get("ended", ()):
+            exit = None
+            if row.get("exit") is not None:  # how it ended, as its launcher said
+                try:
+                    exit = JobExit(**row["exit"])
+                except TypeError as err:
+                    raise ReplayError(f"{where}: a job's exit: {err}") from None
             out = JobOutcome(
                 row["pid"],
                 row["name"],
@@ -128,26 +135,13 @@ class RecordedJobs(JobTable):
                 float(row["release_t"]),
                 float(row["finish_t"]),
                 row.get("deadline_s"),
+                exit,
             )
-            if row.get("exit") is not None:  # how it ended, as its launcher said
-                from daemon.jobs import JobExit
-
-                try:
-                    out = replace(out, exit=JobExit(**row["exit"]))
-                except TypeError as err:
-                    raise ReplayError(f"{where}: a job's exit: {err}") from None
-            failure = getattr(out, "failure", None)
+            # a job the loop saw end while its launcher lived waited for this word
             with self._lock:
-                self.outcomes.append(out)
-                self._ended.append(out)
-                self.done += 1
-                # a job the loop saw end while its launcher lived waited for this word
-                getattr(self, "_held", {}).pop(out.pid, None)
-                if failure is not None:
-                    failed = self._failed  # type: ignore[attr-defined]
-                    failed[out.criticality] = failed.get(out.criticality, 0) + 1
-                elif out.deadline_met is False:
-                    self._misses[out.criticality] = self._misses.get(out.criticality, 0) + 1
+                self._held.pop(out.pid, None)
+            # reported through the registry, as the daemon's table counted it
+            self.record_outcome(out, seen=False)
 
 
 class _JobFeed:
@@ -213,6 +207,35 @@ def trace_board(trace: Trace, sysfs: ReplaySysfs) -> BoardSpec:
     return load_board(name)
 
 
+_POLICY_FILE_RE = re.compile(r"devices/system/cpu/cpufreq/(policy\d+)/[^/]+")
+
+
+def unrecorded_policies(trace: Trace, spec: BoardSpec) -> str | None:
+    """Why the board described from ``trace`` (:func:`trace_board`) lacks a policy the trace
+    has: the header files of that policy that no sample holds a value of (a daemon recording
+    of an older hidvfs, whose samples hold only what the daemon read on its ticks: a driver
+    without a frequency table has its grid from ``cpuinfo_min_freq``/``cpuinfo_max_freq``,
+    read at the start only). None when the board is a shipped one or lacks no such policy."""
+    if header_board(trace) is not None:
+        return None
+    controlled = {f"policy{c.policy}" for c in spec.clusters}
+    recorded = {p.strip("/") for s in trace.samples for p in s.r}
+    missing: dict[str, list[str]] = {}
+    for path in sorted(trace.header.files):
+        m = _POLICY_FILE_RE.fullmatch(path.strip("/"))
+        if m and m.group(1) not in controlled and path.strip("/") not in recorded:
+            missing.setdefault(m.group(1), []).append(path)
+    if not missing:
+        return None
+    return (
+        f"{', '.join(sorted(missing, key=lambda p: int(p[len('policy') :])))} cannot be "
+        "described from the recording, so the replay does not control them and their writes "
+        "cannot be reproduced: the header lists files no sample holds a value of (a recording "
+        "of an older hidvfs, which recorded only what the daemon read on its ticks): "
+        + ", ".join(f for files in missing.values() for f in files)
+    )
+
+
 def replay_trace(
     path: str,
     policy_name: str | None,
@@ -268,6 +291,9 @@ def replay_trace(
     # the config given, else the one the daemon recorded with, else the defaults
     cfg = config if config is not None else recorded_config(trace) or Config()
     notes = unchecked(trace, config)
+    unrecorded = unrecorded_policies(trace, spec)
+    if unrecorded is not None:
+        notes.append(unrecorded)
     for note in notes:
         log.warning("%s: %s", path, note)
     # the stack the daemon runs (run_live): policy, its stages, the reservation, the guard
