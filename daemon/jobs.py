@@ -222,11 +222,15 @@ class JobTable:
         """The loop saw ``pid`` end at ``finish_t`` while the process that launched it lives:
         it leaves the running jobs, and its outcome waits until ``until`` for that process to
         say how it ended (:meth:`report`); then :meth:`release_held` scores it by time."""
-        entry = self.unregister(pid)
-        if entry is None:
-            return None
-        with self._lock:
-            self._held[pid] = (entry, finish_t, until)
+        with self._lock:  # one step: an unregister between the two finds it held, not gone
+            entry = self._jobs.pop(pid, None)
+            if entry is not None:
+                self._held[pid] = (entry, finish_t, until)
+        self.changed.set()
+        if entry is not None:
+            then = self._tell(registered=False)
+            if then is not None:
+                then()
         return entry
 
     def held(self, pid: int) -> JobEntry | None:

@@ -201,6 +201,29 @@ def test_the_launchers_word_is_kept_when_the_loop_holds_the_job_mid_unregister(s
     assert table.release_held(100.0, lambda e: False) == []  # nothing left to score by time
 
 
+def test_an_unregister_during_the_holds_own_change_finds_the_job_held():
+    """hold() took the job off the running ones (its change written to disk) before putting
+    it among the held: the launcher's unregister in between found it nowhere, and the
+    crashed job was scored by time as met."""
+    table = JobTable()
+    table.register(
+        JobEntry(pid=4242, name="crash", release_t=0.0, deadline_s=5.0, criticality="lo")
+    )
+    reg = JobRegistry(table, now=lambda: 1.0, alive=lambda pid: False)
+    said = []
+
+    def on_change(jobs, registered):  # the daemon writes its job file here
+        if not registered:
+            reg.unregister(4242, exit=JobExit(code=1))
+            said.append("accepted")
+
+    table.on_change = on_change
+    table.hold(4242, 1.0, 1.0 + REPORT_WAIT_S)
+    assert said == ["accepted"]
+    assert table.failed() == {"hi": 0, "lo": 1} and table.misses() == {"hi": 0, "lo": 0}
+    assert table.release_held(100.0, lambda e: False) == []
+
+
 def test_a_crash_the_loop_saw_first_is_logged_failed_not_met(tmp_path, caplog):
     """The race of the report: the loop's tick saw the command end before `hidvfs run`
     (alive, its adopter) said it crashed. It was scored met by time; now the loop waits for
