@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import shlex
 import sys
 
@@ -581,6 +582,7 @@ def run_cmd(
         fail("give --deadline or --slack, not both")
     if json_out is not None:  # its folder made, or refused, before CMD is launched
         ensure_parent("--json-out", json_out)
+        _check_json_out(json_out)
 
     def warn(text: str) -> None:
         """A warning that cannot be written (stderr closed) must not stop the job."""
@@ -627,8 +629,13 @@ def run_cmd(
     code = 128 + signal.Signals[stopped_by] if stopped_by else result["returncode"]
     # the report goes to stderr: CMD's stdout is CMD's alone (`hidvfs run -- cmd | consumer`)
     if json_out is not None:
-        try:
-            with open(json_out, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f):
+        from platforms.outputs import open_output
+
+        try:  # never through another user's link, nor a file with other hard links
+            with (
+                io.TextIOWrapper(open_output(json_out, "--json-out"), encoding="utf-8") as f,
+                contextlib.redirect_stdout(f),
+            ):
                 emit_json(result)
         except OSError as err:  # the result is lost, not CMD's status
             warn(f"--json-out {json_out}: cannot write the result ({err.strerror or err})")
@@ -642,6 +649,35 @@ def run_cmd(
     except OSError:  # a closed stderr, a hung-up terminal: the report is lost,
         _quiet_broken_pipe(code)  # not CMD's status
     raise SystemExit(code)
+
+
+def _check_json_out(path: str) -> None:
+    """Refuse a --json-out that is CMD's own stdout or stderr (the result would replace what
+    CMD wrote there), and remove an earlier run's result at ``path``, so a run that fails
+    before its end (CMD not found, no daemon) leaves no stale result for a script to read."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # not there yet: made at the end
+    if not stat.S_ISREG(st.st_mode):
+        return  # a stream (/dev/fd/3, a FIFO): nothing to remove
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            o = os.fstat(fd)
+        except OSError:
+            continue
+        if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+            fail(
+                f"--json-out {path} is this command's {name}: the result would replace CMD's {name}"
+            )
+    try:
+        with open(path, "r+b") as f:  # truncated, not unlinked: its mode and owner stay
+            f.truncate(0)
+    except OSError as err:
+        fail(f"--json-out {path}: cannot write it ({err.strerror or err})")
 
 
 def _run_summary(result: dict) -> str:

@@ -349,6 +349,32 @@ def test_run_json_out_keeps_the_result_apart_from_the_commands_stderr(server, tm
     assert bad.returncode == 2 and "--json-out" in bad.stderr and bad.stdout == ""  # not run
 
 
+def test_run_json_out_leaves_no_stale_result_and_never_replaces_the_commands_output(
+    server,  # noqa: F811
+    tmp_path,
+):
+    """A run that failed before its end (command not found) left the previous run's result
+    for a script to read; a --json-out that was the command's own stdout replaced its output."""
+    out = tmp_path / "r.json"
+    ok = _hv("run", "--socket", server.path, "--json-out", str(out), "--", "true")
+    assert ok.returncode == 0 and json.loads(out.read_text())["returncode"] == 0
+    gone = _hv("run", "--socket", server.path, "--json-out", str(out), "--", "/nonexistent/cmd")
+    assert gone.returncode == 127 and out.read_text() == ""
+    same = tmp_path / "same.txt"
+    cmd = [sys.executable, "-m", "tools.cli", "run", "--socket", server.path]
+    with open(same, "w") as f:
+        r = subprocess.run(
+            [*cmd, "--json-out", str(same), "--", "echo", "IMPORTANT"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert r.returncode == 2 and "is this command's stdout" in r.stderr
+    assert same.read_text() == ""  # nothing launched, nothing replaced
+
+
 def test_run_says_a_failed_command_is_not_scored(server):  # noqa: F811
     cmd = [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(1)"]
     r = _hv("run", "--socket", server.path, "--name", "failjob", "--deadline", "2", "--", *cmd)
