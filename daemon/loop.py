@@ -52,7 +52,8 @@ def core_shares(affinities: list[tuple[int, ...]], hw: Observation) -> list[floa
     credited the whole pool's work (an empty affinity: every online CPU). An approximation
     under fair sharing: a job below others in real-time priority may get less."""
     online = tuple(c for cl in hw.clusters for c in cl.online)
-    sets = [aff or online for aff in affinities]
+    up = set(online)  # a fake or recorded backend's mask may name offline CPUs
+    sets = [tuple(c for c in aff if c in up) or online for aff in affinities]
     count: dict[int, int] = {}
     for cpus in sets:
         for c in cpus:
@@ -251,10 +252,12 @@ class ControlLoop:
         ``share`` of cores the job has (:func:`core_shares`)."""
         if e.profile is None:
             return None
-        home = next((c for c in hw.clusters if cpus and cpus[0] in c.cpus), None)
-        if home is None:  # no affinity known: any online CPU, so the slowest (cautious)
-            online = [c for c in hw.clusters if c.online and c.cur_khz]
-            home = min(online, key=lambda c: c.capacity * (c.cur_khz or 0), default=None)
+        # the slowest online cluster it may run on (no affinity known: any), the cautious side
+        allowed = set(cpus)
+        spans = [
+            c for c in hw.clusters if c.online and (not allowed or allowed.intersection(c.online))
+        ]
+        home = min(spans, key=lambda c: c.capacity * (c.cur_khz or 0), default=None)
         # an unknown frequency (khz 0) adds nothing for the interval: the cautious side
         khz = (home.cur_khz or 0) if home else 0
         return self._estimate.advance(

@@ -292,3 +292,18 @@ def test_the_loop_estimates_progress_where_the_board_reports_none(tmp_path):
         job.kill()
         job.wait()
     assert seen[0] == 0.0 and 0.0 < seen[1] < seen[2] <= 0.9
+
+
+def test_core_shares_count_online_cpus_only():
+    """A fake or recorded backend's mask may name offline CPUs: two jobs masked to all six
+    TX2 CPUs with Denver offline share the four A57s (2 each), not six (3 each)."""
+    from daemon.loop import core_shares
+    from platforms.observation import ClusterObs, Observation
+
+    a57 = ClusterObs("a57", 0, (0, 3, 4, 5), (0, 3, 4, 5), (1, 2), 1.0, 2, 1, 2, "userspace")
+    denver = ClusterObs("denver", 1, (1, 2), (), (1, 2), 1.2, None, None, None, None)
+    obs = Observation(0.0, "tx2", (a57, denver), (), ())
+    assert core_shares([tuple(range(6))] * 2, obs) == [2.0, 2.0]
+    # no mask: every online CPU; CPU 5 is the unmasked job's alone
+    assert core_shares([(0, 3), (), (4,)], obs) == pytest.approx([1.0, 2.5, 0.5])
+    assert core_shares([], obs) == []
