@@ -161,6 +161,10 @@ class JobTable:
     def unregister(self, pid: int) -> JobEntry | None:
         with self._lock:
             entry = self._jobs.pop(pid, None)
+        return self._left(entry)
+
+    def _left(self, entry: JobEntry | None) -> JobEntry | None:
+        """A job left the running ones (``entry``; None: none did): told, and waited for."""
         self.changed.set()
         if entry is not None:
             then = self._tell(registered=False)
@@ -226,12 +230,7 @@ class JobTable:
             entry = self._jobs.pop(pid, None)
             if entry is not None:
                 self._held[pid] = (entry, finish_t, until)
-        self.changed.set()
-        if entry is not None:
-            then = self._tell(registered=False)
-            if then is not None:
-                then()
-        return entry
+        return self._left(entry)
 
     def held(self, pid: int) -> JobEntry | None:
         """The job of ``pid`` whose outcome waits for its launcher (:meth:`hold`), or None."""

@@ -42,6 +42,20 @@ def _wait_for(cond, what: str, timeout: float = 20.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _record(tree: Path, state: Path, out: Path, policy: str, duration_s: float) -> Path:
+    """A daemon run of ``policy`` on ``tree`` for ``duration_s``, recorded to ``out``."""
+    run_live(
+        sysfs_root=str(tree),
+        policy=policy,
+        period_ms=50,
+        state_dir=str(state),
+        socket_path=str(state / "s.sock"),
+        duration_s=duration_s,
+        record=str(out),
+    )
+    return out
+
+
 def _rewritten(src: Path, dst: Path, header=None, sample=None) -> Path:
     """A copy of a trace with its header and samples (as JSON objects) edited."""
     tr = read_trace(src)
@@ -161,15 +175,7 @@ def test_a_recording_made_with_a_config_replays_with_it_and_checks(tx2, tmp_path
 def test_a_bad_header_config_is_one_clear_error(tx2, tmp_path):
     spec, tree, _, state = tx2
     out = tmp_path / "d.jsonl"
-    run_live(
-        sysfs_root=str(tree),
-        policy="maxfreq",
-        period_ms=50,
-        state_dir=str(state),
-        socket_path=str(state / "s.sock"),
-        duration_s=0.3,
-        record=str(out),
-    )
+    _record(tree, state, out, "maxfreq", 0.3)
     bad = _rewritten(
         out,
         tmp_path / "bad.jsonl",
@@ -309,15 +315,7 @@ def test_a_recording_with_registered_jobs_replays_them_and_checks(tx2, tmp_path)
 def test_a_job_the_recording_never_registered_is_refused(tx2, tmp_path):
     spec, tree, _, state = tx2
     out = tmp_path / "d.jsonl"
-    run_live(
-        sysfs_root=str(tree),
-        policy="hidvfs",
-        period_ms=50,
-        state_dir=str(state),
-        socket_path=str(state / "s.sock"),
-        duration_s=0.3,
-        record=str(out),
-    )
+    _record(tree, state, out, "hidvfs", 0.3)
 
     def orphan(i, obj):
         if i == 1:
@@ -344,17 +342,7 @@ def test_malformed_jobs_in_a_sample_name_the_line(tmp_path):
 
 
 def _small_recording(tmp_path, tree, state) -> Path:
-    out = tmp_path / "d.jsonl.gz"
-    run_live(
-        sysfs_root=str(tree),
-        policy="schedutil",
-        period_ms=50,
-        state_dir=str(state),
-        socket_path=str(state / "s.sock"),
-        duration_s=0.5,
-        record=str(out),
-    )
-    return out
+    return _record(tree, state, tmp_path / "d.jsonl.gz", "schedutil", 0.5)
 
 
 @pytest.mark.parametrize("unzip", [False, True], ids=["gzip", "plain"])
