@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
-import io
 import json
 import math
 import os
@@ -29,10 +28,10 @@ from typing import IO, Any
 
 from platforms.errors import TraceError
 from platforms.outputs import open_output
+from platforms.streams import sniff_gzip
 
 FORMAT = "hidvfs-trace"
 VERSION = 1
-_GZIP_MAGIC = b"\x1f\x8b"
 #: the shortest period `trace record` samples at; a header below it is not a recording
 MIN_PERIOD_S = 0.001
 #: the latest sample time a trace may hold (about 31 years): past it float time stops advancing
@@ -239,41 +238,11 @@ def read_trace(path: str | os.PathLike[str], *, allow_truncated: bool = False) -
         raise TraceError(path, 0, f"cannot open: {err.strerror}") from None
     with f:
         try:
-            stream, gz = _sniffed(f)
+            stream, gz = sniff_gzip(f)
         except OSError as err:
             raise TraceError(path, 0, f"cannot read: {err.strerror}") from None
         with gzip.GzipFile(fileobj=stream, mode="rb") if gz else stream as lines:
             return _read_lines(lines, path, allow_truncated)
-
-
-class _Rejoined(io.RawIOBase):
-    """The bytes already read from a stream that cannot seek back, then the rest of it."""
-
-    def __init__(self, head: bytes, rest: IO[bytes]):
-        self._head = head
-        self._rest = rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        if self._head:
-            n = min(len(b), len(self._head))
-            b[:n] = self._head[:n]
-            self._head = self._head[n:]
-            return n
-        return self._rest.readinto(b)  # type: ignore[attr-defined]
-
-
-def _sniffed(f: IO[bytes]) -> tuple[IO[bytes], bool]:
-    """(the whole stream, whether it is gzip) from its first two bytes: a file is sought back
-    to its start; a pipe, a FIFO or a /dev/fd gets them put in front of the rest."""
-    head = f.read(2)  # blocks until two bytes or the end, unlike a peek on a pipe
-    gz = head == _GZIP_MAGIC
-    if f.seekable():
-        f.seek(0)
-        return f, gz
-    return io.BufferedReader(_Rejoined(head, f)), gz
 
 
 def _read_lines(f: IO[bytes], path: str, allow_truncated: bool) -> Trace:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from platforms.dag import DAG, make_dag
+from platforms.streams import sniff_gzip
 
 #: the schema's column names, in order (the header of the published subset, lower-cased)
 COLUMNS = (
@@ -518,12 +519,12 @@ def _open_lines(path: str) -> Iterator[str]:
     import zlib
 
     try:
-        # one open (a --trace <(zcat ...) pipe cannot be opened twice), its first bytes peeked
+        # one open (a --trace <(zcat ...) pipe cannot be opened twice), its first bytes sniffed
         with open(path, "rb") as fh:
-            packed = fh.peek(2)[:2] == b"\x1f\x8b"
+            stream, packed = sniff_gzip(fh)
             if not packed and path.endswith(".gz"):
                 raise ValueError(f"{path}: not a readable .gz file (not gzip-compressed)")
-            raw = gzip.GzipFile(fileobj=fh, mode="rb") if packed else fh
+            raw = gzip.GzipFile(fileobj=stream, mode="rb") if packed else stream
             if raw.peek(512)[257:262] == b"ustar":
                 raise ValueError(
                     f"{path}: is a tar archive; extract the CSV from it first (tar -xzf "
