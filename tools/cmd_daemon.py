@@ -19,6 +19,7 @@ from tools.common import (
     fail,
     guard_errors,
     not_empty,
+    same_file,
 )
 
 
@@ -664,12 +665,8 @@ def _check_json_out(path: str) -> None:
         return  # not there yet: made at the end
     if not stat.S_ISREG(st.st_mode):
         return  # a stream (/dev/fd/3, a FIFO): nothing to remove
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        try:
-            o = os.fstat(fd)
-        except OSError:
-            continue
-        if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+    for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
+        if same_file(path, stream):
             fail(
                 f"--json-out {path} is this command's {name}: the result would replace CMD's {name}"
             )

@@ -16,6 +16,7 @@ from tools.common import (
     ensure_parent,
     fail,
     not_empty,
+    same_file,
     trusted_sysfs_root,
 )
 
@@ -51,20 +52,10 @@ def _out_problem(out: str, trees: list[str]) -> str | None:
     return None
 
 
-def _same_file(path: str, stream) -> bool:
-    """Whether ``path`` is the file the open ``stream`` (sys.stdout, sys.stderr) writes to:
-    /dev/stdout, /dev/fd/1, or the file or pipe the shell sent it to."""
-    try:
-        a, b = os.stat(path), os.fstat(stream.fileno())
-    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
 def writes_to_stdout(path: str) -> bool:
     """Whether an output ``path`` lands where ``click.echo`` prints (``--out /dev/stdout``,
     ``> trace.jsonl`` with the same file): a line printed there would corrupt it."""
-    return _same_file(path, sys.stdout)
+    return same_file(path, sys.stdout)
 
 
 def summary_to_stderr(out: str) -> bool:
@@ -75,7 +66,7 @@ def summary_to_stderr(out: str) -> bool:
 
     if writes_to_stdout(out):
         return True
-    return is_stream_path(out) and not _same_file(out, sys.stderr)
+    return is_stream_path(out) and not same_file(out, sys.stderr)
 
 
 def _stop_once_open():

@@ -228,3 +228,13 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{rv} is not a finite number.", param, ctx)
         return rv
+
+
+def same_file(path: str, stream) -> bool:
+    """Whether ``path`` is the file the open ``stream`` (sys.stdout, sys.stderr) writes to:
+    /dev/stdout, /dev/fd/1, or the file or pipe the shell sent it to."""
+    try:
+        a, b = os.stat(path), os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
