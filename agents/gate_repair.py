@@ -654,6 +654,16 @@ class _Repair:
 Groups = tuple[tuple[tuple[int, ...], int], ...]
 
 
+def _cores_lower_bound(lights: Sequence[tuple[float, float, float]]) -> int:
+    """Fewest cores light jobs ``(deadline, C, L)``, sorted by deadline, can pass on: the
+    jobs due by d hold work W(d) <= m * d on m cores, so m >= max W(d) / d (and 1)."""
+    lower, work = 1, 0.0
+    for d, c, _ in lights:
+        work += c
+        lower = max(lower, math.ceil(work / d - 1e-6))
+    return lower
+
+
 def light_groups(
     lights: Sequence[tuple[float, float, float]], limit: int
 ) -> tuple[int, Groups | None] | None:
@@ -686,10 +696,7 @@ def light_groups(
     # in any grouping, the jobs due by d of one group of m cores hold work W <= m * d (the
     # test of the last of them), so the jobs due by d need W(d) / d cores in all: a pool
     # that few is the fewest
-    lower, work = 1, 0.0
-    for d, c, _ in lights:
-        work += c
-        lower = max(lower, math.ceil(work / d - 1e-6))
+    lower = _cores_lower_bound(lights)
     if pool is not None and pool <= lower:
         return pool, None
     if lower > limit:
@@ -704,12 +711,8 @@ def light_groups(
         v = need.get(mask, -1)
         if v == -1:
             group = [lights[i] for i in _bits(mask)]
-            low, w = 1, 0.0
-            for d, c, _ in group:
-                w += c
-                low = max(low, math.ceil(w / d - 1e-6))
             v = None
-            for m in range(low, min(len(group), limit) + 1):
+            for m in range(_cores_lower_bound(group), min(len(group), limit) + 1):
                 if pool_fits(group, m):
                     v = m
                     break
