@@ -262,8 +262,8 @@ def check_hashes(folder: Path, man: dict) -> None:
     """Each file the manifest's ``sha256`` map names (``agents train`` records them since
     stop 36) must hash as recorded: the reference outputs only cover the inputs they hold,
     and a weight those never exercise (a tree leaf they do not reach) changed unnoticed.
-    Folders trained before have no map and are checked by their outputs alone. The refusal
-    names the file."""
+    Folders trained before have no map and are checked by their outputs alone (the shipped
+    ones had theirs recorded afterwards: ``sha256_recorded``). The refusal names the file."""
     for err in hash_mismatches(folder, man).values():
         raise err
 

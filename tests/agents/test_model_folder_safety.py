@@ -22,6 +22,7 @@ from agents.learned import (
     MODELS_DIR,
     ReferenceMismatch,
     check_board,
+    hash_mismatches,
     make_hidvfs,
     make_learned_policy,
 )
@@ -29,6 +30,7 @@ from agents.runtime import ModelMismatch
 from agents.train import CALIB_SEEDS, TrainConfig
 from agents.trainboard import train_board
 from platforms.spec import load_board
+from tests.agents.test_model_loading import copy_without_hashes
 
 TX2 = load_board("tx2")
 RUBIK = load_board("rubikpi3")
@@ -38,9 +40,10 @@ RESTORE = "restore the folder from where it came, or re-run the `hidvfs agents t
 
 @pytest.fixture
 def tx2_copy(tmp_path):
-    dst = tmp_path / "tx2"
-    shutil.copytree(MODELS_DIR / "tx2", dst)
-    return dst
+    """The shipped tx2 folder without its manifest's sha256 map: the checks beneath it (the
+    reference outputs, the calibration, the metadata), which hold for a folder trained
+    before the map was recorded, are what these tests change files to reach."""
+    return copy_without_hashes(MODELS_DIR / "tx2", tmp_path / "tx2")
 
 
 def _perturbed(src, dst, delta: float = 0.05) -> None:
@@ -179,6 +182,25 @@ def test_the_shipped_folders_pass_the_loader_s_check(board):
         assert make_learned_policy(name, spec).name == name
 
 
+@pytest.mark.parametrize("board", ["tx2", "orin-nx", "rubikpi3"])
+def test_the_shipped_folders_record_every_file_s_sha256(board):
+    """The shipped folders were trained before `agents train` recorded hashes, so a byte
+    changed where the reference rows never look (an unused unit, a tree leaf) loaded; each
+    manifest now names every file beside it with its digest, and those digests hold."""
+    from agents.learned import file_sha256
+
+    folder = MODELS_DIR / board
+    man = json.loads((folder / "manifest.json").read_text())
+    files = {
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != "manifest.json"
+    }
+    assert set(man["sha256"]) == files
+    assert all(file_sha256(folder / rel) == want for rel, want in man["sha256"].items())
+    assert hash_mismatches(folder, man) == {}
+
+
 def _snapshot(folder) -> dict[str, bytes]:
     return {
         str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
@@ -232,6 +254,7 @@ def test_parallel_training_saves_each_policy_as_it_arrives(tmp_path):
     ep = EpisodeSpec(n_jobs=2)
     run = make_runner("rubikpi3", ep)
     man_path = folder / "manifest.json"
+    shipped_hashes = json.loads(man_path.read_text())["sha256"]
 
     def ztt_saved() -> bool:
         try:
@@ -263,8 +286,9 @@ def test_parallel_training_saves_each_policy_as_it_arrives(tmp_path):
     man = json.loads(man_path.read_text())
     assert man["policies"]["ztt"]["provenance"]["seed"] == 1  # saved, with its reference
     assert man["policies"]["geardvfs"]["provenance"]["seed"] == 0  # the old one, untouched
-    # the files this run wrote carry their hashes (the shipped ones, trained before, none)
-    assert set(man["sha256"]) == {"ztt.onnx", "reference.npz"}
+    # the files this run wrote carry their new hashes, the others keep theirs
+    changed = {rel for rel, h in man["sha256"].items() if h != shipped_hashes[rel]}
+    assert changed == {"ztt.onnx", "reference.npz"} and set(man["sha256"]) == set(shipped_hashes)
     report = check_board("rubikpi3", folder)
     assert report["ok"], report
     assert make_learned_policy("ztt", RUBIK, models=folder).name == "ztt"
