@@ -352,6 +352,12 @@ def daemon_cmd(
             f"--json prints the status on stdout, where --record {record_path} writes the "
             "trace; record to a file or another stream (/dev/fd/3), or leave out --json"
         )
+    if record_path and same_file(record_path, sys.stderr):
+        # the daemon logs to stderr all run long: its lines would break the trace's JSON lines
+        fail(
+            f"--record {record_path} is this command's stderr, where the daemon logs; its "
+            "lines would land in the trace: record to a file or another stream (/dev/fd/3)"
+        )
     status = run_live(
         config_path=config_path,
         sysfs_root=sysfs_root or "/",

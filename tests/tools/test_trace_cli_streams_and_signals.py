@@ -128,6 +128,24 @@ def test_daemon_json_with_its_recording_on_stdout_is_refused_before_it_starts(tm
     assert not state.exists()  # refused before anything was made
 
 
+def test_daemon_recording_to_its_own_stderr_is_refused_before_it_starts(tmp_path, tree):
+    """The daemon logs to stderr all run long: `--record /dev/stderr` (or stdout sent to the
+    same file as stderr) interleaved log lines with the trace's samples."""
+    state = tmp_path / "st"
+    log = tmp_path / "both.log"
+    for target, stdout in (("/dev/stderr", subprocess.PIPE), ("/dev/stdout", "stderr's")):
+        with open(log, "wb") as f:
+            p = _hidvfs(
+                "daemon", "--sysfs-root", tree, "--duration", "0.3", "--state-dir", state,
+                "--socket", state / "s.sock", "--record", target,
+                stdout=f if stdout == "stderr's" else stdout, stderr=f,
+            )  # fmt: skip
+        text = log.read_text()
+        assert p.returncode == 2, text
+        assert f"--record {target} is this command's stderr, where the daemon logs" in text
+        assert not state.exists()  # refused before anything was made
+
+
 def test_a_dry_run_recording_on_stdout_gets_its_plan_on_stderr(tmp_path, tree):
     state = tmp_path / "st"
     p = _hidvfs(
