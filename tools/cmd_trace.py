@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
 import sys
@@ -138,7 +139,9 @@ def _interrupting(stopped: str):
     default=100,
     show_default=True,
     type=click.IntRange(1, 60000),
-    help="Sampling period.",
+    help="Sampling period. A sample takes as long as reading the tree; where that is longer, "
+    "the grid points it overran are skipped (never caught up in a burst) and the summary "
+    "says how many.",
 )
 @click.option(
     "--duration",
@@ -220,6 +223,13 @@ def record_cmd(
     # would leave a .gz without its trailer, which replay refuses); before the first sample
     # (an open waiting for a FIFO's reader) it interrupts: exit 130
     signals = _stop_once_open()
+    last_t = 0.0
+
+    def on_sample(count: int, t: float) -> None:
+        nonlocal last_t
+        last_t = t
+        signals.opened(count, t)
+
     try:
         with signals:
             n = record(
@@ -230,7 +240,7 @@ def record_cmd(
                 duration_s=duration_s,
                 board=board,
                 stop=signals.stop,
-                on_sample=signals.opened,
+                on_sample=on_sample,
             )
     except KeyboardInterrupt as err:
         waiting = os.path.exists(out) and stat.S_ISFIFO(os.stat(out).st_mode)
@@ -244,8 +254,26 @@ def record_cmd(
         if signals.received
         else ""
     )
+    slow = "" if signals.received else skipped_samples_note(n, last_t, duration_s, period_ms)
     # the trace alone on stdout when it is written there (--out /dev/stdout)
-    click.echo(f"recorded {n} samples of board {board} to {out}{early}", err=summary_to_stderr(out))
+    click.echo(
+        f"recorded {n} samples of board {board} to {out}{early}{slow}",
+        err=summary_to_stderr(out),
+    )
+
+
+def skipped_samples_note(n: int, last_t: float, duration_s: float, period_ms: int) -> str:
+    """What the summary adds when a sample took longer than the period, so the recorder
+    skipped grid points (it never bursts to catch up): how many, and the spacing the trace
+    has instead. Empty when at most a tenth of the grid was skipped."""
+    grid = max(1, math.ceil(duration_s * 1000.0 / period_ms - 1e-9))
+    if n >= 0.9 * grid:
+        return ""
+    spacing = f", {last_t / (n - 1) * 1000:.1f} ms apart on average" if n > 1 else ""
+    return (
+        f"; {grid - n} of the {grid} sample times of a {period_ms} ms period were skipped: "
+        f"reading the tree took longer{spacing} (a longer --period-ms samples evenly)"
+    )
 
 
 @trace.command("info")

@@ -168,3 +168,47 @@ def test_a_shipped_header_board_is_trusted_when_the_recording_names_none(tmp_pat
     out = _trace(tmp_path, tree)
     r = hv("trace", "replay", out)
     assert r.exit_code == 0 and "ticks of tx2" in r.output, r.output
+
+
+# -- a recording slower than its period ---------------------------------------------------------
+
+
+def test_record_says_when_reading_the_tree_outran_the_period(tmp_path, tree, monkeypatch):
+    """A 2 ms period on a tree that takes longer to read recorded a fraction of the samples
+    asked, at another spacing, and the summary said only how many it wrote."""
+    import time
+
+    slow_read = DirSysfs.read_or
+
+    def read_or(self, path, fallback=None):
+        time.sleep(0.0005)
+        return slow_read(self, path, fallback)
+
+    monkeypatch.setattr(DirSysfs, "read_or", read_or)
+    r = _record_cli(tree, tmp_path / "t.jsonl", "--period-ms", "2")
+    assert r.exit_code == 0, r.output
+    n = len(read_trace(tmp_path / "t.jsonl").samples)
+    assert n < 50
+    assert f"recorded {n} samples" in r.output
+    assert f"{100 - n} of the 100 sample times of a 2 ms period were skipped" in r.output
+    assert "ms apart on average (a longer --period-ms samples evenly)" in r.output
+    monkeypatch.setattr(DirSysfs, "read_or", slow_read)
+    r = _record_cli(tree, tmp_path / "u.jsonl", "--period-ms", "50")
+    assert r.exit_code == 0 and "skipped" not in r.output
+
+
+@pytest.mark.parametrize(
+    "n, last_t, duration, period_ms, said",
+    [
+        (100, 0.99, 1.0, 10, ""),  # every grid point
+        (91, 0.99, 1.0, 10, ""),  # a tenth skipped at most: not worth a line
+        (50, 0.98, 1.0, 10, "50 of the 100 sample times of a 10 ms period were skipped"),
+        (1, 0.0, 1.0, 10, "99 of the 100"),  # one sample: no spacing to give
+    ],
+)
+def test_skipped_samples_note(n, last_t, duration, period_ms, said):
+    from tools.cmd_trace import skipped_samples_note
+
+    note = skipped_samples_note(n, last_t, duration, period_ms)
+    assert (said in note) if said else note == ""
+    assert ("apart on average" in note) == (bool(said) and n > 1)
