@@ -367,6 +367,9 @@ class Actuator:
             return mode
         mode = "limits"
         if "userspace" in governors and policy not in self._setspeed_refused:
+            # a write the snapshot refuses (an original it cannot save) is refused for every
+            # file of the policy: not "userspace refused, bounds instead", none at all
+            self._may_write(policy, "scaling_governor")
             try:
                 self._set_governor(policy, "userspace", report)
                 mode = "setspeed"

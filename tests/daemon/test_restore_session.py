@@ -295,3 +295,22 @@ def test_a_policy_coming_online_with_min_above_max_is_not_taken(tmp_path):
     )
     session.cover(0, ["scaling_governor"])  # the others as before
     assert "scaling_governor" in on_disk(state, 0)["touched"]
+
+
+def test_a_policy_not_taken_is_said_as_not_written_not_as_a_fallback_to_bounds(tmp_path):
+    """The actuator logged the refusal above as "userspace governor refused (...); using
+    min/max bounds" though it then wrote no bound either: the policy is not driven at all."""
+    fake, fs, state, session, decide = started(tmp_path, mode="default")  # Denver offline
+    fake.set_cpu_online(1, True)
+    fake.set_cpu_online(2, True)
+    denver = TX2.cluster("denver").freqs_khz
+    fs.write(paths.policy_file(1, "scaling_min_freq"), str(denver[-1]))
+    fs.write(paths.policy_file(1, "scaling_max_freq"), str(denver[0]))
+    report = decide(a57=960000, denver=denver[3])
+    assert len(report.errors) == 1, report.errors
+    assert "policy1 shows scaling_min_freq" in report.errors[0]
+    assert "does not write this policy" in report.errors[0]
+    assert "using min/max bounds" not in report.errors[0]
+    assert not [w for w in report.writes if "/policy1/" in w[0]]
+    assert fs.read(paths.policy_file(1, "scaling_min_freq")) == str(denver[-1])  # untouched
+    assert fs.read(paths.policy_file(0, "scaling_governor")) == "userspace"  # the others driven
