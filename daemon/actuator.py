@@ -669,6 +669,20 @@ class Actuator:
                 if s.rt_priority > 0:
                     log_event(log, "job_fifo_cover_lifted", pid=pid, rt_priority=s.rt_priority)
 
+    def recheck(self, sysfs: SysfsBackend | None = None) -> list[str]:
+        """After a tick: the files this actuator wrote that another tool has changed since,
+        each forgotten (:meth:`overridden`) so that the next decision writes it again
+        (nvpmodel wins until then). Returns one message per file, for the log; the daemon and
+        the replay of its recordings both call it, so a recording's rewrites replay too
+        (``sysfs``: where the replay reads what the daemon's check read; default: the
+        actuator's own)."""
+        from daemon.restore import detect_drift
+
+        drifted = detect_drift(sysfs or self.sysfs, self.expected)
+        for path, _ in drifted:
+            self.overridden(path)
+        return [msg for _, msg in drifted]
+
     def overridden(self, path: str) -> None:
         """Someone else changed ``path``: stop expecting our value and rewrite on the next
         decision (the mode is re-established too, since the governor may have moved)."""

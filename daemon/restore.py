@@ -855,18 +855,21 @@ class Session:
 # Drift
 
 
-def detect_drift(sysfs: SysfsBackend, expected: dict[str, str]) -> list[str]:
+def detect_drift(sysfs: SysfsBackend, expected: dict[str, str]) -> list[tuple[str, str]]:
     """Files whose value is no longer what we last wrote (nvpmodel, jetson_clocks, another
-    tool changed them behind our back). One message per file, naming both values."""
+    tool changed them behind our back), in path order: (path, a message naming both
+    values)."""
     out = []
     for path, want in sorted(expected.items()):
         try:
             got = sysfs.read(path)
         except SysfsUnavailable as err:
-            out.append(f"{path}: expected {want!r}, now unavailable ({err.reason})")
+            out.append((path, f"{path}: expected {want!r}, now unavailable ({err.reason})"))
             continue
         if not _same(got, want):
-            out.append(f"{path}: expected {want!r}, found {got!r} (changed by another tool?)")
+            out.append(
+                (path, f"{path}: expected {want!r}, found {got!r} (changed by another tool?)")
+            )
     return out
 
 

@@ -10,6 +10,7 @@ come first instead, so that a refused start still gives the board its settings b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -42,7 +43,6 @@ from daemon.restore import (
     Session,
     SnapshotError,
     begin_session,
-    detect_drift,
     recover_stale,
     restore_snapshot,
     snapshot_path,
@@ -678,6 +678,7 @@ def _serve(
                 # what a replay needs to take the same decisions: the settings, and the jobs
                 config=recorded_config(cfg),
                 jobs=True,
+                rechecks=cfg.recheck_each_tick and not dry_run,
                 max_bytes=record_max_bytes,
                 # the daemon goes on controlling the board; only the trace ends here
                 on_stop=lambda why: log_event(
@@ -812,7 +813,7 @@ def _serve(
         def after_tick(res: TickResult) -> None:
             pinger.tick()
             sensor_log.update(res.obs.errors, cpu_temp=res.obs.max_cpu_temp_c is not None)
-            if cfg.recheck_each_tick:  # before detect_drift forgets what it reports
+            if cfg.recheck_each_tick:  # before recheck() forgets what it reports
                 limits_watch.check(
                     loop.sensed,
                     [] if dry_run else res.report.writes,
@@ -820,11 +821,11 @@ def _serve(
                     res.t,
                 )
             if cfg.recheck_each_tick and not dry_run:
-                for msg in detect_drift(sysfs, loop.actuator.expected):
+                # what the check reads is recorded apart: the next tick's reads follow it
+                with recorder.rechecking() if recorder is not None else contextlib.nullcontext():
+                    drifted = loop.actuator.recheck()
+                for msg in drifted:  # rewritten by the next decision
                     log_event(log, "drift", level=logging.WARNING, detail=msg)
-                    # Forget it so the next decision rewrites it (nvpmodel wins until then).
-                    path = msg.split(":", 1)[0]
-                    loop.actuator.overridden(path)
             if res.report.gone:
                 for pid in res.report.gone:
                     # a job that ended between the tick's reading and its writes: routine

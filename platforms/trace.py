@@ -9,13 +9,14 @@ recorded ones (:func:`compare_writes`). The file format lives in :mod:`platforms
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import stat
 import threading
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -52,6 +53,8 @@ __all__ = [
     "RecordingSysfs",
     "RECORDED_BY",
     "RECORDS_JOBS",
+    "RECORDS_RECHECKS",
+    "RecheckReads",
     "CONFIG_KEY",
     "TickRecorder",
     "RecordingProcesses",
@@ -176,6 +179,36 @@ class ReplaySysfs(SysfsBackend):
         return key in self._files or key in self._children
 
 
+class RecheckReads(SysfsBackend):
+    """The replay's view for the daemon's check of its writes after a tick: a file the
+    recording's sample holds under ``"c"`` reads as the check read it (null: unavailable),
+    any other as the replay serves it at the sample's time."""
+
+    kind = "replay"
+
+    def __init__(self, sysfs: ReplaySysfs, rechecked: dict[str, str | None]):
+        self.sysfs = sysfs
+        self.rechecked = {_norm(p): v for p, v in rechecked.items()}
+
+    def read(self, path: str) -> str:
+        key = _norm(path)
+        if key not in self.rechecked:
+            return self.sysfs.read(path)
+        value = self.rechecked[key]
+        if value is None:
+            raise SysfsUnavailable(path, "recorded as unavailable when the daemon checked it")
+        return value
+
+    def write(self, path: str, value: str) -> None:
+        raise SysfsWriteError(path, value, errno.EROFS, "the check of the writes only reads")
+
+    def list(self, path: str) -> list[str]:
+        return self.sysfs.list(path)
+
+    def exists(self, path: str) -> bool:
+        return self.sysfs.exists(path)
+
+
 @dataclass(frozen=True)
 class WriteMismatch:
     """One tick where the replayed daemon wrote something else than the recorded one."""
@@ -230,6 +263,8 @@ class RecordingSysfs(SysfsBackend):
         self.inner = inner
         self._reads: dict[str, str | None] = {}
         self._writes: dict[str, str] = {}
+        #: while not None, every read is noted here too (:meth:`TickRecorder.rechecking`)
+        self.also: dict[str, str | None] | None = None
 
     def __repr__(self) -> str:
         return f"RecordingSysfs({self.inner!r})"
@@ -245,8 +280,12 @@ class RecordingSysfs(SysfsBackend):
             value = self.inner.read(path)
         except SysfsUnavailable:
             self._reads[path] = None
+            if self.also is not None:
+                self.also[path] = None
             raise
         self._reads[path] = value
+        if self.also is not None:
+            self.also[path] = value
         return value
 
     def write(self, path: str, value: str) -> None:
@@ -278,6 +317,10 @@ RECORDS_JOBS = "records_jobs"
 #: header key of a daemon recording: the config settings that shape its decisions (plain
 #: JSON, the keys of the daemon's config file), which a replay runs with by default
 CONFIG_KEY = "config"
+#: header key (true) of a daemon recording that checked its writes after each tick (its
+#: ``recheck_each_tick``): a file another tool changed is written again on the next tick,
+#: and a replay does the same, with what the check read (a sample's ``"c"``)
+RECORDS_RECHECKS = "records_rechecks"
 
 
 _TRACE_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".gz")
@@ -350,8 +393,11 @@ class TickRecorder:
         on_stop: Callable[[str], None] | None = None,
         config: dict[str, Any] | None = None,
         jobs: bool = False,
+        rechecks: bool = False,
     ):
         self.sysfs = RecordingSysfs(inner)
+        #: what the check of the writes after the last tick read (:meth:`rechecking`)
+        self._rechecked: dict[str, str | None] = {}
         self.max_bytes = max_bytes
         self._on_stop = on_stop  # told once, with the reason, when the recording stops early
         #: why the recording stopped before :meth:`close` (a full disk, the size limit)
@@ -362,6 +408,8 @@ class TickRecorder:
             extra[CONFIG_KEY] = config
         if jobs:
             extra[RECORDS_JOBS] = True
+        if rechecks:
+            extra[RECORDS_RECHECKS] = True
         header = TraceHeader(
             board=board,
             period_s=float(period_s),
@@ -381,6 +429,18 @@ class TickRecorder:
         self._procs = RecordingProcesses(inner)
         return self._procs
 
+    @contextlib.contextmanager
+    def rechecking(self) -> Iterator[None]:
+        """Around the daemon's check of its writes after a tick: what it reads goes into the
+        next sample's ``r`` as every read between two ticks does, and, where the next tick
+        reads the file again and finds another value (nvpmodel changed it in between), into
+        that sample's ``"c"``, so a replay's check reads what the daemon's read."""
+        self.sysfs.also = self._rechecked
+        try:
+            yield
+        finally:
+            self.sysfs.also = None
+
     def sample(self, t: float, jobs: dict[str, list[dict[str, Any]]] | None = None) -> None:
         """Write the tick's sample. A write the file system refuses (a full disk, an I/O
         error) or the size limit stops the recording (:attr:`stopped` says why) instead of
@@ -394,6 +454,9 @@ class TickRecorder:
         release_t, deadline_s, profile, start_time, registrant_uid, adopter)."""
         reads, writes = self.sysfs.take()  # taken even when stopped: nothing piles up
         facts = self._procs.take() if self._procs is not None else {}
+        # the check after the previous tick, where this tick's reads did not end on its value
+        rechecked = {p: v for p, v in self._rechecked.items() if reads.get(p, v) != v}
+        self._rechecked = {}
         if self.stopped is not None:
             return
         if self._unread is not None:  # the first sample: every header file has a value
@@ -404,7 +467,7 @@ class TickRecorder:
             self._unread = None
         try:
             j = self._jobs(jobs, facts) if jobs is not None else None
-            self._writer.write_sample(max(t - self._t0, 0.0), reads, writes, j)
+            self._writer.write_sample(max(t - self._t0, 0.0), reads, writes, j, rechecked)
             if self.max_bytes is not None:  # a tell() a tick: each sample is flushed anyway
                 size = self._writer.size()
                 if size is None:  # a pipe: its reader keeps up or not, no file grows

@@ -5,8 +5,10 @@ A trace is ``.jsonl`` or ``.jsonl.gz``. Line 1 is the header
 "files": [...]}``; each later line is one sample ``{"t": s, "r": {path: text|null}, "w": {path:
 text}}``: what was read (null: the read failed) and what the daemon wrote on that tick. A
 sample of a daemon recording whose header says ``"records_jobs": true`` may also carry ``"j"``:
-the registered jobs the control loop saw on that tick (see :func:`_check_jobs`); a reader that
-ignores it still reads the file (the key is additive, the version stays 1).
+the registered jobs the control loop saw on that tick (see :func:`_check_jobs`), and, with
+``"records_rechecks": true``, ``"c"``: what the daemon's check of its writes after the previous
+tick read where ``r`` ends on another value (path -> text|null). A reader that ignores them
+still reads the file (the keys are additive, the version stays 1).
 
 The reader refuses anything it cannot trust (unknown version, corrupt or truncated line,
 time going backwards) with a :class:`TraceError` naming the file, the line and the cause, so a
@@ -71,12 +73,16 @@ class TraceHeader:
 @dataclass(slots=True)
 class Sample:
     """One tick: ``r`` maps path -> text read (None: unavailable), ``w`` path -> text written;
-    ``j`` the jobs the daemon's control loop saw on the tick (None: none, or not recorded)."""
+    ``j`` the jobs the daemon's control loop saw on the tick (None: none, or not recorded);
+    ``c`` see below."""
 
     t: float
     r: dict[str, str | None]
     w: dict[str, str]
     j: dict[str, Any] | None = None
+    #: what the daemon's check of its writes after the previous tick read, where ``r`` ends
+    #: on another value for the file (a header's ``records_rechecks``); None: nothing such
+    c: dict[str, str | None] | None = None
 
 
 @dataclass
@@ -191,6 +197,7 @@ class TraceWriter:
         reads: dict[str, str | None],
         writes: dict[str, str] | None = None,
         jobs: dict[str, Any] | None = None,
+        rechecked: dict[str, str | None] | None = None,
     ) -> None:
         if self._f is None:
             raise RuntimeError(f"{self.path}: write_sample on a closed TraceWriter")
@@ -202,7 +209,7 @@ class TraceWriter:
                 f"{self.path}: sample time {t} is earlier than the previous {self._last_t}"
             )
         writes = writes or {}
-        for path, v in reads.items():
+        for path, v in (*reads.items(), *(rechecked or {}).items()):
             if v is not None and not isinstance(v, str):
                 raise TypeError(f"read of {path}: expected text or None, got {v!r}")
         for path, v in writes.items():
@@ -212,6 +219,8 @@ class TraceWriter:
         if jobs:
             _check_jobs(jobs, lambda reason: ValueError(f"{self.path}: jobs: {reason}"))
             line["j"] = jobs
+        if rechecked:
+            line["c"] = rechecked
         self._line(line)
         self._last_t = t
         self.count += 1
@@ -383,7 +392,14 @@ def _parse_sample(obj: Any, path: str, line: int) -> Sample:
     j = obj.get("j")
     if j is not None:
         _check_jobs(j, lambda reason: fail(f"'j': {reason}"))
-    return Sample(t=float(t), r=r, w=w, j=j or None)
+    c = obj.get("c")
+    if c is not None:
+        if not isinstance(c, dict):
+            raise fail(f"'c' must be an object of path -> text, got {type(c).__name__}")
+        for k, v in c.items():
+            if v is not None and not isinstance(v, str):
+                raise fail(f"'c' value of {k!r} must be text or null, got {v!r}")
+    return Sample(t=float(t), r=r, w=w, j=j or None, c=c or None)
 
 
 # --------------------------------------------------------------------------------------------

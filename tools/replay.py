@@ -13,6 +13,7 @@ from agents.mixed import daemon_stages
 from daemon.config import Config, parse_config, policy_options
 from daemon.guard import config_guard
 from daemon.jobs import JobEntry, JobExit, JobOutcome, JobTable
+from daemon.logs import log_event
 from daemon.loop import ControlLoop
 from platforms.clock import VirtualClock
 from platforms.errors import HidvfsError, TraceError
@@ -26,7 +27,9 @@ from platforms.trace import (
     CONFIG_KEY,
     RECORDED_BY,
     RECORDS_JOBS,
+    RECORDS_RECHECKS,
     TIME_EPS_S,
+    RecheckReads,
     RecordedProcesses,
     ReplaySysfs,
     Sample,
@@ -311,11 +314,18 @@ def replay_trace(
     )
     if feed is not None:
         loop.before_tick.append(feed)
+    # the daemon checked its writes after each tick and wrote a changed one again on the
+    # next (nvpmodel set it, say): the check runs again before each next tick, reading what
+    # the daemon's read (its reads are in the next sample, "c" where the tick's differ)
+    recheck = lockstep and trace.header.extra.get(RECORDS_RECHECKS) is True
     if lockstep:
-        for s in trace.samples:
+        for k, s in enumerate(trace.samples):
             if stop is not None and stop.is_set():
                 break
             clock.set(max(s.t, clock.now()))
+            if recheck and k:
+                for msg in loop.actuator.recheck(RecheckReads(sysfs, s.c or {})):
+                    log_event(log, "drift", level=logging.WARNING, detail=f"(recorded) {msg}")
             loop.tick()
     else:
         loop.run(duration_s=duration if cut else max(duration, period), stop=stop)

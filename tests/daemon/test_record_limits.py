@@ -187,3 +187,67 @@ def test_a_recording_into_a_pipe_is_not_stopped_by_the_size_limit(board, tmp_pat
     rec.close()
     reader.join(timeout=10)
     assert got and got[0].count(b"\n") == 6  # the header and five samples
+
+
+def test_the_check_after_a_tick_is_recorded_where_the_next_tick_reads_otherwise(board, tmp_path):
+    """The daemon's check of its writes after a tick reads into the next sample, where the
+    next tick's own reads of the same files win: a governor changed in between was seen by
+    that tick but not by the check, and a replay could not tell which read what. The check's
+    reads that the next tick read differently are kept under the sample's "c"."""
+    spec, tree, _ = board
+    out = tmp_path / "r.jsonl"
+    rec = _recorder(spec, tree, out, rechecks=True)
+    fs = DirSysfs(str(tree))
+    gov = paths.policy_file(spec.clusters[0].policy, "scaling_governor")
+    speed = paths.policy_file(spec.clusters[0].policy, "scaling_setspeed")
+    rec.sysfs.read(gov)  # tick 1: read, written
+    rec.sysfs.write(gov, "userspace")
+    rec.sysfs.write(speed, "960000")
+    rec.sample(0.1)
+    with rec.rechecking():  # the check after it: what it wrote is there
+        rec.sysfs.read(gov)
+        rec.sysfs.read(speed)
+    fs.write(gov, "schedutil")  # another tool, between the check and the next tick
+    rec.sysfs.read(gov)  # tick 2 reads the governor (not the setspeed)
+    rec.sample(0.2)
+    with rec.rechecking():
+        rec.sysfs.read(gov)
+    rec.sysfs.read(gov)  # tick 3 reads what the check read: nothing kept apart
+    rec.sample(0.3)
+    rec.close()
+    tr = read_trace(out)
+    assert tr.header.extra["records_rechecks"] is True
+    assert tr.samples[1].r[gov] == "schedutil" and tr.samples[1].c == {gov: "userspace"}
+    assert speed in tr.samples[1].r  # read by the check alone: its value is in "r"
+    assert tr.samples[0].c is None and tr.samples[2].c is None
+    assert "records_rechecks" not in read_trace(_plain(spec, tree, tmp_path)).header.extra
+
+
+def _plain(spec, tree, tmp_path):
+    rec = _recorder(spec, tree, tmp_path / "plain.jsonl")
+    rec.sysfs.read(paths.policy_file(spec.clusters[0].policy, "scaling_governor"))
+    rec.sample(0.1)
+    rec.close()
+    return tmp_path / "plain.jsonl"
+
+
+def test_a_replay_s_check_reads_what_the_daemon_s_check_read(tmp_path):
+    from platforms.errors import SysfsUnavailable
+    from platforms.trace import RecheckReads, ReplaySysfs
+    from platforms.trace_io import TraceHeader
+
+    gov, speed, mx = (f"devices/system/cpu/cpufreq/policy0/{n}" for n in (
+        "scaling_governor", "scaling_setspeed", "scaling_max_freq"))  # fmt: skip
+    out = tmp_path / "t.jsonl"
+    with TraceWriter(out, TraceHeader(board="tx2", period_s=0.1, files=[gov, speed, mx])) as w:
+        w.write_sample(0.0, {gov: "userspace", speed: "960000", mx: "2035200"}, {})
+        w.write_sample(0.1, {gov: "schedutil", speed: "960000", mx: None}, {}, None,
+                       {gov: "userspace", mx: None})  # fmt: skip
+    clock = VirtualClock()
+    sysfs = ReplaySysfs(read_trace(out), clock, t0=0.0)
+    clock.set(0.1)
+    view = RecheckReads(sysfs, read_trace(out).samples[1].c)
+    assert view.read(gov) == "userspace" and sysfs.read(gov) == "schedutil"
+    assert view.read(speed) == "960000"
+    with pytest.raises(SysfsUnavailable, match="when the daemon checked it"):
+        view.read(mx)

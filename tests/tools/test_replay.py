@@ -255,6 +255,64 @@ def test_replay_of_the_daemons_own_recording_repeats_every_write(tmp_path, polic
     assert r.exit_code == 1 and "differ from the recording" in r.output
 
 
+def _lines(path) -> int:
+    try:
+        return Path(path).read_text().count("\n")
+    except OSError:
+        return 0
+
+
+def test_a_recording_where_another_tool_changed_the_daemons_files_replays_its_rewrites(
+    tmp_path,
+):
+    """The daemon checks its writes after each tick and writes a file another tool changed
+    (nvpmodel, an administrator) again on the next; the replay did not check, so `--check`
+    of such a recording failed, or, checking before a tick, rewrote a tick early. Here the
+    governor (which every tick also reads) and a setspeed (which only the check reads) are
+    changed behind the running daemon."""
+    from platforms import paths
+
+    spec = load_board("tx2")
+    tree = tmp_path / "tree"
+    write_fake_tree(spec, tree)
+    out, state = tmp_path / "d.jsonl", tmp_path / "state"
+    fs = DirSysfs(tree)
+
+    def meddle():
+        for n, path, value in (
+            (6, paths.policy_file(0, "scaling_governor"), "schedutil"),
+            (14, paths.policy_file(1, "scaling_setspeed"), "652800"),
+            (22, paths.policy_file(0, "scaling_governor"), "performance"),
+        ):
+            t_end = time.monotonic() + 60
+            while _lines(out) < n and time.monotonic() < t_end:
+                time.sleep(0.005)
+            fs.write(path, value)
+
+    th = threading.Thread(target=meddle, daemon=True)
+    th.start()
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "tools.cli", "daemon", "--sysfs-root", str(tree),
+            "--policy", "schedutil", "--period-ms", "50", "--duration", "2.5",
+            "--state-dir", str(state), "--socket", str(state / "s.sock"), "--record", str(out),
+        ],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    th.join(timeout=5)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("event=drift") == 3, proc.stderr[-3000:]
+    tr = read_trace(out)
+    assert tr.header.extra["records_rechecks"] is True
+    gov0 = paths.policy_file(0, "scaling_governor")
+    # taken at the start, then again after each of the three (a drift re-establishes the mode)
+    assert sum(1 for s in tr.samples if s.w.get(gov0) == "userspace") == 4
+    r = CliRunner().invoke(cli, ["trace", "replay", str(out), "--check"])
+    assert r.exit_code == 0, r.output
+    res = replay_trace(str(out), None)
+    assert res["matching_writes"] == res["recorded_writes"] and res["extra_writes"] == 0
+
+
 def test_check_needs_a_recording_with_writes(tmp_path):
     out, _, _ = _record(tmp_path)
     r = CliRunner().invoke(cli, ["trace", "replay", str(out), "--check"])
