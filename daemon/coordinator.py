@@ -422,17 +422,33 @@ def _make_placer(policy: str, model_path=None):
     return make_heuristic(policy)
 
 
-def scale_scores(scores: np.ndarray) -> np.ndarray:
-    """Policy scores (higher is better, -inf = cannot take the pod) to integers 0..10."""
+def scale_scores(scores: np.ndarray, kind: str = "spread") -> np.ndarray:
+    """Policy scores (higher is better, -inf = cannot take the pod) to integers 1..10, 0 for
+    -inf: 10 x each node's share of the best on the policy's own scale (``kind``, a placer's
+    ``score_kind``): "cost" (minus a positive cost, e.g. a finish time): best / cost;
+    "ratio" (a positive score): score / best; "logit": exp(score - best), the odds of the
+    choice against the best. A node 5 % slower than the best scores 10 or 9, not 1, so the
+    neutral 5 of a node without telemetry ranks below the reachable ones up to about twice
+    as slow. "spread" (or scores the kind does not fit: a cost or ratio not positive) spans
+    1..10 between the worst and the best, which amplifies small differences."""
     out = np.zeros(scores.shape, dtype=np.int64)
     fin = np.isfinite(scores)
-    if fin.any():
-        lo, hi = float(scores[fin].min()), float(scores[fin].max())
-        out[fin] = (
-            MAX_SCORE
-            if hi - lo < 1e-12
-            else np.rint(1 + (MAX_SCORE - 1) * (scores[fin] - lo) / (hi - lo)).astype(np.int64)
+    if not fin.any():
+        return out
+    x = scores[fin]
+    best = float(x.max())
+    if kind == "cost" and float(x.max()) < 0:
+        share = x.max() / x  # both negative: best cost / cost
+    elif kind == "ratio" and float(x.min()) > 0:
+        share = x / best
+    elif kind == "logit":
+        share = np.exp(x - best)
+    else:
+        lo = float(x.min())
+        share = (
+            np.ones_like(x) if best - lo < 1e-12 else 0.1 + 0.9 * (x - lo) / (best - lo)
         )
+    out[fin] = np.clip(np.rint(MAX_SCORE * share), 1, MAX_SCORE).astype(np.int64)
     return out
 
 
@@ -702,7 +718,8 @@ class Coordinator:
         reachable = np.array([tel[n].ok for n in names], dtype=bool) & fits
         scores = np.where(fits, NEUTRAL_SCORE, 0).astype(np.int64)
         if reachable.any():
-            scores[reachable] = scale_scores(raw[reachable])
+            kind = getattr(self.placer, "score_kind", "spread")
+            scores[reachable] = scale_scores(raw[reachable], kind)
         for n in names:  # debug: the node's going down is logged once, when it happens
             if not tel[n].ok and n not in unfit:
                 log.debug("pod %s: node %s scored neutral (%s)", args.pod.name, n, tel[n].reason)

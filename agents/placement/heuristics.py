@@ -49,6 +49,10 @@ class OrderedPlacer:
     """Base of the list policies: order the ready tasks, then each to the fastest node that fits."""
 
     name = "ordered"
+    #: what :meth:`node_scores` measures, for a scale that keeps its meaning across nodes
+    #: (the extender's 1..10): "ratio", a positive score where twice the score is twice as
+    #: good; "cost", minus a positive cost (a finish time); "logit", log-odds of the choice
+    score_kind = "ratio"
 
     def reset(self, workload: Workload, nodes: Sequence[NodeSpec], seed: int) -> None:
         self.w = workload
@@ -148,6 +152,7 @@ class HeftPlacer(OrderedPlacer):
     at their expected finish in every later EST."""
 
     name = "heft"
+    score_kind = "cost"  # minus the earliest finish time
 
     def __init__(self, hold: bool = True):
         self.hold = hold

@@ -66,6 +66,7 @@ class HigfrlPlacer:
     """The learned placer. ``model`` has ``logits(pairs)`` and ``value(context)``."""
 
     name = "higfrl"
+    score_kind = "logit"  # node_scores: the actor's logits
 
     def __init__(
         self,

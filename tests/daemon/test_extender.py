@@ -1085,3 +1085,44 @@ def test_drain_waits_for_the_requests_being_answered():
         srv.coordinator.telemetry.close()
         node.shutdown()
         node.server_close()
+
+
+def test_scores_keep_the_policy_s_scale_across_nodes():
+    """The 1..10 map spanned the worst and the best node however close they were: a node
+    1 % slower scored 1, below the neutral 5 of a node whose daemon is down."""
+    import numpy as np
+
+    inf = np.inf
+    # heft: minus the finish time; a node at 1.1x the best finish is 9, at 2.5x is 4
+    assert scale_scores(np.array([-100.0, -110.0, -250.0, -inf]), "cost").tolist() == [
+        10, 9, 4, 0,
+    ]  # fmt: skip
+    assert scale_scores(np.array([2.0, 1.8, 0.6]), "ratio").tolist() == [10, 9, 3]
+    assert scale_scores(np.array([0.0, -np.log(2.0), -10.0]), "logit").tolist() == [10, 5, 1]
+    # scores the kind does not fit (a "ratio" that is not positive): worst 1, best 10
+    assert scale_scores(np.array([1.0, -1.0]), "ratio").tolist() == [10, 1]
+    assert scale_scores(np.array([-3.0, -3.0]), "spread").tolist() == [10, 10]
+
+
+@pytest.mark.parametrize("policy", ["heft", "fifo", "sjf", "cp", "tetris", "random", "higfrl"])
+def test_every_policy_names_a_scale_its_scores_fit(policy):
+    from daemon.coordinator import _make_placer
+
+    kind = _make_placer(policy).score_kind
+    assert kind in ("cost", "ratio", "logit")
+
+
+def test_a_node_a_little_slower_ranks_above_one_without_telemetry(node_daemon):
+    fast, _ = node_daemon({"speed_factor": 1.0, "free_cpus": 8})
+    near, _ = node_daemon({"speed_factor": 0.9, "free_cpus": 8})
+    slow, _ = node_daemon({"speed_factor": 0.4, "free_cpus": 8})
+    spec = f"fast=orin-nx@{fast},near=orin-nx@{near},slow=orin-nx@{slow},down=orin-nx@{_dead_url()}"
+    srv, base = _serve(spec)
+    try:
+        _, out = _post(
+            base + "/prioritize", {"Pod": POD, "NodeNames": ["fast", "near", "slow", "down"]}
+        )
+        scores = {e["Host"]: e["Score"] for e in out}
+        assert scores == {"fast": 10, "near": 9, "slow": 4, "down": 5}
+    finally:
+        _stop(srv)
