@@ -445,9 +445,7 @@ def scale_scores(scores: np.ndarray, kind: str = "spread") -> np.ndarray:
         share = np.exp(x - best)
     else:
         lo = float(x.min())
-        share = (
-            np.ones_like(x) if best - lo < 1e-12 else 0.1 + 0.9 * (x - lo) / (best - lo)
-        )
+        share = np.ones_like(x) if best - lo < 1e-12 else 0.1 + 0.9 * (x - lo) / (best - lo)
     out[fin] = np.clip(np.rint(MAX_SCORE * share), 1, MAX_SCORE).astype(np.int64)
     return out
 
