@@ -34,6 +34,11 @@ class ActuationReport:
     #: what each error is about (the file for a sysfs error, whatever value was written), so
     #: a failure that persists while the values change is still one failure
     error_keys: dict[str, str] = field(default_factory=dict)
+    #: the real-time cover rules this round (``Actuator.rt_cover_rules``): jobs the decision
+    #: gave SCHED_FIFO that run SCHED_OTHER (they, or they with the other real-time jobs,
+    #: would hold every online CPU), and best-effort jobs niced below one of them
+    fifo_dropped: list[int] = field(default_factory=list)
+    niced_below: list[int] = field(default_factory=list)
 
 
 #: the highest SCHED_FIFO priority a live job gets: below the kernel's threaded interrupt
@@ -86,6 +91,15 @@ def below_demoted(
         if shared:
             out[pid] = replace(s, nice=max(s.nice, min(19, max(shared) + DEMOTED_NICE_GAP)))
     return out
+
+
+def fifo_off_every_cpu(setting: JobSetting, online: set[int] | frozenset[int]) -> JobSetting:
+    """``setting`` under SCHED_OTHER (rt 0) if it is real-time on every online CPU (its CPU
+    set covers them, or it is empty: any CPU): a busy real-time job there starves the daemon
+    and the kernel's own threads (pure: nothing is written here)."""
+    if setting.rt_priority > 0 and online and set(online) <= set(setting.cpus or online):
+        return replace(setting, rt_priority=0)
+    return setting
 
 
 def _not_saved(err: OSError) -> str:
@@ -160,6 +174,7 @@ class Actuator:
         *,
         dry_run: bool = False,
         live_jobs: bool = False,
+        rt_cover_rules: bool | None = None,
         originals=None,
     ):
         self.sysfs = sysfs
@@ -168,6 +183,20 @@ class Actuator:
         #: real processes (the board daemon): keep their originals to give back, cap and
         #: vet real-time priority, re-apply now and then (a job may change its own settings)
         self.live_jobs = live_jobs
+        if rt_cover_rules is None:
+            rt_cover_rules = live_jobs
+        if live_jobs and not rt_cover_rules:
+            raise ValueError(
+                "live jobs always run under the real-time cover rules: SCHED_FIFO on every "
+                "online CPU would starve the daemon and the kernel's own threads"
+            )
+        #: the real-time cover rules a board run applies (None: as ``live_jobs``): no job is
+        #: SCHED_FIFO on every online CPU (:func:`fifo_off_every_cpu`), nor do the round's
+        #: real-time jobs together hold them all (:func:`fifo_cover_kept`); a job that loses
+        #: SCHED_FIFO so runs SCHED_OTHER with best-effort work on its CPUs niced below it
+        #: (:func:`below_demoted`). A simulated run may apply them too (no real process: no
+        #: RLIMIT_RTPRIO ceiling, no scaling of the priorities to the live range)
+        self.rt_cover_rules = bool(rt_cover_rules)
         self._job_originals: dict[int, tuple[tuple[int, ...], tuple[int, int]]] = {}
         #: where the originals and the last placement also go on disk
         #: (daemon.jobrestore.JobOriginals), so the next start gives them back after a crash
@@ -484,14 +513,20 @@ class Actuator:
     def _apply_jobs(self, decision: Decision, obs: Observation, report: ActuationReport) -> None:
         online = {cpu for c in obs.clusters for cpu in c.online}
         settings = decision.jobs
-        if self.live_jobs and settings:
-            # a live process's affinity lands on the CPUs of the machine it runs on: on a fake
-            # tree those are not the tree's, and "never on every online CPU" is about them
-            machine = self.procs.machine_cpus()
-            if machine is not None and machine != online:
-                online = set(machine)
-            levels = fifo_levels({s.rt_priority for s in settings.values()})
-            safe = {pid: self._safe(pid, s, online, levels, obs.t) for pid, s in settings.items()}
+        if self.rt_cover_rules and settings:
+            if self.live_jobs:
+                # a live process's affinity lands on the CPUs of the machine it runs on: on a
+                # fake tree those are not the tree's, and "never on every online CPU" is
+                # about them
+                machine = self.procs.machine_cpus()
+                if machine is not None and machine != online:
+                    online = set(machine)
+                levels = fifo_levels({s.rt_priority for s in settings.values()})
+                safe = {
+                    pid: self._safe(pid, s, online, levels, obs.t) for pid, s in settings.items()
+                }
+            else:  # simulated processes: the decided priorities, no RLIMIT_RTPRIO to vet
+                safe = {pid: fifo_off_every_cpu(s, online) for pid, s in settings.items()}
             # the round's real-time jobs together leave a CPU free too, with those earlier
             # rounds left real-time (not in this decision)
             held = {
@@ -503,7 +538,16 @@ class Actuator:
             hi = {j.pid for j in obs.jobs if j.criticality == "hi"}
             kept = fifo_cover_kept(settings, safe, online, hi, held)
             self._note_cover(settings, safe, kept)
-            settings = below_demoted(settings, kept)
+            placed = below_demoted(settings, kept)
+            report.fifo_dropped.extend(
+                pid
+                for pid, s in settings.items()
+                if s.rt_priority > 0
+                and kept[pid].rt_priority == 0
+                and (safe[pid].rt_priority > 0 or fifo_off_every_cpu(s, online).rt_priority == 0)
+            )
+            report.niced_below.extend(pid for pid, s in placed.items() if s.nice != kept[pid].nice)
+            settings = placed
         due: list[tuple[int, JobSetting, tuple]] = []
         for pid, setting in settings.items():
             key = (setting.cpus, setting.rt_priority, setting.nice)
@@ -657,7 +701,8 @@ class Actuator:
                 log_event(
                     log,
                     "job_fifo_cover_fallback",
-                    logging.WARNING,
+                    # a simulated run has no kernel threads to starve: said, not warned of
+                    logging.WARNING if self.live_jobs else logging.INFO,
                     pid=pid,
                     cpus=",".join(map(str, s.cpus)),
                     rt_priority=decided[pid].rt_priority,
@@ -1000,10 +1045,7 @@ class Actuator:
             allowed = self._rt_ceiling(pid, t)
         except ProcessGone:  # placed next, it fails as gone: nothing real-time meanwhile
             return replace(setting, rt_priority=0)
-        rt = min(rt, allowed)
-        if online and online <= set(setting.cpus or online):
-            rt = 0
-        return replace(setting, rt_priority=rt)
+        return fifo_off_every_cpu(replace(setting, rt_priority=min(rt, allowed)), online)
 
     def _rt_ceiling(self, pid: int, t: float) -> int:
         """The highest SCHED_FIFO priority job ``pid`` may get (ProcessGone when it has gone).

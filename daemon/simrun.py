@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agents.policy import Policy
+from daemon.actuator import Actuator
 from daemon.guard import ThermalGuard
 from daemon.jobs import JobTable
 from daemon.loop import ControlLoop, Stage, TickResult
@@ -74,6 +75,14 @@ class SimRunResult:
     #: time some cluster's frequency was capped for temperature, by the daemon's thermal guard
     #: or the kernel (from tick to tick)
     capped_s: float = 0.0
+    #: whether the run applied the board's real-time cover rules (``run_sim(rt_cover_rules)``)
+    rt_cover_rules: bool = False
+    #: ticks in which they ran a job the decision gave SCHED_FIFO under SCHED_OTHER, the
+    #: pids of those jobs, and those of the best-effort jobs they niced below one (none
+    #: without the rules)
+    fifo_dropped_ticks: int = 0
+    fifo_dropped_jobs: tuple[int, ...] = ()
+    niced_below_jobs: tuple[int, ...] = ()
 
     @property
     def makespan_s(self) -> float | None:
@@ -122,6 +131,7 @@ def run_sim(
     status_every_s: float = 1.0,
     stop: threading.Event | None = None,
     keep_energy_trace: bool = True,
+    rt_cover_rules: bool = False,
 ) -> SimRunResult:
     """Run ``policy`` on a fresh simulated ``board`` until the workload is done (or
     ``duration_s``, or until ``stop`` is set: the result is then the run so far).
@@ -130,7 +140,11 @@ def run_sim(
     temperature it is soaked at (default: idle at the board's ambient).
     ``keep_energy_trace``: keep the plant's meter at every tick (``energy_trace``, what the
     agents' training and metering read, ~150 B a tick); without it only the final reading
-    is kept, so a day-long ``daemon --sim`` does not grow by hundreds of MB."""
+    is kept, so a day-long ``daemon --sim`` does not grow by hundreds of MB.
+    ``rt_cover_rules``: actuate as the daemon does on a board, where no job is SCHED_FIFO on
+    every online CPU and the real-time jobs together leave one free (:class:`Actuator`); a job
+    that loses SCHED_FIFO so runs SCHED_OTHER, best-effort jobs on its CPUs niced below it.
+    Off (the default), the plant runs every decision as given."""
     from platforms.spec import load_board
 
     spec = load_board(board)
@@ -154,6 +168,7 @@ def run_sim(
         guard=guard,
         progress=feeder.progress,
         deadline_margin=deadline_margin,
+        actuator=Actuator(platform.sysfs, platform.procs, rt_cover_rules=rt_cover_rules),
     )
     loop.before_tick.append(feeder)
     history: list[dict] = []
@@ -169,6 +184,16 @@ def run_sim(
         capped[2] = bool(loop.guard.levels) or any(map(plant.throttled, plant.clusters))
 
     loop.on_tick.append(count_caps)
+    cover = [0, set(), set()]  # ticks with a job off SCHED_FIFO, those jobs, the niced ones
+
+    def count_cover(res: TickResult) -> None:
+        if res.report.fifo_dropped:
+            cover[0] += 1
+            cover[1].update(res.report.fifo_dropped)
+        cover[2].update(res.report.niced_below)
+
+    if rt_cover_rules:
+        loop.on_tick.append(count_cover)
     if on_tick is not None:
         loop.on_tick.append(on_tick)
     if history_every_s:
@@ -233,4 +258,8 @@ def run_sim(
         jobs_cpu_energy_j=meter[2] if done_all else None,
         throttled_s=plant.throttled_s,
         capped_s=capped[0] + (plant.t - capped[1] if capped[2] else 0.0),
+        rt_cover_rules=rt_cover_rules,
+        fifo_dropped_ticks=cover[0],
+        fifo_dropped_jobs=tuple(sorted(cover[1])),
+        niced_below_jobs=tuple(sorted(cover[2])),
     )

@@ -99,14 +99,22 @@ def episode_items(board: str, seed: int, ep: EpisodeSpec) -> list:
     return default_items(spec, seed, w)[: ep.n_jobs]
 
 
-def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False, kernel_rates: bool = False):
+def make_runner(
+    board: str,
+    ep: EpisodeSpec,
+    reserve: bool = False,
+    kernel_rates: bool = False,
+    rt_cover_rules: bool = False,
+):
     """Runs one mix under a policy with its own stages; with ``reserve``, with the stages the
     daemon runs (the policy's planned around the mixed-criticality reservation, then it). The
     plant's seed is the mix's, and so is its thermal start (:func:`thermal_start`; ``cold``:
     idle at the board's ambient whatever the mix draws). Every policy decides every
     ``ep.period_s``; with ``kernel_rates`` a governor that samples the load (``samples_load``)
     decides at its kernel's rate instead: every 50 ms schedutil needed about 13 decisions,
-    650 ms, to climb orin-nx's table, and missed 6 x as many deadlines."""
+    650 ms, to climb orin-nx's table, and missed 6 x as many deadlines. With
+    ``rt_cover_rules`` the decisions are actuated under the real-time cover rules the daemon
+    applies on a board (:func:`daemon.simrun.run_sim`)."""
     from agents.mixed import daemon_stages
     from daemon.simrun import run_sim
 
@@ -125,6 +133,7 @@ def make_runner(board: str, ep: EpisodeSpec, reserve: bool = False, kernel_rates
             stages=daemon_stages(stages) if reserve else stages,
             ambient_c=None if hot is None else hot[0],
             start_c=None if hot is None else hot[1],
+            rt_cover_rules=rt_cover_rules,
         )
 
     return run_episode

@@ -54,6 +54,7 @@ def run_row(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
     miss = sum(1 for j in dl if not j.deadline_met)
     hi_miss = sum(1 for j in dl if not j.deadline_met and j.criticality == "hi")
     ms = res.makespan_s
+    dropped = set(res.fifo_dropped_jobs)
     energy, cpu_energy = res.jobs_energy()  # to the last finish: the run's, not its idle tail
     return {
         "kind": "run",
@@ -87,6 +88,13 @@ def run_row(board, policy, seed, res, ep: EpisodeSpec, overload=None) -> dict:
         "graham_bound_s": None,
         "ok": ms is not None,
         "error": None if ms is not None else "a job did not finish",
+        # the board's real-time cover rules (--rt-cover-rules): ticks in which a job the
+        # decision gave SCHED_FIFO ran SCHED_OTHER, such jobs (HI ones apart), and the
+        # best-effort jobs niced below one; all 0 without the rules
+        "cover_ticks": res.fifo_dropped_ticks,
+        "cover_jobs": len(res.fifo_dropped_jobs),
+        "cover_hi_jobs": sum(1 for j in res.jobs if j.pid in dropped and j.criticality == "hi"),
+        "cover_niced_jobs": len(res.niced_below_jobs),
     }
 
 
@@ -153,10 +161,13 @@ def evaluate(
     log=None,
     mixes: str = "held-out",
     reserve: bool = False,
+    rt_cover_rules: bool = False,
 ):
     """Side-by-side runs of every policy on the same mixes (held-out, or the tuning mixes
     training settings are chosen on); records and summary. ``reserve``: every policy runs
-    with the daemon's mixed-criticality reservation (:func:`agents.mixed.daemon_stages`)."""
+    with the daemon's mixed-criticality reservation (:func:`agents.mixed.daemon_stages`).
+    ``rt_cover_rules``: the decisions are actuated under the real-time cover rules the daemon
+    applies on a board (:func:`daemon.simrun.run_sim`)."""
     from agents.train import EVAL_SEEDS, TUNING_SEEDS
     from platforms.sim.feasibility import worst_window
     from platforms.spec import load_board
@@ -164,7 +175,7 @@ def evaluate(
     first = TUNING_SEEDS if mixes == "tuning" else EVAL_SEEDS
 
     spec = load_board(board)
-    run = make_runner(board, ep, reserve, kernel_rates=True)
+    run = make_runner(board, ep, reserve, kernel_rates=True, rt_cover_rules=rt_cover_rules)
     records = []
     policies = {n: build_policy(n, spec, models) for n in names}
     for i in range(seeds):
@@ -192,6 +203,7 @@ def evaluate(
             "seeds": seeds,
             "mixes": mixes,
             "reserve": reserve,
+            "rt_cover_rules": rt_cover_rules,
             "hot_fraction": ep.hot_fraction,
         }
         for m in METRICS:
@@ -202,6 +214,8 @@ def evaluate(
         row["deadline_jobs_total"] = tot_dl
         row["hi_jobs_total"] = sum(r["hi_jobs"] for r in by[n])
         row.update(miss_ratios(by[n]))
+        for k in ("cover_ticks", "cover_jobs", "cover_hi_jobs", "cover_niced_jobs"):
+            row[f"{k}_total"] = sum(r[k] for r in by[n])
         row["infeasible_mixes"] = sum(1 for r in by[n] if r["deadlines_infeasible"])
         row["misses_on_infeasible"] = sum(r["misses"] for r in by[n] if r["deadlines_infeasible"])
         summary.append(row)

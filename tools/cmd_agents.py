@@ -469,6 +469,15 @@ def episode_options(f=None, *, hi_note: str = " (see --reserve)"):
     help="run every policy as the daemon does with mixed_criticality.reserve: its stages plan "
     "around the clusters HI jobs reserve, then the reservation (the agents train without it)",
 )
+@click.option(
+    "--rt-cover-rules/--no-rt-cover-rules",
+    default=False,
+    show_default=True,
+    help="actuate as the daemon does on a board: no job SCHED_FIFO on every online CPU, nor "
+    "the real-time jobs together on all of them; a job that loses SCHED_FIFO so runs "
+    "SCHED_OTHER, best-effort jobs on its CPUs niced below it (off: the simulated board runs "
+    "each decision as given)",
+)
 @episode_options
 @click.option("--models", default=None, help=MODELS_HELP, metavar="ROOT")
 @click.option(
@@ -486,6 +495,7 @@ def eval_cmd(
     ablations,
     mixes,
     reserve,
+    rt_cover_rules,
     n_jobs,
     slack,
     load,
@@ -547,7 +557,9 @@ def eval_cmd(
                     fail(f"{err}; {hint}" if hint else str(err))
     out = []
     for b in todo:
-        recs, summ, rat = evaluate(b, names, seeds, ep, models, mixes=mixes, reserve=reserve)
+        recs, summ, rat = evaluate(
+            b, names, seeds, ep, models, mixes=mixes, reserve=reserve, rt_cover_rules=rt_cover_rules
+        )
         out.extend(recs + summ + rat)
         if not as_json:
             _print_table(b, summ, rat)
@@ -723,6 +735,15 @@ def _print_table(board, summary, ratios) -> None:
         )
     if summary and summary[0].get("reserve"):
         click.echo("with the daemon's mixed-criticality reservation (--reserve)")
+    if summary and summary[0].get("rt_cover_rules"):
+        off = ", ".join(
+            f"{r['policy']} {r['cover_jobs_total']} ({r['cover_hi_jobs_total']} HI)"
+            for r in summary
+        )
+        click.echo(
+            "with the board's real-time cover rules (--rt-cover-rules); jobs run SCHED_OTHER "
+            f"though decided SCHED_FIFO: {off}"
+        )
     if summary and summary[0].get("hot_fraction"):
         click.echo(
             f"{summary[0]['hot_fraction']:.0%} of the mixes start on a hot board (--hot-fraction)"

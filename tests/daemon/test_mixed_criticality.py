@@ -88,6 +88,29 @@ def test_a_hi_job_that_fits_no_free_cluster_alone_takes_them_together():
     assert n == 2 and misses == 0
 
 
+def test_under_the_board_rules_the_hi_job_holding_the_rest_of_the_board_runs_sched_other():
+    """The same mix as the board daemon runs it (``rt_cover_rules``): the two HI jobs'
+    clusters (gold; silver and prime) hold every CPU, so the second one runs SCHED_OTHER, the
+    LO job sharing prime niced below it. Its margin shrinks (0.409 s to 0.422 s of 0.439 s)
+    but it still meets its deadline; without the rules the plant ran it SCHED_FIFO."""
+    from tools.agents_episodes import EpisodeSpec, episode_items, make_runner
+
+    board, seed = "rubikpi3", 900050
+    ep = EpisodeSpec(n_jobs=6, load=0.8, hi_fraction=0.6)
+    items = episode_items(board, seed, ep)
+    runs = {
+        rules: make_runner(board, ep, reserve=True, rt_cover_rules=rules)(
+            make_policy("hidvfs", load_board(board)), items, seed
+        )
+        for rules in (True, False)
+    }
+    on, off = runs[True], runs[False]
+    second = on.jobs[1]
+    assert second.criticality == "hi" and second.pid in on.fifo_dropped_jobs
+    assert on.niced_below_jobs and off.fifo_dropped_jobs == () == off.niced_below_jobs
+    assert on.miss_counts()["hi"] == (0, 2) == off.miss_counts()["hi"]
+
+
 def _obs():
     prof = JobProfile(
         "x", work_s=4.0, span_s=0.1, beta=0.0, ref_makespan_s=1.0, ref_khz=2000, ref_cores=4
