@@ -70,24 +70,46 @@ def fifo_levels(priorities: set[int] | frozenset[int]) -> dict[int, int]:
 #: sharing its CPUs is niced: 10 steps weigh about 1:10 in CFS, the nearest SCHED_OTHER has
 #: to the decision's "runs only when the deadline job waits"
 DEMOTED_NICE_GAP = 10
+#: how far below such a job another one the decision ran real-time under it on shared CPUs
+#: is niced when both run SCHED_OTHER: as DEMOTED_NICE_GAP, about 1:10, the nearest to the
+#: decided order (the gate's deadline order; 5 steps, about 1:3, still missed the tighter
+#: deadline on tx2's two-core cluster); best-effort work below the pair stops at nice 19
+DEMOTED_ORDER_GAP = 10
+
+
+def _share_cpus(a: JobSetting, b: JobSetting) -> bool:
+    return not a.cpus or not b.cpus or bool(set(a.cpus) & set(b.cpus))
 
 
 def below_demoted(
     decided: dict[int, JobSetting], safe: dict[int, JobSetting]
 ) -> dict[int, JobSetting]:
-    """``safe`` with the decision's order kept where SCHED_FIFO could not be: a job the
-    decision ran real-time above a best-effort job on shared CPUs, but that runs SCHED_OTHER
-    live (it covers every online CPU, or its owner may not take real-time priority), would
-    share those CPUs with the best-effort job as an equal; the best-effort job is niced
-    ``DEMOTED_NICE_GAP`` below it instead (pure: nothing is written here)."""
-    demoted = [s for pid, s in safe.items() if decided[pid].rt_priority > 0 and s.rt_priority == 0]
+    """``safe`` with the decision's order kept where SCHED_FIFO could not be: jobs the
+    decision ran real-time but that run SCHED_OTHER live (they cover every online CPU, or
+    their owner may not take real-time priority) would share their CPUs as equals, with each
+    other and with best-effort jobs. A demoted job is niced ``DEMOTED_ORDER_GAP`` below each
+    demoted job decided above it on shared CPUs, and a best-effort job ``DEMOTED_NICE_GAP``
+    below each demoted job on its CPUs (pure: nothing is written here)."""
+    demoted = sorted(
+        (pid for pid, s in safe.items() if decided[pid].rt_priority > 0 and s.rt_priority == 0),
+        key=lambda pid: (-decided[pid].rt_priority, pid),
+    )
     if not demoted:
         return safe
     out = dict(safe)
+    for i, pid in enumerate(demoted):
+        above = [
+            out[q].nice
+            for q in demoted[:i]
+            if decided[q].rt_priority > decided[pid].rt_priority and _share_cpus(out[q], out[pid])
+        ]
+        if above:
+            nice = max(out[pid].nice, min(19, max(above) + DEMOTED_ORDER_GAP))
+            out[pid] = replace(out[pid], nice=nice)
     for pid, s in safe.items():
         if decided[pid].rt_priority > 0:
             continue
-        shared = [d.nice for d in demoted if not d.cpus or not s.cpus or set(d.cpus) & set(s.cpus)]
+        shared = [out[d].nice for d in demoted if _share_cpus(out[d], s)]
         if shared:
             out[pid] = replace(s, nice=max(s.nice, min(19, max(shared) + DEMOTED_NICE_GAP)))
     return out

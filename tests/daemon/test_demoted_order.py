@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.policy import JobSetting
-from daemon.actuator import DEMOTED_NICE_GAP, MAX_JOB_RT_PRIORITY, below_demoted, fifo_levels
+from daemon.actuator import (
+    DEMOTED_NICE_GAP,
+    DEMOTED_ORDER_GAP,
+    MAX_JOB_RT_PRIORITY,
+    below_demoted,
+    fifo_levels,
+)
 
 
 def test_a_best_effort_job_on_a_demoted_jobs_cpus_is_niced_below_it():
@@ -18,6 +24,27 @@ def test_a_best_effort_job_on_a_demoted_jobs_cpus_is_niced_below_it():
     assert out[1] == safe[1]
     assert out[2] == JobSetting((2, 3), 0, DEMOTED_NICE_GAP)
     assert out[3] == safe[3]  # other CPUs: untouched
+
+
+def test_demoted_jobs_keep_the_decided_order_between_them():
+    """Two deadline jobs the decision ran at FIFO 80 and 79 on denver, next to a HI job on
+    the a57 cluster: together they held every CPU, so both ran SCHED_OTHER at nice 0 and
+    shared denver as equals; the gate's deadline order was lost and the tighter one missed
+    (tx2, mix 900000, with the board's cover rules)."""
+    decided = {
+        1: JobSetting((0, 3, 4, 5), 50),
+        2: JobSetting((1, 2), 80),
+        3: JobSetting((1, 2), 79),
+        4: JobSetting((1, 2)),
+    }
+    safe = {1: decided[1], 2: JobSetting((1, 2)), 3: JobSetting((1, 2)), 4: JobSetting((1, 2))}
+    out = below_demoted(decided, safe)
+    assert out[1] == decided[1] and out[2].nice == 0
+    assert out[3].nice == DEMOTED_ORDER_GAP
+    assert out[4].nice == min(19, DEMOTED_ORDER_GAP + DEMOTED_NICE_GAP)
+    # on CPUs of their own, demoted jobs keep their nice
+    apart = {2: JobSetting((1,)), 3: JobSetting((2,))}
+    assert below_demoted({2: JobSetting((1,), 80), 3: JobSetting((2,), 79)}, apart) == apart
 
 
 def test_nothing_changes_while_real_time_holds():
@@ -45,17 +72,22 @@ def test_best_effort_is_never_above_a_demoted_job_it_shares_cpus_with(jobs):
     }
     out = below_demoted(decided, safe)
     assert out.keys() == safe.keys()
+    demoted = {p for p in safe if decided[p].rt_priority > 0 and safe[p].rt_priority == 0}
     for pid, s in out.items():
         assert -20 <= s.nice <= 19 and s.cpus == safe[pid].cpus
         assert s.rt_priority == safe[pid].rt_priority
-        if decided[pid].rt_priority > 0:
-            assert s == safe[pid]  # only best-effort jobs move
-            continue
         assert s.nice >= safe[pid].nice  # only ever lowered in weight
-        for other, d in safe.items():
-            shares = not d.cpus or not s.cpus or set(d.cpus) & set(s.cpus)
-            if decided[other].rt_priority > 0 and d.rt_priority == 0 and shares:
+        if decided[pid].rt_priority > 0 and pid not in demoted:
+            assert s == safe[pid]  # still real-time: untouched
+            continue
+        for other in demoted:
+            d = out[other]
+            if other == pid or not (not d.cpus or not s.cpus or set(d.cpus) & set(s.cpus)):
+                continue
+            if pid not in demoted:  # best-effort: below every demoted job on its CPUs
                 assert s.nice >= min(19, d.nice + DEMOTED_NICE_GAP)
+            elif decided[other].rt_priority > decided[pid].rt_priority:  # the decided order
+                assert s.nice >= min(19, d.nice + DEMOTED_ORDER_GAP)
 
 
 def test_neighbouring_priorities_stay_apart_when_scaled():
