@@ -12,6 +12,9 @@ move the reference. Frequencies, cores, priorities and events compare exactly, f
 Regenerate (only for an intended decision change, e.g. retrained models), from the repository root::
 
     python -m tests.agents.test_decision_regression --write
+
+which decides the stored observations again (``--resimulate`` simulates them afresh: the
+simulator has changed since they were taken, so every tick would then change).
 """
 
 from __future__ import annotations
@@ -269,12 +272,21 @@ def run_sequence(board: str, run: str, seq: list[Observation]) -> list[dict]:
 # Capture and compare
 
 
-def capture(board: str) -> dict:
-    from tests.agents.test_learned import observations
+def capture(board: str, sequences: dict[str, list[Observation]] | None = None) -> dict:
+    """The reference of ``board``: ``sequences`` decided again (the stored observations, for
+    an intended decision change), or, without them, observations simulated afresh."""
+    if sequences is not None:
+        seqs = sequences
+    else:
+        from tests.agents.test_learned import observations
 
-    base = tuple(observations(board))
-    busy = sorted(base, key=lambda o: -sum(j.deadline_s is not None for j in o.jobs))[:20]
-    seqs = {"maxfreq": list(base), "busiest": busy, "variants": variants(base, SEED, N_VARIANTS)}
+        base = tuple(observations(board))
+        busy = sorted(base, key=lambda o: -sum(j.deadline_s is not None for j in o.jobs))[:20]
+        seqs = {
+            "maxfreq": list(base),
+            "busiest": busy,
+            "variants": variants(base, SEED, N_VARIANTS),
+        }
     return {
         "board": board,
         "note": "python -m tests.agents.test_decision_regression --write",
@@ -356,12 +368,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="overwrite the captured decisions")
     ap.add_argument("--board", action="append", choices=BOARDS)
+    ap.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="simulate the observations afresh (a changed simulator no longer gives the "
+        "stored ones: every tick then changes); default: decide the stored ones again",
+    )
     args = ap.parse_args()
     if not args.write:
         ap.error("pass --write to overwrite tests/agents/data/decisions_<board>.json.gz")
     DATA.mkdir(exist_ok=True)
     for board in args.board or BOARDS:
-        data = capture(board)
+        stored = None
+        if not args.resimulate and _path(board).is_file():
+            seqs = _load(board)["sequences"]
+            stored = {k: [obs_from_json(o) for o in v] for k, v in seqs.items()}
+        data = capture(board, stored)
         text = json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n"
         # mtime=0: the same capture gives the same bytes
         _path(board).write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
