@@ -568,7 +568,11 @@ class Actuator:
                 and kept[pid].rt_priority == 0
                 and (safe[pid].rt_priority > 0 or fifo_off_every_cpu(s, online).rt_priority == 0)
             )
-            report.niced_below.extend(pid for pid, s in placed.items() if s.nice != kept[pid].nice)
+            report.niced_below.extend(
+                pid
+                for pid, s in placed.items()
+                if settings[pid].rt_priority == 0 and s.nice != kept[pid].nice
+            )
             settings = placed
         due: list[tuple[int, JobSetting, tuple]] = []
         for pid, setting in settings.items():
@@ -736,16 +740,19 @@ class Actuator:
                 if s.rt_priority > 0:
                     log_event(log, "job_fifo_cover_lifted", pid=pid, rt_priority=s.rt_priority)
 
-    def recheck(self, sysfs: SysfsBackend | None = None) -> list[str]:
+    def recheck(self, sysfs: SysfsBackend | None = None, only: set[str] | None = None) -> list[str]:
         """After a tick: the files this actuator wrote that another tool has changed since,
         each forgotten (:meth:`overridden`) so that the next decision writes it again
         (nvpmodel wins until then). Returns one message per file, for the log; the daemon and
         the replay of its recordings both call it, so a recording's rewrites replay too
         (``sysfs``: where the replay reads what the daemon's check read; default: the
-        actuator's own)."""
+        actuator's own; ``only``: the files to check, default every one it wrote)."""
         from daemon.restore import detect_drift
 
-        drifted = detect_drift(sysfs or self.sysfs, self.expected)
+        expected = (
+            self.expected if only is None else {p: v for p, v in self.expected.items() if p in only}
+        )
+        drifted = detect_drift(sysfs or self.sysfs, expected)
         for path, _ in drifted:
             self.overridden(path)
         return [msg for _, msg in drifted]

@@ -316,17 +316,27 @@ def replay_trace(
         loop.before_tick.append(feed)
     # the daemon checked its writes after each tick and wrote a changed one again on the
     # next (nvpmodel set it, say): the check runs again before each next tick, reading what
-    # the daemon's read (its reads are in the next sample, "c" where the tick's differ)
+    # the daemon's read (its reads are in the next sample, "c" where the tick's differ). Only
+    # a file the replay last wrote as the daemon did is checked: the recording's reads show
+    # the daemon's writes, so another policy's (or a diverging replay's) would all read as
+    # changed, and be written again every tick
     recheck = lockstep and trace.header.extra.get(RECORDS_RECHECKS) is True
+    daemon_wrote: dict[str, str] = {}  # path -> the recording daemon's last write there
     if lockstep:
         for k, s in enumerate(trace.samples):
             if stop is not None and stop.is_set():
                 break
             clock.set(max(s.t, clock.now()))
             if recheck and k:
-                for msg in loop.actuator.recheck(RecheckReads(sysfs, s.c or {})):
+                same = {
+                    p
+                    for p, v in loop.actuator.expected.items()
+                    if daemon_wrote.get(p.strip("/")) == v
+                }
+                for msg in loop.actuator.recheck(RecheckReads(sysfs, s.c or {}), only=same):
                     log_event(log, "drift", level=logging.WARNING, detail=f"(recorded) {msg}")
             loop.tick()
+            daemon_wrote.update((p.strip("/"), v) for p, v in s.w.items())
     else:
         loop.run(duration_s=duration if cut else max(duration, period), stop=stop)
     recorded = [(s.t, p, v) for s in trace.samples for p, v in (s.w or {}).items()]

@@ -153,3 +153,14 @@ def test_the_switch_follows_live_jobs_and_a_live_actuator_cannot_drop_it(tmp_pat
     assert Actuator(DirSysfs(tmp_path), NoProcesses(), live_jobs=True).rt_cover_rules is True
     with pytest.raises(ValueError, match="cover rules"):
         Actuator(DirSysfs(tmp_path), NoProcesses(), live_jobs=True, rt_cover_rules=False)
+
+
+def test_demoted_deadline_jobs_ordered_by_nice_are_not_counted_as_best_effort():
+    """Two deadline jobs on every CPU at FIFO 80 and 79 both run SCHED_OTHER, the second
+    niced below the first; `niced_below` (cover_niced_jobs: best-effort jobs niced below a
+    demoted one) counted it although no best-effort job ran."""
+    platform, plant, (a, b), obs, every = _board(_dl("a", "lo"), _dl("b", "lo"))
+    act = Actuator(platform.sysfs, platform.procs, rt_cover_rules=True)
+    report = act.apply(Decision({}, jobs={a: JobSetting(every, 80), b: JobSetting(every, 79)}), obs)
+    assert sorted(report.fifo_dropped) == sorted([a, b]) and report.niced_below == []
+    assert plant.jobs[a].nice == 0 and plant.jobs[b].nice > 0  # the decided order, by nice
