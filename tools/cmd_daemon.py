@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import shlex
 import sys
 
@@ -352,7 +353,11 @@ def daemon_cmd(
             f"--json prints the status on stdout, where --record {record_path} writes the "
             "trace; record to a file or another stream (/dev/fd/3), or leave out --json"
         )
-    if record_path and same_file(record_path, sys.stderr):
+    if (
+        record_path
+        and same_file(record_path, sys.stderr)
+        and os.path.realpath(record_path) != os.devnull  # nothing is kept there to mix
+    ):
         # the daemon logs to stderr all run long: its lines would break the trace's JSON lines
         fail(
             f"--record {record_path} is this command's stderr, where the daemon logs; its "

@@ -144,6 +144,13 @@ def test_daemon_recording_to_its_own_stderr_is_refused_before_it_starts(tmp_path
         assert p.returncode == 2, text
         assert f"--record {target} is this command's stderr, where the daemon logs" in text
         assert not state.exists()  # refused before anything was made
+    # a recording thrown away with the logs (a unit's StandardError=null): nothing to mix
+    with open(os.devnull, "wb") as null:
+        p = _hidvfs(
+            "daemon", "--sysfs-root", tree, "--duration", "0.3", "--state-dir", state,
+            "--socket", state / "s.sock", "--record", os.devnull, stdout=null, stderr=null,
+        )  # fmt: skip
+    assert p.returncode == 0
 
 
 def test_a_dry_run_recording_on_stdout_gets_its_plan_on_stderr(tmp_path, tree):
