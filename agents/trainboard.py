@@ -368,6 +368,7 @@ def commit_policy(out, staged, files: list[str], ref: dict, man: dict) -> None:
 
     out, staged = Path(out), Path(staged)
     hashes = man.setdefault("sha256", {})
+    written = {str(rel) for rel in files} | {"reference.npz"}
     for rel in files:
         _fsync_file(staged / rel)
         hashes[str(rel)] = file_sha256(staged / rel)
@@ -377,6 +378,13 @@ def commit_policy(out, staged, files: list[str], ref: dict, man: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     hashes["reference.npz"] = file_sha256(ref_tmp)
+    # files hashed after a training that did not record them (the shipped folders): a file
+    # this run wrote is its own now
+    later = man.get("sha256_recorded")
+    if isinstance(later, dict) and isinstance(later.get("files"), list):
+        later["files"] = [f for f in later["files"] if f not in written]
+        if not later["files"]:
+            del man["sha256_recorded"]
     man_tmp = write_text_atomic(
         staged.parent / f"{staged.name}.manifest.json",
         json.dumps(man, indent=1, sort_keys=True) + "\n",

@@ -196,7 +196,7 @@ def test_the_shipped_folders_record_every_file_s_sha256(board):
         for p in folder.rglob("*")
         if p.is_file() and p.name != "manifest.json"
     }
-    assert set(man["sha256"]) == files
+    assert set(man["sha256"]) == files == set(man["sha256_recorded"]["files"])
     assert all(file_sha256(folder / rel) == want for rel, want in man["sha256"].items())
     assert hash_mismatches(folder, man) == {}
 
@@ -289,6 +289,8 @@ def test_parallel_training_saves_each_policy_as_it_arrives(tmp_path):
     # the files this run wrote carry their new hashes, the others keep theirs
     changed = {rel for rel, h in man["sha256"].items() if h != shipped_hashes[rel]}
     assert changed == {"ztt.onnx", "reference.npz"} and set(man["sha256"]) == set(shipped_hashes)
+    # the files hashed after their training: the ones this run wrote have left the list
+    assert set(man["sha256_recorded"]["files"]) == set(shipped_hashes) - changed
     report = check_board("rubikpi3", folder)
     assert report["ok"], report
     assert make_learned_policy("ztt", RUBIK, models=folder).name == "ztt"
