@@ -102,6 +102,14 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
+def _by_criticality(name: str, kind: str, help_text: str, counts: Any) -> Metric:
+    """A family with one sample per criticality of the status's ``{criticality: n}`` map."""
+    m = Metric(name, kind, help_text)
+    for crit, n in sorted(dict(counts or {}).items()):
+        m.add(_num(n), criticality=crit)
+    return m
+
+
 def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
     """The standard hidvfs families from the daemon's status dict.
 
@@ -139,29 +147,26 @@ def metrics_from_status(status: Mapping[str, Any]) -> list[Metric]:
         "Registered jobs that finished, failed ones included.",
     )
     done.add(_num(status.get("jobs_done")))
-    misses = Metric(
+    misses = _by_criticality(
         "hidvfs_deadline_misses_total",
         "counter",
         "Jobs that finished after their deadline, by criticality (failed jobs are not "
         "scored; a running job past its deadline is in hidvfs_jobs_overdue).",
+        status.get("deadline_misses"),
     )
-    for crit, n in sorted(dict(status.get("deadline_misses") or {}).items()):
-        misses.add(_num(n), criticality=crit)
-    failed = Metric(
+    failed = _by_criticality(
         "hidvfs_jobs_failed_total",
         "counter",
         "Jobs that ended with a non-zero exit status, were killed by a signal or were stopped "
         "by hidvfs run, as hidvfs run reported, by criticality; neither met nor missed.",
+        status.get("jobs_failed"),
     )
-    for crit, n in sorted(dict(status.get("jobs_failed") or {}).items()):
-        failed.add(_num(n), criticality=crit)
-    overdue = Metric(
+    overdue = _by_criticality(
         "hidvfs_jobs_overdue",
         "gauge",
         "Registered jobs still running past their deadline, by criticality.",
+        status.get("jobs_overdue"),
     )
-    for crit, n in sorted(dict(status.get("jobs_overdue") or {}).items()):
-        overdue.add(_num(n), criticality=crit)
     decisions = Metric("hidvfs_decisions_total", "counter", "Control-loop decisions taken.")
     decisions.add(_num(status.get("ticks", status.get("decisions"))))
     inter = Metric(
