@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from agents.governors import ClusterView
 from agents.policy import Decision, JobSetting, nearest_freq
 from daemon.logs import log_event
+from daemon.restore import detect_drift
 from platforms import cpufreq, paths
 from platforms.errors import SysfsUnavailable, SysfsWriteError
 from platforms.observation import Observation
@@ -747,8 +748,6 @@ class Actuator:
         the replay of its recordings both call it, so a recording's rewrites replay too
         (``sysfs``: where the replay reads what the daemon's check read; default: the
         actuator's own; ``only``: the files to check, default every one it wrote)."""
-        from daemon.restore import detect_drift
-
         expected = (
             self.expected if only is None else {p: v for p, v in self.expected.items() if p in only}
         )

@@ -437,8 +437,8 @@ def scale_scores(scores: np.ndarray, kind: str = "spread") -> np.ndarray:
         return out
     x = scores[fin]
     best = float(x.max())
-    if kind == "cost" and float(x.max()) < 0:
-        share = x.max() / x  # both negative: best cost / cost
+    if kind == "cost" and best < 0:
+        share = best / x  # both negative: best cost / cost
     elif kind == "ratio" and float(x.min()) > 0:
         share = x / best
     elif kind == "logit":
